@@ -26,12 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 Kind = Literal["valid", "repairable", "malformed"]
 
-#: The decision memstaged must reach for each kind, so a runner can check correctness, not just time.
+#: The decision memstaged must reach for each kind: a runner checks correctness, not just time.
 EXPECTED_DECISION: dict[str, str] = {
     "valid": "valid",
     "repairable": "repaired",
@@ -80,8 +80,11 @@ class Manifest:
 
     def save(self, memory_dir: Path) -> None:
         """Write ``<memory dir>/bench-manifest.json``."""
-        body = {"seed": self.seed, "project_root": self.project_root,
-                "files": [asdict(e) for e in self.files]}
+        body = {
+            "seed": self.seed,
+            "project_root": self.project_root,
+            "files": [asdict(e) for e in self.files],
+        }
         (memory_dir / MANIFEST_NAME).write_text(json.dumps(body, indent=1) + "\n")
 
     @classmethod
@@ -93,26 +96,90 @@ class Manifest:
 
 
 def project_root_of(memory_dir: Path) -> str:
-    """The default project root of SPEC 2.4: three levels up, normalized lexically (no symlinks)."""
-    return os.path.normpath(os.path.join(os.path.abspath(memory_dir), "..", "..", ".."))
+    """Return the default project root of SPEC 2.4: three levels up, normalized lexically."""
+    return os.path.normpath(Path(memory_dir).absolute() / ".." / ".." / "..")
 
 
 # ---------------------------------------------------------------------------- text
-_SUBJECTS = ["The reconciler", "The test suite", "The staging writer", "Our CI job", "The daemon",
-             "The migration script", "The bridge", "This repository", "The build", "The linter",
-             "The release checklist", "A flaky test", "The cache layer", "The café's API client"]
-_VERBS = ["must run", "should never touch", "fails when it sees", "rewrites", "keeps",
-          "depends on", "silently drops", "needs a lock around", "retries", "logs",
-          "must fsync", "is slow on", "validates", "cannot parse"]
-_OBJECTS = ["the lock file", "symbolic links in staging", "files larger than 8 MiB",
-            "timestamps without an offset", "`make test` before every push", "the schema version",
-            "trailing commas in JSON", "the dead-letter directory", "UTF-8 byte-order marks",
-            "the journald fields", "pyproject.toml", "src/memstaged/service.py", "naïve datetimes",
-            "the “quarantined” decisions", "a 10,000-file backlog", "the settle interval"]
-_TAILS = ["", " after a crash", " on ext4", " under systemd", " — see the incident notes",
-          " in CI only", " when two writers race", " (twice, last week)", " since v0.4"]
-_WORDS = ("state reconcile staging memory lesson pattern writer durable rename fsync backlog "
-          "trigger project session candidate schema journal quarantine").split()
+_SUBJECTS = [
+    "The reconciler",
+    "The test suite",
+    "The staging writer",
+    "Our CI job",
+    "The daemon",
+    "The migration script",
+    "The bridge",
+    "This repository",
+    "The build",
+    "The linter",
+    "The release checklist",
+    "A flaky test",
+    "The cache layer",
+    "The café's API client",
+]
+_VERBS = [
+    "must run",
+    "should never touch",
+    "fails when it sees",
+    "rewrites",
+    "keeps",
+    "depends on",
+    "silently drops",
+    "needs a lock around",
+    "retries",
+    "logs",
+    "must fsync",
+    "is slow on",
+    "validates",
+    "cannot parse",
+]
+_OBJECTS = [
+    "the lock file",
+    "symbolic links in staging",
+    "files larger than 8 MiB",
+    "timestamps without an offset",
+    "`make test` before every push",
+    "the schema version",
+    "trailing commas in JSON",
+    "the dead-letter directory",
+    "UTF-8 byte-order marks",
+    "the journald fields",
+    "pyproject.toml",
+    "src/memstaged/service.py",
+    "naïve datetimes",
+    "the “quarantined” decisions",
+    "a 10,000-file backlog",
+    "the settle interval",
+]
+_TAILS = [
+    "",
+    " after a crash",
+    " on ext4",
+    " under systemd",
+    " — see the incident notes",
+    " in CI only",
+    " when two writers race",
+    " (twice, last week)",
+    " since v0.4",
+]
+_WORDS = [
+    "state",
+    "reconcile",
+    "staging",
+    "memory",
+    "lesson",
+    "pattern",
+    "writer",
+    "durable",
+    "rename",
+    "fsync",
+    "backlog",
+    "trigger",
+    "project",
+    "session",
+    "schema",
+    "journal",
+]
 
 _PATHS = ["src/**/*.py", "tests/", "docs/*.md", "packaging/memstaged.service", ".ci/run"]
 _FILES = ["pyproject.toml", "Makefile", "CHANGELOG.md", "config.example.toml", "conftest.py"]
@@ -127,8 +194,11 @@ class _Text:
 
     def __init__(self, rng: random.Random, size: int = 2000) -> None:
         self.rng = rng
-        self.pool = [f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
-                     f"{rng.choice(_TAILS)}." for _ in range(size)]
+        self.pool = [
+            f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
+            f"{rng.choice(_TAILS)}."
+            for _ in range(size)
+        ]
         self.cost = [len(json.dumps(s, ensure_ascii=False).encode()) - 2 for s in self.pool]
 
     def sentence(self) -> str:
@@ -161,7 +231,7 @@ def _trigger(rng: random.Random) -> dict[str, Any]:
     values = {"path": _PATHS, "filename": _FILES, "topic": _TOPICS, "tool": _TOOLS}[kind]
     trig: dict[str, Any] = {"type": kind, "value": rng.choice(values)}
     if kind == "tool" and rng.random() < 0.6:
-        trig["pattern"] = rng.choice(_COMMANDS + [""])  # any string is allowed, even empty
+        trig["pattern"] = rng.choice([*_COMMANDS, ""])  # any string is allowed, even empty
     return trig
 
 
@@ -171,8 +241,9 @@ def _evidence(rng: random.Random) -> dict[str, Any]:
     if shape < 0.8:
         ev["discussion_note_ids"] = [rng.randrange(1, 90_000) for _ in range(rng.randint(1, 4))]
     if shape > 0.5:
-        ev["lesson_candidate_marker_ids"] = [f"m-{rng.getrandbits(32):08x}"
-                                             for _ in range(rng.randint(1, 3))]
+        ev["lesson_candidate_marker_ids"] = [
+            f"m-{rng.getrandbits(32):08x}" for _ in range(rng.randint(1, 3))
+        ]
     if shape > 0.9:
         ev["discussion_note_ids"] = []  # one empty array is fine when the other is not
     if rng.random() < 0.3:
@@ -200,16 +271,36 @@ def _candidate(rng: random.Random, text: _Text, category: str) -> dict[str, Any]
 # ---------------------------------------------------------------------------- files
 def _timestamp(rng: random.Random, when: datetime, repairable: bool) -> str:
     if repairable:  # R3: names an instant, but not as SPEC 2.3 writes it
-        return rng.choice([when.strftime("%Y-%m-%d %H:%M:%S"), when.strftime("%Y-%m-%dT%H:%M:%S"),
-                           format_datetime(when, usegmt=True),
-                           when.strftime("%Y-%m-%d %H:%M:%S.250+02:00")])
-    return rng.choice([when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
-                       when.strftime("%Y-%m-%dT%H:%M:%S+02:00"), when.strftime("%Y-%m-%d"),
-                       when.strftime("%Y-%m-%dt%H:%Mz"), when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")])
+        return rng.choice(
+            [
+                when.strftime("%Y-%m-%d %H:%M:%S"),
+                when.strftime("%Y-%m-%dT%H:%M:%S"),
+                format_datetime(when, usegmt=True),
+                when.strftime("%Y-%m-%d %H:%M:%S.250+02:00"),
+            ]
+        )
+    return rng.choice(
+        [
+            when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
+            when.strftime("%Y-%m-%dT%H:%M:%S+02:00"),
+            when.strftime("%Y-%m-%d"),
+            when.strftime("%Y-%m-%dt%H:%Mz"),
+            when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        ]
+    )
 
 
-def _document(rng: random.Random, text: _Text, root: str, sid: str, n: int, defect: str,
-              target: int, pretty: bool) -> dict[str, Any]:
+def _document(
+    rng: random.Random,
+    text: _Text,
+    *,
+    root: str,
+    sid: str,
+    n: int,
+    defect: str,
+    target: int,
+    pretty: bool,
+) -> dict[str, Any]:
     weights = [0.5, 0.15, 0.2, 0.15]
     cats = ("lessons", "preferences", "decisions", "domain")
     picks = rng.choices(cats, weights, k=n)
@@ -221,20 +312,25 @@ def _document(rng: random.Random, text: _Text, root: str, sid: str, n: int, defe
     for c in picks:
         candidates[c].append(_candidate(rng, text, c))
     when = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=rng.randrange(90 * 86400))
-    doc: dict[str, Any] = {"schemaVersion": rng.choice([1, 1, 1, 1.0]), "session_id": sid,
-                           "project_root": root,
-                           "produced_at": _timestamp(rng, when, defect == "R3"),
-                           "candidates": candidates}
+    doc: dict[str, Any] = {
+        "schemaVersion": rng.choice([1, 1, 1, 1.0]),
+        "session_id": sid,
+        "project_root": root,
+        "produced_at": _timestamp(rng, when, defect == "R3"),
+        "candidates": candidates,
+    }
     if rng.random() < 0.5:
         doc["extractor"] = {"name": "session-extractor", "version": "0.4.2"}
     if rng.random() < 0.3:
-        doc["project"] = os.path.basename(root) or "example-project"  # an R1 topic source
+        doc["project"] = PurePosixPath(root).name or "example-project"  # an R1 topic source
     # Grow the long fields until the file reaches its target size.
     items = [x for lst in candidates.values() for x in lst]
     budget = (target - len(_dump(doc, pretty))) // len(items)
     for c in items:
-        key = "text" if "text" in c else "detail"
-        c[key] += " " + text.fill(budget)
+        extra = text.fill(budget)
+        if extra:
+            key = "text" if "text" in c else "detail"
+            c[key] += " " + extra
     gap = target - len(_dump(doc, pretty))
     if gap > 0:
         key = "text" if "text" in items[0] else "detail"
@@ -253,8 +349,14 @@ def _break(rng: random.Random, doc: dict[str, Any], defect: str) -> None:
             else:
                 lesson["triggers"] = []
     elif defect == "bad-trigger":
-        bad = rng.choice([{"type": "regex", "value": "x"}, {"type": "command"},
-                          {"type": "path", "value": " \u00a0"}, {"type": "tool", "value": 3}])
+        bad = rng.choice(
+            [
+                {"type": "regex", "value": "x"},
+                {"type": "command"},
+                {"type": "path", "value": " \u00a0"},
+                {"type": "tool", "value": 3},
+            ]
+        )
         rng.choice(lessons)["triggers"].append(bad)
     elif defect == "schema-string":
         doc["schemaVersion"] = "1"
@@ -273,18 +375,20 @@ def _bytes(rng: random.Random, doc: dict[str, Any], defect: str, pretty: bool) -
     if defect == "R2":
         return b"\xef\xbb\xbf" + data
     if defect == "truncated":
-        return data[: rng.randrange(len(data) // 4, len(data) - 2)]
+        return data[: rng.randrange(len(data) // 2, len(data) - 2)]
     if defect == "non-utf8":
         at = data.index(b'"detail"') + 11 if b'"detail"' in data else len(data) // 2
         return data[:at] + b"\xff\xfe latin-1 caf\xe9 " + data[at:]
     if defect == "nan-literal":
-        return data.replace(b'"schemaVersion": ', b'"reconcile_attempts": NaN, "schemaVersion": ', 1)
+        nan = b'"reconcile_attempts": NaN, "schemaVersion": '
+        return data.replace(b'"schemaVersion": ', nan, 1)
     return data
 
 
 # ---------------------------------------------------------------------------- API
-def generate(dest_memory_dir: Path, n: int, seed: int,
-             mix: tuple[float, float, float] = (0.7, 0.2, 0.1)) -> Manifest:
+def generate(
+    dest_memory_dir: Path, n: int, seed: int, mix: tuple[float, float, float] = (0.7, 0.2, 0.1)
+) -> Manifest:
     """Write ``n`` staging files for ``dest_memory_dir`` and restore ``staging/`` from them.
 
     ``mix`` is the share of (valid, repairable, malformed) files; counts are rounded so that they
@@ -294,21 +398,30 @@ def generate(dest_memory_dir: Path, n: int, seed: int,
     text = _Text(rng)
     root = project_root_of(dest_memory_dir)
     n_valid, n_rep = round(n * mix[0]), round(n * mix[1])
-    kinds: list[Kind] = ["valid"] * n_valid + ["repairable"] * n_rep
-    kinds += ["malformed"] * (n - len(kinds))
+    counts: dict[Kind, int] = {
+        "valid": n_valid,
+        "repairable": n_rep,
+        "malformed": n - n_valid - n_rep,
+    }
+    kinds = [k for k, c in counts.items() for _ in range(c)]
     rng.shuffle(kinds)
     pristine = dest_memory_dir / PRISTINE_NAME
     shutil.rmtree(pristine, ignore_errors=True)
     pristine.mkdir(parents=True)
     entries = []
     for kind in kinds:
-        defect = {"valid": "", "repairable": rng.choice(REPAIR_DEFECTS),
-                  "malformed": rng.choice(MALFORMED_DEFECTS)}[kind]
+        defect = {
+            "valid": "",
+            "repairable": rng.choice(REPAIR_DEFECTS),
+            "malformed": rng.choice(MALFORMED_DEFECTS),
+        }[kind]
         target = int(math.exp(rng.uniform(math.log(1100), math.log(20000))))
-        n_cand = max(3, min(rng.randint(3, 40), target // 280))
+        n_cand = max(3, min(rng.randint(3, 40), target // 600))  # ~500 B: a bare candidate
         sid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         pretty = rng.random() < 0.8  # most writers indent; some write compact JSON
-        doc = _document(rng, text, root, sid, n_cand, defect, target, pretty)
+        doc = _document(
+            rng, text, root=root, sid=sid, n=n_cand, defect=defect, target=target, pretty=pretty
+        )
         data = _bytes(rng, doc, defect, pretty)
         name = f"{sid}.json"
         path = pristine / name
@@ -350,8 +463,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dest", type=Path, help="memory dir, ideally <project>/.pi/memory/project")
     p.add_argument("--n", type=int, default=10_000, help="number of staging files")
     p.add_argument("--seed", type=int, default=1, help="random seed (same seed, same bytes)")
-    p.add_argument("--mix", type=float, nargs=3, default=(0.7, 0.2, 0.1),
-                   metavar=("VALID", "REPAIRABLE", "MALFORMED"), help="shares of each kind")
+    p.add_argument(
+        "--mix",
+        type=float,
+        nargs=3,
+        default=(0.7, 0.2, 0.1),
+        metavar=("VALID", "REPAIRABLE", "MALFORMED"),
+        help="shares of each kind",
+    )
     args = p.parse_args(argv)
     m = generate(args.dest, args.n, args.seed, tuple(args.mix))
     total = sum(e.size for e in m.files)

@@ -1,0 +1,7 @@
+"""``python -m memstaged``."""
+
+import sys
+
+from memstaged.cli import main
+
+sys.exit(main())

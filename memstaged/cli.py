@@ -1,0 +1,116 @@
+"""The command line: parse, resolve settings, run, map errors to exit codes.
+
+``main(argv)`` returns the exit code and takes argv as a parameter so tests call it directly.
+Every error a user can cause ends here as one line on stderr and exit code 2 (usage, config) or
+1 (busy, not everything decided); no traceback reaches a user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from memstaged import __version__
+from memstaged.errors import BusyError, ConfigError, MemstagedError, UsageError
+
+EXIT_OK: Final = 0
+EXIT_ATTENTION: Final = 1
+EXIT_USAGE: Final = 2
+
+#: Subcommand modules; each has ``register(subparsers)`` setting ``func`` on its parser.
+_SUBCOMMANDS: Final = ("memstaged.commands.check",)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options shared by the daemon and ``--once`` (and the commands that pick memory dirs)."""
+    parser.add_argument(
+        "--memory-dir", action="append", metavar="DIR",
+        help="a memory dir (<project>/.pi/memory/project); repeatable; globs allowed",
+    )  # fmt: skip
+    parser.add_argument("--config", metavar="FILE", help="the TOML config file "
+                        "(default $XDG_CONFIG_HOME/memstaged/config.toml)")  # fmt: skip
+    parser.add_argument("--project-root", metavar="DIR",
+                        help="the project root of the single --memory-dir")  # fmt: skip
+    parser.add_argument("--settle", type=float, metavar="SECONDS",
+                        help="how long an unparseable file must stay unchanged (default 2)")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="memstaged",
+        description="Validate, repair or quarantine agent-memory staging files as they arrive.",
+    )
+    parser.add_argument("--version", action="version", version=f"memstaged {__version__}")
+    parser.add_argument("--once", action="store_true",
+                        help="decide every staging file now and exit (default: run as a daemon)")  # fmt: skip
+    add_run_options(parser)
+    parser.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for another memstaged on the same memory dir instead of exiting 1")  # fmt: skip
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    import importlib
+
+    for module in _SUBCOMMANDS:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def _configure_logging(settings: object, *, console: str = "auto") -> None:
+    from memstaged.config import Settings
+    from memstaged.log import configure
+
+    assert isinstance(settings, Settings)
+    try:
+        configure(
+            settings.log_file,
+            max_bytes=settings.log_max_bytes,
+            backups=settings.log_backups,
+            console=console,
+        )
+    except OSError as err:
+        raise ConfigError(f"log file {settings.log_file}: {err.strerror}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from memstaged import config
+
+    settings = config.load(
+        config=args.config,
+        memory_dirs=args.memory_dir,
+        project_root=args.project_root,
+        settle=args.settle,
+        dry_run=args.dry_run,
+    )
+    _configure_logging(settings)
+    if args.once:
+        from memstaged.once import run_once
+
+        return run_once(settings, wait=args.wait)
+    from memstaged.daemon import run_daemon
+
+    return run_daemon(settings, wait=args.wait)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run memstaged; returns the exit code."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = getattr(args, "func", _run)
+        return func(args)
+    except BusyError as err:
+        print(f"memstaged: {err}", file=sys.stderr)
+        return EXIT_ATTENTION
+    except MemstagedError as err:
+        print(f"memstaged: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("memstaged: interrupted", file=sys.stderr)
+        return 130

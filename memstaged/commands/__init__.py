@@ -1,0 +1,1 @@
+"""Subcommands of ``memstaged``; each module has ``register(subparsers)``."""

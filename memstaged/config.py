@@ -1,0 +1,201 @@
+"""Settings: command line, then environment, then the TOML file, then the default.
+
+Each setting is resolved in one place (:func:`load`), so the CLI, the config file and the systemd
+unit agree. Unknown keys and wrong types are errors that name the file and the key: a typo in a
+daemon's config must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import msgspec
+
+from memstaged.errors import ConfigError
+from memstaged.pipeline import MemoryDir, Options
+from memstaged.project import default_project_root, normalize
+
+DEFAULT_MEMORY_DIR: Final = "./.pi/memory/project"
+ENV_PREFIX: Final = "MEMSTAGED_"
+
+
+class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The TOML file's schema; every key is documented in ``config.example.toml``."""
+
+    memory_dirs: list[str] = []
+    project_roots: dict[str, str] = {}
+    settle: float = 2.0
+    max_file_size: int = 8 * 1024 * 1024
+    split_invalid_candidates: bool = False
+    rescan_interval: float = 300.0
+    observer: Literal["auto", "inotify", "polling"] = "auto"
+    log_file: str = ""
+    log_max_bytes: int = 10 * 1024 * 1024
+    log_backups: int = 5
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a run needs, resolved."""
+
+    config_path: str | None
+    memory_dir_patterns: tuple[str, ...]
+    project_roots: dict[str, str]
+    options: Options
+    rescan_interval: float
+    observer: str
+    log_file: Path
+    log_max_bytes: int
+    log_backups: int
+    explicit_dirs: bool
+
+    def memory_dirs(self) -> list[MemoryDir]:
+        """Expand the patterns now: globs are re-expanded on every rescan and reload."""
+        found: dict[str, MemoryDir] = {}
+        for pattern in self.memory_dir_patterns:
+            expanded = os.path.expanduser(pattern)
+            paths = (
+                sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
+            )
+            for path in paths:
+                absolute = normalize(os.path.abspath(path))  # noqa: PTH100 - no link resolution
+                root = self.project_roots.get(absolute) or default_project_root(absolute)
+                found.setdefault(absolute, MemoryDir(absolute, root))
+        return list(found.values())
+
+
+def default_config_path(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", "~"), ".config")  # noqa: PTH118
+    return Path(os.path.expanduser(base)) / "memstaged" / "config.toml"  # noqa: PTH111
+
+
+def default_log_file(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")  # noqa: PTH118
+    return Path(os.path.expanduser(base)) / "memstaged" / "decisions.jsonl"  # noqa: PTH111
+
+
+def read_config(path: Path) -> FileConfig:
+    """Parse and check the TOML file; every problem is one line naming the file and the key."""
+    try:
+        with path.open("rb") as fh:
+            raw = tomllib.load(fh)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    try:
+        return msgspec.convert(raw, FileConfig)
+    except msgspec.ValidationError as err:
+        text = str(err)
+        if text.startswith("Object contains unknown field"):
+            key = text.split("`")[1]
+            raise ConfigError(f"{path}: unknown key '{key}'") from None
+        where = text.rsplit(" - at `$.", 1)
+        if len(where) == 2:
+            raise ConfigError(f"{path}: key '{where[1].rstrip('`')}': {where[0]}") from None
+        raise ConfigError(f"{path}: {text}") from None
+
+
+def _env_value(env: Mapping[str, str], name: str, kind: type, option: str) -> Any:
+    raw = env.get(ENV_PREFIX + name)
+    if raw is None or raw == "":
+        return None
+    if kind is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{ENV_PREFIX}{name}={raw!r}: expected true or false ({option})")
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{ENV_PREFIX}{name}={raw!r}: expected a {kind.__name__} ({option})"
+        ) from None
+
+
+def _pick(cli: Any, env: Any, file_value: Any) -> Any:
+    return cli if cli is not None else env if env is not None else file_value
+
+
+def load(
+    *,
+    config: str | None = None,
+    memory_dirs: list[str] | None = None,
+    project_root: str | None = None,
+    settle: float | None = None,
+    dry_run: bool = False,
+    split_invalid_candidates: bool | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Resolve every setting: argument, then ``MEMSTAGED_*`` variable, then file, then default."""
+    env = os.environ if env is None else env
+    explicit_config = config or env.get(ENV_PREFIX + "CONFIG")
+    config_path = Path(explicit_config) if explicit_config else default_config_path(env)
+    if explicit_config or config_path.exists():
+        file_config = read_config(config_path)
+        used_config: str | None = str(config_path)
+    else:
+        file_config, used_config = FileConfig(), None
+    patterns = list(memory_dirs or [])
+    explicit = bool(patterns)
+    if not patterns:
+        env_dirs = env.get(ENV_PREFIX + "MEMORY_DIRS")
+        patterns = env_dirs.split(os.pathsep) if env_dirs else list(file_config.memory_dirs)
+        explicit = bool(env_dirs)
+    if not patterns and Path(DEFAULT_MEMORY_DIR).is_dir():
+        patterns = [DEFAULT_MEMORY_DIR]
+    roots = {
+        normalize(os.path.abspath(os.path.expanduser(k))): normalize(  # noqa: PTH100, PTH111
+            os.path.abspath(os.path.expanduser(v))  # noqa: PTH100, PTH111
+        )
+        for k, v in file_config.project_roots.items()
+    }
+    if project_root is not None:
+        if len(patterns) != 1 or glob.has_magic(patterns[0]):
+            raise ConfigError("--project-root needs exactly one memory dir (--memory-dir DIR)")
+        key = normalize(os.path.abspath(os.path.expanduser(patterns[0])))  # noqa: PTH100, PTH111
+        roots[key] = normalize(os.path.abspath(os.path.expanduser(project_root)))  # noqa: PTH100, PTH111
+    settle_value = _pick(settle, _env_value(env, "SETTLE", float, "--settle"), file_config.settle)
+    if settle_value < 0:
+        raise ConfigError(f"settle must be 0 or more seconds, got {settle_value}")
+    if file_config.max_file_size <= 0:
+        raise ConfigError(f"{config_path}: key 'max_file_size': must be positive")
+    split = _pick(
+        split_invalid_candidates,
+        _env_value(env, "SPLIT_INVALID_CANDIDATES", bool, "split_invalid_candidates"),
+        file_config.split_invalid_candidates,
+    )
+    log_file = env.get(ENV_PREFIX + "LOG_FILE") or file_config.log_file
+    return Settings(
+        config_path=used_config,
+        memory_dir_patterns=tuple(patterns),
+        project_roots=roots,
+        options=Options(
+            settle=settle_value,
+            max_file_size=file_config.max_file_size,
+            split_invalid_candidates=split,
+            dry_run=dry_run,
+        ),
+        rescan_interval=file_config.rescan_interval,
+        observer=env.get(ENV_PREFIX + "OBSERVER") or file_config.observer,
+        log_file=Path(os.path.expanduser(log_file)) if log_file else default_log_file(env),  # noqa: PTH111
+        log_max_bytes=file_config.log_max_bytes,
+        log_backups=file_config.log_backups,
+        explicit_dirs=explicit,
+    )
+
+
+def check_memory_dir(mdir: MemoryDir, *, writable: bool) -> None:
+    """A memory dir named on the command line must exist, be a directory, and be writable."""
+    path = Path(mdir.path)
+    if not path.exists():
+        raise ConfigError(f"memory dir {mdir.path} does not exist")
+    if not path.is_dir():
+        raise ConfigError(f"memory dir {mdir.path} is not a directory")
+    if writable and not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"memory dir {mdir.path} is not writable")

@@ -1,0 +1,187 @@
+"""The decision log (SPEC section 7): one structlog event per decision, fanned out to three sinks.
+
+* a JSON-lines file that memstaged rotates itself (``logging.handlers.RotatingFileHandler``), which
+  the inspection commands read without journald;
+* journald, every field as a ``MEMSTAGED_*`` journal field plus ``MESSAGE``, ``PRIORITY`` and a
+  ``MESSAGE_ID`` per kind of event, when running under systemd;
+* the terminal: readable on a TTY, JSON lines otherwise (and nothing when journald already has it,
+  since systemd would store our stderr a second time).
+
+Events are flat dicts of JSON values, so each key maps one to one onto a journal field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import os
+import sys
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+LOGGER_NAME: Final = "memstaged"
+JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
+
+#: One MESSAGE_ID per kind of event, so ``journalctl MESSAGE_ID=...`` finds them all.
+MESSAGE_IDS: Final = {
+    "decision": "6f1c2a0d3b7e4f5a9c8d1e2f3a4b5c6d",
+    "start": "0b9a5c3e7d2f4a1b8c6e9d0f1a2b3c4d",
+    "ready": "1c2d3e4f5a6b4c7d8e9f0a1b2c3d4e5f",
+    "reload": "2d3e4f5a6b7c4d8e9f0a1b2c3d4e5f6a",
+    "stop": "3e4f5a6b7c8d4e9f0a1b2c3d4e5f6a7b",
+    "rescan": "4f5a6b7c8d9e4f0a1b2c3d4e5f6a7b8c",
+    "lock_seen": "5a6b7c8d9e0f4a1b2c3d4e5f6a7b8c9d",
+    "overflow_recovered": "6b7c8d9e0f1a4b2c3d4e5f6a7b8c9d0e",
+    "temp_recovered": "7c8d9e0f1a2b4c3d4e5f6a7b8c9d0e1f",
+    "error": "8d9e0f1a2b3c4d4e5f6a7b8c9d0e1f2a",
+}
+_DEFAULT_MESSAGE_ID: Final = "9e0f1a2b3c4d4e5f6a7b8c9d0e1f2a3b"
+#: syslog priorities: a quarantine is a warning, errors are errors, the rest information.
+_PRIORITIES: Final = {"quarantined": 4, "deferred": 6, "repaired": 5, "foreign": 6, "valid": 6,
+                      "skipped": 6}  # fmt: skip
+_LEVEL_PRIORITIES: Final = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
+
+
+def _json_default(value: object) -> object:
+    return str(value)
+
+
+def dumps(event: Any) -> str:
+    """Serialize an event; falls back to the standard library for values msgspec refuses."""
+    try:
+        return msgspec.json.encode(event).decode()
+    except (TypeError, UnicodeEncodeError, OverflowError):
+        return json.dumps(event, default=_json_default)
+
+
+def message(event: MutableMapping[str, Any]) -> str:
+    """The one readable line for a person (journal ``MESSAGE``, the console)."""
+    kind = event.get("event", "")
+    if kind == "decision":
+        text = f"{event.get('decision')} {event.get('path')}"
+        reasons = event.get("reasons") or []
+        if reasons:
+            text += f": {reasons[0]}" + (f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else "")
+        return text
+    extras = ", ".join(
+        f"{k}={v}" for k, v in event.items() if k not in ("event", "timestamp", "level")
+    )
+    return f"{kind}: {extras}" if extras else str(kind)
+
+
+def priority(event: MutableMapping[str, Any]) -> int:
+    if event.get("event") == "decision" and event.get("level", "info") == "info":
+        return _PRIORITIES.get(str(event.get("decision")), 6)
+    return _LEVEL_PRIORITIES.get(str(event.get("level", "info")), 6)
+
+
+def journal_fields(event: MutableMapping[str, Any]) -> dict[str, str]:
+    """Every event key as a ``MEMSTAGED_<KEY>`` field; lists and dicts as JSON text."""
+    fields: dict[str, str] = {}
+    for key, value in event.items():
+        name = "MEMSTAGED_" + "".join(c if c.isalnum() else "_" for c in key).upper()
+        fields[name] = value if isinstance(value, str) else dumps(value)
+    fields["MESSAGE"] = message(event)
+    fields["PRIORITY"] = str(priority(event))
+    fields["MESSAGE_ID"] = MESSAGE_IDS.get(str(event.get("event")), _DEFAULT_MESSAGE_ID)
+    fields["SYSLOG_IDENTIFIER"] = "memstaged"
+    return fields
+
+
+class JournalHandler(logging.Handler):
+    """Sends the structlog event dict of each record to journald with its fields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from systemd import journal  # imported here: only needed under systemd
+
+        self._send = journal.send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = record.msg
+        if not isinstance(event, dict):
+            event = {"event": str(event), "level": record.levelname.lower()}
+        try:
+            self._send(**journal_fields(event))
+        except OSError:
+            self.handleError(record)
+
+
+class _EventFormatter(logging.Formatter):
+    """Renders the event dict a record carries (structlog's ``render_to_log_kwargs`` style)."""
+
+    def __init__(self, pretty: bool) -> None:
+        super().__init__()
+        self.pretty = pretty
+
+    def format(self, record: logging.LogRecord) -> str:
+        event = record.msg if isinstance(record.msg, dict) else {"event": str(record.msg)}
+        if not self.pretty:
+            return dumps(event)
+        stamp = str(event.get("timestamp", ""))[11:23]
+        return f"{stamp} {str(event.get('level', 'info')):7} {message(event)}"
+
+
+def _pass_dict(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Any:
+    # The stdlib logger receives the event dict itself as the record's message.
+    return ((event,), {})
+
+
+def journal_available() -> bool:
+    """Under systemd (``JOURNAL_STREAM``/``INVOCATION_ID``) and journald's socket is there."""
+    under_systemd = "JOURNAL_STREAM" in os.environ or "INVOCATION_ID" in os.environ
+    return under_systemd and Path(JOURNAL_SOCKET).exists()
+
+
+def configure(
+    log_file: Path | None,
+    *,
+    max_bytes: int = 10 * 1024 * 1024,
+    backups: int = 5,
+    console: str = "auto",
+    journal: str = "auto",
+) -> None:
+    """Set up structlog and the sinks. ``console``/``journal`` are ``auto``, ``on`` or ``off``."""
+    root = logging.getLogger(LOGGER_NAME)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(logging.DEBUG)
+    root.propagate = False
+    use_journal = journal == "on" or (journal == "auto" and journal_available())
+    if use_journal:
+        try:
+            root.addHandler(JournalHandler())
+        except ImportError:
+            use_journal = False
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        file_handler = logging.handlers.RotatingFileHandler(
+            log_file, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
+        )
+        file_handler.setFormatter(_EventFormatter(pretty=False))
+        root.addHandler(file_handler)
+        os.chmod(log_file, 0o600)  # noqa: PTH101 - the handler created it with the umask's mode
+    if console == "on" or (console == "auto" and not use_journal):
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(_EventFormatter(pretty=sys.stderr.isatty()))
+        root.addHandler(stream)
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
+            _pass_dict,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger() -> Any:
+    return structlog.get_logger(LOGGER_NAME)

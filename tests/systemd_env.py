@@ -1,0 +1,479 @@
+"""A real ``systemd --user`` manager and a real journald, private to one test.
+
+Usage::
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with user_systemd() as sd:
+        sd.install_unit("foo.service", UNIT_TEXT)   # writes + daemon-reload
+        sd.systemctl("start", "foo.service", check=True)
+        sd.journalctl("--user-unit", "foo.service", "FIELD=value", "-o", "json")
+
+How it works (see docs/systemd-testing.md for the why of every step):
+
+* A private mount namespace (``unshare --mount``) gets its own ``/run/systemd`` and
+  ``/run/log`` (bind mounts of directories under a temp dir), so nothing on the host is
+  touched: the host's ``/run/systemd/system`` (which makes ``sd_booted()`` true and would
+  make apt's maintainer scripts call ``systemctl``) and ``/run/systemd/journal`` are left
+  alone. ``/var/log/journal`` is hidden behind an empty directory.
+* ``systemd-journald`` runs in that namespace (volatile storage, no rate limit, no kmsg)
+  and is the namespace's anchor: every other command enters it with ``nsenter``.
+* ``systemd --user`` runs in that namespace, with private ``HOME``/``XDG_*``, inside a
+  fresh cgroup ``/<name>.slice/user@<uid>.service`` so that journald derives
+  ``_SYSTEMD_USER_UNIT=`` for its services, and so that teardown can prove (via
+  ``cgroup.events``) that no service process is left behind.
+* Readiness is the real ``sd_notify`` protocol: both daemons get a ``NOTIFY_SOCKET`` of
+  ours and we wait for their ``READY=1``; then ``systemctl --user is-system-running --wait``.
+
+Only the standard library is used, so this module works before memstaged is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "LeftoverProcessesError",
+    "StartupError",
+    "UserSystemd",
+    "unavailable_reason",
+    "user_systemd",
+    "wait_until",
+]
+
+SYSTEMD_CANDIDATES = ("/lib/systemd/systemd", "/usr/lib/systemd/systemd")
+JOURNALD_CANDIDATES = ("/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald")
+REQUIRED_TOOLS = ("systemctl", "journalctl", "unshare", "nsenter", "mount", "sh")
+
+# AF_UNIX socket paths are limited to 108 bytes; the manager binds
+# $XDG_RUNTIME_DIR/systemd/private etc., so the base directory must be short.
+_BASE_PARENT = "/tmp"
+_MAX_BASE_LEN = 40
+
+_JOURNALD_CONF = """\
+[Journal]
+Storage=volatile
+RateLimitIntervalSec=0
+ReadKMsg=no
+ForwardToSyslog=no
+ForwardToKMsg=no
+ForwardToConsole=no
+ForwardToWall=no
+"""
+
+# Run inside the fresh mount namespace, as root: $1 = base dir, $2 = journald binary.
+_NAMESPACE_SCRIPT = """\
+set -e
+mkdir -p /run/systemd /run/log
+mount --no-mtab --bind "$1/run-systemd" /run/systemd
+mount --no-mtab --bind "$1/log" /run/log
+if [ -d /var/log/journal ]; then mount --no-mtab --bind "$1/empty" /var/log/journal; fi
+exec "$2"
+"""
+
+# Run inside the namespace: $1 = cgroup dir, $2 = systemd binary. Moving the shell into the
+# cgroup before exec puts the manager there from its first instruction on.
+_MANAGER_SCRIPT = """\
+echo $$ > "$1/cgroup.procs"
+exec "$2" --user --log-target=journal
+"""
+
+
+class StartupError(RuntimeError):
+    """journald or the user manager did not come up."""
+
+
+class LeftoverProcessesError(RuntimeError):
+    """Processes survived teardown (they have been killed since)."""
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+) -> None:
+    """Poll ``predicate`` until it is true; raise TimeoutError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def _first_existing(candidates: tuple[str, ...]) -> str | None:
+    return next((c for c in candidates if Path(c).is_file()), None)
+
+
+@dataclass(frozen=True)
+class _Cgroups:
+    tracking: Path  # the cgroup2 mount systemd tracks processes in
+    mirror: Path | None  # hybrid mode: the name=systemd v1 tree systemd mirrors into
+
+
+def _cgroups() -> _Cgroups | None:
+    """Where systemd will track processes, decided the way systemd 252 decides it."""
+    cgroup2: set[str] = set()
+    name_systemd: set[str] = set()
+    with Path("/proc/self/mountinfo").open(encoding="utf-8") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            mountpoint = pre.split()[4]
+            fstype, _source, superopts = post.split()[:3]
+            if fstype == "cgroup2":
+                cgroup2.add(mountpoint)
+            elif fstype == "cgroup" and "name=systemd" in superopts.split(","):
+                name_systemd.add(mountpoint)
+    if "/sys/fs/cgroup" in cgroup2:
+        return _Cgroups(Path("/sys/fs/cgroup"), None)
+    if "/sys/fs/cgroup/unified" in cgroup2:
+        mirror = "/sys/fs/cgroup/systemd"
+        return _Cgroups(Path("/sys/fs/cgroup/unified"), Path(mirror) if mirror in name_systemd else None)
+    return None
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """One line saying why a user manager cannot run here, or None if it can."""
+    if not sys.platform.startswith("linux"):
+        return f"systemd needs Linux, this is {sys.platform}"
+    if os.geteuid() != 0:
+        return "needs root (private mount namespace, bind mounts, a new cgroup)"
+    if _first_existing(SYSTEMD_CANDIDATES) is None:
+        return "no systemd binary (/lib/systemd/systemd): apt-get install systemd"
+    if _first_existing(JOURNALD_CANDIDATES) is None:
+        return "no systemd-journald binary: apt-get install systemd"
+    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"missing tools: {', '.join(missing)}"
+    cgroups = _cgroups()
+    if cgroups is None:
+        return "no cgroup2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified"
+    if not os.access(cgroups.tracking, os.W_OK):
+        return f"cgroup hierarchy {cgroups.tracking} is not writable"
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return f"cannot create a mount namespace: {probe.stderr.strip() or probe.returncode}"
+    return None
+
+
+# --------------------------------------------------------------------------- the handle
+
+
+@dataclass(frozen=True)
+class UserSystemd:
+    """A running journald + ``systemd --user`` pair in a private mount namespace."""
+
+    base: Path  # everything lives under here; removed at teardown
+    env: dict[str, str]  # HOME, XDG_*, ... as the manager (and its services) see them
+    unit_dir: Path  # $XDG_CONFIG_HOME/systemd/user
+    journal_dir: Path  # journald's files: journalctl -D / systemd.journal.Reader(path=)
+    cgroup: Path  # the manager's cgroup (the user@<uid>.service of this instance)
+    journald_pid: int
+    manager_pid: int
+
+    def command(self, *argv: str) -> list[str]:
+        """``argv`` prefixed so that it runs inside the private mount namespace."""
+        return ["nsenter", f"--target={self.journald_pid}", "--mount", "--", *argv]
+
+    def run(
+        self, *argv: str, check: bool = False, timeout: float = 30.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside the namespace with :attr:`env`; capture text output."""
+        return subprocess.run(
+            self.command(*argv),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
+
+    def systemctl(
+        self, *args: str, check: bool = False, timeout: float = 30.0
+    ) -> subprocess.CompletedProcess[str]:
+        """``systemctl --user --no-pager ARGS`` against this manager."""
+        return self.run("systemctl", "--user", "--no-pager", *args, check=check, timeout=timeout)
+
+    def journalctl(
+        self, *args: str, check: bool = False, timeout: float = 30.0
+    ) -> subprocess.CompletedProcess[str]:
+        """``journalctl --no-pager ARGS`` on this journald's journal (only).
+
+        Use ``--user-unit=UNIT``, not ``--user -u UNIT``: systemd 252's ``--user`` only opens
+        ``user-<uid>.journal`` files, and journald writes root's records to ``system.journal``
+        (fixed in systemd 254, PR #27961).
+        """
+        return self.run("journalctl", "--no-pager", *args, check=check, timeout=timeout)
+
+    def show(self, unit: str, *properties: str) -> dict[str, str]:
+        """``systemctl --user show -p P... UNIT`` as a dict."""
+        args = [arg for prop in properties for arg in ("-p", prop)]
+        out = self.systemctl("show", *args, unit, check=True).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def install_unit(self, name: str, text: str) -> Path:
+        """Write ``name`` into :attr:`unit_dir` and ``daemon-reload``."""
+        path = self.unit_dir / name
+        path.write_text(text, encoding="utf-8")
+        self.systemctl("daemon-reload", check=True)
+        return path
+
+
+# --------------------------------------------------------------------------- start/stop
+
+
+def _notify_socket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-limit:].strip()
+    except OSError:
+        return ""
+
+
+def _wait_ready(
+    sock: socket.socket, proc: subprocess.Popen[bytes], *, what: str, log: Path, timeout: float
+) -> None:
+    """Block until ``proc`` sends ``READY=1`` on ``sock`` (sd_notify protocol)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise StartupError(f"{what} sent no READY=1 within {timeout:g}s: {_tail(log)}")
+        sock.settimeout(min(remaining, 0.1))
+        try:
+            message = sock.recv(4096)
+        except TimeoutError:
+            if proc.poll() is not None:
+                raise StartupError(
+                    f"{what} exited with status {proc.returncode} before READY=1: {_tail(log)}"
+                ) from None
+            continue
+        if b"READY=1" in message.split(b"\n"):
+            return
+
+
+def _start_ready(
+    argv: list[str], *, env: dict[str, str], base: Path, name: str, timeout: float
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with a NOTIFY_SOCKET of ours; return once it has sent ``READY=1``.
+
+    Output goes to ``base/<name>.log``, quoted in the error if it does not come up.
+    """
+    notify, log_path = base / f"{name}.notify", base / f"{name}.log"
+    with _notify_socket(notify) as sock, log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            env={**env, "NOTIFY_SOCKET": str(notify)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            _wait_ready(sock, proc, what=name, log=log_path, timeout=timeout)
+        except BaseException:
+            _stop(proc, timeout)
+            raise
+    return proc
+
+
+def _populated(cgroup: Path) -> bool:
+    events = (cgroup / "cgroup.events").read_text(encoding="ascii")
+    return "populated 1" in events.splitlines()
+
+
+def _pids_in(cgroup: Path) -> list[int]:
+    pids: list[int] = []
+    for procs in sorted(cgroup.rglob("cgroup.procs")):
+        with contextlib.suppress(FileNotFoundError):
+            pids += [int(p) for p in procs.read_text(encoding="ascii").split()]
+    return pids
+
+
+def _describe(pids: list[int]) -> str:
+    parts = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            parts.append(f"{pid} {cmdline.decode(errors='replace').strip()}")
+        except OSError:
+            parts.append(str(pid))
+    return "; ".join(parts)
+
+
+def _kill_cgroup(cgroup: Path, timeout: float) -> None:
+    kill_file = cgroup / "cgroup.kill"
+    if kill_file.exists():  # Linux >= 5.14
+        kill_file.write_text("1", encoding="ascii")
+    else:
+        for pid in _pids_in(cgroup):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not _populated(cgroup), timeout=timeout, what=f"{cgroup} to empty")
+
+
+def _remove_tree(root: Path | None) -> None:
+    if root is None or not root.exists():
+        return
+    for dirpath, _dirnames, _files in os.walk(root, topdown=False):
+        with contextlib.suppress(FileNotFoundError):
+            Path(dirpath).rmdir()
+
+
+def _pids_in_mount_ns(ns_inode: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "ns" / "mnt").stat().st_ino == ns_inode:
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def user_systemd(
+    *, start_timeout: float = 20.0, stop_timeout: float = 30.0
+) -> Iterator[UserSystemd]:
+    """Start journald + ``systemd --user`` privately; stop both and prove nothing is left.
+
+    Raises :class:`StartupError` if either daemon does not come up, and
+    :class:`LeftoverProcessesError` at exit if any process had to be killed by the teardown.
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        raise StartupError(reason)
+    systemd_bin = _first_existing(SYSTEMD_CANDIDATES)
+    journald_bin = _first_existing(JOURNALD_CANDIDATES)
+    cgroups = _cgroups()
+    assert systemd_bin is not None and journald_bin is not None and cgroups is not None
+
+    base = Path(tempfile.mkdtemp(prefix="sdenv-", dir=_BASE_PARENT))
+    assert len(str(base)) <= _MAX_BASE_LEN, base
+    user = pwd.getpwuid(os.getuid())
+    home, runtime, config = base / "home", base / "runtime", base / "config"
+    for d in (home, config / "systemd" / "user", base / "run-systemd" / "system",
+              base / "run-systemd" / "journal", base / "run-systemd" / "journald.conf.d",
+              base / "log", base / "empty"):
+        d.mkdir(parents=True)
+    runtime.mkdir(mode=0o700)
+    (base / "run-systemd" / "journald.conf.d" / "test.conf").write_text(
+        _JOURNALD_CONF, encoding="utf-8"
+    )
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "USER": user.pw_name,
+        "LOGNAME": user.pw_name,
+        "SHELL": "/bin/sh",
+        "HOME": str(home),
+        "XDG_RUNTIME_DIR": str(runtime),
+        "XDG_CONFIG_HOME": str(config),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime}/bus",
+        "SYSTEMD_COLORS": "0",
+        "TERM": "dumb",
+    }
+    cgroup = cgroups.tracking / f"{base.name}.slice" / f"user@{user.pw_uid}.service"
+    mirror = cgroups.mirror / f"{base.name}.slice" if cgroups.mirror else None
+
+    journald: subprocess.Popen[bytes] | None = None
+    manager: subprocess.Popen[bytes] | None = None
+    ns_inode: int | None = None
+    leftovers: list[str] = []
+    try:
+        cgroup.mkdir(parents=True)
+        journald = _start_ready(
+            ["unshare", "--mount", "--propagation", "private", "--",
+             "sh", "-c", _NAMESPACE_SCRIPT, "sh", str(base), journald_bin],
+            env={"PATH": env["PATH"]}, base=base, name="journald", timeout=start_timeout,
+        )  # fmt: skip
+        ns_inode = Path(f"/proc/{journald.pid}/ns/mnt").stat().st_ino
+        manager = _start_ready(
+            ["nsenter", f"--target={journald.pid}", "--mount", "--",
+             "sh", "-c", _MANAGER_SCRIPT, "sh", str(cgroup), systemd_bin],
+            env=env, base=base, name="manager", timeout=start_timeout,
+        )  # fmt: skip
+        sd = UserSystemd(
+            base=base,
+            env=env,
+            unit_dir=config / "systemd" / "user",
+            journal_dir=base / "log" / "journal",
+            cgroup=cgroup,
+            journald_pid=journald.pid,
+            manager_pid=manager.pid,
+        )
+        # READY=1 comes at basic.target; wait for default.target ("running") too.
+        state = sd.systemctl("is-system-running", "--wait", timeout=start_timeout)
+        if state.stdout.strip() != "running":
+            failed = sd.systemctl("list-units", "--failed", "--plain", "--no-legend").stdout
+            raise StartupError(f"user manager is {state.stdout.strip()!r}; failed: {failed}")
+        yield sd
+    finally:
+        if manager is not None:
+            _stop(manager, stop_timeout)  # SIGTERM: the user manager runs exit.target
+        if cgroup.exists():
+            if _populated(cgroup):
+                pids = _pids_in(cgroup)
+                leftovers.append(f"in {cgroup}: {_describe(pids)}")
+                _kill_cgroup(cgroup, stop_timeout)
+            _remove_tree(cgroup.parent)
+        _remove_tree(mirror)
+        if journald is not None:
+            _stop(journald, stop_timeout)
+        if ns_inode is not None:
+            pids = _pids_in_mount_ns(ns_inode)
+            if pids:
+                leftovers.append(f"in the private mount namespace: {_describe(pids)}")
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+        if leftovers:  # raised even if the body failed: that error is kept as __context__
+            raise LeftoverProcessesError("; ".join(leftovers))
