@@ -31,15 +31,25 @@ class _Parser(argparse.ArgumentParser):
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options shared by the daemon and ``--once`` (and the commands that pick memory dirs)."""
     parser.add_argument(
-        "--memory-dir", action="append", metavar="DIR",
+        "--memory-dir",
+        action="append",
+        metavar="DIR",
         help="a memory dir (<project>/.pi/memory/project); repeatable; globs allowed",
-    )  # fmt: skip
-    parser.add_argument("--config", metavar="FILE", help="the TOML config file "
-                        "(default $XDG_CONFIG_HOME/memstaged/config.toml)")  # fmt: skip
-    parser.add_argument("--project-root", metavar="DIR",
-                        help="the project root of the single --memory-dir")  # fmt: skip
-    parser.add_argument("--settle", type=float, metavar="SECONDS",
-                        help="how long an unparseable file must stay unchanged (default 2)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)",
+    )
+    parser.add_argument(
+        "--project-root", metavar="DIR", help="the project root of the single --memory-dir"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        metavar="SECONDS",
+        help="how long an unparseable file must stay unchanged (default 2)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,12 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Validate, repair or quarantine agent-memory staging files as they arrive.",
     )
     parser.add_argument("--version", action="version", version=f"memstaged {__version__}")
-    parser.add_argument("--once", action="store_true",
-                        help="decide every staging file now and exit (default: run as a daemon)")  # fmt: skip
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="decide every staging file now and exit (default: run as a daemon)",
+    )
     add_run_options(parser)
     parser.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
-    parser.add_argument("--wait", action="store_true",
-                        help="wait for another memstaged on the same memory dir instead of exiting 1")  # fmt: skip
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for another memstaged on the same memory dir instead of exiting 1",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     import importlib
 
@@ -95,7 +111,16 @@ def _run(args: argparse.Namespace) -> int:
         return run_once(settings, wait=args.wait)
     from memstaged.daemon import run_daemon
 
-    return run_daemon(settings, wait=args.wait)
+    def reload() -> object:
+        return config.load(
+            config=args.config,
+            memory_dirs=args.memory_dir,
+            project_root=args.project_root,
+            settle=args.settle,
+            dry_run=args.dry_run,
+        )
+
+    return run_daemon(settings, wait=args.wait, reload=reload)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

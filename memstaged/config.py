@@ -58,24 +58,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         found: dict[str, MemoryDir] = {}
         for pattern in self.memory_dir_patterns:
             expanded = os.path.expanduser(pattern)
-            paths = (
-                sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
-            )
+            paths = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
             for path in paths:
-                absolute = normalize(os.path.abspath(path))  # noqa: PTH100 - no link resolution
+                absolute = normalize(os.path.abspath(path))  # abspath: links are not resolved
                 root = self.project_roots.get(absolute) or default_project_root(absolute)
                 found.setdefault(absolute, MemoryDir(absolute, root))
         return list(found.values())
 
 
 def default_config_path(env: Mapping[str, str]) -> Path:
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", "~"), ".config")  # noqa: PTH118
-    return Path(os.path.expanduser(base)) / "memstaged" / "config.toml"  # noqa: PTH111
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", "~"), ".config")
+    return Path(os.path.expanduser(base)) / "memstaged" / "config.toml"
 
 
 def default_log_file(env: Mapping[str, str]) -> Path:
-    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")  # noqa: PTH118
-    return Path(os.path.expanduser(base)) / "memstaged" / "decisions.jsonl"  # noqa: PTH111
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")
+    return Path(os.path.expanduser(base)) / "memstaged" / "decisions.jsonl"
 
 
 def read_config(path: Path) -> FileConfig:
@@ -150,16 +148,16 @@ def load(
     if not patterns and Path(DEFAULT_MEMORY_DIR).is_dir():
         patterns = [DEFAULT_MEMORY_DIR]
     roots = {
-        normalize(os.path.abspath(os.path.expanduser(k))): normalize(  # noqa: PTH100, PTH111
-            os.path.abspath(os.path.expanduser(v))  # noqa: PTH100, PTH111
+        normalize(os.path.abspath(os.path.expanduser(k))): normalize(
+            os.path.abspath(os.path.expanduser(v))
         )
         for k, v in file_config.project_roots.items()
     }
     if project_root is not None:
         if len(patterns) != 1 or glob.has_magic(patterns[0]):
             raise ConfigError("--project-root needs exactly one memory dir (--memory-dir DIR)")
-        key = normalize(os.path.abspath(os.path.expanduser(patterns[0])))  # noqa: PTH100, PTH111
-        roots[key] = normalize(os.path.abspath(os.path.expanduser(project_root)))  # noqa: PTH100, PTH111
+        key = normalize(os.path.abspath(os.path.expanduser(patterns[0])))
+        roots[key] = normalize(os.path.abspath(os.path.expanduser(project_root)))
     settle_value = _pick(settle, _env_value(env, "SETTLE", float, "--settle"), file_config.settle)
     if settle_value < 0:
         raise ConfigError(f"settle must be 0 or more seconds, got {settle_value}")
@@ -183,7 +181,7 @@ def load(
         ),
         rescan_interval=file_config.rescan_interval,
         observer=env.get(ENV_PREFIX + "OBSERVER") or file_config.observer,
-        log_file=Path(os.path.expanduser(log_file)) if log_file else default_log_file(env),  # noqa: PTH111
+        log_file=Path(os.path.expanduser(log_file)) if log_file else default_log_file(env),
         log_max_bytes=file_config.log_max_bytes,
         log_backups=file_config.log_backups,
         explicit_dirs=explicit,

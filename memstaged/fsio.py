@@ -107,7 +107,9 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def write_temp(dir_fd: int, data: bytes, role: str, for_name: str = "", *, sync: bool = True) -> str:
+def write_temp(
+    dir_fd: int, data: bytes, role: str, for_name: str = "", *, sync: bool = True
+) -> str:
     """Write ``data`` to a new temp file in ``dir_fd`` (0600), fsynced unless told otherwise."""
     name = temp_name(role, for_name)
     fd = os.open(
@@ -134,9 +136,11 @@ def copy_to_temp(src_fd: int, dir_fd: int, role: str, for_name: str = "") -> tup
     digest = hashlib.sha256()
     size = 0
     fd = os.open(
-        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
         dir_fd=dir_fd,
-    )  # fmt: skip
+    )
     try:
         os.lseek(src_fd, 0, os.SEEK_SET)
         while chunk := os.read(src_fd, CHUNK):

@@ -44,7 +44,7 @@ class LockInfo(msgspec.Struct, frozen=True):
         return self.owner == OWNER
 
 
-class LockHeld(Exception):  # noqa: N818 - a state, not a failure: the caller defers the file
+class LockHeld(Exception):
     """A live process holds ``canonical-writer.lock``."""
 
     def __init__(self, info: LockInfo) -> None:
@@ -111,9 +111,12 @@ def canonical_lock(mem_fd: int, on_stale: Any = None) -> Iterator[LockInfo | Non
     for every stale lock seen, so that it is logged.
     """
     body = msgspec.json.encode(
-        {"pid": os.getpid(), "started_at": format_epoch_ms(time.time_ns() // 1_000_000),
-         "owner": OWNER}
-    )  # fmt: skip
+        {
+            "pid": os.getpid(),
+            "started_at": format_epoch_ms(time.time_ns() // 1_000_000),
+            "owner": OWNER,
+        }
+    )
     for _ in range(3):
         try:
             fd = os.open(
@@ -159,7 +162,7 @@ class InstanceLock:
 
     def __init__(self, memory_dir: str) -> None:
         self.memory_dir = memory_dir
-        self.path = os.path.join(memory_dir, INSTANCE_LOCK)  # noqa: PTH118
+        self.path = os.path.join(memory_dir, INSTANCE_LOCK)
         self._fd: int | None = None
 
     def acquire(self, *, wait: bool) -> None:
@@ -189,7 +192,7 @@ class InstanceLock:
 def instance_holder(memory_dir: str) -> int | None:
     """The pid of the memstaged working on ``memory_dir``, or ``None`` (for ``status``)."""
     try:
-        fd = os.open(os.path.join(memory_dir, INSTANCE_LOCK), os.O_RDONLY | os.O_CLOEXEC)  # noqa: PTH118
+        fd = os.open(os.path.join(memory_dir, INSTANCE_LOCK), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:

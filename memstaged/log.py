@@ -42,8 +42,14 @@ MESSAGE_IDS: Final = {
 }
 _DEFAULT_MESSAGE_ID: Final = "9e0f1a2b3c4d4e5f6a7b8c9d0e1f2a3b"
 #: syslog priorities: a quarantine is a warning, errors are errors, the rest information.
-_PRIORITIES: Final = {"quarantined": 4, "deferred": 6, "repaired": 5, "foreign": 6, "valid": 6,
-                      "skipped": 6}  # fmt: skip
+_PRIORITIES: Final = {
+    "quarantined": 4,
+    "deferred": 6,
+    "repaired": 5,
+    "foreign": 6,
+    "valid": 6,
+    "skipped": 6,
+}
 _LEVEL_PRIORITIES: Final = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
 
@@ -124,7 +130,7 @@ class _EventFormatter(logging.Formatter):
         if not self.pretty:
             return dumps(event)
         stamp = str(event.get("timestamp", ""))[11:23]
-        return f"{stamp} {str(event.get('level', 'info')):7} {message(event)}"
+        return f"{stamp} {event.get('level', 'info')!s:7} {message(event)}"
 
 
 def _pass_dict(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Any:
@@ -166,7 +172,7 @@ def configure(
         )
         file_handler.setFormatter(_EventFormatter(pretty=False))
         root.addHandler(file_handler)
-        os.chmod(log_file, 0o600)  # noqa: PTH101 - the handler created it with the umask's mode
+        os.chmod(log_file, 0o600)  # the handler created it with the umask's mode
     if console == "on" or (console == "auto" and not use_journal):
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(_EventFormatter(pretty=sys.stderr.isatty()))

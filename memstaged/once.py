@@ -28,7 +28,9 @@ _CHANGED_RETRIES: Final = 3
 _ORDER: Final = [d.value for d in Decision]
 
 
-def _decide_all(pipeline: Pipeline, mdir: MemoryDir, names: list[str], advance: Any) -> Counter[str]:
+def _decide_all(
+    pipeline: Pipeline, mdir: MemoryDir, names: list[str], advance: Any
+) -> Counter[str]:
     counts: Counter[str] = Counter()
     waiting: list[tuple[float, str]] = []
     for name in names:
@@ -81,7 +83,9 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
                 if not settings.options.dry_run:
                     pipeline.recover_temps(mdir)
                 names = list_staging(mdir)
-                task = bar.add_task(mdir.path, total=len(names), visible=len(names) >= PROGRESS_FROM)
+                task = bar.add_task(
+                    mdir.path, total=len(names), visible=len(names) >= PROGRESS_FROM
+                )
                 results[mdir.path] = _decide_all(
                     pipeline, mdir, names, lambda t=task: bar.advance(t)
                 )
@@ -97,8 +101,11 @@ def _summary(out: Console, results: dict[str, Counter[str]], dry_run: bool) -> N
         for path, counts in results.items():
             parts = " ".join(f"{d}={counts.get(d, 0)}" for d in _ORDER)
             suffix = " (dry run: nothing written)" if dry_run else ""
-            out.print(f"{path}: {parts} total={sum(counts.values())}{suffix}", highlight=False,
-                      soft_wrap=True)  # fmt: skip
+            out.print(
+                f"{path}: {parts} total={sum(counts.values())}{suffix}",
+                highlight=False,
+                soft_wrap=True,
+            )
         return
     table = Table(title="memstaged --once" + (" (dry run: nothing written)" if dry_run else ""))
     table.add_column("memory dir")
@@ -106,9 +113,7 @@ def _summary(out: Console, results: dict[str, Counter[str]], dry_run: bool) -> N
         table.add_column(decision, justify="right")
     table.add_column("total", justify="right")
     for path, counts in results.items():
-        table.add_row(
-            path, *(str(counts.get(d, 0)) for d in _ORDER), str(sum(counts.values()))
-        )
+        table.add_row(path, *(str(counts.get(d, 0)) for d in _ORDER), str(sum(counts.values())))
     out.print(table)
 
 

@@ -13,6 +13,7 @@ import hashlib
 import os
 import stat
 import time
+import traceback
 from collections.abc import Callable
 from enum import Enum
 from typing import Any, Final
@@ -38,7 +39,7 @@ class MemoryDir(msgspec.Struct, frozen=True):
 
     @property
     def staging(self) -> str:
-        return os.path.join(self.path, STAGING)  # noqa: PTH118
+        return os.path.join(self.path, STAGING)
 
 
 class Options(msgspec.Struct, frozen=True):
@@ -59,6 +60,8 @@ class Outcome(msgspec.Struct, frozen=True):
     retry_at: float | None = None
     #: The file changed while it was being decided: decide it again now.
     changed: bool = False
+    #: Deferred because a live process holds ``canonical-writer.lock``: retry when it goes.
+    blocked_by_lock: bool = False
 
 
 class _Applied(Enum):
@@ -107,9 +110,9 @@ class Pipeline:
     # -- one file -----------------------------------------------------------------------------
 
     def process(self, mdir: MemoryDir, name: str) -> Outcome:
-        """Decide ``staging/<name>`` of ``mdir`` and carry the decision out. Never raises OSError."""
+        """Decide ``staging/<name>`` of ``mdir`` and carry the decision out; never raises."""
         started = time.perf_counter()
-        event: dict[str, Any] = {"path": os.path.join(mdir.staging, name), "memory_dir": mdir.path}  # noqa: PTH118
+        event: dict[str, Any] = {"path": os.path.join(mdir.staging, name), "memory_dir": mdir.path}
         if self.options.dry_run:
             event["dry_run"] = True
         try:
@@ -117,6 +120,12 @@ class Pipeline:
         except OSError as err:
             reason = f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
             event.setdefault("reasons", []).append(f"I/O error, will retry: {reason}")
+            outcome = Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle)
+            event["decision"] = Decision.DEFERRED.value
+            event["level_hint"] = "error"
+        except Exception as err:  # noqa: BLE001 - a bug must not stop the daemon; it is logged
+            event.setdefault("reasons", []).append(f"internal error, file left as it is: {err!r}")
+            event["traceback"] = traceback.format_exc()
             outcome = Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle)
             event["decision"] = Decision.DEFERRED.value
             event["level_hint"] = "error"
@@ -155,7 +164,7 @@ class Pipeline:
                     return finish(
                         Decision.DEFERRED,
                         f"canonical-writer.lock is held by live pid {held.pid}",
-                        retry_at=None,
+                        blocked_by_lock=True,
                     )
                 st = fsio.lstat_at(staging_fd, name)
                 if st is None:
@@ -256,7 +265,7 @@ class Pipeline:
         except LockHeld as held:
             event["decision"] = Decision.DEFERRED.value
             event["reasons"] = [*event["reasons"], str(held)]
-            return Outcome(Decision.DEFERRED, identity)
+            return Outcome(Decision.DEFERRED, identity, blocked_by_lock=True)
         if applied is _Applied.GONE:
             event["decision"] = Decision.SKIPPED.value
             event["reasons"] = [*event["reasons"], "vanished before the decision was applied"]
@@ -288,9 +297,10 @@ class Pipeline:
                 digest.update(chunk)
                 size += len(chunk)
             return decide_too_large(ctx, digest.hexdigest(), size, limit), None
-        with fsio.opened_dir(DEADLETTER, mem_fd, create=True) as dl_fd, fsio.opened_dir(
-            ORIGINALS_DIR, dl_fd, create=True
-        ) as or_fd:
+        with (
+            fsio.opened_dir(DEADLETTER, mem_fd, create=True) as dl_fd,
+            fsio.opened_dir(ORIGINALS_DIR, dl_fd, create=True) as or_fd,
+        ):
             tmp, sha, size = fsio.copy_to_temp(fd, or_fd, "orig", ctx.file_name)
             if Identity.of(os.fstat(fd)) != identity or size != identity.size:
                 fsio.unlink_quietly(or_fd, tmp)
@@ -304,9 +314,10 @@ class Pipeline:
     ) -> None:
         """Originals and records, each complete under its final name, then all of it durable."""
         assert verdict.original is not None
-        with fsio.opened_dir(DEADLETTER, mem_fd, create=True) as dl_fd, fsio.opened_dir(
-            ORIGINALS_DIR, dl_fd, create=True
-        ) as or_fd:
+        with (
+            fsio.opened_dir(DEADLETTER, mem_fd, create=True) as dl_fd,
+            fsio.opened_dir(ORIGINALS_DIR, dl_fd, create=True) as or_fd,
+        ):
             if original_tmp is not None:
                 _install(or_fd, original_tmp, verdict.original)
             elif fsio.lstat_at(or_fd, verdict.original) is None:
@@ -453,8 +464,12 @@ class Pipeline:
         sha = hashlib.sha256(data).hexdigest()
         redundant = data == current or self._in_originals(mem_fd, target, sha)
         if not redundant and current is not None:
-            ctx = Context(mdir.project_root, target, settled=True,
-                          split_invalid_candidates=self.options.split_invalid_candidates)  # fmt: skip
+            ctx = Context(
+                mdir.project_root,
+                target,
+                settled=True,
+                split_invalid_candidates=self.options.split_invalid_candidates,
+            )
             ours = decide(data, ctx)
             theirs = decide(current, ctx)
             redundant = ours.new_bytes == current or theirs.new_bytes == data

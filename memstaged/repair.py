@@ -18,14 +18,40 @@ from memstaged.schema import CATEGORIES, check_candidate
 from memstaged.timestamps import Form, classify
 
 _CONTEXT_TOPIC_KEYS: Final = (
-    "topic", "project", "projectName", "name", "title", "repository", "repo", "scope",
-)  # fmt: skip
+    "topic",
+    "project",
+    "projectName",
+    "name",
+    "title",
+    "repository",
+    "repo",
+    "scope",
+)
 _CONTEXT_ROOT_KEYS: Final = ("project_root", "projectRoot", "root", "cwd")
 _KEYWORD_SEPARATORS: Final = re.compile(r"[`*_#>\[\](){}:;,.!?/\\|<=+~$%^&\-0-9]+")
 _STOPWORDS: Final = frozenset(
-    "the and for with from that this when then into should must have has are was were use using"
-    .split()
-)  # fmt: skip
+    [
+        "the",
+        "and",
+        "for",
+        "with",
+        "from",
+        "that",
+        "this",
+        "when",
+        "then",
+        "into",
+        "should",
+        "must",
+        "have",
+        "has",
+        "are",
+        "was",
+        "were",
+        "use",
+        "using",
+    ]
+)
 
 
 class Repair(msgspec.Struct, frozen=True):
@@ -131,9 +157,7 @@ def repair_triggers(doc: dict[str, Any]) -> tuple[dict[str, Any], list[Repair]]:
     return fixed_doc, repairs
 
 
-def split_candidates(
-    doc: dict[str, Any], invalid: set[tuple[str, int]]
-) -> dict[str, Any]:
+def split_candidates(doc: dict[str, Any], invalid: set[tuple[str, int]]) -> dict[str, Any]:
     """R4: the file with the invalid candidates left out, every other key kept as it was."""
     candidates = doc["candidates"]
     new_candidates = dict(candidates)

@@ -70,9 +70,7 @@ def check_trigger(trigger: object, where: str) -> list[Problem]:
     elif kind == "command":
         _need_string(trigger, "pattern", f"{where}.", out)
     else:
-        out.append(
-            Problem(f"{where}.type", "must be one of path, filename, topic, tool, command")
-        )
+        out.append(Problem(f"{where}.type", "must be one of path, filename, topic, tool, command"))
     return out
 
 

@@ -21,12 +21,34 @@ _ISO: Final = re.compile(
     r"(?:([Tt ])([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})?)?"
 )
-_MONTHS: Final = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTHS: Final = (
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "may",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "oct",
+    "nov",
+    "dec",
+)
 _ZONES: Final = {
-    "ut": 0, "utc": 0, "gmt": 0, "z": 0,
-    "est": -300, "edt": -240, "cst": -360, "cdt": -300,
-    "mst": -420, "mdt": -360, "pst": -480, "pdt": -420,
-}  # fmt: skip
+    "ut": 0,
+    "utc": 0,
+    "gmt": 0,
+    "z": 0,
+    "est": -300,
+    "edt": -240,
+    "cst": -360,
+    "cdt": -300,
+    "mst": -420,
+    "mdt": -360,
+    "pst": -480,
+    "pdt": -420,
+}
 _RFC2822: Final = re.compile(
     r"(?:(?:mon|tue|wed|thu|fri|sat|sun)[ \t]*,[ \t]*)?"
     r"([0-9]{1,2})[ \t]+(" + "|".join(_MONTHS) + r")[ \t]+([0-9]{4})[ \t]+"
@@ -83,10 +105,7 @@ def format_epoch_ms(epoch_ms: int) -> str:
     hours, rest = divmod(ms_of_day, 3_600_000)
     minutes, rest = divmod(rest, 60_000)
     seconds, millis = divmod(rest, 1000)
-    if 0 <= year <= 9999:
-        ytext = f"{year:04d}"
-    else:
-        ytext = f"{'-' if year < 0 else '+'}{abs(year):06d}"
+    ytext = f"{year:04d}" if 0 <= year <= 9999 else f"{'-' if year < 0 else '+'}{abs(year):06d}"
     return f"{ytext}-{month:02d}-{day:02d}T{hours:02d}:{minutes:02d}:{seconds:02d}.{millis:03d}Z"
 
 
@@ -94,7 +113,7 @@ def _local_offset_minutes(year: int, month: int, day: int, hour: int, minute: in
     """The machine's UTC offset at a local wall time, as ``new Date(y, m, d, h, mi)`` reads it."""
     if not 1 <= year <= 9999:
         return None
-    local = dt.datetime(year, month, day, hour, minute).astimezone()  # noqa: DTZ001 - local on purpose
+    local = dt.datetime(year, month, day, hour, minute).astimezone()
     offset = local.utcoffset()
     return None if offset is None else int(offset.total_seconds()) // 60
 
@@ -182,7 +201,7 @@ def classify(value: str) -> tuple[Form, str] | None:
 
 
 def canonical_or_epoch(value: object) -> str:
-    """The dead-letter record's ``produced_at``: canonical when it is a timestamp, else the epoch."""
+    """A dead-letter record's ``produced_at``: canonical if it is a timestamp, else the epoch."""
     if isinstance(value, str):
         found = classify(value)
         if found is not None:

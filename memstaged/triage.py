@@ -125,9 +125,7 @@ def decide(data: bytes, ctx: Context) -> Verdict:
         repairs = (*repairs, *r3, *r1)
         if after.valid:
             new_bytes = _encode(fixed, exotic)
-            return Verdict(
-                Decision.REPAIRED, sha, size, session, tuple(errors), repairs, new_bytes
-            )
+            return Verdict(Decision.REPAIRED, sha, size, session, tuple(errors), repairs, new_bytes)
         split = ctx.split_invalid_candidates and not after.file_problems
         if split and _has_valid_candidate(fixed, len(after.candidate_problems)):
             return _split(doc, fixed, after.candidate_problems, ctx, sha, size, exotic, repairs)

@@ -73,6 +73,14 @@ ForwardToSyslog=no
 ForwardToKMsg=no
 ForwardToConsole=no
 ForwardToWall=no
+RuntimeMaxUse=64M
+"""
+
+# Fail fast instead of systemd's 90 s when a test service hangs on start or stop.
+_USER_CONF = """\
+[Manager]
+DefaultTimeoutStartSec=15s
+DefaultTimeoutStopSec=15s
 """
 
 # Run inside the fresh mount namespace, as root: $1 = base dir, $2 = journald binary.
@@ -397,13 +405,14 @@ def user_systemd(
     user = pwd.getpwuid(os.getuid())
     home, runtime, config = base / "home", base / "runtime", base / "config"
     for d in (home, config / "systemd" / "user", base / "run-systemd" / "system",
-              base / "run-systemd" / "journal", base / "run-systemd" / "journald.conf.d",
+              base / "run-systemd" / "journal", base / "run-systemd" / "journald.conf.d", base / "run-systemd" / "user.conf.d",
               base / "log", base / "empty"):
         d.mkdir(parents=True)
     runtime.mkdir(mode=0o700)
     (base / "run-systemd" / "journald.conf.d" / "test.conf").write_text(
         _JOURNALD_CONF, encoding="utf-8"
     )
+    (base / "run-systemd" / "user.conf.d" / "test.conf").write_text(_USER_CONF, encoding="utf-8")
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "LANG": "C.UTF-8",

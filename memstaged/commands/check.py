@@ -29,24 +29,30 @@ EXIT_CODES: Final = {
 def register(sub: Any) -> None:
     parser = sub.add_parser("check", help="decide files without touching anything")
     parser.add_argument("files", nargs="+", metavar="FILE", help="staging files, or - for stdin")
-    parser.add_argument("--project-root", metavar="DIR",
-                        help="the project root files must name (default: the one of the file's "
-                        "memory dir, or the current directory for stdin)")  # fmt: skip
+    parser.add_argument(
+        "--project-root",
+        metavar="DIR",
+        help="the project root files must name (default: the one of the file's "
+        "memory dir, or the current directory for stdin)",
+    )
     parser.add_argument("--diff", action="store_true", help="show a repair as a diff")
     parser.add_argument("--json", action="store_true", help="one JSON line per file")
-    parser.add_argument("--split-invalid-candidates", action="store_true",
-                        help="decide as with split_invalid_candidates = true (repair R4)")  # fmt: skip
+    parser.add_argument(
+        "--split-invalid-candidates",
+        action="store_true",
+        help="decide as with split_invalid_candidates = true (repair R4)",
+    )
     parser.set_defaults(func=run)
 
 
 def _root_for(path: str, explicit: str | None) -> str:
     if explicit:
-        return normalize(os.path.abspath(explicit))  # noqa: PTH100
+        return normalize(os.path.abspath(explicit))
     if path == "-":
-        return normalize(os.getcwd())  # noqa: PTH109
+        return normalize(os.getcwd())
     # <project>/.pi/memory/project/staging/<file>: four levels up from the file's directory.
-    staging = os.path.dirname(os.path.abspath(path))  # noqa: PTH100, PTH120
-    return normalize(os.path.join(staging, "..", "..", "..", ".."))  # noqa: PTH118
+    staging = os.path.dirname(os.path.abspath(path))
+    return normalize(os.path.join(staging, "..", "..", "..", ".."))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
             if path == "-":
                 data, name = sys.stdin.buffer.read(), "stdin.json"
             else:
-                with open(path, "rb") as fh:  # noqa: PTH123
-                    data, name = fh.read(), os.path.basename(path)  # noqa: PTH119
+                with open(path, "rb") as fh:
+                    data, name = fh.read(), os.path.basename(path)
         except OSError as err:
             print(f"memstaged check: {path}: {err.strerror}", file=sys.stderr)
             worst = max(worst, 2, key=_SEVERITY_KEY)
@@ -94,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
             if args.diff:
                 before = data.decode("utf-8", "replace").splitlines(keepends=True)
                 after = verdict.new_bytes.decode("utf-8", "replace").splitlines(keepends=True)
-                sys.stdout.writelines(difflib.unified_diff(before, after, path, f"{path} (repaired)"))
+                sys.stdout.writelines(
+                    difflib.unified_diff(before, after, path, f"{path} (repaired)")
+                )
             else:
                 print("  repaired file:")
                 print(verdict.new_bytes.decode("utf-8", "replace"), end="")
