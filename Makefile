@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml | sysdeps
 
 demo: setup
 	@rm -rf demo && mkdir -p demo/example-project/.pi/memory
-	@cp -r examples/memory-dir demo/example-project/.pi/memory/project
+	@cp -rp examples/memory-dir demo/example-project/.pi/memory/project
 	@echo "--- staging/ before:"; ls demo/example-project/.pi/memory/project/staging
 	MEMSTAGED_LOG_FILE=$(CURDIR)/demo/decisions.jsonl \
 		$(BIN)/memstaged --once --memory-dir demo/example-project/.pi/memory/project

@@ -85,6 +85,11 @@ def read_config(path: Path) -> FileConfig:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    roots = raw.get("project_roots")
+    if isinstance(roots, dict):  # msgspec would say only `project_roots[...]`: name the entry
+        for key, value in roots.items():
+            if not isinstance(value, str):
+                raise ConfigError(f"{path}: key 'project_roots.{key}': expected a path string")
     try:
         return msgspec.convert(raw, FileConfig)
     except msgspec.ValidationError as err:

@@ -1,0 +1,82 @@
+"""Settings resolution: option, then MEMSTAGED_* variable, then the file, then the default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memstaged import config
+from memstaged.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_option_beats_environment_beats_file_beats_default(tmp_path: Path) -> None:
+    """Each layer overrides the one below it, for the same setting."""
+    cfg = _write(tmp_path, "settle = 3.0\n")
+    env = {"HOME": str(tmp_path)}
+    assert config.load(env=env, memory_dirs=["m"]).options.settle == 2.0
+    assert config.load(config=cfg, env=env, memory_dirs=["m"]).options.settle == 3.0
+    env["MEMSTAGED_SETTLE"] = "4"
+    assert config.load(config=cfg, env=env, memory_dirs=["m"]).options.settle == 4.0
+    assert config.load(config=cfg, env=env, memory_dirs=["m"], settle=5).options.settle == 5.0
+
+
+def test_default_paths_follow_xdg(tmp_path: Path) -> None:
+    """The config file and the log default to the XDG directories."""
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "c"), "XDG_STATE_HOME": str(tmp_path / "s")}
+    (tmp_path / "c" / "memstaged").mkdir(parents=True)
+    (tmp_path / "c" / "memstaged" / "config.toml").write_text("split_invalid_candidates = true\n")
+    settings = config.load(env=env, memory_dirs=["m"])
+    assert settings.config_path == str(tmp_path / "c" / "memstaged" / "config.toml")
+    assert settings.options.split_invalid_candidates is True
+    assert settings.log_file == tmp_path / "s" / "memstaged" / "decisions.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("observer = 'fast'\n", "key 'observer'"),
+        ("max_file_size = 0\n", "key 'max_file_size': must be positive"),
+        ("settle = [\n", "not valid TOML"),
+        ("[project_roots]\nx = 1\n", "key 'project_roots.x'"),
+    ],
+    ids=["bad-enum", "bad-size", "bad-toml", "bad-root-type"],
+)
+def test_bad_config_values_are_named(tmp_path: Path, text: str, message: str) -> None:
+    """Every config problem is one message naming the file and the key."""
+    cfg = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        config.load(config=cfg, env={}, memory_dirs=["m"])
+    assert message in str(err.value)
+    assert cfg in str(err.value)
+
+
+def test_bad_environment_value_is_named(tmp_path: Path) -> None:
+    """A malformed MEMSTAGED_* value names the variable."""
+    with pytest.raises(ConfigError, match="MEMSTAGED_SETTLE='x'"):
+        config.load(env={"MEMSTAGED_SETTLE": "x", "HOME": str(tmp_path)}, memory_dirs=["m"])
+
+
+def test_project_roots_table_and_default_root(tmp_path: Path) -> None:
+    """A memory dir's root is three levels up unless [project_roots] names another."""
+    a = tmp_path / "a" / ".pi" / "memory" / "project"
+    b = tmp_path / "b" / ".pi" / "memory" / "project"
+    cfg = _write(tmp_path, f'memory_dirs = ["{a}", "{b}"]\n[project_roots]\n"{b}" = "/srv/b"\n')
+    dirs = {m.path: m.project_root for m in config.load(config=cfg, env={}).memory_dirs()}
+    assert dirs == {str(a): str(tmp_path / "a"), str(b): "/srv/b"}
+
+
+def test_globs_are_expanded_when_asked(tmp_path: Path) -> None:
+    """A glob is expanded at each call, so memory dirs created later are found."""
+    settings = config.load(env={}, memory_dirs=[f"{tmp_path}/*/.pi/memory/project"])
+    assert settings.memory_dirs() == []
+    (tmp_path / "new" / ".pi" / "memory" / "project").mkdir(parents=True)
+    assert [m.path for m in settings.memory_dirs()] == [
+        str(tmp_path / "new" / ".pi" / "memory" / "project")
+    ]

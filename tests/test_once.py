@@ -1,0 +1,284 @@
+"""``memstaged --once`` end to end on a temporary memory dir, through ``cli.main``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import decisions, lesson, read_log, staging_doc, write
+
+from memstaged.cli import main
+from memstaged.triage import Context, Decision, decide
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink() and p.name != ".memstaged.lock"
+    }
+
+
+def _populate(project: Path, memory_dir: Path) -> dict[str, bytes]:
+    staging = memory_dir / "staging"
+    files = {
+        "valid.json": write(staging / "valid.json", staging_doc(project, "valid")),
+        "no-triggers.json": write(
+            staging / "no-triggers.json",
+            staging_doc(project, "no-triggers", candidates={"lessons": [lesson(triggers=[])]}),
+        ),
+        "bom.json": write(
+            staging / "bom.json",
+            b"\xef\xbb\xbf" + json.dumps(staging_doc(project, "bom")).encode(),
+        ),
+        "garbage.json": write(staging / "garbage.json", b"\x00\xffnot json at all"),
+        "bad-version.json": write(
+            staging / "bad-version.json", staging_doc(project, "bad", schemaVersion="1")
+        ),
+        "foreign.json": write(
+            staging / "foreign.json", staging_doc("/somewhere/else", "foreign", schemaVersion=7)
+        ),
+        "notes.txt": write(staging / "notes.txt", b"not a staging file"),
+        ".writer-tmp.json": write(staging / ".writer-tmp.json", b"{half"),
+    }
+    os.symlink("/etc/hostname", staging / "link.json")
+    old = 1_700_000_000
+    for name in files:
+        os.utime(staging / name, (old, old))
+    return files
+
+
+def test_once_decides_every_file_as_spec_says(
+    project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Valid/foreign/non-staging files stay byte for byte, repairs are rewritten valid, malformed
+    files go to deadletter/ with byte-exact originals, and every decision is logged."""
+    files = _populate(project, memory_dir)
+    staging = memory_dir / "staging"
+
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+
+    for name in ("valid.json", "foreign.json", "notes.txt", ".writer-tmp.json"):
+        assert (staging / name).read_bytes() == files[name], name
+    assert (staging / "link.json").is_symlink()
+    assert not (staging / "garbage.json").exists()
+    assert not (staging / "bad-version.json").exists()
+    ctx = Context(project_root=str(project), file_name="x.json")
+    for name in ("no-triggers.json", "bom.json"):
+        rewritten = (staging / name).read_bytes()
+        assert rewritten != files[name]
+        assert decide(rewritten, ctx).decision is Decision.VALID, name
+    originals = {p.read_bytes() for p in (memory_dir / "deadletter" / "originals").iterdir()}
+    assert originals == {files["garbage.json"], files["bad-version.json"]}
+    records = [json.loads(p.read_bytes()) for p in (memory_dir / "deadletter").glob("*.json")]
+    assert {r["session_id"] for r in records} == {"malformed-garbage", "bad"}
+    assert all(r["last_gate_reason"] == "malformed staging file" for r in records)
+    # bad-version.json had one lesson and one preference: one record each.
+    assert sorted(r["category"] for r in records if r["session_id"] == "bad") == [
+        "lessons",
+        "preferences",
+    ]
+    assert decisions(log_file) == {
+        "valid.json": "valid",
+        "no-triggers.json": "repaired",
+        "bom.json": "repaired",
+        "garbage.json": "quarantined",
+        "bad-version.json": "quarantined",
+        "foreign.json": "foreign",
+        "link.json": "skipped",
+    }
+
+
+def test_once_twice_changes_nothing_the_second_time(
+    project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """The second run finds every file valid or foreign and writes nothing."""
+    _populate(project, memory_dir)
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    before = _tree(memory_dir)
+    log_file.unlink()
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    assert _tree(memory_dir) == before
+    assert set(decisions(log_file).values()) <= {"valid", "foreign", "skipped"}
+
+
+def test_dry_run_writes_nothing_but_logs_decisions(
+    project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """--dry-run decides and logs every file and leaves the memory dir byte for byte as it was."""
+    _populate(project, memory_dir)
+    before = _tree(memory_dir)
+    assert main(["--once", "--dry-run", "--memory-dir", str(memory_dir)]) == 0
+    assert _tree(memory_dir) == before
+    assert not (memory_dir / "deadletter").exists()
+    logged = decisions(log_file)
+    assert logged["garbage.json"] == "quarantined"
+    assert logged["no-triggers.json"] == "repaired"
+    assert all(e.get("dry_run") for e in read_log(log_file) if e["event"] == "decision")
+
+
+def test_settle_defers_a_fresh_unparseable_file_then_decides_it(
+    project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """A just-written file that does not parse is deferred first, then quarantined once settled;
+    the run still exits 0 because it got its decision within the run."""
+    write(memory_dir / "staging" / "fresh.json", b'{"schemaVersion": 1, "sess')
+    assert main(["--once", "--settle", "0.3", "--memory-dir", str(memory_dir)]) == 0
+    kinds = [e["decision"] for e in read_log(log_file) if e["event"] == "decision"]
+    assert kinds == ["deferred", "quarantined"]
+    assert not (memory_dir / "staging" / "fresh.json").exists()
+
+
+def test_project_root_option_makes_a_file_foreign(memory_dir: Path, log_file: Path) -> None:
+    """--project-root overrides the default root: a file naming the default root is foreign."""
+    default_root = memory_dir.parent.parent.parent
+    data = write(memory_dir / "staging" / "a.json", staging_doc(default_root, schemaVersion=2))
+    code = main(
+        ["--once", "--memory-dir", str(memory_dir), "--project-root", str(memory_dir.parent)]
+    )
+    assert code == 0
+    assert (memory_dir / "staging" / "a.json").read_bytes() == data
+    assert decisions(log_file) == {"a.json": "foreign"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--once", "--memory-dir", "/nonexistent/mem"],
+            "memory dir /nonexistent/mem does not exist",
+        ),
+        (["--once", "--settle", "soon"], "--settle: invalid float value"),
+        (["--once", "--bogus"], "unrecognized arguments: --bogus"),
+        (
+            ["--once", "--memory-dir", "a", "--memory-dir", "b", "--project-root", "/x"],
+            "--project-root needs exactly one memory dir",
+        ),
+    ],
+    ids=["missing-dir", "bad-settle", "unknown-option", "root-needs-one-dir"],
+)
+def test_usage_errors_exit_2_with_one_line(
+    argv: list[str], message: str, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad options give exit 2 and one line on stderr naming the option, never a traceback."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_unknown_config_key_is_named(
+    tmp_path: Path, memory_dir: Path, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in the config file is an error naming the file and the key, not a silent default."""
+    config = tmp_path / "config.toml"
+    config.write_text("setle = 5\n")
+    code = main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)])
+    assert code == 2
+    assert f"{config}: unknown key 'setle'" in capsys.readouterr().err
+
+
+def test_wrong_config_type_is_named(
+    tmp_path: Path, memory_dir: Path, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value of the wrong type names the key."""
+    config = tmp_path / "config.toml"
+    config.write_text('settle = "two"\n')
+    assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 2
+    assert "key 'settle'" in capsys.readouterr().err
+
+
+def test_memory_dirs_from_config_file_and_globs(tmp_path: Path, log_file: Path) -> None:
+    """memory_dirs in the config file, with a glob, are all decided."""
+    for name in ("a", "b"):
+        staging = tmp_path / "src" / name / ".pi" / "memory" / "project" / "staging"
+        staging.mkdir(parents=True)
+        write(staging / "x.json", b"garbage")
+        os.utime(staging / "x.json", (1, 1))
+    config = tmp_path / "config.toml"
+    config.write_text(f'memory_dirs = ["{tmp_path}/src/*/.pi/memory/project"]\n')
+    assert main(["--once", "--config", str(config)]) == 0
+    for name in ("a", "b"):
+        assert not (tmp_path / "src" / name / ".pi/memory/project/staging/x.json").exists()
+
+
+def test_default_memory_dir_is_the_current_project(
+    project: Path, memory_dir: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no --memory-dir and no config, ./.pi/memory/project is used when it exists."""
+    write(memory_dir / "staging" / "v.json", staging_doc(project))
+    monkeypatch.chdir(project)
+    assert main(["--once"]) == 0
+    assert decisions(log_file) == {"v.json": "valid"}
+
+
+def test_no_memory_dir_at_all_is_a_usage_error(
+    tmp_path: Path,
+    log_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Nothing to work on is said plainly (exit 2)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--once"]) == 2
+    assert "no memory dir" in capsys.readouterr().err
+
+
+def test_unreadable_staging_file_is_deferred_and_kept() -> None:
+    """A staging file that cannot be read stays in staging/ and makes the run exit 1.
+
+    Root reads any file regardless of its mode, so the run is made as the unprivileged user
+    ``nobody`` (setpriv), who may use the memory dir but not read the file.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run memstaged as another user; this test runs as non-root")
+    base = Path(tempfile.mkdtemp(prefix="memstaged-perm-"))
+    try:
+        project = base / "p"
+        memory_dir = project / ".pi" / "memory" / "project"
+        staging = memory_dir / "staging"
+        staging.mkdir(parents=True)
+        data = write(staging / "secret.json", staging_doc(project))
+        os.chmod(staging / "secret.json", 0)
+        for path in (base, project, project / ".pi", memory_dir.parent, memory_dir, staging):
+            os.chmod(path, 0o777)  # noqa: S103 - the unprivileged run must reach the dir
+        log = base / "decisions.jsonl"
+        env = dict(
+            os.environ,
+            MEMSTAGED_LOG_FILE=str(log),
+            HOME=str(base),
+            XDG_CONFIG_HOME=str(base / "cfg"),
+        )
+        result = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                sys.executable,
+                "-m",
+                "memstaged",
+                "--once",
+                "--memory-dir",
+                str(memory_dir),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=60,
+        )
+        assert result.returncode == 1, result.stderr
+        assert (staging / "secret.json").read_bytes() == data
+        assert decisions(log) == {"secret.json": "deferred"}
+        assert "permission denied" in log.read_text()
+        assert "Traceback" not in result.stderr
+    finally:
+        shutil.rmtree(base)
