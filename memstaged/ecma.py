@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Final
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -29,6 +32,15 @@ _JS_WHITESPACE_RUN: Final = re.compile("[" + re.escape(JS_WHITESPACE) + "]+")
 _MAX_INT_DIGITS: Final = 4000
 
 _decoder: Final = msgspec.json.Decoder()
+
+#: How deep a document may nest. ``JSON.parse`` has no small limit, and the interpreter's limit
+#: depends on how deep the caller already is, which would let the daemon and ``--once`` disagree
+#: about the same bytes; deep documents are therefore handled in a fresh thread with these fixed
+#: limits, so the outcome depends on the bytes only.
+DEEP_RECURSION_LIMIT: Final = 100_000
+_DEEP_STACK_BYTES: Final = 1 << 30
+_deep_lock = threading.Lock()
+T = TypeVar("T")
 
 
 def trim(text: str) -> str:
@@ -89,7 +101,52 @@ def _parse_int(literal: str) -> int | float:
     return int(literal)
 
 
+def run_deep(func: Callable[..., T], *args: Any) -> T:
+    """Run ``func(*args)`` in a fresh thread with a large stack and a fixed recursion limit.
+
+    Used only after a :class:`RecursionError`: a fresh thread starts at the same depth whoever
+    calls, so the same document always gets the same outcome. The limit is global to the
+    interpreter, so it is raised only while the caller waits for this thread.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = func(*args)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller, re-raised there
+            outcome["error"] = err
+
+    with _deep_lock:
+        old_limit, old_stack = sys.getrecursionlimit(), threading.stack_size()
+        threading.stack_size(_DEEP_STACK_BYTES)
+        try:
+            sys.setrecursionlimit(DEEP_RECURSION_LIMIT)
+            worker = threading.Thread(target=target, name="memstaged-deep-json")
+            worker.start()
+            worker.join()
+        finally:
+            sys.setrecursionlimit(old_limit)
+            threading.stack_size(old_stack)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]  # type: ignore[no-any-return]
+
+
 def parse_json(data: bytes) -> Parsed:
+    """Decode ``data`` as ``JSON.parse`` would; nesting is limited only by the bytes.
+
+    See :func:`_parse`; a document too deep for the caller's stack is parsed again by
+    :func:`run_deep`, and is :class:`NotJSON` only if it is too deep even there.
+    """
+    try:
+        return _parse(data)
+    except RecursionError:
+        if threading.current_thread().name == "memstaged-deep-json":
+            raise NotJSON("JSON nesting is too deep to parse") from None
+        return run_deep(parse_json, data)
+
+
+def _parse(data: bytes) -> Parsed:
     """Decode ``data`` as ``JSON.parse`` would after a strict UTF-8 decode.
 
     msgspec is the fast path. It refuses two things ``JSON.parse`` accepts: numbers beyond the
@@ -99,8 +156,6 @@ def parse_json(data: bytes) -> Parsed:
     """
     try:
         return Parsed(_decoder.decode(data))
-    except RecursionError:
-        raise NotJSON("JSON nesting is too deep to parse") from None
     except msgspec.DecodeError as fast_error:
         reason = str(fast_error)
     try:
@@ -109,8 +164,6 @@ def parse_json(data: bytes) -> Parsed:
         raise NotJSON(f"not UTF-8 (invalid byte at offset {err.start})") from None
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
-    except RecursionError:
-        raise NotJSON("JSON nesting is too deep to parse") from None
     except ValueError as err:
         # A ValueError from json carries the position; msgspec's message is kept when it is clearer.
         message = str(err) if isinstance(err, json.JSONDecodeError) else reason

@@ -99,8 +99,14 @@ def _record(
 
 
 def _encode(record: dict[str, Any], exotic: bool) -> bytes:
-    encoded = encode_json(record, exotic=exotic)
-    return encoded + b"\n" if exotic else pretty(encoded)
+    if not exotic:
+        try:
+            return pretty(encode_json(record))
+        except UnicodeEncodeError:
+            # A file name that is not UTF-8 reaches us surrogate-escaped (os.fsdecode), and it is
+            # part of every record: write it as \udcXX escapes, as for lone surrogates in content.
+            pass
+    return encode_json(record, exotic=True) + b"\n"
 
 
 def candidate_records(

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged.ecma import collapse
+from memstaged.ecma import collapse, split_words
 from memstaged.schema import CATEGORIES, check_candidate
 from memstaged.timestamps import Form, classify
 
@@ -77,7 +77,8 @@ def _basename(path: str) -> str:
 
 def keyword_topic(text: str) -> str:
     """Step 3 of SPEC 3.1: the first four meaningful words of the lesson's text."""
-    words = _KEYWORD_SEPARATORS.sub(" ", text.lower()).split()
+    # Split on JavaScript whitespace (str.split() would also split on U+001C..U+001F, U+0085).
+    words = split_words(_KEYWORD_SEPARATORS.sub(" ", text.lower()))
     kept = [w for w in words if len(w) >= 3 and w not in _STOPWORDS]
     return " ".join(kept[:4])
 

@@ -7,8 +7,8 @@ canonical form is JavaScript's ``Date.prototype.toISOString``: ``YYYY-MM-DDTHH:M
 
 from __future__ import annotations
 
-import datetime as dt
 import re
+import time
 from enum import Enum
 from typing import Final
 
@@ -109,20 +109,30 @@ def format_epoch_ms(epoch_ms: int) -> str:
     return f"{ytext}-{month:02d}-{day:02d}T{hours:02d}:{minutes:02d}:{seconds:02d}.{millis:03d}Z"
 
 
-def _local_offset_minutes(year: int, month: int, day: int, hour: int, minute: int) -> int | None:
-    """The machine's UTC offset at a local wall time, as ``new Date(y, m, d, h, mi)`` reads it."""
-    if not 1 <= year <= 9999:
+def _local_offset_seconds(wall: int) -> int | None:
+    """The machine's UTC offset for a local wall time, as ``new Date(y, m, d, h, mi, s)`` reads it.
+
+    ``wall`` is the wall time counted in seconds as if it were UTC. Like ECMAScript, a wall time
+    that occurs twice (clocks set back) is read as its earlier instant, and one that does not occur
+    (clocks set forward) with the offset in force before the change. Offsets keep their seconds
+    (local mean time before time zones, e.g. +00:53:28 in Berlin). ``None`` when the platform
+    cannot say.
+    """
+    try:
+        before = time.localtime(wall - 86_400).tm_gmtoff
+        after = time.localtime(wall + 86_400).tm_gmtoff
+        fits = [o for o in {before, after} if time.localtime(wall - o).tm_gmtoff == o]
+    except (OverflowError, OSError, ValueError):
         return None
-    local = dt.datetime(year, month, day, hour, minute).astimezone()
-    offset = local.utcoffset()
-    return None if offset is None else int(offset.total_seconds()) // 60
+    return max(fits) if fits else before
 
 
 def _epoch_ms(
     year: int, month: int, day: int, hour: int, minute: int, second: int, millis: int, offset: int
 ) -> int:
-    minutes = _days_from_civil(year, month, day) * 1440 + hour * 60 + minute - offset
-    return (minutes * 60 + second) * 1000 + millis
+    """Milliseconds since the epoch of a wall time at ``offset`` seconds east of UTC."""
+    seconds = _days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second
+    return (seconds - offset) * 1000 + millis
 
 
 def _calendar_ok(year: int, month: int, day: int, hour: int, minute: int, second: int) -> bool:
@@ -151,16 +161,18 @@ def _parse_iso(text: str) -> tuple[Form, str] | None:
         return None
     zone = match[9]
     if zone is None:
-        offset = _local_offset_minutes(year, month, day, hour, minute)
-        if offset is None:
+        wall = _epoch_ms(year, month, day, hour, minute, second, 0, 0) // 1000
+        local = _local_offset_seconds(wall)
+        if local is None:
             return None
+        offset = local
     elif zone in "Zz":
         offset = 0
     else:
         zh, zm = int(zone[1:3]), int(zone[4:6])
         if zh > 23 or zm > 59:
             return None
-        offset = (zh * 60 + zm) * (-1 if zone[0] == "-" else 1)
+        offset = (zh * 3600 + zm * 60) * (-1 if zone[0] == "-" else 1)
     form = Form.AS_WRITTEN if match[4] in "Tt" and zone is not None else Form.REPAIRABLE
     return form, format_epoch_ms(_epoch_ms(year, month, day, hour, minute, second, millis, offset))
 
@@ -179,9 +191,9 @@ def _parse_rfc2822(text: str) -> str | None:
         zh, zm = int(zone[1:3]), int(zone[3:5])
         if zh > 23 or zm > 59:
             return None
-        offset = (zh * 60 + zm) * (-1 if zone[0] == "-" else 1)
+        offset = (zh * 3600 + zm * 60) * (-1 if zone[0] == "-" else 1)
     else:
-        offset = _ZONES[zone]
+        offset = _ZONES[zone] * 60
     return format_epoch_ms(_epoch_ms(year, month, day, hour, minute, second, 0, offset))
 
 

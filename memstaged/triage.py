@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged.ecma import encode_json, is_nonempty_string, parse_json, pretty, trim
+from memstaged.ecma import encode_json, is_nonempty_string, parse_json, pretty, run_deep, trim
 from memstaged.errors import NotJSON
 from memstaged.project import foreign_root
 from memstaged.quarantine import (
@@ -24,7 +24,7 @@ from memstaged.quarantine import (
     whole_file_record,
 )
 from memstaged.repair import Repair, repair_timestamp, repair_triggers, split_candidates
-from memstaged.schema import check_file
+from memstaged.schema import CATEGORIES, check_file
 from memstaged.timestamps import EPOCH
 
 BOM: Final = b"\xef\xbb\xbf"
@@ -80,7 +80,48 @@ def _origin(ctx: Context, sha: str, size: int, errors: list[str]) -> Origin:
 
 
 def decide(data: bytes, ctx: Context) -> Verdict:
-    """Decide ``data``, the bytes of the staging file ``ctx.file_name``. Never raises."""
+    """Decide ``data``, the bytes of the staging file ``ctx.file_name``. Never raises.
+
+    A document nested too deep for the caller's stack (while encoding a repair or a record) is
+    decided again in a thread of fixed depth, so the verdict depends on the bytes only; one too
+    deep even there is quarantined as text.
+    """
+    try:
+        return _decide(data, ctx)
+    except RecursionError:
+        pass  # retried below, outside the handler, so the traceback does not pin the stack
+    try:
+        return run_deep(_decide, data, ctx)
+    except RecursionError:
+        return _too_deep(data, ctx)
+
+
+def _too_deep(data: bytes, ctx: Context) -> Verdict:
+    sha = hashlib.sha256(data).hexdigest()
+    return _unparseable(data, ctx, sha, len(data), NotJSON("JSON nesting is too deep to handle"))
+
+
+def _unparseable(data: bytes, ctx: Context, sha: str, size: int, err: NotJSON) -> Verdict:
+    if not ctx.settled:
+        reason = f"{err}; may still be being written, waiting for it to settle"
+        return Verdict(Decision.DEFERRED, sha, size, reasons=(reason,))
+    text: Any
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    origin = _origin(ctx, sha, size, [str(err)])
+    return Verdict(
+        Decision.QUARANTINED,
+        sha,
+        size,
+        reasons=(str(err),),
+        deadletter=(whole_file_record(text, origin, exotic=True),),
+        original=original_name(ctx.file_name, sha),
+    )
+
+
+def _decide(data: bytes, ctx: Context) -> Verdict:
     sha = hashlib.sha256(data).hexdigest()
     size = len(data)
     body = data[len(BOM) :] if data.startswith(BOM) else data
@@ -89,23 +130,7 @@ def decide(data: bytes, ctx: Context) -> Verdict:
     try:
         parsed = parse_json(body)
     except NotJSON as err:
-        if not ctx.settled:
-            reason = f"{err}; may still be being written, waiting for it to settle"
-            return Verdict(Decision.DEFERRED, sha, size, reasons=(reason,))
-        text: Any
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        origin = _origin(ctx, sha, size, [str(err)])
-        return Verdict(
-            Decision.QUARANTINED,
-            sha,
-            size,
-            reasons=(str(err),),
-            deadletter=(whole_file_record(text, origin, exotic=True),),
-            original=original_name(ctx.file_name, sha),
-        )
+        return _unparseable(data, ctx, sha, size, err)
     doc, exotic = parsed.value, parsed.exotic
     session = _session_id(doc)
     other = foreign_root(doc, ctx.project_root)
@@ -164,8 +189,11 @@ def _encode(doc: dict[str, Any], exotic: bool) -> bytes:
 
 
 def _has_valid_candidate(doc: dict[str, Any], invalid_count: int) -> bool:
+    # Only the four category arrays hold candidates: an unknown list-valued key is not one.
     candidates = doc["candidates"]
-    total = sum(len(v) for v in candidates.values() if isinstance(v, list))
+    total = sum(
+        len(items) for items in (candidates.get(c) for c in CATEGORIES) if isinstance(items, list)
+    )
     return total > invalid_count
 
 
