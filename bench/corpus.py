@@ -41,7 +41,7 @@ MANIFEST_NAME = "bench-manifest.json"
 PRISTINE_NAME = "bench-pristine"
 #: Files are dated well in the past: memstaged defers unparseable files younger than its settle
 #: interval (SPEC 5), which would turn a benchmark of decisions into a benchmark of waiting.
-PRISTINE_MTIME = 1_767_225_600  # 2026-01-01T00:00:00Z
+PRISTINE_MTIME = 1_577_836_800  # 2020-01-01T00:00:00Z
 
 REPAIR_DEFECTS = ("R1", "R2", "R3")
 #: ``records`` is the number of dead-letter records SPEC 4 calls for: one per candidate when
@@ -101,85 +101,36 @@ def project_root_of(memory_dir: Path) -> str:
 
 
 # ---------------------------------------------------------------------------- text
-_SUBJECTS = [
-    "The reconciler",
-    "The test suite",
-    "The staging writer",
-    "Our CI job",
-    "The daemon",
-    "The migration script",
-    "The bridge",
-    "This repository",
-    "The build",
-    "The linter",
-    "The release checklist",
-    "A flaky test",
-    "The cache layer",
-    "The café's API client",
-]
-_VERBS = [
-    "must run",
-    "should never touch",
-    "fails when it sees",
-    "rewrites",
-    "keeps",
-    "depends on",
-    "silently drops",
-    "needs a lock around",
-    "retries",
-    "logs",
-    "must fsync",
-    "is slow on",
-    "validates",
-    "cannot parse",
-]
-_OBJECTS = [
-    "the lock file",
-    "symbolic links in staging",
-    "files larger than 8 MiB",
-    "timestamps without an offset",
-    "`make test` before every push",
-    "the schema version",
-    "trailing commas in JSON",
-    "the dead-letter directory",
-    "UTF-8 byte-order marks",
-    "the journald fields",
-    "pyproject.toml",
-    "src/memstaged/service.py",
-    "naïve datetimes",
-    "the “quarantined” decisions",
-    "a 10,000-file backlog",
-    "the settle interval",
-]
-_TAILS = [
-    "",
-    " after a crash",
-    " on ext4",
-    " under systemd",
-    " — see the incident notes",
-    " in CI only",
-    " when two writers race",
-    " (twice, last week)",
-    " since v0.4",
-]
-_WORDS = [
-    "state",
-    "reconcile",
-    "staging",
-    "memory",
-    "lesson",
-    "pattern",
-    "writer",
-    "durable",
-    "rename",
-    "fsync",
-    "backlog",
-    "trigger",
-    "project",
-    "session",
-    "schema",
-    "journal",
-]
+def _split(text: str) -> list[str]:
+    """Vocabulary lists, written as one ``|``-separated string so they stay short on the page."""
+    return text.split("|")
+
+
+_SUBJECTS = _split(
+    "The reconciler|The test suite|The staging writer|Our CI job|The daemon|"
+    "The migration script|The bridge|This repository|The build|The linter|"
+    "The release checklist|A flaky test|The cache layer|The café's API client"
+)
+_VERBS = _split(
+    "must run|should never touch|fails when it sees|rewrites|keeps|depends on|"
+    "silently drops|needs a lock around|retries|logs|must fsync|is slow on|validates|"
+    "cannot parse"
+)
+_OBJECTS = _split(
+    "the lock file|symbolic links in staging|files larger than 8 MiB|"
+    "timestamps without an offset|`make test` before every push|the schema version|"
+    "trailing commas in JSON|the dead-letter directory|UTF-8 byte-order marks|"
+    "the journald fields|pyproject.toml|src/memstaged/service.py|naïve datetimes|"
+    "the “quarantined” decisions|a 10,000-file backlog|the settle interval"
+)
+_TAILS = _split(
+    "| after a crash| on ext4| under systemd| — see the incident notes| in CI only|"
+    " when two writers race| (twice, last week)| since v0.4"
+)
+_WORDS = _split(
+    "state|reconcile|staging|memory|lesson|pattern|writer|durable|rename|fsync|backlog|"
+    "trigger|project|session|schema|journal"
+)
 
 _PATHS = ["src/**/*.py", "tests/", "docs/*.md", "packaging/memstaged.service", ".ci/run"]
 _FILES = ["pyproject.toml", "Makefile", "CHANGELOG.md", "config.example.toml", "conftest.py"]
@@ -323,7 +274,13 @@ def _document(
         doc["extractor"] = {"name": "session-extractor", "version": "0.4.2"}
     if rng.random() < 0.3:
         doc["project"] = PurePosixPath(root).name or "example-project"  # an R1 topic source
-    # Grow the long fields until the file reaches its target size.
+    # Too many candidates for a small target: drop some (keeping one per category, which the
+    # defects rely on), then grow the long fields until the file reaches its target size.
+    while len(_dump(doc, pretty)) > target and sum(map(len, candidates.values())) > 3:
+        longest = max(candidates.values(), key=len)
+        if len(longest) == 1:
+            break
+        longest.pop()
     items = [x for lst in candidates.values() for x in lst]
     budget = (target - len(_dump(doc, pretty))) // len(items)
     for c in items:
@@ -415,14 +372,16 @@ def generate(
             "repairable": rng.choice(REPAIR_DEFECTS),
             "malformed": rng.choice(MALFORMED_DEFECTS),
         }[kind]
-        target = int(math.exp(rng.uniform(math.log(1100), math.log(20000))))
-        n_cand = max(3, min(rng.randint(3, 40), target // 600))  # ~500 B: a bare candidate
+        target = int(math.exp(rng.uniform(math.log(1300), math.log(20000))))
+        n_cand = max(3, min(rng.randint(3, 40), target // 480))  # trimmed to fit
         sid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         pretty = rng.random() < 0.8  # most writers indent; some write compact JSON
         doc = _document(
             rng, text, root=root, sid=sid, n=n_cand, defect=defect, target=target, pretty=pretty
         )
         data = _bytes(rng, doc, defect, pretty)
+        cands = doc["candidates"]
+        n_cand = len(cands) if isinstance(cands, list) else sum(map(len, cands.values()))
         name = f"{sid}.json"
         path = pristine / name
         path.write_bytes(data)

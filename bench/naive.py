@@ -35,7 +35,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 # holding at least one code point outside this set. Python's str.strip() would be wrong (U+FEFF).
 _TRIM = "\t-\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 _WS = re.compile(f"[{_TRIM}]+")
-_EDGES = re.compile(f"^[{_TRIM}]+|[{_TRIM}]+$")
+_EDGES = re.compile(f"^[{_TRIM}]+|[{_TRIM}]+\\Z")
 _MAX = 1.7976931348623157e308
 _STR = {"type": "string", "pattern": f"[^{_TRIM}]"}
 # JSON Schema has no "finite"; bounds exclude the Infinity that 1e400 parses to.
@@ -82,8 +82,6 @@ SCHEMA: dict[str, Any] = {
         "schemaVersion": {"type": "number", "const": 1},  # jsonschema: const 1 rejects true
         "session_id": _STR,
         "project_root": _STR,  # "names this project" needs path normalization: see decide()
-        # The SPEC 2.3 forms are a regex, but "a day that exists in that month" (leap years) is
-        # not expressible in JSON Schema: a custom format checks it in Python.
         "produced_at": _STR | {"format": "staging-timestamp"},
         "candidates": {
             "type": "object",
@@ -104,8 +102,12 @@ SCHEMA: dict[str, Any] = {
         },
     },
 }
-# Not expressible at all: the JSON syntax rules themselves (BOM, NaN, UTF-16 input), handled by
-# loads(); and JavaScript's UTF-16 string lengths, irrelevant to these rules.
+# What JSON Schema cannot express, and where it is done instead:
+# - JSON syntax (UTF-8 only, no BOM, no NaN/Infinity; duplicate keys: the last wins): loads();
+# - a timestamp's calendar validity (a day that exists in its month): the custom format below;
+# - ECMAScript trim has no keyword: _STR's pattern asks for one code point outside _TRIM;
+# - "finite": number bounds at the largest double, which the Infinity of 1e400 exceeds;
+# - a foreign project_root (path normalization against the project root): decide().
 
 _CHECKER = FormatChecker()
 _TS = re.compile(
@@ -133,7 +135,7 @@ def is_timestamp(value: object) -> bool:
     y, mo, d, h, mi, s = (int(g) if g else 0 for g in m.groups())
     return (
         1 <= mo <= 12
-        and 1 <= d <= calendar.monthrange(y or 2000, mo)[1]
+        and 1 <= d <= calendar.monthrange(y, mo)[1]
         and h <= 23
         and mi <= 59
         and s <= 59
@@ -192,27 +194,10 @@ def canonical_time(value: str) -> str | None:
 
 
 _PUNCT = re.compile(r"[`*_#>\[\](){}:;,.!?/\\|<=+~$%^&\-0-9]+")
-_STOP = {
-    "the",
-    "and",
-    "for",
-    "with",
-    "from",
-    "that",
-    "this",
-    "when",
-    "then",
-    "into",
-    "should",
-    "must",
-    "have",
-    "has",
-    "are",
-    "was",
-    "were",
-    "use",
-    "using",
-}
+_STOP_WORDS = (  # SPEC 3.1's list, verbatim
+    "the and for with from that this when then into should must have has are was were use using"
+)
+_STOP = set(_STOP_WORDS.split())
 
 
 def topic(doc: dict[str, Any], lesson: dict[str, Any]) -> str:
@@ -226,9 +211,8 @@ def topic(doc: dict[str, Any], lesson: dict[str, Any]) -> str:
         first("project_root projectRoot root cwd"),
     )
     text = f"{lesson.get('summary', '')}\n{lesson.get('detail', '')}"
-    words = [
-        w for w in _WS.split(_PUNCT.sub(" ", text.lower())) if len(w) >= 3 and w not in _STOP
-    ]  # SPEC 3.1
+    words = _WS.split(_PUNCT.sub(" ", text.lower()))
+    words = [w for w in words if len(w) >= 3 and w not in _STOP]
     options = [
         name,
         posixpath.basename(root.rstrip("/")) if root else None,
@@ -375,7 +359,7 @@ def decide(path: Path, memory_dir: Path, project_root: str) -> str:
 
 def run(memory_dir: Path, project_root: str | None = None) -> Counter[str]:
     """``--once`` for the naive baseline: decide every staging file; count the decisions."""
-    root = project_root or posixpath.normpath(str(memory_dir.absolute() / "../../.."))
+    root = project_root or corpus.project_root_of(memory_dir)
     staging = memory_dir / "staging"
     paths = sorted(
         p for p in staging.iterdir() if p.name.endswith(".json") and not p.name.startswith(".")
@@ -413,10 +397,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-    best = sorted(times)[len(times) // 2]
+    median = sorted(times)[len(times) // 2]
     print(
         f"naive{' validate-only' if args.validate_only else ''}: {n} files, median "
-        f"{best:.3f} s, {n / best:,.0f} files/s"
+        f"{median:.3f} s, {n / median:,.0f} files/s"
     )
     return 0
 
