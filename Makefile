@@ -11,7 +11,8 @@ APT_PACKAGES := libsystemd-dev pkg-config systemd dbus-user-session
 setup: $(STAMP)
 
 sysdeps:
-	@if ! pkg-config --exists libsystemd 2>/dev/null || ! command -v systemctl >/dev/null; then \
+	@if ! pkg-config --exists libsystemd 2>/dev/null || ! command -v systemctl >/dev/null \
+		|| [ ! -e /usr/lib/systemd/user/dbus.socket ]; then \
 		echo "installing Debian packages: $(APT_PACKAGES)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \

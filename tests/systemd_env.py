@@ -83,11 +83,13 @@ DefaultTimeoutStartSec=15s
 DefaultTimeoutStopSec=15s
 """
 
+_UNSHARE = ("unshare", "--mount", "--propagation=private", "--")
+
 # Run inside the fresh mount namespace, as root: $1 = base dir, $2 = journald binary.
 _NAMESPACE_SCRIPT = """\
 set -e
 mkdir -p /run/systemd /run/log
-mount --no-mtab --bind "$1/run-systemd" /run/systemd
+mount --no-mtab --bind "$1/run" /run/systemd
 mount --no-mtab --bind "$1/log" /run/log
 if [ -d /var/log/journal ]; then mount --no-mtab --bind "$1/empty" /var/log/journal; fi
 exec "$2"
@@ -96,6 +98,7 @@ exec "$2"
 # Run inside the namespace: $1 = cgroup dir, $2 = systemd binary. Moving the shell into the
 # cgroup before exec puts the manager there from its first instruction on.
 _MANAGER_SCRIPT = """\
+set -e
 echo $$ > "$1/cgroup.procs"
 exec "$2" --user --log-target=journal
 """
@@ -106,7 +109,7 @@ class StartupError(RuntimeError):
 
 
 class LeftoverProcessesError(RuntimeError):
-    """Processes survived teardown (they have been killed since)."""
+    """Processes survived teardown (they have been killed since), or cgroups stayed."""
 
 
 def wait_until(
@@ -153,8 +156,9 @@ def _cgroups() -> _Cgroups | None:
     if "/sys/fs/cgroup" in cgroup2:
         return _Cgroups(Path("/sys/fs/cgroup"), None)
     if "/sys/fs/cgroup/unified" in cgroup2:
-        mirror = "/sys/fs/cgroup/systemd"
-        return _Cgroups(Path("/sys/fs/cgroup/unified"), Path(mirror) if mirror in name_systemd else None)
+        mirror = "/sys/fs/cgroup/systemd"  # hybrid: systemd mirrors its tree into name=systemd
+        has_mirror = mirror in name_systemd
+        return _Cgroups(Path("/sys/fs/cgroup/unified"), Path(mirror) if has_mirror else None)
     return None
 
 
@@ -178,7 +182,7 @@ def unavailable_reason() -> str | None:
     if not os.access(cgroups.tracking, os.W_OK):
         return f"cgroup hierarchy {cgroups.tracking} is not writable"
     probe = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "true"],
+        [*_UNSHARE, "true"],
         capture_output=True,
         text=True,
         check=False,
@@ -266,9 +270,11 @@ def _notify_socket(path: Path) -> socket.socket:
 
 def _tail(path: Path, limit: int = 2000) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")[-limit:].strip()
+        text = path.read_text(encoding="utf-8", errors="replace")[-limit:].strip()
     except OSError:
-        return ""
+        text = ""
+    # systemd --user writes errors from before its log target is set up to /dev/console.
+    return text or "no output (early systemd errors go to /dev/console: try strace -e writev)"
 
 
 def _wait_ready(
@@ -294,26 +300,25 @@ def _wait_ready(
 
 
 def _start_ready(
-    argv: list[str], *, env: dict[str, str], base: Path, name: str, timeout: float
+    argv: list[str], *, env: dict[str, str], sock: socket.socket, log: Path, timeout: float
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` with a NOTIFY_SOCKET of ours; return once it has sent ``READY=1``.
+    """Start ``argv`` with ``sock`` as its NOTIFY_SOCKET; return once it has sent ``READY=1``.
 
-    Output goes to ``base/<name>.log``, quoted in the error if it does not come up.
+    Its output goes to ``log``, which is quoted in the error if it does not come up.
     """
-    notify, log_path = base / f"{name}.notify", base / f"{name}.log"
-    with _notify_socket(notify) as sock, log_path.open("wb") as log:
+    with log.open("wb") as out:
         proc = subprocess.Popen(
             argv,
-            env={**env, "NOTIFY_SOCKET": str(notify)},
+            env={**env, "NOTIFY_SOCKET": sock.getsockname()},
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=out,
             stderr=subprocess.STDOUT,
         )
-        try:
-            _wait_ready(sock, proc, what=name, log=log_path, timeout=timeout)
-        except BaseException:
-            _stop(proc, timeout)
-            raise
+    try:
+        _wait_ready(sock, proc, what=Path(argv[-1]).name, log=log, timeout=timeout)
+    except BaseException:
+        _stop(proc, timeout)
+        raise
     return proc
 
 
@@ -352,12 +357,18 @@ def _kill_cgroup(cgroup: Path, timeout: float) -> None:
     wait_until(lambda: not _populated(cgroup), timeout=timeout, what=f"{cgroup} to empty")
 
 
-def _remove_tree(root: Path | None) -> None:
-    if root is None or not root.exists():
-        return
-    for dirpath, _dirnames, _files in os.walk(root, topdown=False):
-        with contextlib.suppress(FileNotFoundError):
-            Path(dirpath).rmdir()
+def _remove_tree(root: Path | None) -> list[str]:
+    """rmdir a cgroup tree bottom-up; return what could not be removed."""
+    failures = []
+    if root is not None and root.exists():
+        for dirpath, _dirnames, _files in os.walk(root, topdown=False):
+            try:
+                Path(dirpath).rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                failures.append(f"cannot remove cgroup {dirpath}: {e}")
+    return failures
 
 
 def _pids_in_mount_ns(ns_inode: int) -> list[int]:
@@ -389,8 +400,8 @@ def user_systemd(
 ) -> Iterator[UserSystemd]:
     """Start journald + ``systemd --user`` privately; stop both and prove nothing is left.
 
-    Raises :class:`StartupError` if either daemon does not come up, and
-    :class:`LeftoverProcessesError` at exit if any process had to be killed by the teardown.
+    Raises :class:`StartupError` if either daemon does not come up, and, at exit,
+    :class:`LeftoverProcessesError` if the teardown had to kill anything.
     """
     reason = unavailable_reason()
     if reason is not None:
@@ -403,16 +414,21 @@ def user_systemd(
     base = Path(tempfile.mkdtemp(prefix="sdenv-", dir=_BASE_PARENT))
     assert len(str(base)) <= _MAX_BASE_LEN, base
     user = pwd.getpwuid(os.getuid())
-    home, runtime, config = base / "home", base / "runtime", base / "config"
-    for d in (home, config / "systemd" / "user", base / "run-systemd" / "system",
-              base / "run-systemd" / "journal", base / "run-systemd" / "journald.conf.d", base / "run-systemd" / "user.conf.d",
-              base / "log", base / "empty"):
+    home, runtime, config, run = base / "home", base / "runtime", base / "config", base / "run"
+    for d in (
+        home,
+        config / "systemd" / "user",
+        run / "system",
+        run / "journal",
+        run / "journald.conf.d",
+        run / "user.conf.d",
+        base / "log",
+        base / "empty",
+    ):
         d.mkdir(parents=True)
     runtime.mkdir(mode=0o700)
-    (base / "run-systemd" / "journald.conf.d" / "test.conf").write_text(
-        _JOURNALD_CONF, encoding="utf-8"
-    )
-    (base / "run-systemd" / "user.conf.d" / "test.conf").write_text(_USER_CONF, encoding="utf-8")
+    (run / "journald.conf.d" / "test.conf").write_text(_JOURNALD_CONF, encoding="utf-8")
+    (run / "user.conf.d" / "test.conf").write_text(_USER_CONF, encoding="utf-8")
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "LANG": "C.UTF-8",
@@ -436,53 +452,62 @@ def user_systemd(
     manager: subprocess.Popen[bytes] | None = None
     ns_inode: int | None = None
     leftovers: list[str] = []
-    try:
-        cgroup.mkdir(parents=True)
-        journald = _start_ready(
-            ["unshare", "--mount", "--propagation", "private", "--",
-             "sh", "-c", _NAMESPACE_SCRIPT, "sh", str(base), journald_bin],
-            env={"PATH": env["PATH"]}, base=base, name="journald", timeout=start_timeout,
-        )  # fmt: skip
-        ns_inode = Path(f"/proc/{journald.pid}/ns/mnt").stat().st_ino
-        manager = _start_ready(
-            ["nsenter", f"--target={journald.pid}", "--mount", "--",
-             "sh", "-c", _MANAGER_SCRIPT, "sh", str(cgroup), systemd_bin],
-            env=env, base=base, name="manager", timeout=start_timeout,
-        )  # fmt: skip
-        sd = UserSystemd(
-            base=base,
-            env=env,
-            unit_dir=config / "systemd" / "user",
-            journal_dir=base / "log" / "journal",
-            cgroup=cgroup,
-            journald_pid=journald.pid,
-            manager_pid=manager.pid,
-        )
-        # READY=1 comes at basic.target; wait for default.target ("running") too.
-        state = sd.systemctl("is-system-running", "--wait", timeout=start_timeout)
-        if state.stdout.strip() != "running":
-            failed = sd.systemctl("list-units", "--failed", "--plain", "--no-legend").stdout
-            raise StartupError(f"user manager is {state.stdout.strip()!r}; failed: {failed}")
-        yield sd
-    finally:
-        if manager is not None:
-            _stop(manager, stop_timeout)  # SIGTERM: the user manager runs exit.target
-        if cgroup.exists():
-            if _populated(cgroup):
-                pids = _pids_in(cgroup)
-                leftovers.append(f"in {cgroup}: {_describe(pids)}")
-                _kill_cgroup(cgroup, stop_timeout)
-            _remove_tree(cgroup.parent)
-        _remove_tree(mirror)
-        if journald is not None:
-            _stop(journald, stop_timeout)
-        if ns_inode is not None:
-            pids = _pids_in_mount_ns(ns_inode)
-            if pids:
-                leftovers.append(f"in the private mount namespace: {_describe(pids)}")
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(base, ignore_errors=True)
-        if leftovers:  # raised even if the body failed: that error is kept as __context__
-            raise LeftoverProcessesError("; ".join(leftovers))
+    # The notify sockets stay open until both daemons are gone: journald keeps sending
+    # FDSTORE=1 (its stdout streams) to NOTIFY_SOCKET and logs an error if it is closed.
+    with contextlib.ExitStack() as sockets:
+        try:
+            cgroup.mkdir(parents=True)
+            journald = _start_ready(
+                [*_UNSHARE, "sh", "-c", _NAMESPACE_SCRIPT, "sh", str(base), journald_bin],
+                env={"PATH": env["PATH"], "SYSTEMD_LOG_TARGET": "console"},
+                sock=sockets.enter_context(_notify_socket(base / "journald.notify")),
+                log=base / "journald.log",
+                timeout=start_timeout,
+            )
+            ns_inode = Path(f"/proc/{journald.pid}/ns/mnt").stat().st_ino
+            nsenter = ["nsenter", f"--target={journald.pid}", "--mount", "--"]
+            manager = _start_ready(
+                [*nsenter, "sh", "-c", _MANAGER_SCRIPT, "sh", str(cgroup), systemd_bin],
+                env=env,
+                sock=sockets.enter_context(_notify_socket(base / "manager.notify")),
+                log=base / "manager.log",
+                timeout=start_timeout,
+            )
+            sd = UserSystemd(
+                base=base,
+                env=env,
+                unit_dir=config / "systemd" / "user",
+                journal_dir=base / "log" / "journal",
+                cgroup=cgroup,
+                journald_pid=journald.pid,
+                manager_pid=manager.pid,
+            )
+            # READY=1 comes at basic.target; wait for default.target ("running") too.
+            state = sd.systemctl("is-system-running", "--wait", timeout=start_timeout)
+            if state.stdout.strip() != "running":
+                failed = sd.systemctl("list-units", "--failed", "--plain", "--no-legend")
+                raise StartupError(
+                    f"user manager is {state.stdout.strip()!r}; failed units: {failed.stdout}"
+                )
+            yield sd
+        finally:
+            if manager is not None:
+                _stop(manager, stop_timeout)  # SIGTERM: the user manager runs exit.target
+            if cgroup.exists():
+                if _populated(cgroup):
+                    leftovers.append(f"in {cgroup}: {_describe(_pids_in(cgroup))}")
+                    _kill_cgroup(cgroup, stop_timeout)
+                leftovers += _remove_tree(cgroup.parent)
+            leftovers += _remove_tree(mirror)
+            if journald is not None:
+                _stop(journald, stop_timeout)
+            if ns_inode is not None:
+                pids = _pids_in_mount_ns(ns_inode)
+                if pids:
+                    leftovers.append(f"in the private mount namespace: {_describe(pids)}")
+                    for pid in pids:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(base, ignore_errors=True)
+            if leftovers:  # raised even if the body failed; that error becomes __context__
+                raise LeftoverProcessesError("; ".join(leftovers))
