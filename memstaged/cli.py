@@ -20,7 +20,14 @@ EXIT_ATTENTION: Final = 1
 EXIT_USAGE: Final = 2
 
 #: Subcommand modules; each has ``register(subparsers)`` setting ``func`` on its parser.
-_SUBCOMMANDS: Final = ("memstaged.commands.check",)
+_SUBCOMMANDS: Final = (
+    "memstaged.commands.check",
+    "memstaged.commands.service",
+    "memstaged.commands.log",
+    "memstaged.commands.stats",
+    "memstaged.commands.status",
+    "memstaged.commands.deadletter",
+)
 
 
 class _Parser(argparse.ArgumentParser):

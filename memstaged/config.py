@@ -173,6 +173,14 @@ def load(
         _env_value(env, "SPLIT_INVALID_CANDIDATES", bool, "split_invalid_candidates"),
         file_config.split_invalid_candidates,
     )
+    observer = env.get(ENV_PREFIX + "OBSERVER") or file_config.observer
+    if observer not in ("auto", "inotify", "polling"):
+        raise ConfigError(f"{ENV_PREFIX}OBSERVER={observer!r}: expected auto, inotify or polling")
+    for key in ("rescan_interval", "log_max_bytes"):
+        if getattr(file_config, key) <= 0:
+            raise ConfigError(f"{config_path}: key '{key}': must be positive")
+    if file_config.log_backups < 0:
+        raise ConfigError(f"{config_path}: key 'log_backups': must be 0 or more")
     log_file = env.get(ENV_PREFIX + "LOG_FILE") or file_config.log_file
     return Settings(
         config_path=used_config,
@@ -185,7 +193,7 @@ def load(
             dry_run=dry_run,
         ),
         rescan_interval=file_config.rescan_interval,
-        observer=env.get(ENV_PREFIX + "OBSERVER") or file_config.observer,
+        observer=observer,
         log_file=Path(os.path.expanduser(log_file)) if log_file else default_log_file(env),
         log_max_bytes=file_config.log_max_bytes,
         log_backups=file_config.log_backups,

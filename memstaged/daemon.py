@@ -6,6 +6,9 @@ loop collapses signals per file into one due time, decides due files through the
 reacts to SIGHUP/SIGTERM flags. Missed events are expected: a start-up scan before ``READY=1``, a
 rescan after an inotify overflow, and a periodic rescan that reads only files whose identity
 changed since they were decided.
+
+Time: the daemon's own deadlines use ``clock`` (monotonic, injectable, so tests drive it by hand);
+only the pipeline looks at wall-clock time, to compare it with a file's mtime.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import heapq
 import os
 import queue
 import signal
+import stat
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError, MemstagedError
@@ -33,12 +37,38 @@ Key = tuple[str, str]  # (memory dir, file name)
 
 #: How often a memory dir blocked by a lock whose holder may die silently is looked at again.
 LOCK_POLL: Final = 5.0
-#: Longest back-off for a file that keeps failing with an I/O error.
+#: Longest wait before a deferred file is looked at again (I/O errors back off up to this).
 MAX_BACKOFF: Final = 60.0
+#: Shortest interval between two periodic rescans, whatever the config says.
+MIN_RESCAN: Final = 1.0
+#: How often STATUS= is refreshed while there is work, and how often ``--wait`` retries a lock.
 STATUS_EVERY: Final = 1.0
+WAIT_POLL: Final = 0.25
+#: While the start-up backlog is decided (before READY=1), systemd is asked for this much more
+#: start-up time, again every third of it: a large backlog must not hit TimeoutStartSec=.
+START_EXTENSION: Final = 60.0
+#: Take new signals every so many files of a long backlog, so that events collapse.
+DRAIN_EVERY: Final = 64
 _FINAL: Final = frozenset(
     {Decision.VALID, Decision.FOREIGN, Decision.SKIPPED, Decision.REPAIRED, Decision.QUARANTINED}
 )
+
+
+class WatcherLike(Protocol):
+    """What the daemon needs of :class:`Watcher` (tests pass a fake)."""
+
+    def watch(self, mdir: MemoryDir) -> str: ...
+    def unwatch(self, mdir: str) -> None: ...
+    def staging_watched(self, mdir: str) -> bool: ...
+    def alive(self) -> bool: ...
+    def stop(self) -> None: ...
+
+
+WatcherFactory = Callable[["queue.SimpleQueue[Signal]", str], WatcherLike]
+
+
+class Stopped(Exception):
+    """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
 
 
 class Daemon:
@@ -51,8 +81,9 @@ class Daemon:
         *,
         reload_settings: Callable[[], Settings] | None = None,
         notifier: Notifier | None = None,
-        watcher: Watcher | None = None,
+        watcher_factory: WatcherFactory = Watcher,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
         wait: bool = False,
     ) -> None:
         self.settings = settings
@@ -60,14 +91,19 @@ class Daemon:
         self.reload_settings = reload_settings
         self.notifier = notifier or Notifier()
         self.queue: queue.SimpleQueue[Signal] = queue.SimpleQueue()
-        self.watcher = watcher or Watcher(self.queue, settings.observer)
+        self.watcher_factory = watcher_factory
+        self.watcher = watcher_factory(self.queue, settings.observer)
         self.clock = clock
+        self.sleep = sleep
         self.wait = wait
         self.pipeline = Pipeline(settings.options, logger)
         self.mdirs: dict[str, MemoryDir] = {}
         self.instance_locks: dict[str, InstanceLock] = {}
+        #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
+        self.dir_ids: dict[str, tuple[int, int]] = {}
         self.pending: dict[Key, float] = {}
         self._heap: list[tuple[float, Key]] = []
+        #: The version of each file last given a final decision: a rescan skips it.
         self.identities: dict[Key, Identity] = {}
         self.failures: Counter[Key] = Counter()
         #: Memory dirs whose files wait for the reconciler's lock, and those files.
@@ -75,12 +111,19 @@ class Daemon:
         self.counts: Counter[str] = Counter()
         self.stopping = False
         self.reload_requested = False
+        self.ready = False
         now = clock()
-        self.next_rescan = now + settings.rescan_interval
+        self.next_rescan = now + self.rescan_interval
         self.next_lock_poll = now + LOCK_POLL
         self.next_ping = now
         self.next_status = now
+        self.next_extend = now
+        self._status_sent = ""
         self.busy_logged: set[str] = set()
+
+    @property
+    def rescan_interval(self) -> float:
+        return max(self.settings.rescan_interval, MIN_RESCAN)
 
     # -- memory dirs ----------------------------------------------------------------------------
 
@@ -94,44 +137,73 @@ class Daemon:
             raise ConfigError(
                 "no memory dir: pass --memory-dir DIR or set memory_dirs in the config file"
             )
-        for mdir in mdirs:
-            self.add(mdir, strict=self.settings.explicit_dirs)
         self.log.info(
             "start",
             pid=os.getpid(),
-            memory_dirs=sorted(self.mdirs),
+            memory_dirs=[m.path for m in mdirs],
             patterns=list(self.settings.memory_dir_patterns),
             config=self.settings.config_path,
+            observer=self.settings.observer,
+            settle=self.settings.options.settle,
+            dry_run=self.settings.options.dry_run,
         )
+        for mdir in mdirs:
+            self.add(mdir, strict=self.settings.explicit_dirs)
+
+    def _lock(self, mdir: MemoryDir, *, strict: bool) -> InstanceLock | None:
+        """The instance lock of ``mdir``, or None when another memstaged has it (and we go on).
+
+        ``--wait`` polls (rather than blocking in ``flock``) so that SIGTERM still stops us and
+        the systemd watchdog is still fed while we wait.
+        """
+        lock = InstanceLock(mdir.path)
+        waiting_logged = False
+        while True:
+            try:
+                lock.acquire(wait=False)
+            except BusyError as err:
+                if strict and self.wait:
+                    if not waiting_logged:
+                        self.log.info("memory_dir_busy", memory_dir=mdir.path, action="waiting")
+                        waiting_logged = True
+                    self.keepalive()
+                    self.sleep(WAIT_POLL)
+                    if self.stopping:
+                        raise Stopped(str(err)) from None
+                    continue
+                if strict:
+                    raise
+                if mdir.path not in self.busy_logged:
+                    self.busy_logged.add(mdir.path)
+                    self.log.warning(
+                        "memory_dir_busy", memory_dir=mdir.path, action="retried on each rescan"
+                    )
+                return None
+            except OSError as err:
+                if strict:
+                    raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
+                self.log.error("memory_dir_error", memory_dir=mdir.path, error=str(err))
+                return None
+            return lock
 
     def add(self, mdir: MemoryDir, *, strict: bool = False) -> bool:
+        """Start working on a memory dir: lock, clean up after a crash, watch, scan."""
         if mdir.path in self.mdirs or not Path(mdir.path).is_dir():
             return False
-        lock = InstanceLock(mdir.path)
-        try:
-            lock.acquire(wait=self.wait)
-        except BusyError:
-            if strict:
-                raise
-            if mdir.path not in self.busy_logged:
-                self.busy_logged.add(mdir.path)
-                self.log.warning("memory_dir_busy", memory_dir=mdir.path)
+        lock = self._lock(mdir, strict=strict)
+        if lock is None:
             return False
-        except OSError as err:
-            if strict:
-                raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
-            self.log.error("memory_dir_error", memory_dir=mdir.path, error=str(err))
+        dir_id = _dir_id(mdir.path)
+        if dir_id is None:
+            lock.release()
             return False
         self.busy_logged.discard(mdir.path)
         self.instance_locks[mdir.path] = lock
         self.mdirs[mdir.path] = mdir
+        self.dir_ids[mdir.path] = dir_id
         if not self.settings.options.dry_run:
             self.pipeline.recover_temps(mdir)
-        try:
-            observer = self.watcher.watch(mdir)
-        except OSError as err:
-            self.log.error("watch_failed", memory_dir=mdir.path, error=str(err))
-            observer = "none (rescans only)"
+        observer = self._watch(mdir)
         self.log.info(
             "memory_dir_added",
             memory_dir=mdir.path,
@@ -141,16 +213,40 @@ class Daemon:
         self.rescan(mdir)
         return True
 
+    def _watch(self, mdir: MemoryDir) -> str:
+        try:
+            return self.watcher.watch(mdir)
+        except OSError as err:
+            # Missing events are covered by the periodic rescan; say so once, not per file.
+            self.log.error(
+                "watch_failed",
+                memory_dir=mdir.path,
+                error=str(err),
+                action="relying on rescans for this memory dir",
+            )
+            return "none (rescans only)"
+
     def drop(self, path: str, why: str) -> None:
+        """Stop working on a memory dir; its queued files are forgotten quietly."""
+        if path not in self.mdirs:
+            return
         self.watcher.unwatch(path)
         lock = self.instance_locks.pop(path, None)
         if lock is not None:
             lock.release()
         self.mdirs.pop(path, None)
+        self.dir_ids.pop(path, None)
         self.lock_waiting.pop(path, None)
-        for key in [k for k in self.identities if k[0] == path]:
-            del self.identities[key]
+        self._forget(lambda key: key[0] == path)
         self.log.info("memory_dir_removed", memory_dir=path, why=why)
+
+    def _forget(self, which: Callable[[Key], bool]) -> None:
+        for key in [k for k in self.pending if which(k)]:
+            del self.pending[key]  # the heap entry becomes stale and is skipped
+        for key in [k for k in self.identities if which(k)]:
+            del self.identities[key]
+        for key in [k for k in self.failures if which(k)]:
+            del self.failures[key]
 
     def sync_memory_dirs(self) -> None:
         """Re-expand the configured globs: add new memory dirs, drop vanished ones."""
@@ -158,8 +254,8 @@ class Daemon:
         for path in list(self.mdirs):
             if path not in wanted:
                 self.drop(path, "no longer configured")
-            elif not Path(path).is_dir():
-                self.drop(path, "memory dir no longer exists")
+            elif not self._still_there(path):
+                continue
             elif wanted[path] != self.mdirs[path]:
                 self.drop(path, "project root changed")
         for mdir in wanted.values():
@@ -168,6 +264,7 @@ class Daemon:
     # -- scheduling -----------------------------------------------------------------------------
 
     def schedule(self, key: Key, due: float) -> None:
+        """Decide ``key`` at ``due``, or earlier if it is already due earlier (events collapse)."""
         current = self.pending.get(key)
         if current is not None and current <= due:
             return
@@ -200,18 +297,40 @@ class Daemon:
         elif sig.kind is Kind.LOCK_RELEASED:
             self.release_waiting(sig.memory_dir)
         elif sig.kind is Kind.DIR_CHANGED:
-            mdir = self.mdirs.get(sig.memory_dir)
-            if mdir is not None:
-                staging_ok = Path(mdir.staging).is_dir()
-                if staging_ok != self.watcher.staging_watched(mdir.path):
-                    self.watcher.watch(mdir)
-                    self.log.info("staging_changed", memory_dir=mdir.path, exists=staging_ok)
-                if staging_ok:
-                    self.rescan(mdir)
+            self._dir_changed(sig.memory_dir)
         elif sig.kind is Kind.OVERFLOW:
-            self.log.warning("overflow_recovered", action="rescanning every memory dir")
-            for mdir in list(self.mdirs.values()):
-                self.rescan(mdir)
+            total = sum(self.rescan(m) for m in list(self.mdirs.values()))
+            self.log.warning(
+                "overflow_recovered", action="rescanned every memory dir", scheduled=total
+            )
+
+    def _still_there(self, path: str) -> bool:
+        """Drop a memory dir that is gone; re-add one that was replaced (new watches, lock)."""
+        current = _dir_id(path)
+        if current is None:
+            self.drop(path, "memory dir no longer exists")
+            return False
+        if current != self.dir_ids.get(path):
+            mdir = self.mdirs[path]
+            self.drop(path, "memory dir was replaced by a new directory")
+            self.add(mdir)
+            return False
+        return True
+
+    def _dir_changed(self, path: str) -> None:
+        mdir = self.mdirs.get(path)
+        if mdir is None or not self._still_there(path):
+            return
+        staging_ok = Path(mdir.staging).is_dir()
+        was_watched = self.watcher.staging_watched(mdir.path)
+        # Watch anew in any case: a staging/ replaced by another directory needs a new watch.
+        self._watch(mdir)
+        if staging_ok != was_watched:
+            self.log.info("staging_changed", memory_dir=mdir.path, exists=staging_ok)
+        if staging_ok:
+            self.rescan(mdir)
+        else:
+            self._forget(lambda key: key[0] == mdir.path)
 
     def release_waiting(self, path: str) -> None:
         names = self.lock_waiting.pop(path, None)
@@ -259,11 +378,13 @@ class Daemon:
                 else:
                     self.schedule(key, now)
                     scheduled += 1
-        for key in [k for k in self.identities if k[0] == mdir.path and k[1] not in seen]:
-            del self.identities[key]
+        self._forget(
+            lambda key: key[0] == mdir.path and key[1] not in seen and key not in self.pending
+        )
         return scheduled
 
     def process(self, key: Key) -> Outcome | None:
+        """Decide one due file (unless its memory dir is gone or waits for the lock)."""
         mdir = self.mdirs.get(key[0])
         if mdir is None:
             return None  # its memory dir was dropped
@@ -271,7 +392,10 @@ class Daemon:
             self.lock_waiting[key[0]].add(key[1])
             return None
         if not Path(mdir.path).is_dir():
-            self.drop(mdir.path, "memory dir no longer exists")
+            self._still_there(mdir.path)
+            return None
+        if not Path(mdir.staging).is_dir():
+            self._forget(lambda k: k[0] == mdir.path)  # gone with staging/: nothing to decide
             return None
         outcome = self.pipeline.process(mdir, key[1])
         self.counts[outcome.decision.value] += 1
@@ -280,16 +404,34 @@ class Daemon:
             self.schedule(key, now)
         elif outcome.blocked_by_lock:
             self.lock_waiting.setdefault(key[0], set()).add(key[1])
+            self.next_lock_poll = min(self.next_lock_poll, now + LOCK_POLL)
         elif outcome.decision is Decision.DEFERRED:
             self.failures[key] += 1
-            backoff = min(0.25 * 2 ** self.failures[key], MAX_BACKOFF)
-            delay = backoff if outcome.retry_at is None else max(outcome.retry_at - time.time(), 0)
-            self.schedule(key, now + max(delay, 0.05))
+            self.schedule(key, now + self._retry_delay(outcome, self.failures[key]))
         elif outcome.decision in _FINAL:
             self.failures.pop(key, None)
             if outcome.identity is not None:
                 self.identities[key] = outcome.identity
         return outcome
+
+    @staticmethod
+    def _retry_delay(outcome: Outcome, failures: int) -> float:
+        """When to look again at a deferred file.
+
+        A file still being written (the pipeline read it: ``identity`` is set) is looked at when
+        its settle interval has passed. A file that could not be read at all (an I/O error,
+        permission denied: no ``identity``) backs off exponentially, so that one bad file does
+        not fill the log. Neither waits longer than :data:`MAX_BACKOFF` (an mtime in the future
+        would otherwise mean waiting for years).
+        """
+        backoff = min(0.25 * 2.0 ** min(failures, 16), MAX_BACKOFF)
+        if outcome.retry_at is None:
+            delay = backoff
+        else:
+            delay = outcome.retry_at - time.time()
+            if outcome.identity is None:
+                delay = max(delay, backoff)
+        return min(max(delay, 0.05), MAX_BACKOFF)
 
     def work(self, limit: int | None = None) -> int:
         """Decide due files, keeping the watchdog fed; stops early on a stop or reload request."""
@@ -302,32 +444,37 @@ class Daemon:
                 break
             self.process(key)
             done += 1
-            if done % 64 == 0:
+            if done % DRAIN_EVERY == 0:
                 self.drain(0)  # collapse new signals in a long backlog
-            self.maintain(quick=True)
+            self.keepalive()
         return done
 
-    def maintain(self, *, quick: bool = False) -> None:
-        """Watchdog pings, status, and (unless ``quick``) rescans and lock polls when due."""
+    def keepalive(self) -> None:
+        """Ping the watchdog and refresh STATUS= when due; cheap enough to call per file."""
         now = self.clock()
         interval = self.notifier.watchdog_interval
         if interval is not None and now >= self.next_ping:
             self.notifier.ping()
             self.next_ping = now + interval
+        if not self.ready and self.notifier.enabled and now >= self.next_extend:
+            self.notifier.extend_timeout(START_EXTENSION)
+            self.next_extend = now + START_EXTENSION / 3
         if now >= self.next_status:
-            self.notifier.status(self.status_text())
+            text = self.status_text()
+            if text != self._status_sent:
+                self.notifier.status(text)
+                self._status_sent = text
             self.next_status = now + STATUS_EVERY
-        if quick:
-            return
+
+    def maintain(self) -> None:
+        """Watchdog and status, a dead observer, the periodic rescan, and lock polls when due."""
+        self.keepalive()
+        now = self.clock()
         if not self.watcher.alive():
             self.log.error("observer_died", action="restarting the watches and rescanning")
-            self.watcher.stop()
-            self.watcher = Watcher(self.queue, self.settings.observer)
-            for mdir in list(self.mdirs.values()):
-                self.watcher.watch(mdir)
-                self.rescan(mdir)
+            self._new_watcher(self.settings.observer)
         if now >= self.next_rescan:
-            self.next_rescan = now + self.settings.rescan_interval
+            self.next_rescan = now + self.rescan_interval
             self.sync_memory_dirs()
             total = sum(self.rescan(m) for m in list(self.mdirs.values()))
             self.log.info("rescan", memory_dirs=len(self.mdirs), scheduled=total)
@@ -335,6 +482,13 @@ class Daemon:
             self.next_lock_poll = now + LOCK_POLL
             for path in list(self.lock_waiting):
                 self._poll_lock(path)
+
+    def _new_watcher(self, mode: str) -> None:
+        self.watcher.stop()
+        self.watcher = self.watcher_factory(self.queue, mode)
+        for mdir in list(self.mdirs.values()):
+            self._watch(mdir)
+            self.rescan(mdir)
 
     def _poll_lock(self, path: str) -> None:
         try:
@@ -344,6 +498,8 @@ class Daemon:
             return
         try:
             info = read_lock(fd)
+        except OSError:
+            info = None
         finally:
             os.close(fd)
         if info is None or not info.alive:
@@ -352,15 +508,19 @@ class Daemon:
     def status_text(self) -> str:
         c = self.counts
         decided = sum(v for k, v in c.items() if k != Decision.DEFERRED.value)
+        waiting = len(self.pending) + sum(len(v) for v in self.lock_waiting.values())
         return (
             f"watching {len(self.mdirs)} memory dirs; {decided} decided, "
             f"{c[Decision.QUARANTINED.value]} quarantined, {c[Decision.REPAIRED.value]} repaired, "
-            f"{len(self.pending) + sum(len(v) for v in self.lock_waiting.values())} waiting"
+            f"{waiting} waiting"
         )
 
     def timeout(self) -> float:
+        """How long the loop may sleep: until the next file, ping, rescan, poll or status."""
         now = self.clock()
-        deadlines = [self.next_rescan, self.next_status if self.pending else self.next_rescan]
+        deadlines = [self.next_rescan]
+        if self.status_text() != self._status_sent:
+            deadlines.append(self.next_status)
         if self.notifier.watchdog_interval is not None:
             deadlines.append(self.next_ping)
         if self.lock_waiting:
@@ -373,10 +533,12 @@ class Daemon:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def request_stop(self, *_: object) -> None:
+        """SIGTERM/SIGINT: finish the file in hand, then stop (safe in a signal handler)."""
         self.stopping = True
         self.queue.put(Signal(Kind.WAKE))
 
     def request_reload(self, *_: object) -> None:
+        """SIGHUP: reload between two files (safe in a signal handler)."""
         self.reload_requested = True
         self.queue.put(Signal(Kind.WAKE))
 
@@ -391,21 +553,47 @@ class Daemon:
         except MemstagedError as err:
             self.log.error("reload", ok=False, error=str(err), action="kept the old configuration")
         else:
+            old = self.settings
             self.settings = new
             self.pipeline.options = new.options
-            self.next_rescan = self.clock() + new.rescan_interval
+            self.next_rescan = self.clock() + self.rescan_interval
+            if new.observer != old.observer:
+                self._new_watcher(new.observer)
             self.sync_memory_dirs()
-            self.log.info("reload", ok=True, memory_dirs=sorted(self.mdirs))
+            self.log.info(
+                "reload",
+                ok=True,
+                memory_dirs=sorted(self.mdirs),
+                settle=new.options.settle,
+                observer=new.observer,
+                config=new.config_path,
+            )
         self.notifier.ready(self.status_text())
 
     def run(self) -> int:
         """Start, drain the backlog, say READY=1, then loop until SIGTERM/SIGINT."""
-        self.start()
+        try:
+            self.start()
+        except Stopped:
+            self.shutdown()
+            return 0
+        except MemstagedError as err:
+            self.shutdown(error=str(err))
+            raise
         self.work()
-        self.notifier.ready(self.status_text())
-        self.log.info("ready", memory_dirs=len(self.mdirs), decided=sum(self.counts.values()))
+        if not self.stopping:
+            self.ready = True
+            self.notifier.ready(self.status_text())
+            self.log.info(
+                "ready",
+                memory_dirs=len(self.mdirs),
+                decided=sum(self.counts.values()),
+                waiting=len(self.pending),
+            )
         while not self.stopping:
             self.drain(self.timeout())
+            if self.stopping:
+                break
             if self.reload_requested:
                 self.reload()
             self.work()
@@ -413,24 +601,73 @@ class Daemon:
         self.shutdown()
         return 0
 
-    def shutdown(self) -> None:
+    def shutdown(self, error: str | None = None) -> None:
+        """STOPPING=1, stop the observers, release the instance locks; writes nothing else."""
+        self.stopping = True
         self.notifier.stopping()
         self.watcher.stop()
         for lock in self.instance_locks.values():
             lock.release()
         self.instance_locks.clear()
-        self.log.info("stop", decided=sum(self.counts.values()), pending=len(self.pending))
+        pending = len(self.pending) + sum(len(v) for v in self.lock_waiting.values())
+        if error is None:
+            self.log.info("stop", decided=sum(self.counts.values()), pending=pending)
+        else:
+            self.log.error("stop", decided=sum(self.counts.values()), pending=pending, error=error)
 
 
 def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], Settings]) -> int:
+    """The daemon of ``memstaged`` (no ``--once``): signal handlers, then :meth:`Daemon.run`."""
     from memstaged.log import get_logger
 
-    daemon = Daemon(settings, get_logger(), reload_settings=reload, wait=wait)
+    logger = get_logger()
+
+    def reload_all() -> Settings:
+        new = reload()
+        _reconfigure_logging(settings_now(), new)
+        return new
+
+    daemon = Daemon(settings, logger, reload_settings=reload_all, wait=wait)
+
+    def settings_now() -> Settings:
+        return daemon.settings
+
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     signal.signal(signal.SIGHUP, daemon.request_reload)
     try:
         return daemon.run()
+    except MemstagedError:
+        raise
+    except Exception as err:
+        logger.critical("crash", error=repr(err), action="exiting; systemd restarts the service")
+        raise
     finally:
-        if not daemon.stopping:  # an error on the way up: stop the watcher threads too
+        if not daemon.stopping:  # a crash: stop the watcher threads too
             daemon.watcher.stop()
+
+
+def _reconfigure_logging(old: Settings, new: Settings) -> None:
+    """A reload that changes the log file settings re-opens the log; a bad path refuses it."""
+    if (old.log_file, old.log_max_bytes, old.log_backups) == (
+        new.log_file,
+        new.log_max_bytes,
+        new.log_backups,
+    ):
+        return
+    from memstaged.log import configure
+
+    try:
+        configure(new.log_file, max_bytes=new.log_max_bytes, backups=new.log_backups)
+    except OSError as err:
+        configure(old.log_file, max_bytes=old.log_max_bytes, backups=old.log_backups)
+        raise ConfigError(f"log file {new.log_file}: {err.strerror}") from None
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of a directory, or None when it is not (or no longer) one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None

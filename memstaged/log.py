@@ -39,6 +39,19 @@ MESSAGE_IDS: Final = {
     "overflow_recovered": "6b7c8d9e0f1a4b2c3d4e5f6a7b8c9d0e",
     "temp_recovered": "7c8d9e0f1a2b4c3d4e5f6a7b8c9d0e1f",
     "error": "8d9e0f1a2b3c4d4e5f6a7b8c9d0e1f2a",
+    "memory_dir_added": "65074dd73b6e4cc18b67746f05643212",
+    "memory_dir_removed": "e19989db96c24cb4abba9639326e11b8",
+    "memory_dir_busy": "9e6e3817119a4076b6638db108148301",
+    "memory_dir_error": "8b1a3b02e3754abe93bbe98158de47dc",
+    "staging_changed": "a8e4907125ee4ee396ef6669bfe3bb82",
+    "watch_failed": "cb27afd0a35d49a4a4901ed0657842aa",
+    "observer_died": "845149373c7f4d0fa061fbb6413af8a4",
+    "conflict_parked": "023eb8ebcf7c4082b4de5aaa93ec199c",
+    "crash": "0613292014ac4ba1b43dd000e3254af1",
+    "deadletter_recovery": "f2daf41895f2415ca6db03d959d24115",
+    "deadletter_recovered": "70aca388f2464c9e95e4af7a81a66fca",
+    "deadletter_recover_failed": "1d0bc16b998e47e1837ff145e4d08bb8",
+    "deadletter_purged": "4e1c77b319434bf89fee629cfef8f75f",
 }
 _DEFAULT_MESSAGE_ID: Final = "9e0f1a2b3c4d4e5f6a7b8c9d0e1f2a3b"
 #: syslog priorities: a quarantine is a warning, errors are errors, the rest information.
@@ -90,8 +103,10 @@ def journal_fields(event: MutableMapping[str, Any]) -> dict[str, str]:
     """Every event key as a ``MEMSTAGED_<KEY>`` field; lists and dicts as JSON text."""
     fields: dict[str, str] = {}
     for key, value in event.items():
-        name = "MEMSTAGED_" + "".join(c if c.isalnum() else "_" for c in key).upper()
-        fields[name] = value if isinstance(value, str) else dumps(value)
+        if value is None:
+            continue  # an unknown session id has no field, rather than the text "null"
+        name = "MEMSTAGED_" + "".join(c if c.isascii() and c.isalnum() else "_" for c in key)
+        fields[name.upper()[:64]] = value if isinstance(value, str) else dumps(value)
     fields["MESSAGE"] = message(event)
     fields["PRIORITY"] = str(priority(event))
     fields["MESSAGE_ID"] = MESSAGE_IDS.get(str(event.get("event")), _DEFAULT_MESSAGE_ID)
@@ -100,22 +115,38 @@ def journal_fields(event: MutableMapping[str, Any]) -> dict[str, str]:
 
 
 class JournalHandler(logging.Handler):
-    """Sends the structlog event dict of each record to journald with its fields."""
+    """Sends the structlog event dict of each record to journald with its fields.
 
-    def __init__(self) -> None:
+    Values are sent as UTF-8 bytes; a path that is not valid UTF-8 (a lone surrogate from
+    ``os.fsdecode``) keeps its original bytes instead of failing the send. If journald cannot be
+    reached the event is written to stderr as a JSON line (the decision log file has it too):
+    logging never raises into the work loop and never prints a traceback per event.
+    """
+
+    def __init__(self, send: Any = None) -> None:
         super().__init__()
-        from systemd import journal  # imported here: only needed under systemd
+        if send is None:
+            from systemd import journal  # imported here: only needed under systemd
 
-        self._send = journal.send
+            send = journal.sendv
+        self._sendv = send
 
     def emit(self, record: logging.LogRecord) -> None:
         event = record.msg
         if not isinstance(event, dict):
             event = {"event": str(event), "level": record.levelname.lower()}
         try:
-            self._send(**journal_fields(event))
-        except OSError:
-            self.handleError(record)
+            lines = [
+                name.encode() + b"=" + value.encode("utf-8", "surrogateescape")
+                for name, value in journal_fields(event).items()
+            ]
+            self._sendv(*lines)
+        except Exception:  # noqa: BLE001 - a lost journal must not stop the daemon
+            try:
+                sys.stderr.write(dumps(event) + "\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass  # stderr is gone too: the decision log file still has the event
 
 
 class _EventFormatter(logging.Formatter):

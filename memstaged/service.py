@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Final
@@ -22,15 +24,20 @@ UNIT_NAME: Final = "memstaged.service"
 class Notifier:
     """sd_notify, and the watchdog interval systemd asked for (half of ``WATCHDOG_USEC``)."""
 
-    def __init__(self) -> None:
-        self.enabled = bool(os.environ.get("NOTIFY_SOCKET"))
-        self._notify = None
-        if self.enabled:
+    def __init__(
+        self,
+        environ: dict[str, str] | None = None,
+        send: Callable[[str], object] | None = None,
+    ) -> None:
+        env = dict(os.environ) if environ is None else environ
+        self.enabled = bool(env.get("NOTIFY_SOCKET"))
+        self._notify = send
+        if self._notify is None and self.enabled:
             from systemd import daemon
 
             self._notify = daemon.notify
-        usec = os.environ.get("WATCHDOG_USEC", "")
-        pid = os.environ.get("WATCHDOG_PID", "")
+        usec = env.get("WATCHDOG_USEC", "")
+        pid = env.get("WATCHDOG_PID", "")
         wanted = usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid()))
         #: Seconds between WATCHDOG=1 pings, or None when systemd does not watch us.
         self.watchdog_interval: float | None = int(usec) / 2e6 if wanted else None
@@ -43,7 +50,9 @@ class Notifier:
         self.send("READY=1", f"STATUS={status}")
 
     def reloading(self) -> None:
-        self.send("RELOADING=1", "STATUS=reloading configuration")
+        # MONOTONIC_USEC lets systemd >= 253 match the reload to this notification.
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", "STATUS=reloading configuration")
 
     def stopping(self) -> None:
         self.send("STOPPING=1", "STATUS=stopping")
@@ -54,12 +63,24 @@ class Notifier:
     def ping(self) -> None:
         self.send("WATCHDOG=1")
 
+    def extend_timeout(self, seconds: float) -> None:
+        """Ask for more start-up time (a large backlog is decided before ``READY=1``)."""
+        self.send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}")
+
+
+def exec_quote(path: str) -> str:
+    """``path`` as one word of an ``ExecStart=`` line: specifiers, variables and spaces escaped."""
+    escaped = path.replace("%", "%%").replace("$", "$$")
+    if any(c.isspace() or c in "\\\"';" for c in escaped):
+        escaped = '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return escaped
+
 
 def unit_text(executable: str) -> str:
     """The packaged unit with ``ExecStart`` pointing at ``executable``."""
     template = resources.files("memstaged").joinpath("data/memstaged.service").read_text()
     lines = [
-        f"ExecStart={executable}" if line.startswith("ExecStart=") else line
+        f"ExecStart={exec_quote(executable)}" if line.startswith("ExecStart=") else line
         for line in template.splitlines()
     ]
     return "\n".join(lines) + "\n"
@@ -68,8 +89,8 @@ def unit_text(executable: str) -> str:
 def installed_executable() -> str:
     """The absolute path of the ``memstaged`` script of this installation."""
     beside = Path(sys.executable).parent / "memstaged"
-    if beside.exists():
-        return str(beside)
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside.absolute())
     found = shutil.which("memstaged")
     if found is None:
         raise ConfigError("cannot find the installed memstaged executable on PATH")
@@ -77,14 +98,19 @@ def installed_executable() -> str:
 
 
 def unit_dir() -> Path:
+    """``$XDG_CONFIG_HOME/systemd/user`` (``~/.config/systemd/user``)."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "systemd" / "user"
 
 
 def systemctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """``systemctl --user ARGS``; a missing systemctl is a one-line error."""
     try:
         return subprocess.run(
-            ["systemctl", "--user", *args], capture_output=True, text=True, check=False
+            ["systemctl", "--user", "--no-ask-password", *args],
+            capture_output=True,
+            text=True,
+            check=False,
         )
     except FileNotFoundError:
         raise ConfigError("systemctl is not installed: is this a systemd machine?") from None
@@ -93,20 +119,31 @@ def systemctl(*args: str) -> subprocess.CompletedProcess[str]:
 def _checked(*args: str) -> None:
     result = systemctl(*args)
     if result.returncode != 0:
-        message = (result.stderr or result.stdout).strip().splitlines()
-        raise ConfigError(
-            f"systemctl --user {' '.join(args)}: {message[0] if message else 'failed'}"
-        )
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise ConfigError(f"systemctl --user {' '.join(args)}: {lines[0] if lines else 'failed'}")
 
 
 def install(*, enable: bool) -> Path:
-    """Write the unit to ``~/.config/systemd/user/``, reload, optionally enable and start it."""
+    """Write the unit to ``~/.config/systemd/user/``, reload, optionally enable and (re)start it.
+
+    The file is written atomically, so a running manager never reads half a unit. With
+    ``enable``, a service that already runs is restarted so that it runs the unit just written.
+    """
     target = unit_dir() / UNIT_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(unit_text(installed_executable()))
+    text = unit_text(installed_executable())
+    tmp = target.with_name(f".{UNIT_NAME}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.chmod(0o644)
+        tmp.replace(target)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write {target}: {err.strerror}") from None
     _checked("daemon-reload")
     if enable:
-        _checked("enable", "--now", UNIT_NAME)
+        _checked("enable", UNIT_NAME)
+        _checked("restart", UNIT_NAME)
     return target
 
 
@@ -114,6 +151,8 @@ def uninstall() -> Path:
     """Stop and disable the unit if it is known, remove it, reload."""
     target = unit_dir() / UNIT_NAME
     systemctl("disable", "--now", UNIT_NAME)  # fails harmlessly when it was never enabled
+    systemctl("stop", UNIT_NAME)  # started without being enabled
     target.unlink(missing_ok=True)
     _checked("daemon-reload")
+    systemctl("reset-failed", UNIT_NAME)  # forget a failed state; fails when there is none
     return target

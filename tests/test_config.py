@@ -45,8 +45,10 @@ def test_default_paths_follow_xdg(tmp_path: Path) -> None:
         ("max_file_size = 0\n", "key 'max_file_size': must be positive"),
         ("settle = [\n", "not valid TOML"),
         ("[project_roots]\nx = 1\n", "key 'project_roots.x'"),
+        ("rescan_interval = 0\n", "key 'rescan_interval': must be positive"),
+        ("log_backups = -1\n", "key 'log_backups': must be 0 or more"),
     ],
-    ids=["bad-enum", "bad-size", "bad-toml", "bad-root-type"],
+    ids=["bad-enum", "bad-size", "bad-toml", "bad-root-type", "bad-rescan", "bad-backups"],
 )
 def test_bad_config_values_are_named(tmp_path: Path, text: str, message: str) -> None:
     """Every config problem is one message naming the file and the key."""
@@ -57,10 +59,13 @@ def test_bad_config_values_are_named(tmp_path: Path, text: str, message: str) ->
     assert cfg in str(err.value)
 
 
-def test_bad_environment_value_is_named(tmp_path: Path) -> None:
-    """A malformed MEMSTAGED_* value names the variable."""
-    with pytest.raises(ConfigError, match="MEMSTAGED_SETTLE='x'"):
-        config.load(env={"MEMSTAGED_SETTLE": "x", "HOME": str(tmp_path)}, memory_dirs=["m"])
+@pytest.mark.parametrize(
+    ("name", "value"), [("MEMSTAGED_SETTLE", "x"), ("MEMSTAGED_OBSERVER", "fast")]
+)
+def test_bad_environment_value_is_named(tmp_path: Path, name: str, value: str) -> None:
+    """A malformed MEMSTAGED_* value names the variable instead of falling back silently."""
+    with pytest.raises(ConfigError, match=f"{name}='{value}'"):
+        config.load(env={name: value, "HOME": str(tmp_path)}, memory_dirs=["m"])
 
 
 def test_project_roots_table_and_default_root(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from typing import Any, Final
 
 import msgspec
 
+from memstaged.commands._common import guard_output
+from memstaged.log import dumps
 from memstaged.project import normalize
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, decide
@@ -55,6 +57,7 @@ def _root_for(path: str, explicit: str | None) -> str:
     return normalize(os.path.join(staging, "..", "..", "..", ".."))
 
 
+@guard_output
 def run(args: argparse.Namespace) -> int:
     worst = 0
     for path in args.files:
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 "reasons": list(verdict.reasons),
                 "repairs": [msgspec.to_builtins(r) for r in verdict.repairs],
             }
-            print(msgspec.json.encode(line).decode())
+            print(dumps(line))  # lone surrogates (JSON.parse accepts them) stay escapes
             continue
         print(f"{path}: {verdict.decision.value}")
         for reason in verdict.reasons:

@@ -1,0 +1,571 @@
+"""``memstaged deadletter list|show|recover|purge``: the dead-letter store, for an operator.
+
+``list`` and ``show`` only read. ``recover`` puts candidates back into ``staging/`` (see
+:mod:`memstaged.recover`); ``purge`` is the only way records are ever deleted without being
+recovered, and without ``--yes`` it only lists what it would delete. Both change the store only
+under the memory dir's locks, and log what they did to the decision log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import fnmatch
+import sys
+from typing import Any, Final
+
+import msgspec
+from rich.text import Text
+
+from memstaged.commands import _common
+from memstaged.commands._common import (
+    add_json_option,
+    add_memory_dir_options,
+    console,
+    guard_output,
+    human_age,
+    iso_utc,
+    load_settings,
+    local_time,
+    memory_dirs,
+    one_line,
+    parse_duration,
+    print_json,
+    render_table,
+    styled,
+)
+from memstaged.config import Settings
+from memstaged.deadletter import (
+    RecordFile,
+    delete_originals,
+    delete_records,
+    exclusive,
+    hexdump,
+    list_originals,
+    list_records,
+    plan_purge,
+    read_original,
+    referenced,
+    resolve_ids,
+    still_needed,
+    text_or_none,
+)
+from memstaged.ecma import encode_json, pretty
+from memstaged.errors import BusyError, ConfigError, UsageError
+from memstaged.pipeline import MemoryDir
+from memstaged.recover import Action, Outcome, Report, preview, recover
+
+SHOW_BYTES: Final = 64 * 1024
+_ACTION_STYLES: Final = {"recovered": "green", "duplicate": "cyan", "left": "yellow"}
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "deadletter",
+        help="list, show, recover or purge dead-lettered candidates",
+        description="The dead-letter store: <memory dir>/deadletter/.",
+    )
+    add_memory_dir_options(parser, triage=True)  # also accepted before the action
+    actions = parser.add_subparsers(dest="deadletter_action", metavar="ACTION", required=True)
+
+    lister = actions.add_parser(
+        "list", help="the records, grouped by the staging file they came from"
+    )
+    add_memory_dir_options(lister)
+    lister.add_argument("--session", metavar="GLOB", help="only records of this session_id")
+    add_json_option(lister)
+    lister.set_defaults(func=run_list)
+
+    shower = actions.add_parser("show", help="one record, its errors and its original's bytes")
+    shower.add_argument(
+        "id", metavar="ID", help="the record's file name without .json, or a unique prefix of it"
+    )
+    add_memory_dir_options(shower, triage=True)
+    shower.add_argument(
+        "--max-bytes",
+        type=int,
+        default=SHOW_BYTES,
+        metavar="N",
+        help=f"show at most N bytes of the original (default {SHOW_BYTES}; 0: all)",
+    )
+    add_json_option(shower)
+    shower.set_defaults(func=run_show)
+
+    recoverer = actions.add_parser(
+        "recover",
+        help="put dead-lettered candidates back into staging/",
+        description="Put the chosen records' candidates back into staging/ as new files "
+        "<session>.recovered-<n>.json, keeping only candidates that are now valid (after "
+        "repairs) and not already in staging/. Records are deleted only once the staging file "
+        "holding their candidate is durably written.",
+    )
+    recoverer.add_argument(
+        "--session",
+        action="append",
+        metavar="SESSION",
+        help="recover the records of this session_id (repeatable)",
+    )
+    recoverer.add_argument(
+        "--id",
+        action="append",
+        metavar="ID",
+        help="recover this record (repeatable; a unique prefix will do)",
+    )
+    recoverer.add_argument("--all", action="store_true", help="recover every record")
+    recoverer.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show what would happen, change nothing",
+    )
+    recoverer.add_argument(
+        "--wait",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="wait for a memstaged working on the memory dir instead of exiting 1",
+    )
+    add_memory_dir_options(recoverer, triage=True)
+    add_json_option(recoverer)
+    recoverer.set_defaults(func=run_recover)
+
+    purger = actions.add_parser(
+        "purge",
+        help="delete records older than --older-than (lists them without --yes)",
+        description="The only way records are deleted without being recovered.",
+    )
+    purger.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="records dead-lettered longer ago than this, e.g. 30d",
+    )
+    purger.add_argument("--yes", action="store_true", help="really delete them")
+    purger.add_argument(
+        "--wait",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="wait for a memstaged working on the memory dir",
+    )
+    add_memory_dir_options(purger)
+    add_json_option(purger)
+    purger.set_defaults(func=run_purge)
+
+
+def _records(mdirs: list[MemoryDir]) -> list[RecordFile]:
+    out: list[RecordFile] = []
+    for mdir in mdirs:
+        out.extend(list_records(mdir))
+    return out
+
+
+def _logger(settings: Settings) -> Any:
+    """The decision log, for recover and purge: what an operator changed is on record too."""
+    from memstaged.log import configure, get_logger
+
+    try:
+        configure(
+            settings.log_file,
+            max_bytes=settings.log_max_bytes,
+            backups=settings.log_backups,
+            console="off",
+        )
+    except OSError as err:
+        raise ConfigError(f"log file {settings.log_file}: {err.strerror}") from None
+    return get_logger()
+
+
+def record_summary(record: RecordFile) -> dict[str, Any]:
+    """A record as ``list --json`` prints it."""
+    return {
+        "id": record.id,
+        "memory_dir": record.memory_dir,
+        "file": record.name,
+        "kind": record.kind,
+        "category": record.category,
+        "text": record.text,
+        "attempts": record.attempts,
+        "reason": record.reason,
+        "errors": record.errors,
+        "session_id": record.session_id,
+        "source_file": record.source_file,
+        "source_path": record.source_path,
+        "when": iso_utc(record.when),
+        "original": record.original,
+    }
+
+
+# -- list -----------------------------------------------------------------------------------------
+
+
+@guard_output
+def run_list(args: argparse.Namespace) -> int:
+    settings = load_settings(args)
+    records = _records(memory_dirs(settings, writable=False))
+    if args.session:
+        records = [r for r in records if fnmatch.fnmatchcase(r.session_id or "", args.session)]
+    records.sort(key=lambda r: (r.memory_dir, r.source_file or "", r.when, r.name))
+    if args.json:
+        for record in records:
+            print_json(record_summary(record))
+        return 0
+    out = console()
+    for mdir in sorted({r.memory_dir for r in records}):
+        rows = []
+        previous = None
+        for r in (r for r in records if r.memory_dir == mdir):
+            source = r.source_file or "(no source recorded)"
+            shown = source if source != previous or not out.is_terminal else ""
+            previous = source
+            reason = r.reason + (f": {r.errors[0]}" if r.errors else "")
+            rows.append(
+                [
+                    shown,
+                    r.id,
+                    r.category or "?",
+                    one_line(r.text, 60),
+                    str(r.attempts),
+                    one_line(reason),
+                    r.session_id or "-",
+                    local_time(r.when),
+                ]
+            )
+        render_table(
+            out,
+            f"{mdir}/deadletter ({len(rows)} records)",
+            [
+                "source file",
+                "id",
+                "category",
+                "summary or text",
+                "attempts",
+                "reason",
+                "session",
+                "when",
+            ],
+            rows,
+            right=["attempts"],
+        )
+    if not records:
+        print("no dead-letter records", file=sys.stderr)
+    return 0
+
+
+# -- show -----------------------------------------------------------------------------------------
+
+
+@guard_output
+def run_show(args: argparse.Namespace) -> int:
+    settings = load_settings(args)
+    mdirs = memory_dirs(settings, writable=False)
+    [record] = resolve_ids(_records(mdirs), [args.id])
+    mdir = next(m for m in mdirs if m.path == record.memory_dir)
+    outcome = next(
+        iter(preview(mdir, {record.name}, settings.options, _common.now()).outcomes), None
+    )
+    original = None
+    if record.original is not None:
+        original = read_original(mdir, record.original, max(args.max_bytes, 0))
+    if args.json:
+        print_json(_show_json(record, outcome, original))
+        return 0
+    _show_text(record, outcome, original)
+    return 0
+
+
+def _original_info(record: RecordFile, original: tuple[bytes, int] | None) -> dict[str, Any] | None:
+    if record.original is None:
+        return None
+    if original is None:
+        return {"name": record.original, "missing": True}
+    data, size = original
+    info: dict[str, Any] = {
+        "name": record.original,
+        "size": size,
+        "shown": len(data),
+        "truncated": len(data) < size,
+    }
+    text = text_or_none(data)
+    if text is not None:
+        info["text"] = text
+    else:
+        info["base64"] = base64.b64encode(data).decode("ascii")
+    return info
+
+
+def _show_json(
+    record: RecordFile, outcome: Outcome | None, original: tuple[bytes, int] | None
+) -> dict[str, Any]:
+    out = record_summary(record)
+    out["recovery"] = msgspec.to_builtins(outcome) if outcome is not None else None
+    out["record"] = record.value
+    out["record_error"] = record.error
+    out["original"] = _original_info(record, original)
+    return out
+
+
+def _pretty(record: RecordFile) -> str:
+    encoded = encode_json(record.value, exotic=record.exotic)
+    try:
+        return pretty(encoded).decode("utf-8", "replace")
+    except (msgspec.DecodeError, ValueError):
+        return encoded.decode("utf-8", "replace")
+
+
+def _recovery_line(outcome: Outcome | None) -> str:
+    if outcome is None:
+        return "-"
+    if outcome.action == Action.RECOVERED:
+        return f"would be recovered into staging/{outcome.staging_file}"
+    if outcome.action == Action.DUPLICATE:
+        return f"already there: {outcome.reason}; recover would just delete the record"
+    return f"would stay: {outcome.reason}"
+
+
+def _show_text(
+    record: RecordFile, outcome: Outcome | None, original: tuple[bytes, int] | None
+) -> None:
+    out = console()
+    lines = [
+        f"record {record.id}  ({record.memory_dir}/deadletter/{record.name})",
+        f"category: {record.category}   session: {record.session_id}   attempts: "
+        f"{record.attempts}   when: {local_time(record.when)}   kind: {record.kind}",
+        f"reason: {record.reason or '-'}",
+        f"source: {record.source_path or record.source_file or '-'}",
+        f"recovery now: {_recovery_line(outcome)}",
+    ]
+    if record.errors:
+        lines.append("validation errors when it was dead-lettered:")
+        lines.extend(f"  - {e}" for e in record.errors)
+    lines.append("record:" if record.error is None else f"record: unreadable: {record.error}")
+    _emit(out, lines)
+    if record.error is None:
+        _emit(out, [_pretty(record)], syntax=True)
+    info = _original_info(record, original)
+    if info is None:
+        _emit(out, ["original: none recorded"])
+    elif info.get("missing"):
+        _emit(out, [f"original: originals/{info['name']} is missing"])
+    else:
+        cut = f", first {info['shown']} shown" if info["truncated"] else ""
+        form = "text" if "text" in info else "hex dump"
+        _emit(out, [f"original: originals/{info['name']} ({info['size']} bytes{cut}), as {form}:"])
+        assert original is not None
+        _emit(out, [info["text"] if "text" in info else hexdump(original[0])])
+
+
+def _emit(out: Any, lines: list[str], *, syntax: bool = False) -> None:
+    if out.is_terminal and syntax:
+        from rich.syntax import Syntax
+
+        out.print(Syntax("\n".join(lines), "json", word_wrap=True))
+        return
+    if out.is_terminal:
+        for line in lines:
+            out.print(styled(line))
+        return
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+# -- recover --------------------------------------------------------------------------------------
+
+
+@guard_output
+def run_recover(args: argparse.Namespace) -> int:
+    if not (args.all or args.session or args.id):
+        raise UsageError("deadletter recover: choose what to recover with --session, --id or --all")
+    dry_run = getattr(args, "dry_run", False)
+    settings = load_settings(args)
+    mdirs = memory_dirs(settings, writable=not dry_run)
+    wanted = _selection(args, mdirs)
+    logger = None if dry_run else _logger(settings)
+    reports: list[Report] = []
+    busy = False
+    for mdir in mdirs:
+        chosen = wanted.get(mdir.path) if wanted is not None else None
+        if wanted is not None and not chosen:
+            continue
+        try:
+            if dry_run:
+                reports.append(preview(mdir, chosen, settings.options, _common.now()))
+            else:
+                reports.append(
+                    recover(
+                        mdir,
+                        chosen,
+                        options=settings.options,
+                        clock=_common.now(),
+                        wait=getattr(args, "wait", False),
+                        logger=logger,
+                    )
+                )
+        except BusyError as err:
+            print(f"memstaged: {err}", file=sys.stderr)
+            busy = True
+    _show_recovery(reports, args.json, dry_run)
+    left = any(o.action == Action.LEFT for r in reports for o in r.outcomes)
+    return 1 if left or busy else 0
+
+
+def _selection(args: argparse.Namespace, mdirs: list[MemoryDir]) -> dict[str, set[str]] | None:
+    """memory dir -> record names chosen; ``None`` for ``--all``. Bad IDs are usage errors."""
+    if args.all:
+        return None
+    records = _records(mdirs)
+    chosen = resolve_ids(records, args.id or [])
+    for session in args.session or []:
+        found = [r for r in records if r.session_id == session]
+        if not found:
+            print(f"memstaged: no dead-letter record of session {session!r}", file=sys.stderr)
+        chosen.extend(found)
+    out: dict[str, set[str]] = {}
+    for record in chosen:
+        out.setdefault(record.memory_dir, set()).add(record.name)
+    return out
+
+
+def _show_recovery(reports: list[Report], as_json: bool, dry_run: bool) -> None:
+    outcomes = sorted((o for r in reports for o in r.outcomes), key=lambda o: (o.memory_dir, o.id))
+    deleted = [o for r in reports for o in r.originals_deleted]
+    if as_json:
+        for outcome in outcomes:
+            print_json(msgspec.to_builtins(outcome))
+        for name in deleted:
+            print_json({"action": "original_deleted", "original": name})
+        return
+    out = console()
+    rows: list[list[str | Text]] = [
+        [
+            o.id,
+            o.session_id or "-",
+            o.category or "?",
+            styled(o.action, _ACTION_STYLES.get(o.action)),
+            o.staging_file or "-",
+            one_line(o.reason or ""),
+        ]
+        for o in outcomes
+    ]
+    title = "deadletter recover" + (" (dry run: nothing changed)" if dry_run else "")
+    render_table(out, title, ["id", "session", "category", "outcome", "staging file", "why"], rows)
+    counts = {a.value: sum(o.action == a.value for o in outcomes) for a in Action}
+    verb = "would be " if dry_run else ""
+    summary = (
+        f"{counts['recovered']} {verb}recovered, {counts['duplicate']} {verb}removed as "
+        f"duplicates, {counts['left']} left in the dead-letter store"
+    )
+    if deleted:
+        summary += f"; {len(deleted)} original(s) no record needs were deleted"
+    sys.stdout.write(summary + "\n")
+
+
+# -- purge ----------------------------------------------------------------------------------------
+
+
+@guard_output
+def run_purge(args: argparse.Namespace) -> int:
+    age = parse_duration(args.older_than, "--older-than")
+    settings = load_settings(args)
+    mdirs = memory_dirs(settings, writable=args.yes)
+    clock = _common.now()
+    cutoff = dt.datetime.fromtimestamp(clock - age, dt.UTC)
+    logger = _logger(settings) if args.yes else None
+    rows: list[dict[str, Any]] = []
+    busy = False
+    for mdir in mdirs:
+        if not args.yes:
+            old, originals = plan_purge(list_records(mdir), list_originals(mdir), cutoff=cutoff)
+            rows.extend(_purge_rows(mdir, old, [o.name for o in originals], clock, done=False))
+            continue
+        try:
+            with exclusive(mdir, wait=getattr(args, "wait", False), logger=logger) as mem_fd:
+                old, originals = plan_purge(list_records(mdir), list_originals(mdir), cutoff=cutoff)
+                left = delete_records(mem_fd, old)
+                gone = [r for r in old if r.name not in left]
+                names, hashes = referenced(list_records(mdir))  # a record left may need one
+                dropped = delete_originals(
+                    mem_fd, [o.name for o in originals if not still_needed(o.name, names, hashes)]
+                )
+        except BusyError as err:
+            print(f"memstaged: {err}", file=sys.stderr)
+            busy = True
+            continue
+        assert logger is not None
+        logger.info(
+            "deadletter_purged",
+            memory_dir=mdir.path,
+            older_than=args.older_than,
+            records=[r.name for r in gone],
+            originals=dropped,
+            left=left,
+        )
+        rows.extend(_purge_rows(mdir, gone, dropped, clock, done=True))
+        rows.extend(
+            {
+                "memory_dir": mdir.path,
+                "kind": "record",
+                "name": name,
+                "action": "left",
+                "reason": why,
+            }
+            for name, why in left.items()
+        )
+    _show_purge(rows, args.json, args.yes)
+    return 1 if busy or any(r["action"] == "left" for r in rows) else 0
+
+
+def _purge_rows(
+    mdir: MemoryDir, records: list[RecordFile], originals: list[str], clock: float, *, done: bool
+) -> list[dict[str, Any]]:
+    action = "deleted" if done else "would delete"
+    rows = [
+        {
+            "memory_dir": mdir.path,
+            "kind": "record",
+            "name": r.name,
+            "id": r.id,
+            "session_id": r.session_id,
+            "category": r.category,
+            "when": iso_utc(r.when),
+            "age_seconds": round(clock - r.when.timestamp(), 3),
+            "action": action,
+        }
+        for r in records
+    ]
+    rows.extend(
+        {"memory_dir": mdir.path, "kind": "original", "name": f"originals/{name}", "action": action}
+        for name in originals
+    )
+    return rows
+
+
+def _show_purge(rows: list[dict[str, Any]], as_json: bool, really: bool) -> None:
+    if as_json:
+        for row in rows:
+            print_json(row)
+        return
+    table = [
+        [
+            r["action"],
+            r["kind"],
+            r["name"],
+            r.get("session_id") or "-",
+            human_age(r.get("age_seconds")),
+            r["memory_dir"],
+        ]
+        for r in rows
+    ]
+    render_table(
+        console(),
+        "deadletter purge" + ("" if really else " (listing only: --yes deletes)"),
+        ["action", "kind", "name", "session", "age", "memory dir"],
+        table,
+    )
+    records = sum(r["kind"] == "record" and r["action"] != "left" for r in rows)
+    originals = sum(r["kind"] == "original" for r in rows)
+    if really:
+        sys.stdout.write(f"deleted {records} record(s) and {originals} original(s)\n")
+    else:
+        sys.stdout.write(
+            f"would delete {records} record(s) and {originals} original(s); "
+            "run again with --yes to delete them\n"
+        )

@@ -1,0 +1,270 @@
+"""``memstaged stats``: what memstaged decided, where, when, why files fail, and what is stuck.
+
+:func:`compute` is a pure function of the events, the clock and an ``exists`` check, so the counts
+are tested without a log file. Counts cover the window (``--since``/``--until``); what is stuck is
+judged over the whole log, since a file deferred before the window began is still stuck now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+import msgspec
+
+from memstaged.commands import _common
+from memstaged.commands._common import (
+    add_json_option,
+    add_memory_dir_options,
+    console,
+    guard_output,
+    human_age,
+    iso_utc,
+    local_time,
+    one_line,
+    parse_duration,
+    print_json,
+    render_table,
+)
+from memstaged.commands.log import build_filter, open_source
+from memstaged.logread import Event, EventFilter, event_time
+from memstaged.triage import Decision
+
+DECISIONS: Final = [d.value for d in Decision]
+_INDEX: Final = re.compile(r"\[[0-9]+\]")
+#: Reasons whose tail varies with the input (offsets, sizes): counted under their head.
+_HEADS: Final = ("not JSON", "not UTF-8", "file too large", "JSON nesting is too deep")
+
+
+class Stuck(msgspec.Struct, frozen=True):
+    """A file whose latest decisions are all ``deferred``, for longer than the threshold."""
+
+    path: str
+    memory_dir: str | None
+    session_id: str | None
+    deferred_since: str | None
+    last_seen: str | None
+    for_seconds: float
+    deferrals: int
+    reason: str
+    exists: bool
+
+
+class Stats(msgspec.Struct, frozen=True):
+    since: str | None
+    until: str | None
+    by: str
+    total: int
+    decisions: dict[str, int]
+    memory_dirs: dict[str, dict[str, int]]
+    periods: dict[str, dict[str, int]]
+    top_errors: list[dict[str, Any]]
+    stuck: list[Stuck]
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "stats",
+        help="counts per decision, memory dir and day; frequent errors; stuck files",
+        description="Summarize the decision log over a window.",
+    )
+    parser.add_argument("--since", metavar="WHEN", help="from this time on: 10m, 2h, 3d or ISO")
+    parser.add_argument("--until", metavar="WHEN", help="up to this time: 10m, 2h, 3d or ISO")
+    parser.add_argument(
+        "--by",
+        choices=["day", "hour"],
+        default="day",
+        help="count per day (default) or per hour, in local time",
+    )
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=10,
+        metavar="N",
+        help="how many of the most frequent validation errors (default 10)",
+    )
+    parser.add_argument(
+        "--stuck-after",
+        default="10m",
+        metavar="DURATION",
+        help="a file deferred for longer than this is stuck (default 10m)",
+    )
+    add_memory_dir_options(parser)
+    parser.add_argument("--journal", action="store_true", help="read journald instead of the file")
+    parser.add_argument(
+        "--journal-dir", metavar="DIR", help="with --journal: read the journal files in DIR"
+    )
+    add_json_option(parser)
+    parser.set_defaults(func=run, decision=None, path=None, session=None)
+
+
+def error_key(reason: str) -> str:
+    """A validation error without its array indexes, so the same fault in many files adds up."""
+    for head in _HEADS:
+        if reason.startswith(head):
+            return head
+    return _INDEX.sub("[]", reason)
+
+
+def _bucket(when: dt.datetime, by: str) -> str:
+    local = when.astimezone()
+    return local.strftime("%Y-%m-%d %H:00" if by == "hour" else "%Y-%m-%d")
+
+
+def compute(
+    events: Iterable[Event],
+    *,
+    window: EventFilter,
+    by: str = "day",
+    top: int = 10,
+    stuck_after: float = 600.0,
+    clock: float,
+    exists: Callable[[str], bool] = os.path.lexists,
+) -> Stats:
+    """Count the decisions in ``window``; find files deferred for longer than ``stuck_after``."""
+    everywhere = msgspec.structs.replace(window, since=None, until=None)
+    decisions: Counter[str] = Counter()
+    per_dir: dict[str, Counter[str]] = {}
+    per_period: dict[str, Counter[str]] = {}
+    errors: Counter[str] = Counter()
+    streaks: dict[str, list[Event]] = {}
+    for event in events:
+        if event.get("event") != "decision" or not everywhere.matches(event):
+            continue
+        path, decision = str(event.get("path")), str(event.get("decision"))
+        if decision == Decision.DEFERRED.value:
+            streaks.setdefault(path, []).append(event)
+        else:
+            streaks.pop(path, None)
+        if not window.matches(event):
+            continue
+        decisions[decision] += 1
+        per_dir.setdefault(str(event.get("memory_dir")), Counter())[decision] += 1
+        when = event_time(event)
+        if when is not None:
+            per_period.setdefault(_bucket(when, by), Counter())[decision] += 1
+        if decision in (Decision.REPAIRED.value, Decision.QUARANTINED.value):
+            errors.update(error_key(str(r)) for r in event.get("reasons") or [])
+    return Stats(
+        since=iso_utc(window.since),
+        until=iso_utc(window.until),
+        by=by,
+        total=sum(decisions.values()),
+        decisions={d: decisions.get(d, 0) for d in DECISIONS},
+        memory_dirs={k: _full(c) for k, c in sorted(per_dir.items())},
+        periods={k: _full(c) for k, c in sorted(per_period.items())},
+        top_errors=[{"error": e, "count": n} for e, n in errors.most_common(max(top, 0))],
+        stuck=_stuck(streaks, stuck_after, clock, exists),
+    )
+
+
+def _full(counts: Counter[str]) -> dict[str, int]:
+    return {d: counts.get(d, 0) for d in DECISIONS}
+
+
+def _stuck(
+    streaks: dict[str, list[Event]], threshold: float, clock: float, exists: Callable[[str], bool]
+) -> list[Stuck]:
+    out = []
+    for path, streak in streaks.items():
+        first, last = event_time(streak[0]), event_time(streak[-1])
+        if first is None:
+            continue
+        age = clock - first.timestamp()
+        if age <= threshold:
+            continue
+        reasons = streak[-1].get("reasons") or ["(no reason logged)"]
+        out.append(
+            Stuck(
+                path=path,
+                memory_dir=streak[-1].get("memory_dir"),
+                session_id=streak[-1].get("session_id"),
+                deferred_since=iso_utc(first),
+                last_seen=iso_utc(last),
+                for_seconds=round(age, 3),
+                deferrals=len(streak),
+                reason=str(reasons[-1]),
+                exists=exists(path),
+            )
+        )
+    return sorted(out, key=lambda s: -s.for_seconds)
+
+
+@guard_output
+def run(args: argparse.Namespace) -> int:
+    stuck_after = parse_duration(args.stuck_after, "--stuck-after")
+    filt = build_filter(args)
+    source, _where = open_source(args, msgspec.structs.replace(filt, since=None))
+    try:
+        events = source.history()
+    finally:
+        source.close()
+    stats = compute(
+        events, window=filt, by=args.by, top=args.top, stuck_after=stuck_after, clock=_common.now()
+    )
+    if args.json:
+        print_json(msgspec.to_builtins(stats))
+        return 0
+    _render(stats)
+    return 0
+
+
+def _render(stats: Stats) -> None:
+    out = console()
+    span = f"{_when(stats.since)} .. {_when(stats.until)}"
+    render_table(
+        out,
+        f"decisions ({span})",
+        ["decision", "count"],
+        [[d, str(n)] for d, n in stats.decisions.items()] + [["total", str(stats.total)]],
+        right=["count"],
+    )
+    short = DECISIONS
+    render_table(
+        out,
+        "per memory dir",
+        ["memory dir", *short],
+        [[k, *(str(c[d]) for d in DECISIONS)] for k, c in stats.memory_dirs.items()],
+        right=short,
+    )
+    render_table(
+        out,
+        f"per {stats.by}",
+        [stats.by, *short],
+        [[k, *(str(c[d]) for d in DECISIONS)] for k, c in stats.periods.items()],
+        right=short,
+    )
+    render_table(
+        out,
+        "most frequent validation errors",
+        ["count", "error"],
+        [[str(e["count"]), one_line(e["error"])] for e in stats.top_errors],
+        right=["count"],
+    )
+    render_table(
+        out,
+        "stuck: deferred and never decided since",
+        ["for", "deferrals", "file", "still there", "last reason"],
+        [
+            [
+                human_age(s.for_seconds),
+                str(s.deferrals),
+                s.path,
+                "yes" if s.exists else "no",
+                one_line(s.reason),
+            ]
+            for s in stats.stuck
+        ],
+        right=["for", "deferrals"],
+    )
+
+
+def _when(value: str | None) -> str:
+    if value is None:
+        return "*"
+    return local_time(dt.datetime.fromisoformat(value))

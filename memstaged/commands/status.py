@@ -1,0 +1,172 @@
+"""``memstaged status``: per memory dir, what is waiting, what failed, who is at work.
+
+Read-only (see :mod:`memstaged.survey`). Exit 0 when nothing needs attention and 1 otherwise, so
+it serves as a health check (a systemd ``ExecCondition``, a monitoring probe, a cron mail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import msgspec
+from rich.text import Text
+
+from memstaged.commands import _common
+from memstaged.commands._common import (
+    add_json_option,
+    add_memory_dir_options,
+    console,
+    decision_text,
+    guard_output,
+    human_age,
+    load_settings,
+    memory_dirs,
+    one_line,
+    parse_duration,
+    print_json,
+    render_table,
+    styled,
+)
+from memstaged.survey import OUTCOMES, DirStatus, survey
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "status",
+        help="per memory dir: staging files, dead letters, locks; exit 1 if something needs care",
+        description="Look at each memory dir without changing anything. Exit 0 when nothing "
+        "needs attention, 1 otherwise.",
+    )
+    add_memory_dir_options(parser, triage=True)
+    parser.add_argument(
+        "--grace",
+        default="60s",
+        metavar="DURATION",
+        help="a file not yet repaired or quarantined needs attention only once "
+        "it is this old: the daemon may be at it (default 60s)",
+    )
+    parser.add_argument(
+        "--max-age",
+        metavar="DURATION",
+        help="also flag a memory dir whose oldest staging file is older",
+    )
+    parser.add_argument(
+        "--require-daemon",
+        action="store_true",
+        help="flag a memory dir no memstaged daemon is running on",
+    )
+    parser.add_argument(
+        "--files",
+        action="store_true",
+        help="list every staging file with the decision it would get",
+    )
+    add_json_option(parser)
+    parser.set_defaults(func=run)
+
+
+@guard_output
+def run(args: argparse.Namespace) -> int:
+    grace = parse_duration(args.grace, "--grace")
+    max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
+    settings = load_settings(args)
+    mdirs = memory_dirs(settings, writable=False)
+    clock = _common.now()
+    results = [
+        survey(
+            m,
+            settings.options,
+            clock=clock,
+            grace=grace,
+            max_age=max_age,
+            require_daemon=args.require_daemon,
+        )
+        for m in mdirs
+    ]
+    if args.json:
+        for result in results:
+            print_json(msgspec.to_builtins(result))
+    else:
+        _render(results, files=args.files)
+    return 1 if any(r.attention for r in results) else 0
+
+
+def _render(results: list[DirStatus], *, files: bool) -> None:
+    """One two-column table per memory dir: what, and how it stands."""
+    out = console()
+    for r in results:
+        counts: list[list[str | Text]] = [
+            [f"  would be {o}" if o != "unreadable" else "  cannot be read", str(r.staging[o])]
+            for o in OUTCOMES
+            if r.staging[o] or o in ("valid", "repaired", "quarantined")
+        ]
+        rows: list[list[str | Text]] = [
+            ["staging files", str(r.staging["total"])],
+            *counts,
+            ["oldest staging file", _oldest_text(r)],
+            ["dead-letter records", str(r.deadletter_records)],
+            ["dead-letter originals", str(r.deadletter_originals)],
+            ["reconciler lock", _lock_text(r)],
+            ["memstaged", _holder_text(r)],
+            [
+                "needs attention",
+                styled("no", "green") if not r.attention else styled("yes", "bold yellow"),
+            ],
+        ]
+        render_table(out, r.memory_dir, ["", "now"], rows)
+    for r in results:
+        if files and r.files:
+            render_table(
+                out,
+                f"{r.memory_dir}/staging",
+                ["file", "would be", "age", "why"],
+                [
+                    [
+                        e.name,
+                        decision_text(e.decision),
+                        human_age(None if e.mtime is None else _age(e.mtime)),
+                        one_line(e.reason or ""),
+                    ]
+                    for e in r.files
+                ],
+            )
+    flagged = [(r, a) for r in results for a in r.attention]
+    if not flagged:
+        _say("nothing needs attention")
+        return
+    for r, item in flagged:
+        _say(f"needs attention: {r.memory_dir}: {item}", style="bold yellow")
+
+
+def _age(mtime: float) -> float:
+    return _common.now() - mtime
+
+
+def _say(text: str, style: str | None = None) -> None:
+    out = console()
+    if out.is_terminal:
+        out.print(styled(text, style))
+    else:
+        sys.stdout.write(text + "\n")
+
+
+def _oldest_text(r: DirStatus) -> str:
+    if r.oldest_file is None:
+        return "-"
+    return f"{r.oldest_file} ({human_age(r.oldest_age_seconds)})"
+
+
+def _lock_text(r: DirStatus) -> str:
+    lock = r.canonical_lock
+    if lock is None:
+        return "free"
+    who = f"pid {lock['pid']}" if lock["pid"] is not None else "an unnamed holder"
+    who += f" ({lock['owner']})" if lock.get("owner") else ""
+    return f"held by {who}" if lock["alive"] else f"stale: {who} is gone"
+
+
+def _holder_text(r: DirStatus) -> str:
+    if r.memstaged_pid is None:
+        return "none running"
+    return f"{r.memstaged_kind} (pid {r.memstaged_pid})"

@@ -1,0 +1,448 @@
+"""Reading the dead-letter store (SPEC section 4) and the few ways it is changed by an operator.
+
+Records are read without following links and without trusting their content: a record's
+``memstaged.original`` names an original only when it is a plain name under ``originals/``, so a
+hand-edited record cannot make ``show`` read, or ``purge`` delete, anything outside the store.
+
+Changes (recovery, purge) happen only inside :func:`exclusive`: the memory dir's instance lock
+(no daemon or ``--once`` at work) and ``canonical-writer.lock`` (no reconciler at work), the lock
+the agent's own ``/memory recover`` takes too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+import msgspec
+
+from memstaged import fsio
+from memstaged.ecma import is_nonempty_string, parse_json, trim
+from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
+from memstaged.fsio import Identity
+from memstaged.locks import InstanceLock, LockHeld, LockInfo, canonical_lock
+from memstaged.pipeline import DEADLETTER, MemoryDir
+from memstaged.quarantine import ORIGINALS_DIR, stem
+
+#: A record larger than this is listed as unreadable rather than read into memory.
+MAX_RECORD_SIZE: Final = 64 * 1024 * 1024
+_HASH16: Final = re.compile(r"-([0-9a-f]{16})-")
+
+
+class RecordFile(msgspec.Struct, frozen=True):
+    """One file directly in ``deadletter/`` and what could be read of it."""
+
+    memory_dir: str
+    name: str
+    mtime: float
+    identity: Identity | None
+    value: Any = None
+    exotic: bool = False
+    #: Why the record could not be read or parsed; ``None`` when ``value`` holds it.
+    error: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The record's name without ``.json``: what ``deadletter show``/``recover --id`` take."""
+        return stem(self.name)
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return self.value if isinstance(self.value, dict) else {}
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """memstaged's own additions (absent from records the agent's tools wrote)."""
+        meta = self.doc.get("memstaged")
+        return meta if isinstance(meta, dict) else {}
+
+    @property
+    def session_id(self) -> str | None:
+        value = self.doc.get("session_id")
+        return trim(value) if isinstance(value, str) and is_nonempty_string(value) else None
+
+    @property
+    def category(self) -> str | None:
+        value = self.doc.get("category")
+        return value if isinstance(value, str) else None
+
+    @property
+    def wrapped(self) -> bool:
+        """SPEC 4.2's ``{"candidate": ..., "original_staging_file": ...}`` wrapper."""
+        cand = self.doc.get("candidate")
+        return isinstance(cand, dict) and "candidate" in cand and "original_staging_file" in cand
+
+    @property
+    def candidate(self) -> Any:
+        """The candidate itself: unwrapped, or as the record holds it."""
+        cand: Any = self.doc.get("candidate")
+        return cand["candidate"] if self.wrapped else cand
+
+    @property
+    def kind(self) -> str:
+        """``candidate`` (SPEC 4.2), ``whole-file`` (4.3), ``bare`` (the agent's own) or
+        ``unreadable``."""
+        if self.error is not None or not self.doc:
+            return "unreadable"
+        if self.wrapped:
+            return "candidate"
+        return "whole-file" if self.meta else "bare"
+
+    @property
+    def text(self) -> str:
+        """The candidate's summary or text, or what stands in for it."""
+        cand = self.candidate
+        if self.kind == "unreadable":
+            return f"({self.error or 'not a JSON object'})"
+        if isinstance(cand, dict):
+            for key in ("summary", "text"):
+                value = cand.get(key)
+                if isinstance(value, str) and value.strip():
+                    return value
+            return "(no summary or text)"
+        if isinstance(cand, str):
+            return f"(not JSON) {cand}"
+        return "(whole file: not UTF-8 or too large)" if cand is None else "(whole file)"
+
+    @property
+    def attempts(self) -> Any:
+        return self.doc.get("attempts")
+
+    @property
+    def reason(self) -> str:
+        value = self.doc.get("last_gate_reason")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def errors(self) -> list[str]:
+        found = self.meta.get("errors")
+        return [str(e) for e in found] if isinstance(found, list) else []
+
+    @property
+    def source_file(self) -> str | None:
+        value = self.meta.get("source_file")
+        return value if isinstance(value, str) else None
+
+    @property
+    def source_path(self) -> str | None:
+        value = self.meta.get("source_path")
+        return value if isinstance(value, str) else None
+
+    @property
+    def original(self) -> str | None:
+        """The original's file name in ``originals/``, only if the record names one safely."""
+        return original_ref(self.meta.get("original"))
+
+    @property
+    def when(self) -> dt.datetime:
+        """When it was dead-lettered: memstaged's ``decided_at``, else the file's mtime."""
+        value = self.meta.get("decided_at")
+        if isinstance(value, str):
+            try:
+                parsed = dt.datetime.fromisoformat(value)
+            except ValueError:
+                parsed = None
+            if parsed is not None and parsed.tzinfo is not None:
+                return parsed
+        return dt.datetime.fromtimestamp(self.mtime, dt.UTC)
+
+
+def original_ref(value: object) -> str | None:
+    """``originals/<name>`` as a bare name, or ``None`` if it is anything else."""
+    prefix = f"{ORIGINALS_DIR}/"
+    if not isinstance(value, str) or not value.startswith(prefix):
+        return None
+    name = value[len(prefix) :]
+    if not name or "/" in name or name.startswith(".") or "\0" in name:
+        return None
+    return name
+
+
+def is_record_name(name: str) -> bool:
+    """Records are the ``*.json`` files directly in ``deadletter/``; dot files are temp files."""
+    return name.endswith(".json") and not name.startswith(".")
+
+
+@contextmanager
+def _store_fd(mdir: MemoryDir, sub: str = DEADLETTER) -> Iterator[int | None]:
+    """A descriptor for ``deadletter/`` (or below), ``None`` when there is none (yet)."""
+
+    def refuse(err: OSError, where: str) -> ConfigError:
+        if err.errno == errno.ELOOP:
+            return ConfigError(f"{where} is a symbolic link: not followed")
+        return ConfigError(f"{where}: {err.strerror}")
+
+    try:
+        mem_fd = fsio.open_dir(mdir.path)
+    except FileNotFoundError:
+        mem_fd = None
+    except OSError as err:
+        raise refuse(err, mdir.path) from None
+    fd: int | None = None
+    if mem_fd is not None:
+        try:
+            fd = fsio.open_dir(sub, mem_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            fd = None
+        except OSError as err:
+            raise refuse(err, f"{mdir.path}/{sub}") from None
+        finally:
+            os.close(mem_fd)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _read_record(mdir: MemoryDir, dir_fd: int, name: str) -> RecordFile | None:
+    st = fsio.lstat_at(dir_fd, name)
+    if st is None:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return RecordFile(mdir.path, name, st.st_mtime, None, error="not a regular file")
+    try:
+        with fsio.open_regular(dir_fd, name) as (fd, fst):
+            data = fsio.read_fd(fd, fst.st_size, MAX_RECORD_SIZE)
+            identity = Identity.of(fst)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return RecordFile(mdir.path, name, st.st_mtime, None, error=err.strerror or str(err))
+    if data is None:
+        return RecordFile(mdir.path, name, st.st_mtime, identity, error="record too large to read")
+    try:
+        parsed = parse_json(data)
+    except NotJSON as err:
+        return RecordFile(mdir.path, name, st.st_mtime, identity, error=str(err))
+    if not isinstance(parsed.value, dict):
+        return RecordFile(mdir.path, name, st.st_mtime, identity, error="not a JSON object")
+    return RecordFile(mdir.path, name, st.st_mtime, identity, parsed.value, parsed.exotic)
+
+
+def list_records(mdir: MemoryDir) -> list[RecordFile]:
+    """Every record of the memory dir, readable or not, sorted by name."""
+    with _store_fd(mdir) as dl_fd:
+        if dl_fd is None:
+            return []
+        out = []
+        for name in sorted(n for n in os.listdir(dl_fd) if is_record_name(n)):
+            record = _read_record(mdir, dl_fd, name)
+            if record is not None:
+                out.append(record)
+        return out
+
+
+class Original(msgspec.Struct, frozen=True):
+    name: str
+    size: int
+    mtime: float
+
+
+def list_originals(mdir: MemoryDir) -> list[Original]:
+    """The files in ``deadletter/originals/`` (memstaged's temp files excluded)."""
+    with _store_fd(mdir, f"{DEADLETTER}/{ORIGINALS_DIR}") as or_fd:
+        if or_fd is None:
+            return []
+        out = []
+        for name in sorted(os.listdir(or_fd)):
+            if name.startswith("."):
+                continue
+            st = fsio.lstat_at(or_fd, name)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                out.append(Original(name, st.st_size, st.st_mtime))
+        return out
+
+
+def read_original(mdir: MemoryDir, name: str, limit: int) -> tuple[bytes, int] | None:
+    """Up to ``limit`` bytes of an original (0: all) and its full size; ``None`` if it is gone."""
+    with _store_fd(mdir, f"{DEADLETTER}/{ORIGINALS_DIR}") as or_fd:
+        if or_fd is None:
+            return None
+        try:
+            with fsio.open_regular(or_fd, name) as (fd, st):
+                want = st.st_size if limit <= 0 else min(limit, st.st_size)
+                chunks, got = [], 0
+                while got < want:
+                    chunk = os.read(fd, min(fsio.CHUNK, want - got))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+                return b"".join(chunks), st.st_size
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise ConfigError(
+                f"{mdir.path}/{DEADLETTER}/{ORIGINALS_DIR}/{name}: {err.strerror}"
+            ) from None
+
+
+def resolve_ids(records: Sequence[RecordFile], ids: Iterable[str]) -> list[RecordFile]:
+    """The records the IDs name; each ID is a record name without ``.json``, or a unique prefix.
+
+    An ID that matches nothing, or more than one record, is a usage error (exit 2).
+    """
+    chosen: dict[tuple[str, str], RecordFile] = {}
+    for wanted in ids:
+        exact = [r for r in records if wanted in (r.id, r.name)]
+        found = exact or [r for r in records if r.id.startswith(wanted)]
+        if not found:
+            raise UsageError(f"no dead-letter record has the ID {wanted!r}")
+        if len(found) > 1:
+            shown = ", ".join(r.id for r in found[:5]) + (", ..." if len(found) > 5 else "")
+            raise UsageError(f"the ID {wanted!r} matches {len(found)} records: {shown}")
+        chosen[(found[0].memory_dir, found[0].name)] = found[0]
+    return list(chosen.values())
+
+
+def referenced(records: Iterable[RecordFile]) -> tuple[set[str], set[str]]:
+    """The originals records name, and the hashes of unreadable records (which might name one)."""
+    names: set[str] = set()
+    hashes: set[str] = set()
+    for record in records:
+        if record.original is not None:
+            names.add(record.original)
+        elif record.kind == "unreadable":
+            match = _HASH16.search(record.name)
+            if match:
+                hashes.add(match[1])
+    return names, hashes
+
+
+def still_needed(original: str, names: set[str], hashes: set[str]) -> bool:
+    """Whether some remaining record needs ``original`` (or might: an unreadable one)."""
+    return original in names or any(f".{h}." in original for h in hashes)
+
+
+# -- changes ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def exclusive(mdir: MemoryDir, *, wait: bool, logger: Any) -> Iterator[int]:
+    """Hold the instance lock and ``canonical-writer.lock`` of ``mdir``; yields its descriptor.
+
+    Raises :class:`BusyError` (exit 1) when a memstaged or the reconciler is at work there.
+    """
+    lock = InstanceLock(mdir.path)
+    try:
+        lock.acquire(wait=wait)
+    except OSError as err:
+        raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
+
+    def on_stale(info: LockInfo, removed: bool) -> None:
+        action = "removed (memstaged's own, its process is gone)" if removed else "not obeyed"
+        logger.warning(
+            "lock_seen",
+            lock="canonical-writer.lock",
+            pid=info.pid,
+            owner=info.owner,
+            alive=False,
+            action=action,
+            memory_dir=mdir.path,
+        )
+
+    try:
+        with fsio.opened_dir(mdir.path) as mem_fd, canonical_lock(mem_fd, on_stale):
+            yield mem_fd
+    except LockHeld as held:
+        raise BusyError(
+            f"{mdir.path}: {held} (the reconciler is at work); try again when it has finished"
+        ) from None
+    finally:
+        lock.release()
+
+
+def delete_records(mem_fd: int, records: Iterable[RecordFile]) -> dict[str, str]:
+    """Delete records that are still the very files that were read; fsync the directory.
+
+    Returns ``{name: why}`` for those left in place (changed meanwhile, or could not be deleted).
+    """
+    left: dict[str, str] = {}
+    with fsio.opened_dir(DEADLETTER, mem_fd) as dl_fd:
+        for record in records:
+            st = fsio.lstat_at(dl_fd, record.name)
+            if st is None:
+                continue  # already gone: what we wanted
+            if record.identity is not None and Identity.of(st) != record.identity:
+                left[record.name] = "the record changed while this ran; it is left in place"
+                continue
+            try:
+                os.unlink(record.name, dir_fd=dl_fd)
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                left[record.name] = f"cannot delete it: {err.strerror}"
+        fsio.fsync_dir(dl_fd)
+    return left
+
+
+def delete_originals(mem_fd: int, names: Iterable[str]) -> list[str]:
+    """Delete originals no record needs any more; returns those deleted."""
+    deleted: list[str] = []
+    try:
+        or_fd = fsio.open_dir(f"{DEADLETTER}/{ORIGINALS_DIR}", mem_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return deleted
+    try:
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=or_fd)
+            except FileNotFoundError:
+                continue
+            deleted.append(name)
+        fsio.fsync_dir(or_fd)
+    finally:
+        os.close(or_fd)
+    return deleted
+
+
+def text_or_none(data: bytes) -> str | None:
+    """The bytes as text when they are UTF-8 without control characters other than whitespace."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if any((ord(c) < 32 and c not in "\t\n\r\f") or c == "\x7f" for c in text):
+        return None
+    return text
+
+
+def hexdump(data: bytes, width: int = 16) -> str:
+    """``hexdump -C`` style: offset, bytes in hex, printable ASCII."""
+    lines = []
+    for offset in range(0, len(data), width):
+        chunk = data[offset : offset + width]
+        hexes = " ".join(f"{b:02x}" for b in chunk)
+        half = width // 2 * 3
+        hexes = hexes[:half] + " " + hexes[half:] if len(chunk) > width // 2 else hexes
+        ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{offset:08x}  {hexes:<{width * 3}}  |{ascii_}|")
+    return "\n".join(lines)
+
+
+def plan_purge(
+    records: Sequence[RecordFile], originals: Sequence[Original], *, cutoff: dt.datetime
+) -> tuple[list[RecordFile], list[Original]]:
+    """The records dead-lettered before ``cutoff``, and the originals that go with them.
+
+    An original goes when no remaining record needs it and either a purged record named it or
+    it is itself older than ``cutoff`` (an original whose records were deleted by other tools).
+    """
+    old = [r for r in records if r.when < cutoff]
+    kept = [r for r in records if r.when >= cutoff]
+    names, hashes = referenced(kept)
+    named_by_old, _ = referenced(old)
+    drop = [
+        o
+        for o in originals
+        if not still_needed(o.name, names, hashes)
+        and (o.name in named_by_old or dt.datetime.fromtimestamp(o.mtime, dt.UTC) < cutoff)
+    ]
+    return old, drop

@@ -1,0 +1,249 @@
+"""A read-only look at a memory dir: what each staging file would get now, and what needs care.
+
+Nothing here writes, renames or deletes, not even a stale lock: ``memstaged status`` must be safe
+to run at any time, next to a daemon and a reconciler. Files are decided by the triage engine, the
+same :func:`~memstaged.triage.decide` the daemon calls, so status cannot disagree with it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from memstaged import fsio
+from memstaged.deadletter import is_record_name, list_originals
+from memstaged.errors import MemstagedError
+from memstaged.locks import instance_holder, read_lock
+from memstaged.pipeline import DEADLETTER, STAGING, MemoryDir, Options, is_staging_name
+from memstaged.timestamps import format_epoch_ms
+from memstaged.triage import Context, Decision, Verdict, decide
+
+UNREADABLE: Final = "unreadable"
+#: The per-file outcomes status counts: the six decisions, and files it cannot read.
+OUTCOMES: Final = [*(d.value for d in Decision), UNREADABLE]
+
+
+class StagingEntry(msgspec.Struct, frozen=True):
+    """One staging-file name and the decision it would get now."""
+
+    name: str
+    decision: str
+    reason: str | None
+    mtime: float | None
+    size: int | None
+
+
+def _skip_reason(st: os.stat_result) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "symbolic link: never followed"
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory, not a staging file"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (FIFO, socket or device)"
+    return None
+
+
+def iter_staging(
+    mdir: MemoryDir, options: Options, clock: float
+) -> Iterator[tuple[StagingEntry, Verdict | None, bytes | None]]:
+    """Every staging-file name with its verdict and bytes (``None`` when not read).
+
+    Raises :class:`OSError` when the memory dir or ``staging/`` cannot be opened (``ELOOP`` for a
+    symbolic link); a missing ``staging/`` has no files.
+    """
+    with fsio.opened_dir(mdir.path) as mem_fd:
+        try:
+            staging_fd = fsio.open_dir(STAGING, mem_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            for name in sorted(n for n in os.listdir(staging_fd) if is_staging_name(n)):
+                found = decide_entry(mdir, staging_fd, name, options, clock)
+                if found is not None:
+                    yield found
+        finally:
+            os.close(staging_fd)
+
+
+def decide_entry(
+    mdir: MemoryDir, staging_fd: int, name: str, options: Options, clock: float
+) -> tuple[StagingEntry, Verdict | None, bytes | None] | None:
+    """``staging/<name>`` read (never followed, never written) and decided; ``None`` if gone."""
+    st = fsio.lstat_at(staging_fd, name)
+    if st is None:
+        return None  # vanished since the listing
+    skip = _skip_reason(st)
+    if skip is not None:
+        return StagingEntry(name, Decision.SKIPPED.value, skip, None, None), None, None
+    too_large = StagingEntry(
+        name,
+        Decision.QUARANTINED.value,
+        f"file too large ({st.st_size} bytes, limit {options.max_file_size})",
+        st.st_mtime,
+        st.st_size,
+    )
+    if st.st_size > options.max_file_size:
+        return too_large, None, None
+    try:
+        with fsio.open_regular(staging_fd, name) as (fd, fst):
+            data = fsio.read_fd(fd, fst.st_size, options.max_file_size)
+            st = fst
+    except OSError as err:
+        if err.errno == errno.ENOENT:
+            return None
+        if err.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO):
+            entry = StagingEntry(name, Decision.SKIPPED.value, "a link or special file", None, None)
+            return entry, None, None
+        entry = StagingEntry(
+            name, UNREADABLE, f"cannot read it: {err.strerror}", st.st_mtime, st.st_size
+        )
+        return entry, None, None
+    if data is None:
+        return too_large, None, None
+    ctx = Context(
+        project_root=mdir.project_root,
+        file_name=name,
+        source_path=os.path.join(mdir.staging, name),
+        settled=clock - st.st_mtime >= options.settle,
+        split_invalid_candidates=options.split_invalid_candidates,
+        decided_at=format_epoch_ms(int(clock * 1000)),
+    )
+    verdict = decide(data, ctx)
+    reason = verdict.reasons[0] if verdict.reasons else None
+    entry = StagingEntry(name, verdict.decision.value, reason, st.st_mtime, st.st_size)
+    return entry, verdict, data
+
+
+class DirStatus(msgspec.Struct, kw_only=True):
+    """What ``memstaged status`` reports for one memory dir."""
+
+    memory_dir: str
+    project_root: str
+    staging: dict[str, int]
+    files: list[StagingEntry]
+    oldest_file: str | None = None
+    oldest_age_seconds: float | None = None
+    deadletter_records: int = 0
+    deadletter_originals: int = 0
+    canonical_lock: dict[str, Any] | None = None
+    memstaged_pid: int | None = None
+    memstaged_kind: str | None = None
+    attention: list[str] = []
+
+
+def _holder_kind(pid: int) -> str:
+    """What the memstaged holding the instance lock is, from its command line."""
+    if pid <= 0:
+        return "memstaged"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "memstaged"
+    if b"--once" in argv:
+        return "--once run"
+    if b"deadletter" in argv:
+        return "deadletter command"
+    return "daemon"
+
+
+def _deadletter_counts(mdir: MemoryDir) -> tuple[int, int]:
+    try:
+        with fsio.opened_dir(mdir.path) as mem_fd, fsio.opened_dir(DEADLETTER, mem_fd) as dl_fd:
+            records = sum(1 for n in os.listdir(dl_fd) if is_record_name(n))
+    except (FileNotFoundError, NotADirectoryError):
+        return 0, 0
+    return records, len(list_originals(mdir))
+
+
+def survey(
+    mdir: MemoryDir,
+    options: Options,
+    *,
+    clock: float,
+    grace: float = 60.0,
+    max_age: float | None = None,
+    require_daemon: bool = False,
+) -> DirStatus:
+    """Look at ``mdir`` without changing it, and say what needs an operator's attention."""
+    status = DirStatus(
+        memory_dir=mdir.path,
+        project_root=mdir.project_root,
+        staging={o: 0 for o in (*OUTCOMES, "total")},
+        files=[],
+    )
+    attention = status.attention
+    if not Path(mdir.path).is_dir():
+        attention.append("the memory dir does not exist")
+        return status
+    try:
+        status.files = [entry for entry, _v, _d in iter_staging(mdir, options, clock)]
+    except OSError as err:
+        why = "a symbolic link" if err.errno == errno.ELOOP else err.strerror
+        attention.append(f"cannot look into staging/: {why}")
+    counts = Counter(e.decision for e in status.files)
+    status.staging = {o: counts.get(o, 0) for o in OUTCOMES} | {"total": len(status.files)}
+    _staging_attention(status, clock, grace, max_age)
+    try:
+        status.deadletter_records, status.deadletter_originals = _deadletter_counts(mdir)
+    except (OSError, MemstagedError) as err:
+        attention.append(f"cannot look into deadletter/: {getattr(err, 'strerror', None) or err}")
+    if status.deadletter_records:
+        attention.append(
+            f"{status.deadletter_records} dead-letter record(s): memstaged deadletter list"
+        )
+    _lock_status(status, mdir, require_daemon)
+    return status
+
+
+def _staging_attention(
+    status: DirStatus, clock: float, grace: float, max_age: float | None
+) -> None:
+    attention = status.attention
+    pending = [
+        e
+        for e in status.files
+        if e.decision in (Decision.REPAIRED.value, Decision.QUARANTINED.value)
+        and (e.mtime is None or clock - e.mtime >= grace)
+    ]
+    if pending:
+        names = ", ".join(e.name for e in pending[:3]) + (", ..." if len(pending) > 3 else "")
+        attention.append(f"{len(pending)} staging file(s) not yet repaired or quarantined: {names}")
+    odd = [e for e in status.files if e.decision in (Decision.SKIPPED.value, UNREADABLE)]
+    if odd:
+        names = ", ".join(f"{e.name} ({e.reason})" for e in odd[:3])
+        attention.append(f"{len(odd)} staging entr(ies) memstaged cannot decide: {names}")
+    dated = [e for e in status.files if e.mtime is not None]
+    if dated:
+        oldest = min(dated, key=lambda e: e.mtime or 0.0)
+        status.oldest_file = oldest.name
+        status.oldest_age_seconds = round(clock - (oldest.mtime or clock), 3)
+        if max_age is not None and status.oldest_age_seconds > max_age:
+            attention.append(f"the oldest staging file ({oldest.name}) is older than --max-age")
+
+
+def _lock_status(status: DirStatus, mdir: MemoryDir, require_daemon: bool) -> None:
+    try:
+        with fsio.opened_dir(mdir.path) as mem_fd:
+            info = read_lock(mem_fd)
+    except OSError as err:
+        status.attention.append(f"cannot read canonical-writer.lock: {err.strerror}")
+        info = None
+    if info is not None:
+        status.canonical_lock = {"pid": info.pid, "owner": info.owner, "alive": info.alive}
+        if not info.alive:
+            status.attention.append(
+                f"canonical-writer.lock names pid {info.pid}, which is gone (a stale lock)"
+            )
+    pid = instance_holder(mdir.path)
+    if pid is not None:
+        status.memstaged_pid = pid
+        status.memstaged_kind = _holder_kind(pid)
+    elif require_daemon:
+        status.attention.append("no memstaged daemon is running on it")

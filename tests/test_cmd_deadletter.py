@@ -1,0 +1,435 @@
+"""``memstaged deadletter list|show|recover|purge`` against a store memstaged really wrote."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+from cmd_support import (
+    json_lines,
+    logged,
+    one_line_error,
+    original_files,
+    prepare,
+    record_files,
+    run,
+    staging_files,
+)
+from conftest import EVIDENCE, write
+
+from memstaged import deadletter, fsio
+from memstaged.cli import main
+from memstaged.commands import _common
+from memstaged.locks import InstanceLock
+from memstaged.project import normalize
+from memstaged.triage import Context, Decision, decide
+
+
+@pytest.fixture(autouse=True)
+def _plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def store(project: Path, memory_dir: Path, log_file: Path) -> Path:
+    """mixed.json and broken.json quarantined by a real --once run; returns the memory dir."""
+    prepare(project, memory_dir, log_file)
+    return memory_dir
+
+
+def _dl(capsys: pytest.CaptureFixture[str], memory_dir: Path, *argv: str) -> tuple[int, str, str]:
+    action, *rest = argv
+    return run(capsys, "deadletter", action, "--memory-dir", str(memory_dir), *rest)
+
+
+def _ids(memory_dir: Path, contains: str) -> list[str]:
+    return [n[: -len(".json")] for n in record_files(memory_dir) if contains in n]
+
+
+def _valid(data: bytes, project: Path) -> bool:
+    ctx = Context(project_root=normalize(str(project)), file_name="x.json")
+    return decide(data, ctx).decision is Decision.VALID
+
+
+# -- list and show ------------------------------------------------------------------------------
+
+
+def test_list_groups_records_by_source_file(
+    capsys: pytest.CaptureFixture[str], store: Path
+) -> None:
+    """list --json gives every record with its category, summary or text, attempts, reason,
+    session and source file, grouped (sorted) by the staging file it came from."""
+    code, out, _ = _dl(capsys, store, "list", "--json")
+    assert code == 0
+    rows = json_lines(out)
+    names = sorted(record_files(store))
+    assert [r["file"] for r in rows] == [n for n in names if n.startswith("broken")] + [
+        n for n in names if n.startswith("mixed")
+    ]
+    assert [r["source_file"] for r in rows] == ["broken.json"] + ["mixed.json"] * 4
+    broken, *mixed = rows
+    assert broken["kind"] == "whole-file"
+    assert broken["session_id"] == "malformed-broken"
+    assert broken["text"].startswith("(not JSON)")
+    assert {r["category"] for r in mixed} == {"lessons", "preferences", "decisions"}
+    assert {r["text"] for r in mixed} >= {"Prefer small commits", "Use msgspec", "Pin the venv"}
+    assert all(r["attempts"] == 0 and r["reason"] == "malformed staging file" for r in rows)
+    assert all(r["session_id"] == "mixed" and r["errors"] for r in mixed)
+    code, out, _ = _dl(capsys, store, "list", "--json", "--session", "malformed-*")
+    assert [r["id"] for r in json_lines(out)] == [broken["id"]]
+
+
+def test_list_plain_output(capsys: pytest.CaptureFixture[str], store: Path) -> None:
+    """Without --json: a titled block, one tab-separated row per record, IDs in full."""
+    code, out, _ = _dl(capsys, store, "list")
+    assert code == 0
+    for record_id in _ids(store, ""):
+        assert f"\t{record_id}\t" in out
+
+
+def test_show_a_record_by_unique_prefix(
+    capsys: pytest.CaptureFixture[str], store: Path, project: Path
+) -> None:
+    """show takes a unique prefix of the ID and prints the record, its errors, whether recovery
+    would take it, and the original's bytes (text here)."""
+    [pref] = _ids(store, "preferences")
+    code, out, _ = _dl(capsys, store, "show", pref[:-3], "--json")
+    assert code == 0
+    [shown] = json_lines(out)
+    assert shown["id"] == pref
+    assert shown["record"]["candidate"]["candidate"]["text"] == "Prefer small commits"
+    assert any("lessons[0].triggers[0].type" in e for e in shown["errors"])
+    assert shown["recovery"]["action"] == "recovered"
+    original = (store / "staging").parent / "deadletter" / "originals" / shown["original"]["name"]
+    assert shown["original"]["text"].encode() == original.read_bytes()
+    assert shown["original"]["truncated"] is False
+    code, out, _ = _dl(capsys, store, "show", pref)
+    assert "would be recovered into staging/mixed.recovered-1.json" in out
+    assert "Prefer small commits" in out
+
+
+def test_show_a_binary_original_as_hex(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """An original that is not text is shown as a hex dump (base64 in --json), byte for byte."""
+    data = b"\xff\xfe\x00garbage\x01"
+    write(memory_dir / "staging" / "bin.json", data)
+    assert main(["--once", "--memory-dir", str(memory_dir), "--settle", "0"]) == 0
+    code, out, _ = _dl(capsys, memory_dir, "show", "bin", "--json")
+    assert code == 0
+    [shown] = json_lines(out)
+    assert base64.b64decode(shown["original"]["base64"]) == data
+    assert shown["recovery"]["action"] == "left"
+    _, out, _ = _dl(capsys, memory_dir, "show", "bin")
+    assert "00000000  ff fe 00 67 61 72 62 61  67 65 01" in out
+    assert "|...garbage.|" in out
+
+
+@pytest.mark.parametrize(("record_id", "message"), [("m", "matches"), ("zzz", "no dead-letter")])
+def test_show_needs_one_matching_id(
+    capsys: pytest.CaptureFixture[str], store: Path, record_id: str, message: str
+) -> None:
+    """An ambiguous or unknown ID is a usage error: exit 2, one line."""
+    code, _, err = _dl(capsys, store, "show", record_id)
+    assert code == 2
+    assert message in one_line_error(err)
+
+
+# -- recover ---------------------------------------------------------------------------------------
+
+
+def test_recover_needs_a_choice(capsys: pytest.CaptureFixture[str], store: Path) -> None:
+    """Nothing is recovered without --session, --id or --all (exit 2, nothing changes)."""
+    before = record_files(store), staging_files(store)
+    code, _, err = _dl(capsys, store, "recover")
+    assert code == 2
+    assert "--session, --id or --all" in one_line_error(err)
+    assert (record_files(store), staging_files(store)) == before
+
+
+def test_dry_run_changes_nothing(capsys: pytest.CaptureFixture[str], store: Path) -> None:
+    """--dry-run reports what would happen and leaves the store and staging/ as they were."""
+    before = record_files(store), staging_files(store), original_files(store)
+    code, out, _ = _dl(capsys, store, "recover", "--all", "--dry-run", "--json")
+    assert code == 1  # some records would stay
+    outcomes = json_lines(out)
+    assert {o["action"] for o in outcomes if o["category"] == "preferences"} == {"recovered"}
+    assert {o["staging_file"] for o in outcomes if o["action"] == "recovered"} == {
+        "mixed.recovered-1.json"
+    }
+    assert all(o["dry_run"] for o in outcomes)
+    assert (record_files(store), staging_files(store), original_files(store)) == before
+
+
+def test_recover_end_to_end(
+    capsys: pytest.CaptureFixture[str], store: Path, project: Path, log_file: Path
+) -> None:
+    """The good candidates of mixed.json go back as one valid staging file (the lesson without
+    triggers repaired by R1); the bad lesson and broken.json's record stay, unchanged, with the
+    original they need; the new file is then decided valid by memstaged itself."""
+    before = record_files(store)
+    code, out, _ = _dl(capsys, store, "recover", "--all", "--json")
+    assert code == 1
+    outcomes = json_lines(out)
+    recovered = [o for o in outcomes if o["action"] == "recovered"]
+    left = {o["id"]: o["reason"] for o in outcomes if o["action"] == "left"}
+    assert len(recovered) == 3
+    assert {o["staging_file"] for o in recovered} == {"mixed.recovered-1.json"}
+    assert len(left) == 2
+    assert any("cannot be made valid" in why for why in left.values())
+    assert any("whole-file record" in why for why in left.values())
+
+    data = (store / "staging" / "mixed.recovered-1.json").read_bytes()
+    assert _valid(data, project)
+    doc = json.loads(data)
+    assert doc["session_id"] == "mixed"
+    assert doc["produced_at"] == "2026-11-29T18:04:11.250Z"
+    [repaired] = doc["candidates"]["lessons"]
+    assert repaired["summary"] == "Pin the venv"
+    assert repaired["triggers"] == [{"type": "topic", "value": "example-project"}]
+    assert doc["candidates"]["preferences"][0]["text"] == "Prefer small commits"
+    assert doc["candidates"]["decisions"][0]["summary"] == "Use msgspec"
+
+    after = record_files(store)
+    assert set(after) == {f"{record_id}.json" for record_id in left}
+    assert all(after[name] == before[name] for name in after)  # the rest is untouched
+    assert len(original_files(store)) == 2  # both still needed by a remaining record
+
+    assert main(["--once", "--memory-dir", str(store), "--settle", "0"]) == 0
+    last = {
+        Path(e["path"]).name: e["decision"]
+        for e in logged(log_file)
+        if e.get("event") == "decision"
+    }
+    assert last["mixed.recovered-1.json"] == "valid"
+    events = [e["event"] for e in logged(log_file)]
+    assert "deadletter_recovered" in events
+    assert "deadletter_recovery" in events
+
+
+def test_recover_twice_duplicates_nothing(capsys: pytest.CaptureFixture[str], store: Path) -> None:
+    """A second recovery finds nothing new to write; a record put back after its candidate was
+    recovered (as after a crash between the write and the delete) is removed as a duplicate."""
+    [pref] = _ids(store, "preferences")
+    saved = (store / "deadletter" / f"{pref}.json").read_bytes()
+    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    staged = staging_files(store)
+    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    assert staging_files(store) == staged
+
+    (store / "deadletter" / f"{pref}.json").write_bytes(saved)
+    code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
+    assert code == 0
+    [outcome] = json_lines(out)
+    assert outcome["action"] == "duplicate"
+    assert outcome["staging_file"] == "mixed.recovered-1.json"
+    assert not (store / "deadletter" / f"{pref}.json").exists()
+    assert staging_files(store) == staged
+
+
+def test_records_go_only_after_the_staging_file_is_durable(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    store: Path,
+    project: Path,
+) -> None:
+    """The order of a recovery: the staging file is renamed into place, staging/ is fsynced, and
+    only then are records deleted, at which point the file is there, complete and valid."""
+    steps: list[str] = []
+    real_rename, real_fsync = fsio.rename_noreplace, fsio.fsync_dir
+    real_delete = deadletter.delete_records
+
+    def rename(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
+        real_rename(src_dir, src, dst_dir, dst)
+        steps.append(f"rename {dst}")
+
+    def fsync_dir(fd: int) -> None:
+        real_fsync(fd)
+        steps.append(f"fsync {Path(os.readlink(f'/proc/self/fd/{fd}')).name}")
+
+    def delete(mem_fd: int, records: Any) -> dict[str, str]:
+        recovered = store / "staging" / "mixed.recovered-1.json"
+        assert _valid(recovered.read_bytes(), project)
+        steps.append("delete records")
+        return real_delete(mem_fd, records)
+
+    monkeypatch.setattr(fsio, "rename_noreplace", rename)
+    monkeypatch.setattr(fsio, "fsync_dir", fsync_dir)
+    monkeypatch.setattr("memstaged.recover.delete_records", delete)
+    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    assert steps[:3] == ["rename mixed.recovered-1.json", "fsync staging", "delete records"]
+
+
+def test_nothing_is_lost_when_the_staging_write_fails(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, store: Path
+) -> None:
+    """If the staging file cannot be written (disk full), every record and original stays
+    byte for byte, no staging file or temp file appears, and the exit code is 1."""
+    before = record_files(store), original_files(store), staging_files(store)
+
+    def disk_full(*_args: Any, **_kwargs: Any) -> NoReturn:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fsio, "write_temp", disk_full)
+    code, out, _ = _dl(capsys, store, "recover", "--all", "--json")
+    assert code == 1
+    outcomes = json_lines(out)
+    assert {o["action"] for o in outcomes} == {"left"}
+    assert any("No space left on device" in (o["reason"] or "") for o in outcomes)
+    assert (record_files(store), original_files(store), staging_files(store)) == before
+
+
+def test_recovered_names_never_overwrite(capsys: pytest.CaptureFixture[str], store: Path) -> None:
+    """A staging file already named <session>.recovered-1.json (some writer's) is kept; the
+    recovered file takes the next free number."""
+    taken = store / "staging" / "mixed.recovered-1.json"
+    taken.write_bytes(b"a writer's file")
+    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    assert taken.read_bytes() == b"a writer's file"
+    assert (store / "staging" / "mixed.recovered-2.json").exists()
+
+
+def test_hand_fixed_record_recovers_and_frees_its_original(
+    capsys: pytest.CaptureFixture[str], store: Path, project: Path
+) -> None:
+    """After an operator fixes the bad lesson in its record, recovering the session takes every
+    candidate, deletes every record of mixed.json, and then its original, which nothing needs."""
+    [bad] = _ids(store, "lessons-0")
+    path = store / "deadletter" / f"{bad}.json"
+    record = json.loads(path.read_bytes())
+    record["candidate"]["candidate"]["triggers"] = [{"type": "topic", "value": "tests"}]
+    path.write_text(json.dumps(record))
+    code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
+    assert code == 0
+    lines = json_lines(out)
+    assert [o["action"] for o in lines if "action" in o and o["action"] != "original_deleted"] == [
+        "recovered"
+    ] * 4
+    assert [o for o in lines if o.get("action") == "original_deleted"]
+    assert _ids(store, "mixed") == []
+    assert [n for n in original_files(store) if n.startswith("mixed")] == []
+    assert (
+        len(
+            json.loads((store / "staging" / "mixed.recovered-1.json").read_bytes())["candidates"][
+                "lessons"
+            ]
+        )
+        == 2
+    )
+
+
+def test_records_of_the_agents_own_tools(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """A record the agent's reconciler wrote (a bare candidate, no memstaged key) is recovered
+    as the agent recovers it: its attempts become reconcile_attempts, the project root is the
+    memory dir's, and a session id that is a path is sanitized in the file name."""
+    dl = memory_dir / "deadletter"
+    dl.mkdir()
+    record = {
+        "session_id": "../../evil session",
+        "produced_at": "2026-11-01T00:00:00.000Z",
+        "attempts": 3,
+        "last_gate_reason": "coverage mismatch",
+        "category": "domain",
+        "candidate": {
+            "summary": "Staging is JSON",
+            "detail": "Always.",
+            "source_evidence": EVIDENCE,
+        },
+    }
+    write(dl / "agent-1.json", record)
+    code, out, _ = _dl(capsys, memory_dir, "recover", "--id", "agent", "--json")
+    assert code == 0
+    [outcome] = json_lines(out)
+    name = outcome["staging_file"]
+    assert "/" not in name
+    assert not name.startswith(".")
+    assert name.endswith(".recovered-1.json")
+    doc = json.loads((memory_dir / "staging" / name).read_bytes())
+    assert doc["project_root"] == normalize(str(project))
+    assert doc["session_id"] == "../../evil session"
+    assert doc["candidates"]["domain"][0]["reconcile_attempts"] == 3
+    assert _valid((memory_dir / "staging" / name).read_bytes(), project)
+    assert not (dl / "agent-1.json").exists()
+
+
+def test_recover_waits_for_nobody_by_default(
+    capsys: pytest.CaptureFixture[str], store: Path
+) -> None:
+    """With a memstaged (here: this test) holding the instance lock, or the reconciler holding
+    canonical-writer.lock, recovery exits 1 with a clear message and changes nothing."""
+    before = record_files(store), staging_files(store)
+    held = InstanceLock(str(store))
+    held.acquire(wait=False)
+    try:
+        code, _, err = _dl(capsys, store, "recover", "--all")
+    finally:
+        held.release()
+    assert code == 1
+    assert "another memstaged" in err
+    lock = store / "canonical-writer.lock"
+    lock.write_text(json.dumps({"pid": os.getpid(), "owner": "reconciler"}))
+    code, _, err = _dl(capsys, store, "recover", "--all")
+    assert code == 1
+    assert "canonical-writer.lock is held" in err
+    assert (record_files(store), staging_files(store)) == before
+    assert lock.exists()
+
+
+# -- purge -----------------------------------------------------------------------------------------
+
+
+def test_purge_lists_without_yes_and_deletes_with_it(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    store: Path,
+    log_file: Path,
+) -> None:
+    """purge --older-than is required; young records are kept; without --yes old ones are only
+    listed; with --yes they go, with their originals, and the purge is logged."""
+    code, _, err = _dl(capsys, store, "purge")
+    assert code == 2
+    assert "--older-than" in one_line_error(err)
+    before = record_files(store), original_files(store)
+    code, out, _ = _dl(capsys, store, "purge", "--older-than", "30d", "--json")
+    assert (code, out) == (0, "")
+
+    later = _common.now() + 31 * 86_400
+    monkeypatch.setattr(_common, "now", lambda: later)
+    code, out, _ = _dl(capsys, store, "purge", "--older-than", "30d", "--json")
+    assert code == 0
+    listed = json_lines(out)
+    assert {r["action"] for r in listed} == {"would delete"}
+    assert sum(r["kind"] == "record" for r in listed) == 5
+    assert sum(r["kind"] == "original" for r in listed) == 2
+    assert (record_files(store), original_files(store)) == before
+
+    code, out, _ = _dl(capsys, store, "purge", "--older-than", "30d", "--yes")
+    assert code == 0
+    assert "deleted 5 record(s) and 2 original(s)" in out
+    assert record_files(store) == {}
+    assert original_files(store) == {}
+    assert "deadletter_purged" in [e["event"] for e in logged(log_file)]
+
+
+def test_action_is_required(capsys: pytest.CaptureFixture[str], store: Path) -> None:
+    """``memstaged deadletter`` alone is a usage error, never the daemon."""
+    code, _, err = run(capsys, "deadletter")
+    assert code == 2
+    assert "ACTION" in one_line_error(err)
+
+
+def test_memory_dir_may_come_before_the_action(
+    capsys: pytest.CaptureFixture[str], store: Path
+) -> None:
+    """``deadletter --memory-dir D list`` reads D."""
+    code, out, _ = run(capsys, "deadletter", "--memory-dir", str(store), "list", "--json")
+    assert code == 0
+    assert len(json_lines(out)) == 5

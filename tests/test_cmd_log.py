@@ -1,0 +1,356 @@
+"""``memstaged log``: the decision log, filtered, from the file (rotated ones too) or journald."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+import systemd_env
+from cmd_support import (
+    json_lines,
+    logged,
+    one_line_error,
+    prepare,
+    redated,
+    run,
+    write_log,
+)
+from conftest import staging_doc, write
+
+from memstaged.cli import main
+from memstaged.log import JOURNAL_SOCKET, journal_fields
+from memstaged.logread import FileSource, event_from_journal, ordered
+
+THREE_DAYS_AGO = "2026-01-01T10:00:00.000000Z"
+
+
+@pytest.fixture(autouse=True)
+def _plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output as a script sees it, whatever the environment says about colours."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def prepared(project: Path, memory_dir: Path, log_file: Path) -> Path:
+    prepare(project, memory_dir, log_file)
+    return log_file
+
+
+def _decisions(out: str) -> list[tuple[str, str]]:
+    return [(Path(e["path"]).name, e["decision"]) for e in json_lines(out)]
+
+
+def test_json_prints_every_event_as_logged(
+    capsys: pytest.CaptureFixture[str], prepared: Path
+) -> None:
+    """--json gives back exactly the events of the log file, in order, keys in one fixed order."""
+    code, out, _ = run(capsys, "log", "--json")
+    assert code == 0
+    assert json_lines(out) == [ordered(e) for e in logged(prepared)]
+    assert list(json_lines(out)[0])[:3] == ["timestamp", "level", "event"]
+
+
+def test_decision_filter_is_repeatable(capsys: pytest.CaptureFixture[str], prepared: Path) -> None:
+    """--decision selects decision events only, any of the decisions given."""
+    _, out, _ = run(capsys, "log", "--json", "--decision", "quarantined")
+    assert sorted(_decisions(out)) == [
+        ("broken.json", "quarantined"),
+        ("mixed.json", "quarantined"),
+    ]
+    _, out, _ = run(capsys, "log", "--json", "--decision", "foreign", "--decision", "valid")
+    assert sorted(_decisions(out)) == [("good.json", "valid"), ("other.json", "foreign")]
+
+
+def test_unknown_decision_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A decision that does not exist is exit 2 with one line naming the choices."""
+    code, _, err = run(capsys, "log", "--decision", "lost")
+    assert code == 2
+    assert "invalid choice" in one_line_error(err)
+
+
+def test_path_session_and_memory_dir_filters(
+    capsys: pytest.CaptureFixture[str], prepared: Path, memory_dir: Path, tmp_path: Path
+) -> None:
+    """--path matches a file name or a full path (globs), --session a session_id, --memory-dir
+    the memory dir the event is about."""
+    _, out, _ = run(capsys, "log", "--json", "--path", "fix*")
+    assert _decisions(out) == [("fixme.json", "repaired")]
+    _, out, _ = run(capsys, "log", "--json", "--path", str(memory_dir / "staging" / "good.json"))
+    assert _decisions(out) == [("good.json", "valid")]
+    _, out, _ = run(capsys, "log", "--json", "--session", "mix*")
+    assert _decisions(out) == [("mixed.json", "quarantined")]
+
+    other = tmp_path / "second" / ".pi" / "memory" / "project"
+    (other / "staging").mkdir(parents=True)
+    write(other / "staging" / "s.json", staging_doc(tmp_path / "second", "second"))
+    assert main(["--once", "--memory-dir", str(other)]) == 0
+    _, out, _ = run(capsys, "log", "--json", "--memory-dir", str(other))
+    assert _decisions(out) == [("s.json", "valid")]
+    _, out, _ = run(capsys, "log", "--json", "--decision", "valid", "--memory-dir", str(memory_dir))
+    assert _decisions(out) == [("good.json", "valid")]
+
+
+def test_time_window_and_rotated_files(capsys: pytest.CaptureFixture[str], prepared: Path) -> None:
+    """Rotated files are read oldest first; --since/--until take durations or ISO times."""
+    events = logged(prepared)
+    old = redated([e for e in events if e.get("decision") == "valid"], THREE_DAYS_AGO)
+    write_log(prepared.with_name(prepared.name + ".2"), old)
+    write_log(prepared.with_name(prepared.name + ".1"), [])
+    _, out, _ = run(capsys, "log", "--json")
+    assert json_lines(out) == [ordered(e) for e in old + events]
+
+    _, out, _ = run(capsys, "log", "--json", "--since", "1d")
+    assert json_lines(out) == [ordered(e) for e in events]
+    _, out, _ = run(capsys, "log", "--json", "--until", "2026-01-02")
+    assert json_lines(out) == [ordered(e) for e in old]
+    _, out, _ = run(
+        capsys,
+        "log",
+        "--json",
+        "--since",
+        "2025-12-31T00:00:00+00:00",
+        "--until",
+        "2026-01-01T11:00Z",
+    )
+    assert len(json_lines(out)) == len(old)
+
+
+@pytest.mark.parametrize("option", ["--since", "--until"])
+def test_bad_time_is_a_usage_error(capsys: pytest.CaptureFixture[str], option: str) -> None:
+    """A time that is neither a duration nor ISO: exit 2, one line naming the option."""
+    code, _, err = run(capsys, "log", option, "last tuesday")
+    assert code == 2
+    assert option in one_line_error(err)
+
+
+def test_reasons_in_full(capsys: pytest.CaptureFixture[str], prepared: Path) -> None:
+    """Without --reasons a decision shows its first reason and how many more; with it, every
+    validation error and every repair, with what it wrote."""
+    _, short, _ = run(capsys, "log", "--path", "fixme.json")
+    assert "more)" in short
+    assert "repair R1" not in short
+    _, full, _ = run(capsys, "log", "--reasons", "--path", "fixme.json")
+    assert "- produced_at: is not an ISO 8601 timestamp with an offset" in full
+    assert "repair R3 at produced_at:" in full
+    assert "repair R1 at candidates.lessons[0].triggers:" in full
+    assert '"type":"topic"' in full
+
+
+def test_lines_keeps_the_last_n(capsys: pytest.CaptureFixture[str], prepared: Path) -> None:
+    """-n N prints only the last N matching events."""
+    _, out, _ = run(capsys, "log", "--json", "-n", "2")
+    assert json_lines(out) == [ordered(e) for e in logged(prepared)[-2:]]
+
+
+def test_broken_lines_are_skipped_and_counted(
+    capsys: pytest.CaptureFixture[str], prepared: Path
+) -> None:
+    """A line that is not a JSON event is skipped with a note on stderr, never a traceback; a
+    last line without its newline (still being written) is not read yet."""
+    events = logged(prepared)
+    with prepared.open("ab") as fh:
+        fh.write(b"garbage\n[1, 2]\n")
+        fh.write(b'{"event": "decision", "decision": "valid", "pa')
+    code, out, err = run(capsys, "log", "--json")
+    assert code == 0
+    assert json_lines(out) == [ordered(e) for e in events]
+    assert "skipped 2 line(s)" in one_line_error(err)
+
+
+def test_no_log_yet(capsys: pytest.CaptureFixture[str], log_file: Path) -> None:
+    """Before memstaged ever ran there is nothing to show: exit 0 and a note."""
+    code, out, err = run(capsys, "log")
+    assert code == 0
+    assert out == ""
+    assert "no decision log" in one_line_error(err)
+
+
+def test_journal_fields_round_trip(prepared: Path) -> None:
+    """Every logged event, turned into journal fields the way log.py sends them and back,
+    is the same event: the journal source and the file source agree without a journald."""
+    events = logged(prepared)
+    assert events
+    for event in events:
+        fields: dict[str, Any] = journal_fields(dict(event))
+        back = event_from_journal(fields)
+        assert back is not None
+        assert ordered(back) == ordered(event)
+    assert event_from_journal({"MESSAGE": "a line of stderr"}) is None
+
+
+# -- --follow -----------------------------------------------------------------------------------
+
+
+def _lines_of(stream: IO[str], into: queue.Queue[str]) -> None:
+    for line in stream:
+        into.put(line)
+
+
+def _next_line(lines: queue.Queue[str], want: str, timeout: float = 30.0) -> str:
+    """The next line of the follower's output that contains ``want``, or fail after timeout."""
+    while True:
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"log --follow printed no line with {want!r} within {timeout}s")
+        if want in line:
+            return line
+
+
+def test_follow_prints_an_event_written_after_it_started(
+    project: Path, memory_dir: Path, prepared: Path
+) -> None:
+    """--follow prints the recent history, then an event logged after it started (read from the
+    same open file, no polling race), as JSON lines a script can read one by one."""
+    env = {**os.environ, "MEMSTAGED_LOG_FILE": str(prepared)}
+    argv = [sys.executable, "-m", "memstaged", "log", "--follow", "--json", "--decision", "valid"]
+    with subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        lines: queue.Queue[str] = queue.Queue()
+        reader = threading.Thread(target=_lines_of, args=(proc.stdout, lines), daemon=True)
+        reader.start()
+        try:
+            assert "good.json" in _next_line(lines, '"decision":"valid"')  # the history
+            write(memory_dir / "staging" / "late.json", staging_doc(project, "late"))
+            assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+            line = _next_line(lines, "late.json")
+            [event] = json_lines(line)
+            assert event["decision"] == "valid"
+            assert event["session_id"] == "late"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            reader.join(timeout=30)
+    assert not reader.is_alive()
+
+
+# -- journald -------------------------------------------------------------------------------------
+
+
+def _journal_or_skip() -> str:
+    """``harness`` when a private journald can run here, ``host`` when this machine has one."""
+    reason = systemd_env.unavailable_reason()
+    if reason is None:
+        return "harness"
+    if Path(JOURNAL_SOCKET).exists():
+        return "host"
+    pytest.skip(
+        f"no journald socket on this machine: {JOURNAL_SOCKET} is missing, and the "
+        f"private journald of tests/systemd_env.py cannot run here ({reason})"
+    )
+
+
+def _journal_decisions(directory: str | None, memory_dir: Path) -> int:
+    from systemd import journal
+
+    reader = journal.Reader(path=directory) if directory else journal.Reader()
+    try:
+        reader.add_match(SYSLOG_IDENTIFIER="memstaged", MEMSTAGED_MEMORY_DIR=str(memory_dir))
+        return sum(1 for entry in reader if entry.get("MEMSTAGED_EVENT") == "decision")
+    finally:
+        reader.close()
+
+
+@pytest.mark.systemd
+def test_journal_gives_the_same_output_as_the_file(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """A memstaged run under systemd logs to journald and to the file; ``log --journal`` (through
+    systemd.journal.Reader) then prints byte for byte what ``log`` prints from the file."""
+    where = _journal_or_skip()
+    staging = memory_dir / "staging"
+    write(staging / "good.json", staging_doc(project, "good"))
+    fixme = staging_doc(project, "fix")
+    del fixme["candidates"]["lessons"][0]["triggers"]
+    write(staging / "fixme.json", fixme)
+    write(staging / "broken.json", b"{not json")
+    argv = [
+        sys.executable,
+        "-m",
+        "memstaged",
+        "--once",
+        "--settle",
+        "0",
+        "--memory-dir",
+        str(memory_dir),
+    ]
+    if where == "harness":
+        with systemd_env.user_systemd() as sd:
+            done = sd.run(
+                "systemd-run",
+                "--user",
+                "--wait",
+                "--quiet",
+                "--collect",
+                f"--setenv=MEMSTAGED_LOG_FILE={log_file}",
+                *argv,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            journal_dir: str | None = str(sd.journal_dir)
+            systemd_env.wait_until(
+                lambda: _journal_decisions(journal_dir, memory_dir) >= 3,
+                timeout=30,
+                what="3 decisions in the journal",
+            )
+            journal = _log_json(
+                capsys,
+                "--journal",
+                "--journal-dir",
+                str(journal_dir),
+                "--memory-dir",
+                str(memory_dir),
+            )
+    else:
+        env = {
+            **os.environ,
+            "INVOCATION_ID": os.urandom(16).hex(),
+            "MEMSTAGED_LOG_FILE": str(log_file),
+        }
+        assert subprocess.run(argv, env=env, check=False, timeout=60).returncode == 0
+        systemd_env.wait_until(
+            lambda: _journal_decisions(None, memory_dir) >= 3,
+            timeout=30,
+            what="3 decisions in the journal",
+        )
+        journal = _log_json(capsys, "--journal", "--memory-dir", str(memory_dir))
+    from_file = _log_json(capsys, "--memory-dir", str(memory_dir))
+    assert len(json_lines(from_file)) == 3
+    assert journal == from_file
+
+
+def _log_json(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code, out, err = run(capsys, "log", "--json", *argv)
+    assert code == 0, err
+    return out
+
+
+def test_follow_reads_on_across_a_rotation(tmp_path: Path) -> None:
+    """When the log is rotated while followed, the rest of the old file and then the new file
+    are read: no event is skipped or repeated."""
+    path = tmp_path / "decisions.jsonl"
+    write_log(path, [{"event": "a"}])
+    source = FileSource(path, poll=0)
+    try:
+        assert [e["event"] for e in source.history()] == ["a"]
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write('{"event": "b"}\n')
+        path.rename(tmp_path / "decisions.jsonl.1")
+        write_log(path, [{"event": "c"}, {"event": "d"}])
+        seen = []
+        for event in source.follow(stop=lambda: False):
+            seen.append(event["event"])
+            if len(seen) == 3:
+                break
+        assert seen == ["b", "c", "d"]
+    finally:
+        source.close()

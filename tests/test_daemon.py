@@ -1,0 +1,634 @@
+"""The daemon's event handling, driven by synthetic signals and a fake clock (no sleeping).
+
+Each test hands :class:`memstaged.daemon.Daemon` the signals the watcher would send, moves the
+fake clock, and checks what a user sees: the bytes in ``staging/`` and ``deadletter/``, the
+decisions logged, and the sd_notify messages systemd would get.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import lesson, staging_doc, write
+from daemon_support import Notes, Rig, settings, settings_from_file
+
+from memstaged.daemon import LOCK_POLL, MAX_BACKOFF, Daemon
+from memstaged.errors import BusyError, ConfigError
+from memstaged.locks import InstanceLock
+from memstaged.service import Notifier
+from memstaged.watcher import Kind, Signal
+
+VALID_NAME = "s1.json"
+
+
+def _age(path: Path, seconds: float = 60.0) -> None:
+    """Make a file look untouched for ``seconds`` (instead of sleeping through a settle)."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def _complete(mdir: Path, name: str) -> Signal:
+    return Signal(Kind.COMPLETE, str(mdir), name)
+
+
+def _changed(mdir: Path, name: str) -> Signal:
+    return Signal(Kind.CHANGED, str(mdir), name)
+
+
+def _started(memory_dir: Path, **kwargs: Any) -> Rig:
+    rig = Rig(settings(memory_dir), **kwargs)
+    rig.daemon.start()
+    rig.daemon.work()
+    return rig
+
+
+def _deadletter_originals(memory_dir: Path) -> list[bytes]:
+    originals = memory_dir / "deadletter" / "originals"
+    return [p.read_bytes() for p in sorted(originals.iterdir())] if originals.exists() else []
+
+
+def _temp_files(memory_dir: Path) -> list[str]:
+    return [p.name for p in memory_dir.rglob(".memstaged~*")]
+
+
+# -- settle: complete writes now, others once they settle -------------------------------------
+
+
+def test_close_after_write_is_decided_at_once(project: Path, memory_dir: Path) -> None:
+    """A close-after-write event gets its file decided without any time passing."""
+    rig = _started(memory_dir)
+    data = write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    assert rig.send(_complete(memory_dir, VALID_NAME)) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+    assert (memory_dir / "staging" / VALID_NAME).read_bytes() == data
+
+
+def test_create_without_close_waits_for_the_settle_interval(
+    project: Path, memory_dir: Path
+) -> None:
+    """A bare create/modify event is decided only once the settle interval has passed."""
+    rig = _started(memory_dir)
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    assert rig.send(_changed(memory_dir, VALID_NAME)) == 0
+    assert rig.after(1.9) == 0
+    assert rig.log.decisions() == []
+    assert rig.after(0.1) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+
+
+def test_half_written_file_is_deferred_not_quarantined(project: Path, memory_dir: Path) -> None:
+    """A complete-looking event for a file that does not parse yet leaves it alone; once the
+    writer finishes it, the file is decided valid and nothing ever went to deadletter/."""
+    rig = _started(memory_dir)
+    full = json.dumps(staging_doc(project)).encode()
+    path = memory_dir / "staging" / VALID_NAME
+    path.write_bytes(full[:40])
+    rig.send(_complete(memory_dir, VALID_NAME))
+    assert rig.log.decisions(VALID_NAME) == ["deferred"]
+    assert path.read_bytes() == full[:40]
+    path.write_bytes(full)
+    rig.send(_complete(memory_dir, VALID_NAME))
+    assert rig.log.decisions(VALID_NAME) == ["deferred", "valid"]
+    assert not (memory_dir / "deadletter").exists()
+
+
+def test_unparseable_file_is_quarantined_once_it_settles(memory_dir: Path) -> None:
+    """A file that stays unparseable is retried by itself and quarantined once settled,
+    with its exact bytes in deadletter/originals/."""
+    rig = _started(memory_dir)
+    path = memory_dir / "staging" / "broken.json"
+    path.write_bytes(b'{"schemaVersion": 1, "session_')
+    rig.send(_complete(memory_dir, "broken.json"))
+    assert rig.log.decisions("broken.json") == ["deferred"]
+    _age(path)  # the writer went away: the file stays as it is
+    rig.after(MAX_BACKOFF)
+    assert rig.log.decisions("broken.json") == ["deferred", "quarantined"]
+    assert not path.exists()
+    assert _deadletter_originals(memory_dir) == [b'{"schemaVersion": 1, "session_']
+
+
+def test_events_for_one_file_collapse_into_one_decision(project: Path, memory_dir: Path) -> None:
+    """Creates, modifies and closes of one file that arrive together give one decision."""
+    rig = _started(memory_dir)
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    burst = [_changed(memory_dir, VALID_NAME)] * 5 + [_complete(memory_dir, VALID_NAME)] * 3
+    assert rig.send(*burst) == 1
+    assert rig.after(10) == 0
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+
+
+def test_backlog_takes_new_events_between_files(project: Path, memory_dir: Path) -> None:
+    """While a long backlog is decided, events for a file already queued do not add a second
+    decision of it."""
+    for i in range(200):
+        write(memory_dir / "staging" / f"f{i:03}.json", staging_doc(project, f"s{i}"))
+    rig = Rig(settings(memory_dir))
+    rig.daemon.start()  # schedules all 200
+    for _ in range(3):
+        rig.daemon.queue.put(_complete(memory_dir, "f199.json"))
+    assert rig.daemon.work() == 200
+    assert rig.log.decisions("f199.json") == ["valid"]
+
+
+# -- missed events: overflow and rescans ------------------------------------------------------
+
+
+def test_overflow_rescan_decides_missed_files_and_rereads_only_changed_ones(
+    project: Path, memory_dir: Path
+) -> None:
+    """After an overflow every file nobody told us about is decided; a second overflow reads
+    again only the file that changed since."""
+    rig = _started(memory_dir)
+    for i in range(20):
+        write(memory_dir / "staging" / f"f{i}.json", staging_doc(project, f"s{i}"))
+    assert rig.send(Signal(Kind.OVERFLOW)) == 20
+    assert rig.log.named("overflow_recovered")[0]["scheduled"] == 20
+    write(memory_dir / "staging" / "f3.json", b"{}")
+    _age(memory_dir / "staging" / "f3.json")
+    assert rig.send(Signal(Kind.OVERFLOW)) == 1
+    assert rig.log.decisions("f3.json") == ["valid", "quarantined"]
+    assert len(rig.log.decisions()) == 21
+
+
+def test_periodic_rescan_finds_files_whose_events_were_lost(
+    project: Path, memory_dir: Path
+) -> None:
+    """With no event at all, a new file is decided at the next periodic rescan (5 min)."""
+    rig = _started(memory_dir)
+    data = write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    assert rig.after(299) == 0
+    assert rig.after(1) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+    assert rig.log.named("rescan")[-1]["scheduled"] == 1
+    assert rig.after(300) == 0  # unchanged since decided: not read again
+    assert (memory_dir / "staging" / VALID_NAME).read_bytes() == data
+
+
+# -- memory dirs coming and going ---------------------------------------------------------------
+
+
+def test_staging_dir_created_later_is_watched_and_scanned(project: Path, memory_dir: Path) -> None:
+    """A memory dir without staging/ is watched; when staging/ appears with files already in
+    it, it gets its own watch and the files are decided."""
+    shutil.rmtree(memory_dir / "staging")
+    rig = _started(memory_dir)
+    assert rig.watcher.staging_watched(str(memory_dir)) is False
+    (memory_dir / "staging").mkdir()
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    assert rig.send(Signal(Kind.DIR_CHANGED, str(memory_dir))) == 1
+    assert rig.watcher.staging_watched(str(memory_dir)) is True
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+
+
+@pytest.mark.parametrize("signalled", [True, False], ids=["with-event", "without-event"])
+def test_removed_memory_dir_is_dropped_without_an_error_storm(
+    project: Path, memory_dir: Path, signalled: bool
+) -> None:
+    """Deleting a memory dir with 50 files queued drops it with one log line and no errors,
+    whether or not its deletion was seen as an event."""
+    rig = _started(memory_dir)
+    for i in range(50):
+        write(memory_dir / "staging" / f"f{i}.json", b"{")
+    rig.send(*[_changed(memory_dir, f"f{i}.json") for i in range(50)])
+    shutil.rmtree(memory_dir)
+    if signalled:
+        rig.send(Signal(Kind.DIR_CHANGED, str(memory_dir)))
+    rig.after(2)
+    rig.after(MAX_BACKOFF)
+    assert rig.log.errors() == []
+    assert rig.log.decisions() == []
+    assert [e["why"] for e in rig.log.named("memory_dir_removed")] == [
+        "memory dir no longer exists"
+    ]
+    assert rig.daemon.mdirs == {}
+    assert rig.daemon.pending == {}
+
+
+def test_removed_staging_dir_forgets_its_files_quietly(memory_dir: Path) -> None:
+    """staging/ removed with files queued: no error, no decision, and the memory dir is still
+    watched for a new staging/."""
+    rig = _started(memory_dir)
+    for i in range(10):
+        write(memory_dir / "staging" / f"f{i}.json", b"{")
+    rig.send(*[_changed(memory_dir, f"f{i}.json") for i in range(10)])
+    shutil.rmtree(memory_dir / "staging")
+    rig.send(Signal(Kind.DIR_CHANGED, str(memory_dir)))
+    rig.after(MAX_BACKOFF)
+    assert rig.log.errors() == []
+    assert rig.log.decisions() == []
+    assert str(memory_dir) in rig.daemon.mdirs
+    assert rig.watcher.staging_watched(str(memory_dir)) is False
+
+
+def test_glob_is_reexpanded_on_rescan(tmp_path: Path) -> None:
+    """A memory-dir glob picks up a project created after start-up at the next rescan, and
+    drops one whose memory dir went away."""
+    pattern = str(tmp_path / "src" / "*" / ".pi" / "memory" / "project")
+
+    def make(name: str) -> Path:
+        mdir = tmp_path / "src" / name / ".pi" / "memory" / "project"
+        (mdir / "staging").mkdir(parents=True)
+        write(mdir / "staging" / "a.json", staging_doc(tmp_path / "src" / name))
+        return mdir
+
+    first = make("one")
+    rig = Rig(settings(pattern))
+    rig.daemon.start()
+    rig.daemon.work()
+    second = make("two")
+    shutil.rmtree(first)
+    rig.after(300)
+    assert sorted(rig.daemon.mdirs) == [str(second)]
+    assert [Path(e["path"]).parts[-6] for e in rig.log.named("decision")] == ["one", "two"]
+    assert rig.log.decisions() == ["valid", "valid"]
+    assert rig.log.errors() == []
+
+
+# -- the reconciler's lock -----------------------------------------------------------------------
+
+
+def _reconciler_lock(memory_dir: Path, pid: int) -> Path:
+    lock = memory_dir / "canonical-writer.lock"
+    lock.write_text(json.dumps({"pid": pid, "started_at": "2026-01-01", "owner": "reconciler"}))
+    return lock
+
+
+def _repairable(project: Path) -> dict[str, Any]:
+    return staging_doc(project, candidates={"lessons": [lesson(triggers=[])]})
+
+
+def test_files_wait_while_the_reconciler_holds_its_lock(project: Path, memory_dir: Path) -> None:
+    """While a live process holds canonical-writer.lock a repairable file is left exactly as it
+    is; it is repaired as soon as the lock is released."""
+    rig = _started(memory_dir)
+    lock = _reconciler_lock(memory_dir, pid=1)  # pid 1 is always alive
+    path = memory_dir / "staging" / "r.json"
+    data = write(path, _repairable(project))
+    rig.send(_complete(memory_dir, "r.json"))
+    rig.send(_complete(memory_dir, "r.json"), Signal(Kind.OVERFLOW))
+    assert rig.log.decisions("r.json") == ["deferred"]
+    assert path.read_bytes() == data
+    lock.unlink()
+    rig.send(Signal(Kind.LOCK_RELEASED, str(memory_dir)))
+    assert rig.log.decisions("r.json") == ["deferred", "repaired"]
+    assert json.loads(path.read_bytes())["candidates"]["lessons"][0]["triggers"] != []
+
+
+def test_lock_of_a_dead_process_is_reported_and_not_obeyed(project: Path, memory_dir: Path) -> None:
+    """A holder that dies without removing its lock does not block memstaged for ever: the
+    waiting files are decided at the next lock poll, the stale lock is logged and, not being
+    memstaged's, left in place."""
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        rig = _started(memory_dir)
+        lock = _reconciler_lock(memory_dir, pid=holder.pid)
+        path = memory_dir / "staging" / "r.json"
+        write(path, _repairable(project))
+        rig.send(_complete(memory_dir, "r.json"))
+        assert rig.log.decisions("r.json") == ["deferred"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rig.after(LOCK_POLL) == 1
+    assert rig.log.decisions("r.json") == ["deferred", "repaired"]
+    seen = rig.log.named("lock_seen")
+    assert seen and seen[0]["alive"] is False and seen[0]["action"] == "not obeyed"
+    assert lock.exists()
+
+
+# -- stopping --------------------------------------------------------------------------------
+
+
+def test_stop_mid_burst_finishes_the_file_in_hand_and_nothing_more(memory_dir: Path) -> None:
+    """SIGTERM during a burst of 100 quarantines: the file being decided is finished (its bytes
+    safe in deadletter/, gone from staging/), no other file is touched, no temp file is left,
+    STOPPING=1 is sent and the instance lock is free for the next memstaged."""
+    for i in range(100):
+        write(memory_dir / "staging" / f"f{i:03}.json", b"not json %d" % i)
+        _age(memory_dir / "staging" / f"f{i:03}.json")
+    rig = Rig(settings(memory_dir))
+
+    def stop_on_tenth(event: dict[str, Any]) -> None:
+        if event["event"] == "decision" and len(rig.log.decisions()) == 10:
+            rig.daemon.request_stop()  # arrives while the 10th file is in hand
+
+    rig.log.hooks.append(stop_on_tenth)
+    rig.daemon.start()
+    assert rig.daemon.work() == 10
+    rig.daemon.shutdown()
+    assert rig.log.decisions() == ["quarantined"] * 10
+    assert len(list((memory_dir / "staging").iterdir())) == 90
+    assert len(_deadletter_originals(memory_dir)) == 10
+    assert _temp_files(memory_dir) == []
+    assert rig.notes.firsts()[-1] == "STOPPING=1"
+    assert rig.log.named("stop")[0]["pending"] == 90
+    next_one = InstanceLock(str(memory_dir))
+    next_one.acquire(wait=False)
+    next_one.release()
+
+
+def test_run_says_ready_after_the_startup_scan_and_exits_0_on_stop(
+    project: Path, memory_dir: Path
+) -> None:
+    """READY=1 comes only after the files already there are decided; start-up asks systemd for
+    more time while it works; SIGTERM (request_stop) ends run() with 0 and STOPPING=1."""
+    for i in range(30):
+        write(memory_dir / "staging" / f"f{i}.json", staging_doc(project, f"s{i}"))
+    notes = Notes()
+    ready = threading.Event()
+    decided_at_ready: list[int] = []
+    log_events: list[str] = []
+
+    class Logger:
+        def _log(self, event: str, **fields: Any) -> None:
+            log_events.append(fields.get("decision", event))
+
+        info = warning = error = critical = _log
+
+    def send(text: str) -> None:
+        notes(text)
+        if text.startswith("READY=1"):
+            decided_at_ready.append(log_events.count("valid"))
+            ready.set()
+
+    env = {"NOTIFY_SOCKET": "/run/fake/notify", "WATCHDOG_USEC": "60000000"}
+    daemon = Daemon(
+        settings(memory_dir),
+        Logger(),
+        notifier=Notifier(environ=env, send=send),
+        watcher_factory=lambda out, mode: _NullWatcher(),
+    )
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(daemon.run()))
+    thread.start()
+    assert ready.wait(10)
+    daemon.request_stop()
+    thread.join(10)
+    assert result == [0]
+    assert decided_at_ready == [30]
+    firsts = notes.firsts()
+    assert firsts.index("WATCHDOG=1") < firsts.index("READY=1")
+    assert any(m[0].startswith("EXTEND_TIMEOUT_USEC=") for m in notes.messages)
+    assert firsts[-1] == "STOPPING=1"
+
+
+class _NullWatcher:
+    def watch(self, mdir: object) -> str:
+        return "none"
+
+    def unwatch(self, mdir: str) -> None:
+        return None
+
+    def staging_watched(self, mdir: str) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        return None
+
+
+# -- one memstaged per memory dir --------------------------------------------------------------
+
+
+def test_second_daemon_on_the_same_memory_dir_is_refused(memory_dir: Path) -> None:
+    """A second daemon on a memory dir another memstaged works on raises BusyError (exit 1)."""
+    first = _started(memory_dir)
+    second = Rig(settings(memory_dir))
+    with pytest.raises(BusyError, match="another memstaged"):
+        second.daemon.start()
+    first.daemon.shutdown()
+    second.daemon.start()  # free once the first one is gone
+
+
+def test_waiting_daemon_stops_on_sigterm_and_starts_when_free(memory_dir: Path) -> None:
+    """With --wait a second daemon waits (feeding the watchdog) instead of failing; SIGTERM
+    ends the wait with exit 0; once the first is gone a waiting one takes over."""
+    first = _started(memory_dir)
+    polls: list[float] = []
+
+    def sleep_then_stop(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 3:
+            waiting.daemon.request_stop()
+
+    waiting = Rig(settings(memory_dir), wait=True, sleep=sleep_then_stop, watchdog_usec=10**6)
+    assert waiting.daemon.run() == 0
+    assert len(polls) == 3
+    assert waiting.notes.count("WATCHDOG=1") >= 1
+    assert waiting.log.named("memory_dir_busy")[0]["action"] == "waiting"
+
+    def release_first(_seconds: float) -> None:
+        first.daemon.shutdown()
+
+    taker = Rig(settings(memory_dir), wait=True, sleep=release_first)
+    taker.daemon.start()
+    assert str(memory_dir) in taker.daemon.mdirs
+
+
+# -- reload -------------------------------------------------------------------------------------
+
+
+def _config(path: Path, *memory_dirs: Path, settle: float = 2.0, observer: str = "auto") -> Path:
+    dirs = ", ".join(json.dumps(str(m)) for m in memory_dirs)
+    path.write_text(f"memory_dirs = [{dirs}]\nsettle = {settle}\nobserver = {observer!r}\n")
+    return path
+
+
+def _second_memory_dir(tmp_path: Path) -> tuple[Path, Path]:
+    project = tmp_path / "other-project"
+    mdir = project / ".pi" / "memory" / "project"
+    (mdir / "staging").mkdir(parents=True)
+    return project, mdir
+
+
+def test_reload_applies_new_settings_and_keeps_queued_work(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """SIGHUP with a changed config: a new memory dir is added and scanned, the new settle
+    applies to new events, and a file queued before the reload is still decided."""
+    conf = _config(tmp_path / "config.toml", memory_dir, settle=2.0)
+    rig = Rig(settings_from_file(conf), reload_settings=lambda: settings_from_file(conf))
+    rig.daemon.start()
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    rig.send(_changed(memory_dir, VALID_NAME))  # due in 2 s
+    other_project, other = _second_memory_dir(tmp_path)
+    write(other / "staging" / "o.json", staging_doc(other_project))
+    _config(conf, memory_dir, other, settle=5.0)
+    rig.daemon.request_reload()
+    rig.daemon.drain(0)
+    rig.daemon.reload()
+    assert rig.notes.firsts()[-2:] == ["RELOADING=1", "READY=1"]
+    assert rig.log.named("reload")[0]["ok"] is True
+    assert rig.daemon.work() == 1
+    assert rig.log.decisions("o.json") == ["valid"]
+    assert rig.after(2) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+    write(memory_dir / "staging" / "late.json", staging_doc(project))
+    rig.send(_changed(memory_dir, "late.json"))
+    assert rig.after(4.9) == 0
+    assert rig.after(0.1) == 1
+
+
+def test_reload_with_a_bad_config_keeps_the_old_one(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """A config that does not load is refused on reload: the error is logged with the file and
+    key, the old memory dirs and settings stay, and READY=1 follows RELOADING=1."""
+    conf = _config(tmp_path / "config.toml", memory_dir)
+    rig = Rig(settings_from_file(conf), reload_settings=lambda: settings_from_file(conf))
+    rig.daemon.start()
+    conf.write_text("memory_dirs = []\nsettel = 1\n")
+    rig.daemon.reload()
+    failed = rig.log.named("reload")[0]
+    assert failed["ok"] is False
+    assert "unknown key 'settel'" in failed["error"]
+    assert failed["action"] == "kept the old configuration"
+    assert rig.notes.firsts()[-2:] == ["RELOADING=1", "READY=1"]
+    assert list(rig.daemon.mdirs) == [str(memory_dir)]
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    assert rig.send(_complete(memory_dir, VALID_NAME)) == 1
+
+
+def test_reload_that_changes_the_observer_rebuilds_the_watches(
+    tmp_path: Path, memory_dir: Path
+) -> None:
+    """observer = "polling" on reload stops the old observer and watches everything anew."""
+    conf = _config(tmp_path / "config.toml", memory_dir, observer="inotify")
+    rig = Rig(settings_from_file(conf), reload_settings=lambda: settings_from_file(conf))
+    rig.daemon.start()
+    old = rig.watcher
+    _config(conf, memory_dir, observer="polling")
+    rig.daemon.reload()
+    assert old.stopped
+    assert rig.watcher.mode == "polling"
+    assert rig.watcher.watch_calls == [str(memory_dir)]
+
+
+# -- systemd notifications ------------------------------------------------------------------
+
+
+def test_watchdog_is_pinged_at_half_its_interval_even_in_a_long_backlog(
+    project: Path, memory_dir: Path
+) -> None:
+    """WATCHDOG_USEC=10 s gives a ping every 5 s, from the loop that decides files: a backlog
+    that takes 40 s (fake) sends a ping every 5 s of it."""
+    for i in range(40):
+        write(memory_dir / "staging" / f"f{i}.json", staging_doc(project, f"s{i}"))
+    rig = Rig(settings(memory_dir), watchdog_usec=10_000_000)
+    rig.log.hooks.append(lambda e: rig.clock.advance(1) if e["event"] == "decision" else None)
+    rig.daemon.start()
+    assert rig.daemon.work() == 40
+    assert 7 <= rig.notes.count("WATCHDOG=1") <= 9
+    rig.after(5)
+    rig.notes.messages.clear()
+    rig.after(4)
+    assert rig.notes.count("WATCHDOG=1") == 0
+    rig.after(1)
+    assert rig.notes.count("WATCHDOG=1") == 1
+
+
+def test_status_shows_live_counts(project: Path, memory_dir: Path) -> None:
+    """STATUS= says how many memory dirs are watched and how many files were decided."""
+    rig = _started(memory_dir)
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    write(memory_dir / "staging" / "bad.json", b"[]")
+    rig.send(_complete(memory_dir, VALID_NAME), _complete(memory_dir, "bad.json"))
+    rig.after(1)
+    status = [m[0] for m in rig.notes.messages if m[0].startswith("STATUS=")][-1]
+    assert (
+        status == "STATUS=watching 1 memory dirs; 2 decided, 1 quarantined, 0 repaired, 0 waiting"
+    )
+
+
+def test_dead_observer_is_replaced_and_everything_rescanned(
+    project: Path, memory_dir: Path
+) -> None:
+    """If the observer thread dies, the daemon does not go on blind: it logs it, builds new
+    watches and rescans, so a file written meanwhile is still decided."""
+    rig = _started(memory_dir)
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    rig.watcher.is_alive = False
+    assert rig.after(0) == 1
+    assert len(rig.watchers) == 2 and rig.watchers[0].stopped
+    assert rig.log.named("observer_died")
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+
+
+def test_explicit_memory_dir_that_does_not_exist_is_a_config_error(tmp_path: Path) -> None:
+    """--memory-dir naming a missing directory fails at start with a one-line ConfigError."""
+    rig = Rig(settings(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        rig.daemon.start()
+
+
+def test_replaced_memory_dir_is_locked_and_watched_anew(project: Path, memory_dir: Path) -> None:
+    """A memory dir deleted and created again (a re-clone) is re-added: its new files are
+    decided, and the instance lock is taken on the new directory, so no second memstaged can
+    start on it."""
+    rig = _started(memory_dir)
+    shutil.rmtree(memory_dir)
+    (memory_dir / "staging").mkdir(parents=True)
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    assert rig.send(Signal(Kind.DIR_CHANGED, str(memory_dir))) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+    assert [e["why"] for e in rig.log.named("memory_dir_removed")] == [
+        "memory dir was replaced by a new directory"
+    ]
+    with pytest.raises(BusyError):
+        InstanceLock(str(memory_dir)).acquire(wait=False)
+    assert rig.log.errors() == []
+
+
+def test_dry_run_daemon_decides_and_writes_nothing(project: Path, memory_dir: Path) -> None:
+    """--dry-run: files are decided and logged, staging/ keeps every byte, no deadletter/, and
+    an unchanged file is not decided again at the next rescan."""
+    staging = memory_dir / "staging"
+    broken = write(staging / "bad.json", b"[1, 2")
+    _age(staging / "bad.json")
+    repairable = write(staging / "r.json", _repairable(project))
+    rig = Rig(settings(memory_dir, dry_run=True))
+    rig.daemon.start()
+    rig.daemon.work()
+    assert sorted(rig.log.decisions()) == ["quarantined", "repaired"]
+    assert (staging / "bad.json").read_bytes() == broken
+    assert (staging / "r.json").read_bytes() == repairable
+    assert not (memory_dir / "deadletter").exists()
+    assert rig.after(300) == 0
+
+
+def test_stop_during_the_startup_backlog_sends_no_ready(project: Path, memory_dir: Path) -> None:
+    """SIGTERM while the start-up backlog is decided: run() stops after the file in hand,
+    returns 0 and never claims READY=1."""
+    for i in range(20):
+        write(memory_dir / "staging" / f"f{i}.json", staging_doc(project, f"s{i}"))
+    rig = Rig(settings(memory_dir))
+    rig.log.hooks.append(lambda e: rig.daemon.request_stop() if e["event"] == "decision" else None)
+    assert rig.daemon.run() == 0
+    assert len(rig.log.decisions()) == 1
+    assert "READY=1" not in rig.notes.firsts()
+    assert rig.notes.firsts()[-1] == "STOPPING=1"
+
+
+def test_failed_start_is_logged_as_a_stop_with_the_error(memory_dir: Path) -> None:
+    """A daemon that cannot start (memory dir busy) logs a stop event saying why before the
+    error reaches the command line."""
+    holder = InstanceLock(str(memory_dir))
+    holder.acquire(wait=False)
+    try:
+        rig = Rig(settings(memory_dir))
+        with pytest.raises(BusyError):
+            rig.daemon.run()
+    finally:
+        holder.release()
+    stop = rig.log.named("stop")[0]
+    assert stop["level"] == "error" and "another memstaged" in stop["error"]

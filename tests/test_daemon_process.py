@@ -1,0 +1,374 @@
+"""The daemon as users run it: ``python -m memstaged --memory-dir D --settle 0.5`` in a subprocess,
+real writers, a real inotify observer, and the decision log read back from ``MEMSTAGED_LOG_FILE``.
+
+Waiting is always "until this line is in the log, at most N seconds"; a test never sleeps to let
+the daemon catch up (the writers that pause do so because slow writers pause).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import staging_doc
+
+FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
+
+
+class DaemonProcess:
+    """One ``memstaged`` daemon in a subprocess, and its decision log."""
+
+    def __init__(self, tmp_path: Path, *args: str, name: str = "daemon") -> None:
+        self.log_file = tmp_path / f"{name}.jsonl"
+        self.stderr_file = tmp_path / f"{name}.stderr"
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM", "INVOCATION_ID", "WATCHDOG_USEC")
+            and not k.startswith("MEMSTAGED_")
+        }
+        env.update(
+            MEMSTAGED_LOG_FILE=str(self.log_file),
+            XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
+            XDG_STATE_HOME=str(tmp_path / "xdg-state"),
+        )
+        with self.stderr_file.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "memstaged", *args],
+                env=env,
+                cwd=tmp_path,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+            )
+        self._events: list[dict[str, Any]] = []
+        self._offset = 0
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every event logged so far (read incrementally)."""
+        if self.log_file.exists():
+            with self.log_file.open("rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self._offset += len(complete)
+            self._events += [json.loads(line) for line in complete.splitlines() if line.strip()]
+        return self._events
+
+    def wait_for(
+        self, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 15
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self.events()
+            if predicate(events):
+                return events
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited ({self.proc.returncode}) before {what}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(0.02)
+
+    def wait_ready(self) -> None:
+        self.wait_for(lambda ev: any(e["event"] == "ready" for e in ev), "ready")
+
+    def decisions(self, name: str) -> list[str]:
+        return [
+            e["decision"]
+            for e in self.events()
+            if e["event"] == "decision" and Path(e["path"]).name == name
+        ]
+
+    def wait_decided(self, *names: str, timeout: float = 15) -> dict[str, dict[str, Any]]:
+        """Wait until each file has a final decision; returns the last event of each."""
+        wanted = set(names)
+
+        def final(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+            last = {}
+            for e in events:
+                if e["event"] == "decision" and e["decision"] in FINAL:
+                    name = Path(e["path"]).name
+                    if name in wanted:
+                        last[name] = e
+            return last
+
+        self.wait_for(lambda ev: len(final(ev)) == len(wanted), f"{len(wanted)} decisions", timeout)
+        return final(self.events())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Starts daemons; any still running at the end of the test is killed."""
+    started: list[DaemonProcess] = []
+
+    def start(*args: str, name: str = "daemon", ready: bool = True) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, *args, name=name)
+        started.append(daemon)
+        if ready:
+            daemon.wait_ready()
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.kill()
+
+
+def _doc_bytes(project: Path, session: str = "s1") -> bytes:
+    return json.dumps(staging_doc(project, session), indent=2).encode()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _no_temp_files(memory_dir: Path) -> bool:
+    return not list(memory_dir.rglob(".memstaged~*"))
+
+
+# -- writers ----------------------------------------------------------------------------------
+
+
+def test_file_written_in_pieces_is_never_quarantined(
+    project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """A slow writer appends a file in 8 pieces, closing it after each: every close makes the
+    daemon look, it defers the unparseable prefixes, and the finished file is valid, untouched
+    and never quarantined."""
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5")
+    data = _doc_bytes(project)
+    path = memory_dir / "staging" / "slow.json"
+    step = len(data) // 8 + 1
+    for i in range(0, len(data), step):
+        with path.open("ab") as fh:
+            fh.write(data[i : i + step])
+        time.sleep(0.1)  # a writer that pauses (less than --settle) between pieces
+    final = daemon.wait_decided("slow.json")["slow.json"]
+    assert final["decision"] == "valid"
+    assert final["sha256"] == _sha(data)
+    assert "deferred" in daemon.decisions("slow.json")
+    assert "quarantined" not in daemon.decisions("slow.json")
+    assert path.read_bytes() == data
+    assert not (memory_dir / "deadletter").exists()
+
+
+def test_renamed_in_files_are_decided_without_waiting_for_settle(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """With --settle 30, files renamed in (from a temp name in staging/, or from another
+    directory) are still decided within seconds: a rename is a complete write."""
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "30")
+    started = time.monotonic()
+    tmp_inside = memory_dir / "staging" / ".in.json.tmp"
+    tmp_inside.write_bytes(_doc_bytes(project, "inside"))
+    os.rename(tmp_inside, memory_dir / "staging" / "inside.json")
+    outside = tmp_path / "outside.tmp"
+    outside.write_bytes(b'["not", "a", "staging", "file"]')
+    os.rename(outside, memory_dir / "staging" / "outside.json")
+    final = daemon.wait_decided("inside.json", "outside.json", timeout=10)
+    assert time.monotonic() - started < 10
+    assert final["inside.json"]["decision"] == "valid"
+    assert final["outside.json"]["decision"] == "quarantined"
+    assert not (memory_dir / "staging" / "outside.json").exists()
+    assert daemon.decisions(".in.json.tmp") == []
+
+
+def _burst(
+    project: Path, memory_dir: Path, count: int, garbage_every: int = 10
+) -> dict[str, bytes]:
+    """Write ``count`` files as fast as possible (some of them garbage), by rename."""
+    files: dict[str, bytes] = {}
+    doc = staging_doc(project, "burst")
+    valid = json.dumps(doc).encode()
+    staging = memory_dir / "staging"
+    for i in range(count):
+        name = f"b{i:05}.json"
+        data = b"garbage %d" % i if i % garbage_every == 0 else valid
+        tmp = staging / f".{name}.tmp"
+        tmp.write_bytes(data)
+        os.rename(tmp, staging / name)
+        files[name] = data
+    return files
+
+
+def _check_burst(memory_dir: Path, daemon: DaemonProcess, files: dict[str, bytes]) -> None:
+    final = daemon.wait_decided(*files, timeout=120)
+    originals = {p.read_bytes() for p in (memory_dir / "deadletter" / "originals").iterdir()}
+    for name, data in files.items():
+        if data.startswith(b"garbage"):
+            assert final[name]["decision"] == "quarantined", name
+            assert data in originals
+            assert not (memory_dir / "staging" / name).exists()
+        else:
+            assert final[name]["decision"] == "valid", name
+            assert (memory_dir / "staging" / name).read_bytes() == data
+    assert _no_temp_files(memory_dir)
+
+
+def test_burst_of_3000_files_every_file_decided(
+    project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """3,000 files at once: every one gets its final decision; valid ones are untouched, the
+    garbage ones are in deadletter/ with their bytes."""
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5")
+    _check_burst(memory_dir, daemon, _burst(project, memory_dir, 3000, garbage_every=50))
+
+
+@pytest.mark.slow
+def test_burst_of_20000_files_every_file_decided(
+    project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """20,000 files at once overflow inotify's queue (16,384 events): the overflow is noticed,
+    the staging dir rescanned, and every file still gets its final decision."""
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5")
+    _check_burst(memory_dir, daemon, _burst(project, memory_dir, 20000))
+
+
+def test_editor_style_saves_are_decided_on_the_new_content(
+    project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """An editor that saves by renaming the old file to a backup and writing a new one, and one
+    that truncates and rewrites in place: each save ends with the new content decided valid,
+    nothing quarantined, and the backup name never touched."""
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5")
+    staging = memory_dir / "staging"
+    path = staging / "edit.json"
+    first = _doc_bytes(project, "v1")
+    path.write_bytes(first)
+    assert daemon.wait_decided("edit.json")["edit.json"]["sha256"] == _sha(first)
+
+    second = _doc_bytes(project, "v2")
+    os.rename(path, staging / "edit.json~")  # vim's backup
+    (staging / ".edit.json.swp").write_bytes(b"swap")
+    path.write_bytes(second)
+    (staging / "edit.json~").unlink()
+    daemon.wait_for(
+        lambda ev: any(e.get("sha256") == _sha(second) for e in ev), "the second version"
+    )
+
+    third = _doc_bytes(project, "v3")
+    with path.open("r+b") as fh:  # in place: truncate, write in two parts, close
+        fh.truncate(0)
+        fh.write(third[:50])
+        fh.flush()
+        fh.write(third[50:])
+    daemon.wait_for(
+        lambda ev: any(e.get("sha256") == _sha(third) and e["decision"] == "valid" for e in ev),
+        "the third version",
+    )
+    assert path.read_bytes() == third
+    assert "quarantined" not in daemon.decisions("edit.json")
+    assert daemon.decisions("edit.json~") == daemon.decisions(".edit.json.swp") == []
+    assert not (memory_dir / "deadletter").exists()
+
+
+# -- signals ----------------------------------------------------------------------------------
+
+
+def test_sigterm_mid_burst_exits_0_quickly_and_leaves_nothing_half_done(
+    project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """SIGTERM while 2,000 files are being decided: exit code 0 within 5 s, a `stop` event,
+    no temp file left, and every file either still in staging/ or in deadletter/ with its
+    bytes."""
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5")
+    files = _burst(project, memory_dir, 2000)
+    started = time.monotonic()
+    assert daemon.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - started < 5
+    assert daemon.events()[-1]["event"] == "stop"
+    assert _no_temp_files(memory_dir)
+    originals_dir = memory_dir / "deadletter" / "originals"
+    originals = (
+        {p.read_bytes() for p in originals_dir.iterdir()} if originals_dir.exists() else set()
+    )
+    for name, data in files.items():
+        path = memory_dir / "staging" / name
+        assert (path.exists() and path.read_bytes() == data) or data in originals, name
+
+
+def test_sigint_exits_0(memory_dir: Path, spawn: Callable[..., DaemonProcess]) -> None:
+    """Ctrl-C in a terminal stops the daemon like SIGTERM: exit code 0, no traceback."""
+    daemon = spawn("--memory-dir", str(memory_dir))
+    assert daemon.stop(signal.SIGINT) == 0
+    assert b"Traceback" not in daemon.stderr_file.read_bytes()
+
+
+def _write_config(path: Path, *memory_dirs: Path) -> None:
+    dirs = ", ".join(json.dumps(str(m)) for m in memory_dirs)
+    path.write_text(f"memory_dirs = [{dirs}]\nsettle = 0.5\n")
+
+
+def test_sighup_reload_bad_config_keeps_running_good_config_adds_memory_dir(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """SIGHUP with a broken config file: the daemon logs why, keeps its configuration and goes
+    on deciding files. SIGHUP with a fixed config that adds a memory dir: that dir's files are
+    decided."""
+    conf = tmp_path / "config.toml"
+    _write_config(conf, memory_dir)
+    daemon = spawn("--config", str(conf))
+    conf.write_text("memory_dirs = [\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    failed = daemon.wait_for(lambda ev: any(e["event"] == "reload" for e in ev), "a reload")
+    reload_event = next(e for e in failed if e["event"] == "reload")
+    assert reload_event["ok"] is False
+    assert str(conf) in reload_event["error"]
+    (memory_dir / "staging" / "a.json").write_bytes(_doc_bytes(project))
+    assert daemon.wait_decided("a.json")["a.json"]["decision"] == "valid"
+
+    other_project = tmp_path / "other"
+    other = other_project / ".pi" / "memory" / "project"
+    (other / "staging").mkdir(parents=True)
+    (other / "staging" / "b.json").write_bytes(_doc_bytes(other_project))
+    _write_config(conf, memory_dir, other)
+    daemon.proc.send_signal(signal.SIGHUP)
+    assert daemon.wait_decided("b.json")["b.json"]["decision"] == "valid"
+    assert [e["ok"] for e in daemon.events() if e["event"] == "reload"] == [False, True]
+    assert daemon.proc.poll() is None
+    assert daemon.stop() == 0
+
+
+# -- one memstaged per memory dir ---------------------------------------------------------------
+
+
+def test_second_instance_exits_1_and_a_killed_one_blocks_nobody(
+    memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """A second daemon or --once on a busy memory dir says so and exits 1; after the first is
+    killed with SIGKILL, a new daemon starts at once (the lock died with the process)."""
+    first = spawn("--memory-dir", str(memory_dir), name="first")
+    second = spawn("--memory-dir", str(memory_dir), name="second", ready=False)
+    assert second.proc.wait(timeout=10) == 1
+    message = second.stderr_file.read_text()
+    assert f"another memstaged (pid {first.proc.pid}) is working on {memory_dir}" in message
+    once = subprocess.run(
+        [sys.executable, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "MEMSTAGED_LOG_FILE": str(memory_dir.parent / "once.jsonl")},
+    )
+    assert once.returncode == 1
+    assert "another memstaged" in once.stdout + once.stderr
+    first.kill()
+    third = spawn("--memory-dir", str(memory_dir), name="third")
+    assert third.stop() == 0

@@ -1,0 +1,254 @@
+"""systemd integration without systemd: sd_notify messages, the unit text, ``memstaged service``
+against a stand-in ``systemctl``, and the journald sink against a stand-in ``sendv``.
+
+The same things against a real user manager and a real journald are in
+``test_systemd_service.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memstaged import log, service
+from memstaged.cli import main
+from memstaged.service import Notifier
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- sd_notify ----------------------------------------------------------------------------------
+
+
+def test_notifier_sends_the_sd_notify_protocol() -> None:
+    """READY/STATUS, RELOADING (with MONOTONIC_USEC), STOPPING, WATCHDOG and EXTEND_TIMEOUT are
+    sent as systemd expects them, one datagram each."""
+    sent: list[str] = []
+    notifier = Notifier(environ={"NOTIFY_SOCKET": "/run/x"}, send=sent.append)
+    notifier.ready("watching 1 memory dirs")
+    notifier.reloading()
+    notifier.stopping()
+    notifier.ping()
+    notifier.extend_timeout(60)
+    assert sent[0] == "READY=1\nSTATUS=watching 1 memory dirs"
+    assert re.fullmatch(r"RELOADING=1\nMONOTONIC_USEC=\d+\nSTATUS=reloading configuration", sent[1])
+    assert sent[2:] == ["STOPPING=1\nSTATUS=stopping", "WATCHDOG=1", "EXTEND_TIMEOUT_USEC=60000000"]
+
+
+@pytest.mark.parametrize(
+    ("env", "interval"),
+    [
+        ({"WATCHDOG_USEC": "30000000"}, 15.0),
+        ({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}, 15.0),
+        ({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}, None),
+        ({"WATCHDOG_USEC": "0"}, None),
+        ({}, None),
+    ],
+)
+def test_watchdog_interval_is_half_of_watchdog_usec(
+    env: dict[str, str], interval: float | None
+) -> None:
+    """Pings every WATCHDOG_USEC/2, and only when the watchdog is meant for this process."""
+    notifier = Notifier(environ={"NOTIFY_SOCKET": "/run/x", **env}, send=lambda _t: None)
+    assert notifier.watchdog_interval == interval
+
+
+def test_notifier_is_silent_outside_systemd() -> None:
+    """Without NOTIFY_SOCKET nothing is sent (the daemon runs the same in a terminal)."""
+    notifier = Notifier(environ={})
+    assert notifier.enabled is False
+    notifier.ready("x")  # no socket, no error
+
+
+# -- the unit ----------------------------------------------------------------------------------
+
+
+def test_packaged_unit_copies_are_identical() -> None:
+    """packaging/systemd/memstaged.service is the unit `memstaged service install` writes."""
+    packaged = (ROOT / "packaging" / "systemd" / "memstaged.service").read_text()
+    assert packaged == (ROOT / "memstaged" / "data" / "memstaged.service").read_text()
+
+
+@pytest.mark.parametrize(
+    ("path", "word"),
+    [
+        ("/home/ana/.local/bin/memstaged", "/home/ana/.local/bin/memstaged"),
+        ("/opt/my tools/memstaged", '"/opt/my tools/memstaged"'),
+        ("/opt/100%/memstaged", "/opt/100%%/memstaged"),
+        ("/opt/$HOME/memstaged", "/opt/$$HOME/memstaged"),
+        ('/opt/a"b\\c/memstaged', '"/opt/a\\"b\\\\c/memstaged"'),
+    ],
+)
+def test_exec_start_path_is_escaped_for_systemd(path: str, word: str) -> None:
+    """An install path with spaces, %, $, quotes or backslashes still names the same file in
+    ExecStart= (systemd would otherwise expand specifiers and variables, or split the word)."""
+    assert service.exec_quote(path) == word
+
+
+def test_unit_text_points_execstart_at_the_executable() -> None:
+    """Only ExecStart= changes; every other line of the packaged unit stays."""
+    text = service.unit_text("/venv/bin/memstaged")
+    template = (ROOT / "packaging" / "systemd" / "memstaged.service").read_text().splitlines()
+    lines = text.splitlines()
+    assert [line for line in lines if line.startswith("ExecStart=")] == [
+        "ExecStart=/venv/bin/memstaged"
+    ]
+    assert [ln for ln in lines if not ln.startswith("ExecStart=")] == [
+        ln for ln in template if not ln.startswith("ExecStart=")
+    ]
+
+
+# -- memstaged service install/uninstall against a stand-in systemctl ----------------------------
+
+
+@pytest.fixture
+def fake_systemctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `systemctl` on PATH that records its arguments, and fails when FAIL_ON matches."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "systemctl.calls"
+    script = bin_dir / "systemctl"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {shlex.quote(str(calls))}\n'
+        'case "$*" in *"$FAIL_ON"*) if [ -n "$FAIL_ON" ]; then '
+        'echo "Failed to $FAIL_ON: Unit memstaged.service has a bad setting." >&2; exit 1; fi;; '
+        "esac\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("FAIL_ON", raising=False)
+    return calls
+
+
+def _calls(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_service_install_writes_the_unit_and_reloads(
+    fake_systemctl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`memstaged service install` writes the unit under $XDG_CONFIG_HOME/systemd/user with the
+    absolute path of this installation's memstaged, and runs daemon-reload; nothing else."""
+    assert main(["service", "install"]) == 0
+    unit = tmp_path / "config" / "systemd" / "user" / "memstaged.service"
+    exec_start = [ln for ln in unit.read_text().splitlines() if ln.startswith("ExecStart=")]
+    executable = exec_start[0].removeprefix("ExecStart=")
+    assert os.path.isabs(executable) and os.access(executable, os.X_OK)
+    assert Path(executable).name == "memstaged"
+    assert stat.S_IMODE(unit.stat().st_mode) == 0o644
+    assert _calls(fake_systemctl) == ["--user --no-ask-password daemon-reload"]
+    assert "systemctl --user enable --now memstaged.service" in capsys.readouterr().out
+
+
+def test_service_install_enable_starts_it_and_uninstall_undoes_it(
+    fake_systemctl: Path, tmp_path: Path
+) -> None:
+    """--enable also enables and (re)starts the unit; uninstall stops, disables, removes the
+    file and reloads."""
+    assert main(["service", "install", "--enable"]) == 0
+    assert _calls(fake_systemctl)[1:] == [
+        "--user --no-ask-password enable memstaged.service",
+        "--user --no-ask-password restart memstaged.service",
+    ]
+    fake_systemctl.unlink()
+    assert main(["service", "uninstall"]) == 0
+    unit = tmp_path / "config" / "systemd" / "user" / "memstaged.service"
+    assert not unit.exists()
+    calls = _calls(fake_systemctl)
+    assert calls[0] == "--user --no-ask-password disable --now memstaged.service"
+    assert "--user --no-ask-password daemon-reload" in calls
+
+
+def test_service_install_failure_is_one_line_and_exit_2(
+    fake_systemctl: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A systemctl failure ends as one line naming the command, exit code 2, no traceback."""
+    monkeypatch.setenv("FAIL_ON", "restart")
+    assert main(["service", "install", "--enable"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "memstaged: systemctl --user restart memstaged.service: "
+        "Failed to restart: Unit memstaged.service has a bad setting."
+    ]
+
+
+def test_service_without_systemctl_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a machine without systemctl, install fails with one clear line."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert main(["service", "install"]) == 2
+    assert "systemctl is not installed" in capsys.readouterr().err
+
+
+# -- the journald sink -----------------------------------------------------------------------------
+
+
+def _sent_fields(lines: tuple[bytes, ...]) -> dict[bytes, bytes]:
+    return {name: value for name, _, value in (line.partition(b"=") for line in lines)}
+
+
+def test_journal_handler_sends_every_field_and_keeps_undecodable_path_bytes(
+    tmp_path: Path,
+) -> None:
+    """Each event field becomes a MEMSTAGED_* journal field; a path that is not UTF-8 keeps its
+    original bytes; an unknown session id gives no field rather than the text "null"."""
+    sent: list[tuple[bytes, ...]] = []
+    log.configure(None, console="off", journal="off")
+    handler = log.JournalHandler(send=lambda *lines: sent.append(lines))
+    logger_root = logging.getLogger(log.LOGGER_NAME)
+    logger_root.addHandler(handler)
+    path = os.fsdecode(b"/p/staging/caf\xe9.json")
+    log.get_logger().warning("decision", decision="quarantined", path=path, session_id=None)
+    fields = _sent_fields(sent[0])
+    assert fields[b"MEMSTAGED_PATH"] == b"/p/staging/caf\xe9.json"
+    assert fields[b"MEMSTAGED_DECISION"] == b"quarantined"
+    assert fields[b"PRIORITY"] == b"4"
+    assert fields[b"MESSAGE_ID"] == log.MESSAGE_IDS["decision"].encode()
+    assert fields[b"SYSLOG_IDENTIFIER"] == b"memstaged"
+    assert b"MEMSTAGED_SESSION_ID" not in fields
+
+
+def test_journal_failure_falls_back_to_stderr_without_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """When journald cannot be reached the event still reaches stderr as one JSON line, and
+    logging does not raise into the caller."""
+
+    def broken(*_lines: bytes) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    log.configure(None, console="off", journal="off")
+    logging.getLogger(log.LOGGER_NAME).addHandler(log.JournalHandler(send=broken))
+    log.get_logger().info("decision", decision="valid", path="a.json")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert json.loads(err[0])["decision"] == "valid"
+
+
+_LOG_CALL = re.compile(r"\.(?:debug|info|warning|error|critical)\(\s*\"([a-z_]+)\"")
+
+
+def test_every_event_kind_has_its_own_message_id() -> None:
+    """`journalctl MESSAGE_ID=...` finds one kind of event: each event name memstaged logs has
+    a MESSAGE_ID of its own."""
+    names: set[str] = set()
+    for source in (ROOT / "memstaged").rglob("*.py"):
+        names |= set(_LOG_CALL.findall(source.read_text()))
+    assert {"decision", "start", "ready", "reload", "stop", "rescan"} <= names
+    missing = sorted(n for n in names if n not in log.MESSAGE_IDS)
+    assert missing == []
+    ids: list[Any] = list(log.MESSAGE_IDS.values())
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)

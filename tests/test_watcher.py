@@ -1,0 +1,228 @@
+"""The watcher: which file-system events become which signals for the daemon.
+
+The handlers are fed synthetic watchdog events (no file system). A few tests use a real inotify
+observer on a temp dir and wait on the signal queue with a timeout, never with a sleep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileClosedNoWriteEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileOpenedEvent,
+    FileSystemEvent,
+)
+
+from memstaged import watcher as watcher_module
+from memstaged.pipeline import MemoryDir
+from memstaged.watcher import (
+    Kind,
+    MemoryDirHandler,
+    Signal,
+    StagingHandler,
+    Watcher,
+)
+
+M = "/p/.pi/memory/project"
+S = f"{M}/staging"
+
+
+def _signals(handler_events: list[FileSystemEvent], *, polling: bool = False) -> list[Signal]:
+    out: queue.SimpleQueue[Signal] = queue.SimpleQueue()
+    handler = StagingHandler(out, M, complete_on_change=polling)
+    for event in handler_events:
+        handler.dispatch(event)
+    result = []
+    while not out.empty():
+        result.append(out.get_nowait())
+    return result
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (FileClosedEvent(f"{S}/a.json"), Signal(Kind.COMPLETE, M, "a.json")),
+        (FileMovedEvent(f"{S}/.a.json.tmp", f"{S}/a.json"), Signal(Kind.COMPLETE, M, "a.json")),
+        (FileMovedEvent("", f"{S}/a.json"), Signal(Kind.COMPLETE, M, "a.json")),
+        (FileCreatedEvent(f"{S}/a.json"), Signal(Kind.CHANGED, M, "a.json")),
+        (FileModifiedEvent(f"{S}/a.json"), Signal(Kind.CHANGED, M, "a.json")),
+        (DirDeletedEvent(S), Signal(Kind.DIR_CHANGED, M)),
+        (FileClosedEvent(f"{S}/.a.json.swp"), None),
+        (FileClosedEvent(f"{S}/notes.txt"), None),
+        (FileMovedEvent(f"{S}/a.json", f"{S}/a.json~"), None),
+        (FileMovedEvent(f"{S}/a.json", ""), None),
+        (FileClosedNoWriteEvent(f"{S}/a.json"), None),
+        (FileOpenedEvent(f"{S}/a.json"), None),
+        (FileDeletedEvent(f"{S}/a.json"), None),
+        (FileClosedEvent(f"{S}/sub/a.json"), None),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, Signal | None) else "",
+)
+def test_staging_events_become_signals(event: FileSystemEvent, expected: Signal | None) -> None:
+    """A close-after-write or a rename into staging/ (from a temp name or from elsewhere) is a
+    complete write; a create/modify is not yet; temp names, other files, reads, deletions and
+    renames away are not signalled at all."""
+    assert _signals([event]) == ([] if expected is None else [expected])
+
+
+def test_polling_observer_changes_count_as_complete() -> None:
+    """The polling observer sees no closes, so a created or modified file is decided at once
+    (the pipeline still defers it if it does not parse yet)."""
+    signals = _signals(
+        [FileCreatedEvent(f"{S}/a.json"), FileModifiedEvent(f"{S}/b.json")], polling=True
+    )
+    assert signals == [Signal(Kind.COMPLETE, M, "a.json"), Signal(Kind.COMPLETE, M, "b.json")]
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (FileDeletedEvent(f"{M}/canonical-writer.lock"), Kind.LOCK_RELEASED),
+        (FileMovedEvent(f"{M}/canonical-writer.lock", f"{M}/x"), Kind.LOCK_RELEASED),
+        (DirCreatedEvent(S), Kind.DIR_CHANGED),
+        (DirDeletedEvent(S), Kind.DIR_CHANGED),
+        (DirMovedEvent(f"{M}/staging.new", S), Kind.DIR_CHANGED),
+        (DirMovedEvent("", S), Kind.DIR_CHANGED),
+        (DirDeletedEvent(M), Kind.DIR_CHANGED),
+        (FileDeletedEvent(f"{M}/other.lock"), None),
+        (DirCreatedEvent(f"{M}/deadletter"), None),
+    ],
+)
+def test_memory_dir_events_become_signals(event: FileSystemEvent, expected: Kind | None) -> None:
+    """The memory dir's watch reports the reconciler's lock going away, staging/ appearing or
+    disappearing, and the memory dir itself being deleted; nothing else."""
+    out: queue.SimpleQueue[Signal] = queue.SimpleQueue()
+    MemoryDirHandler(out, M).dispatch(event)
+    got = [out.get_nowait().kind] if not out.empty() else []
+    assert got == ([] if expected is None else [expected])
+
+
+# -- with a real observer ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_thread_leak() -> Iterator[None]:
+    """Fails the test if it leaves an observer thread running."""
+    before = set(threading.enumerate())
+    yield
+    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert leaked == []
+
+
+@pytest.fixture
+def live(
+    memory_dir: Path, no_thread_leak: None
+) -> Iterator[tuple[Watcher, queue.SimpleQueue[Signal]]]:
+    out: queue.SimpleQueue[Signal] = queue.SimpleQueue()
+    watcher = Watcher(out, "inotify")
+    try:
+        yield watcher, out
+    finally:
+        watcher.stop()
+
+
+def _next_file_signal(out: queue.SimpleQueue[Signal], timeout: float = 5.0) -> Signal:
+    while True:
+        sig = out.get(timeout=timeout)
+        if sig.name:
+            return sig
+
+
+def test_rename_from_another_directory_is_a_complete_write(
+    tmp_path: Path, memory_dir: Path, live: tuple[Watcher, queue.SimpleQueue[Signal]]
+) -> None:
+    """A writer that writes a temp file outside staging/ and renames it in is seen as a
+    complete write (not a bare create that would wait for the settle interval)."""
+    watcher, out = live
+    assert watcher.watch(MemoryDir(str(memory_dir), str(memory_dir.parents[2]))) == "inotify"
+    outside = tmp_path / "elsewhere.tmp"
+    outside.write_bytes(b"{}")
+    os.rename(outside, memory_dir / "staging" / "in.json")
+    assert _next_file_signal(out) == Signal(Kind.COMPLETE, str(memory_dir), "in.json")
+
+
+def test_reading_a_file_signals_nothing(
+    memory_dir: Path, live: tuple[Watcher, queue.SimpleQueue[Signal]]
+) -> None:
+    """memstaged's own reads (open, close without writing) produce no signal, so deciding a
+    file never makes it due again: the next signal is the one of a later write."""
+    (memory_dir / "staging" / "old.json").write_bytes(b"{}")
+    watcher, out = live
+    watcher.watch(MemoryDir(str(memory_dir), str(memory_dir.parents[2])))
+    for _ in range(3):
+        (memory_dir / "staging" / "old.json").read_bytes()
+    with (memory_dir / "staging" / "new.json").open("wb") as fh:
+        fh.write(b"{}")
+    signals = [_next_file_signal(out)]
+    while signals[-1].kind is not Kind.COMPLETE:
+        signals.append(_next_file_signal(out))
+    assert {s.name for s in signals} == {"new.json"}  # create, modify, close: nothing for old
+
+
+def test_staging_deleted_is_signalled(
+    memory_dir: Path, live: tuple[Watcher, queue.SimpleQueue[Signal]]
+) -> None:
+    """Removing staging/ tells the daemon (which then stops expecting events from it)."""
+    watcher, out = live
+    watcher.watch(MemoryDir(str(memory_dir), str(memory_dir.parents[2])))
+    assert watcher.staging_watched(str(memory_dir))
+    (memory_dir / "staging").rmdir()
+    assert out.get(timeout=5) == Signal(Kind.DIR_CHANGED, str(memory_dir))
+
+
+def test_watching_a_vanished_memory_dir_raises_oserror(
+    tmp_path: Path, live: tuple[Watcher, queue.SimpleQueue[Signal]]
+) -> None:
+    """A memory dir that is gone cannot be watched: OSError, which the daemon logs once."""
+    watcher, _ = live
+    with pytest.raises(OSError):
+        watcher.watch(MemoryDir(str(tmp_path / "gone"), str(tmp_path)))
+
+
+def test_inotify_overflow_warning_becomes_an_overflow_signal(
+    live: tuple[Watcher, queue.SimpleQueue[Signal]],
+) -> None:
+    """watchdog only logs a lost-events warning; the watcher turns it into OVERFLOW."""
+    _, out = live
+    logging.getLogger("watchdog.observers.inotify_c").warning(
+        "Inotify queue overflowed; filesystem events were lost"
+    )
+    assert out.get(timeout=1) == Signal(Kind.OVERFLOW)
+
+
+def test_auto_mode_polls_on_network_file_systems(
+    monkeypatch: pytest.MonkeyPatch, memory_dir: Path, no_thread_leak: None
+) -> None:
+    """observer = "auto" picks the polling observer for a memory dir on NFS (where inotify
+    misses other machines' writes) and inotify elsewhere."""
+    out: queue.SimpleQueue[Signal] = queue.SimpleQueue()
+    watcher = Watcher(out, "auto", poll_interval=0.1)
+    try:
+        assert watcher.kind_for(str(memory_dir)) == "inotify"
+        monkeypatch.setattr(watcher_module, "fs_type", lambda path: "nfs4")
+        assert watcher.kind_for(str(memory_dir)) == "polling"
+        assert watcher.watch(MemoryDir(str(memory_dir), str(memory_dir.parents[2]))) == "polling"
+        (memory_dir / "staging" / "p.json").write_bytes(b"{}")
+        assert _next_file_signal(out) == Signal(Kind.COMPLETE, str(memory_dir), "p.json")
+    finally:
+        watcher.stop()
+
+
+def test_fs_type_reads_the_mount_table() -> None:
+    """The file-system type of / is whatever /proc/self/mounts says (never empty on Linux)."""
+    assert watcher_module.fs_type("/") != ""
