@@ -52,6 +52,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_max_bytes: int
     log_backups: int
     explicit_dirs: bool
+    #: Where memstaged keeps its own state (the seen cache): ``$XDG_STATE_HOME/memstaged``.
+    state_dir: Path | None = None
 
     def memory_dirs(self) -> list[MemoryDir]:
         """Expand the patterns now: globs are re-expanded on every rescan and reload."""
@@ -71,9 +73,13 @@ def default_config_path(env: Mapping[str, str]) -> Path:
     return Path(os.path.expanduser(base)) / "memstaged" / "config.toml"
 
 
-def default_log_file(env: Mapping[str, str]) -> Path:
+def default_state_dir(env: Mapping[str, str]) -> Path:
     base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")
-    return Path(os.path.expanduser(base)) / "memstaged" / "decisions.jsonl"
+    return Path(os.path.expanduser(base)) / "memstaged"
+
+
+def default_log_file(env: Mapping[str, str]) -> Path:
+    return default_state_dir(env) / "decisions.jsonl"
 
 
 def read_config(path: Path) -> FileConfig:
@@ -198,6 +204,7 @@ def load(
         log_max_bytes=file_config.log_max_bytes,
         log_backups=file_config.log_backups,
         explicit_dirs=explicit,
+        state_dir=default_state_dir(env),
     )
 
 

@@ -28,7 +28,7 @@ from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError, MemstagedError
 from memstaged.fsio import Identity
 from memstaged.locks import InstanceLock, read_lock
-from memstaged.pipeline import MemoryDir, Outcome, Pipeline, list_staging
+from memstaged.pipeline import MemoryDir, Outcome, Pipeline
 from memstaged.service import Notifier
 from memstaged.triage import Decision
 from memstaged.watcher import Kind, Signal, Watcher
@@ -365,7 +365,7 @@ class Daemon:
         seen: set[str] = set()
         scheduled = 0
         waiting = self.lock_waiting.get(mdir.path)
-        for name in list_staging(mdir):
+        for name in self.pipeline.scan(mdir):  # says why, when staging/ is a link
             seen.add(name)
             key = (mdir.path, name)
             try:
@@ -401,7 +401,10 @@ class Daemon:
         self.counts[outcome.decision.value] += 1
         now = self.clock()
         if outcome.changed:
-            self.schedule(key, now)
+            # Decide the newer version soon, but not at once: a file rewritten without pause
+            # would otherwise be decided over and over while every other file waits.
+            self.failures[key] += 1
+            self.schedule(key, now + min(0.02 * 2.0 ** min(self.failures[key], 6), 1.0))
         elif outcome.blocked_by_lock:
             self.lock_waiting.setdefault(key[0], set()).add(key[1])
             self.next_lock_poll = min(self.next_lock_poll, now + LOCK_POLL)

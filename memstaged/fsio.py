@@ -11,9 +11,12 @@ import ctypes
 import errno
 import hashlib
 import os
+import re
 import secrets
+import signal
 import stat
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Final
 
@@ -21,6 +24,11 @@ import msgspec
 
 TEMP_PREFIX: Final = ".memstaged~"
 CHUNK: Final = 1 << 20
+#: Linux's NAME_MAX, in bytes: every name memstaged makes up must fit.
+NAME_MAX: Final = 255
+_RANDOM_HEX: Final = 12
+#: A temp name's target that was too long to spell out: ``#`` and a hash of the name.
+_HASHED_TARGET: Final = re.compile(r"#[0-9a-f]{32}")
 _RENAME_NOREPLACE: Final = 1
 _RENAME_EXCHANGE: Final = 2
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -28,6 +36,48 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = _libc.renameat2
 _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 _renameat2.restype = ctypes.c_int
+_syncfs = _libc.syncfs
+_syncfs.argtypes = [ctypes.c_int]
+_syncfs.restype = ctypes.c_int
+
+
+def syncfs(fd: int) -> None:
+    """Make everything written to the file system holding ``fd`` durable, in one call.
+
+    A batch writes many temp files without fsyncing each, then makes them durable together
+    before any of them is given its name or takes a staging file's place (SPEC 5's order).
+    """
+    if _syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"syncfs: {os.strerror(err)}")
+
+
+def _crash_plan(spec: str) -> tuple[str, int] | None:
+    step, _, count = spec.rpartition(":")
+    return (step, int(count)) if step and count.isdigit() and int(count) > 0 else None
+
+
+#: Test hook, read once at import: ``MEMSTAGED_CRASH_AT=<step>:<n>`` kills this process with
+#: SIGKILL the n-th time :func:`crash_point` reaches ``<step>`` (``any`` matches every step).
+_CRASH_AT: Final = _crash_plan(os.environ.get("MEMSTAGED_CRASH_AT", ""))
+_crash_counts: Counter[str] = Counter()
+
+
+def crash_point(step: str) -> None:
+    """A named point between two steps of a write; a no-op unless ``MEMSTAGED_CRASH_AT`` is set.
+
+    The crash-consistency tests use it to kill memstaged inside the narrow windows of a rewrite
+    or a quarantine (after the temp file is written, after the exchange, after the rename-away,
+    ...) instead of hoping a random SIGKILL lands there.
+    """
+    if _CRASH_AT is None:
+        return
+    wanted, nth = _CRASH_AT
+    if wanted not in (step, "any"):
+        return
+    _crash_counts[wanted] += 1
+    if _crash_counts[wanted] == nth:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Identity(msgspec.Struct, frozen=True, array_like=True):
@@ -86,13 +136,24 @@ def fsync_dir(fd: int) -> None:
     os.fsync(fd)
 
 
+def _name_hash(name: str) -> str:
+    return "#" + hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+
+
 def temp_name(role: str, for_name: str = "") -> str:
-    """A name no writer uses: hidden, memstaged's prefix, the role, the target name, random."""
-    return f"{TEMP_PREFIX}{role}~{for_name[:200]}~{secrets.token_hex(6)}"
+    """A name no writer uses: hidden, memstaged's prefix, the role, the target name, random.
+
+    The target is spelled out so that recovery after a crash knows which file a temp belongs
+    to. A target too long for ``NAME_MAX`` (counted in bytes: a 100-character name can be 400
+    bytes) is replaced by ``#`` and a hash of it, which :func:`resolve_target` maps back.
+    """
+    budget = NAME_MAX - len(TEMP_PREFIX) - len(role) - 2 - _RANDOM_HEX
+    target = for_name if len(os.fsencode(for_name)) <= budget else _name_hash(for_name)
+    return f"{TEMP_PREFIX}{role}~{target}~{secrets.token_hex(_RANDOM_HEX // 2)}"
 
 
 def parse_temp_name(name: str) -> tuple[str, str] | None:
-    """The role and target name encoded by :func:`temp_name`, or ``None`` for any other name."""
+    """The role and target (a name, or ``#<hash>``) encoded by :func:`temp_name`, or ``None``."""
     if not name.startswith(TEMP_PREFIX):
         return None
     parts = name[len(TEMP_PREFIX) :].split("~")
@@ -101,30 +162,81 @@ def parse_temp_name(name: str) -> tuple[str, str] | None:
     return parts[0], "~".join(parts[1:-1])
 
 
+def resolve_target(target: str, names: Iterable[str]) -> str | None:
+    """The file a parsed temp name's target means: itself, or the one of ``names`` it hashes."""
+    if not _HASHED_TARGET.fullmatch(target):
+        return target
+    return next((n for n in names if _name_hash(n) == target), None)
+
+
+def clip_name(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` bytes once encoded, at a character boundary."""
+    if len(os.fsencode(text)) <= max_bytes:
+        return text
+    out: list[str] = []
+    size = 0
+    for char in text:
+        size += len(os.fsencode(char))
+        if size > max_bytes:
+            break
+        out.append(char)
+    return "".join(out)
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
 
 
+#: The role of a temp file still being written where ``O_TMPFILE`` is missing: never complete.
+PARTIAL: Final = "part"
+
+
+def _unnamed(dir_fd: int) -> int | None:
+    """An unnamed file in ``dir_fd`` (``O_TMPFILE``), or None where the file system has none."""
+    try:
+        return os.open(".", os.O_WRONLY | os.O_TMPFILE | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+
+
 def write_temp(
     dir_fd: int, data: bytes, role: str, for_name: str = "", *, sync: bool = True
 ) -> str:
-    """Write ``data`` to a new temp file in ``dir_fd`` (0600), fsynced unless told otherwise."""
+    """Write ``data`` to a new temp file in ``dir_fd`` (0600), fsynced unless told otherwise.
+
+    The temp file gets its name only once it is complete: the bytes go to an unnamed
+    ``O_TMPFILE`` inode, linked under the name when written. A crash therefore never leaves a
+    partial temp that recovery could not tell from a writer's version displaced by an exchange.
+    (Without ``O_TMPFILE``, a :data:`PARTIAL` temp is renamed; recovery deletes those.)
+    """
     name = temp_name(role, for_name)
-    fd = os.open(
-        name,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o600,
-        dir_fd=dir_fd,
-    )
+    fd = _unnamed(dir_fd)
+    part = None
+    if fd is None:
+        part = temp_name(PARTIAL, for_name)
+        fd = os.open(
+            part,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dir_fd,
+        )
+    crash_point("temp-created")
     try:
         write_all(fd, data)
         if sync:
             os.fsync(fd)
+        if part is None:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
+        else:
+            os.rename(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         os.close(fd)
-        unlink_quietly(dir_fd, name)
+        if part is not None:
+            unlink_quietly(dir_fd, part)
         raise
     os.close(fd)
     return name
@@ -156,6 +268,18 @@ def copy_to_temp(src_fd: int, dir_fd: int, role: str, for_name: str = "") -> tup
     return name, digest.hexdigest(), size
 
 
+def hash_fd(fd: int) -> tuple[str, int]:
+    """sha256 and size of a whole open file, read in bounded chunks from its start."""
+    digest = hashlib.sha256()
+    size = 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return digest.hexdigest(), size
+
+
 def unlink_quietly(dir_fd: int, name: str) -> None:
     """Remove one of memstaged's own temp files; a missing one is already what we want."""
     try:
@@ -179,18 +303,28 @@ class Snapshot(msgspec.Struct, frozen=True):
     data: bytes | None  # None when the file is larger than the limit and was not read
 
 
-@contextmanager
-def open_regular(dir_fd: int, name: str) -> Iterator[tuple[int, os.stat_result]]:
+def open_regular_fd(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
     """Open a regular file without following links and without blocking on a FIFO.
 
     Raises ``OSError`` with ``ELOOP`` for a link and ``EINVAL`` (our own) for anything that is not
-    a regular file, so the caller can log either as ``skipped``.
+    a regular file, so the caller can log either as ``skipped``. The caller closes the fd.
     """
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
+            raise OSError(errno.EINVAL, "not a regular file", name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+@contextmanager
+def open_regular(dir_fd: int, name: str) -> Iterator[tuple[int, os.stat_result]]:
+    """:func:`open_regular_fd` as a context manager that closes the fd."""
+    fd, st = open_regular_fd(dir_fd, name)
+    try:
         yield fd, st
     finally:
         os.close(fd)

@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +23,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged.errors import BusyError
-from memstaged.fsio import write_all
+from memstaged.fsio import crash_point, rename_noreplace, temp_name, unlink_quietly, write_all
 from memstaged.timestamps import format_epoch_ms
 
 CANONICAL_LOCK: Final = "canonical-writer.lock"
@@ -29,6 +31,8 @@ INSTANCE_LOCK: Final = ".memstaged.lock"
 OWNER: Final = "memstaged"
 #: An unreadable lock younger than this is taken to be still being written by its holder.
 FRESH_SECONDS: Final = 10.0
+#: A process that started this much later than the lock it seems to hold is not its holder.
+_PID_REUSE_SLACK: Final = 2.0
 
 
 class LockInfo(msgspec.Struct, frozen=True):
@@ -48,7 +52,8 @@ class LockHeld(Exception):
     """A live process holds ``canonical-writer.lock``."""
 
     def __init__(self, info: LockInfo) -> None:
-        super().__init__(f"canonical-writer.lock is held by live pid {info.pid}")
+        holder = f"live pid {info.pid}" if info.pid is not None else "a holder it does not name"
+        super().__init__(f"canonical-writer.lock is held by {holder}")
         self.info = info
 
 
@@ -62,19 +67,59 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def read_lock(mem_fd: int) -> LockInfo | None:
-    """The canonical-writer lock of a memory dir, or ``None`` when there is none."""
+def _process_start(pid: int) -> float | None:
+    """When ``pid`` started (epoch seconds), from ``/proc``; ``None`` if it cannot be told."""
     try:
-        fd = os.open(CANONICAL_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=mem_fd)
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith(b"btime "))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def _holder_alive(pid: int, owner: object, started_at: object) -> bool:
+    """Is the process that took the lock alive? A memstaged lock's pid may have been reused
+    (after a reboot, say): a process that started after the lock was taken is not its holder."""
+    if not pid_alive(pid):
+        return False
+    if owner != OWNER or not isinstance(started_at, str):
+        return True
+    try:
+        taken = dt.datetime.fromisoformat(started_at.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return True
+    started = _process_start(pid)
+    return started is None or started <= taken + _PID_REUSE_SLACK
+
+
+def read_lock(mem_fd: int) -> LockInfo | None:
+    """The canonical-writer lock of a memory dir, or ``None`` when there is none.
+
+    A lock that is a symbolic link, a FIFO or anything but a regular file is obeyed and never
+    followed or read (a FIFO would block the reader).
+    """
+    try:
+        fd = os.open(
+            CANONICAL_LOCK,
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            dir_fd=mem_fd,
+        )
     except FileNotFoundError:
         return None
     except OSError as err:
-        if err.errno != errno.ELOOP:
+        if err.errno not in (errno.ELOOP, errno.ENXIO):
             raise
-        st = os.stat(CANONICAL_LOCK, dir_fd=mem_fd, follow_symlinks=False)
-        return LockInfo(None, None, True, st.st_ino)  # a link: obey it, never follow it
+        try:
+            st = os.stat(CANONICAL_LOCK, dir_fd=mem_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return LockInfo(None, None, True, st.st_ino)  # a link or a socket: obey it, never follow
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return LockInfo(None, None, True, st.st_ino)
         raw = os.read(fd, 4096)
     finally:
         os.close(fd)
@@ -87,14 +132,15 @@ def read_lock(mem_fd: int) -> LockInfo | None:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         fresh = time.time() - st.st_mtime < FRESH_SECONDS
         return LockInfo(None, owner if isinstance(owner, str) else None, fresh, st.st_ino)
-    return LockInfo(pid, owner if isinstance(owner, str) else None, pid_alive(pid), st.st_ino)
+    alive = _holder_alive(pid, owner, content.get("started_at"))
+    return LockInfo(pid, owner if isinstance(owner, str) else None, alive, st.st_ino)
 
 
 def remove_stale_own_lock(mem_fd: int, info: LockInfo) -> bool:
     """Remove a lock memstaged created whose process is gone, if it is still that same file."""
     if not info.ours or info.alive:
         return False
-    st = os.stat(CANONICAL_LOCK, dir_fd=mem_fd, follow_symlinks=False)
+    st = os.stat(CANONICAL_LOCK, dir_fd=mem_fd, follow_symlinks=False)  # FileNotFoundError: gone
     if st.st_ino != info.ino:
         return False
     os.unlink(CANONICAL_LOCK, dir_fd=mem_fd)
@@ -118,43 +164,80 @@ def canonical_lock(mem_fd: int, on_stale: Any = None) -> Iterator[LockInfo | Non
         }
     )
     for _ in range(3):
-        try:
-            fd = os.open(
-                CANONICAL_LOCK,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-                dir_fd=mem_fd,
-            )
-        except FileExistsError:
+        ino = _create_lock(mem_fd, body)
+        if ino is None:
             info = read_lock(mem_fd)
             if info is None:
                 continue  # released meanwhile
             if info.alive:
-                raise LockHeld(info) from None
-            removed = remove_stale_own_lock(mem_fd, info)
+                raise LockHeld(info)
+            try:
+                removed = remove_stale_own_lock(mem_fd, info)
+            except FileNotFoundError:
+                continue  # removed meanwhile
             if on_stale is not None:
                 on_stale(info, removed)
             if removed:
                 continue
             yield info
             return
-        try:
-            write_all(fd, body)
-        finally:
-            os.close(fd)
-        st = os.stat(CANONICAL_LOCK, dir_fd=mem_fd, follow_symlinks=False)
+        crash_point("lock-taken")
         try:
             yield None
         finally:
-            _release(mem_fd, st.st_ino)
+            _release(mem_fd, ino)
         return
     raise LockHeld(LockInfo(None, None, True, 0))
 
 
+def _create_lock(mem_fd: int, body: bytes) -> int | None:
+    """Put a complete lock file in place, create-exclusive; its inode, or None if one is there.
+
+    The lock is written and fsynced before it gets its name, so that no one (not the
+    reconciler, not the next memstaged after a SIGKILL or a power cut) ever sees an empty
+    ``canonical-writer.lock`` whose owner it cannot tell: such a lock could never be removed and
+    would block the reconciler for ever. An unnamed ``O_TMPFILE`` inode is linked into place
+    (``linkat`` fails if the name exists), so a lost race changes nothing in the memory dir and
+    a crash leaves nothing behind; where ``O_TMPFILE`` is missing, a named temp file is renamed
+    into place with ``RENAME_NOREPLACE`` instead (a crash's leftover is removed on the next start).
+    """
+    flags = os.O_WRONLY | os.O_CLOEXEC
+    try:
+        fd = os.open(".", flags | os.O_TMPFILE, 0o600, dir_fd=mem_fd)
+        tmp = None
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+        tmp = temp_name("lock", CANONICAL_LOCK)
+        fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=mem_fd)
+    try:
+        try:
+            write_all(fd, body)
+            os.fsync(fd)
+            ino = os.fstat(fd).st_ino
+            crash_point("lock-created")
+            if tmp is None:
+                os.link(f"/proc/self/fd/{fd}", CANONICAL_LOCK, dst_dir_fd=mem_fd)
+            else:
+                rename_noreplace(mem_fd, tmp, mem_fd, CANONICAL_LOCK)
+        finally:
+            os.close(fd)
+    except FileExistsError:
+        return None
+    finally:
+        if tmp is not None:
+            unlink_quietly(mem_fd, tmp)  # a no-op once it was renamed into place
+    return ino
+
+
 def _release(mem_fd: int, ino: int) -> None:
-    st = os.stat(CANONICAL_LOCK, dir_fd=mem_fd, follow_symlinks=False)
-    if st.st_ino == ino:
-        os.unlink(CANONICAL_LOCK, dir_fd=mem_fd)
+    """Remove the lock memstaged took, unless it is gone or is no longer that same file."""
+    try:
+        st = os.stat(CANONICAL_LOCK, dir_fd=mem_fd, follow_symlinks=False)
+        if st.st_ino == ino:
+            os.unlink(CANONICAL_LOCK, dir_fd=mem_fd)
+    except FileNotFoundError:
+        pass
 
 
 class InstanceLock:

@@ -7,9 +7,12 @@ changed while being decided is decided again at once (a bounded number of times)
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Final
 
 from rich.console import Console
@@ -18,23 +21,47 @@ from rich.table import Table
 
 from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError
+from memstaged.fsio import Identity
 from memstaged.locks import InstanceLock
-from memstaged.pipeline import MemoryDir, Pipeline, list_staging
+from memstaged.pipeline import BATCH, MemoryDir, Outcome, Pipeline
+from memstaged.seen import SeenCache, key_of
 from memstaged.triage import Decision
 
 #: Show a progress bar on a terminal from this many files on.
 PROGRESS_FROM: Final = 200
 _CHANGED_RETRIES: Final = 3
 _ORDER: Final = [d.value for d in Decision]
+#: Decisions that leave a file as it is in staging/: worth remembering in the seen cache.
+_STAYS: Final = frozenset({Decision.VALID, Decision.FOREIGN})
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _decide_all(
-    pipeline: Pipeline, mdir: MemoryDir, names: list[str], advance: Any
-) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    waiting: list[tuple[float, str]] = []
-    for name in names:
-        outcome = pipeline.process(mdir, name)
+def _remember(cache: SeenCache, mdir: MemoryDir, name: str, outcome: Outcome) -> None:
+    """Cache a file that stays as it was decided, if it is still exactly that version."""
+    if outcome.decision in _STAYS and outcome.identity is not None:
+        try:
+            st = os.lstat(os.path.join(mdir.staging, name))
+        except OSError:
+            cache.forget(name)
+            return
+        if Identity.of(st) == outcome.identity:
+            cache.remember(name, key_of(st), outcome.decision.value)
+            return
+    cache.forget(name)
+
+
+def _run_batch(
+    pipeline: Pipeline,
+    mdir: MemoryDir,
+    names: list[str],
+    counts: Counter[str],
+    waiting: list[tuple[float, str]],
+    cache: SeenCache,
+    advance: Callable[[], None],
+) -> None:
+    """Decide a batch together; a file that changed meanwhile is decided again on its own."""
+    for name, first in pipeline.process_batch(mdir, names).items():
+        outcome = first
         for _ in range(_CHANGED_RETRIES):
             if not outcome.changed:
                 break
@@ -43,13 +70,52 @@ def _decide_all(
             waiting.append((outcome.retry_at, name))
         else:
             counts[outcome.decision.value] += 1
+            _remember(cache, mdir, name, outcome)
         advance()
+
+
+def _decide_all(
+    pipeline: Pipeline, mdir: MemoryDir, names: list[str], advance: Any, cache: SeenCache
+) -> tuple[Counter[str], int]:
+    """Decide every file; returns the counts per decision and how many were unchanged."""
+    counts: Counter[str] = Counter()
+    unchanged = 0
+    waiting: list[tuple[float, str]] = []
+    try:
+        staging_fd: int | None = os.open(mdir.staging, _DIR_FLAGS)
+    except OSError:
+        staging_fd = None  # pipeline.process says why, file by file
+    todo: list[str] = []
+    for name in names:
+        held = None
+        if staging_fd is not None and cache.entries:
+            try:
+                held = cache.unchanged(
+                    name, os.stat(name, dir_fd=staging_fd, follow_symlinks=False)
+                )
+            except OSError:
+                held = None
+        if held is not None:  # decided before and not changed since: not read again
+            counts[held] += 1
+            unchanged += 1
+            advance()
+            continue
+        todo.append(name)
+        if len(todo) >= BATCH:
+            _run_batch(pipeline, mdir, todo, counts, waiting, cache, advance)
+            todo = []
+    _run_batch(pipeline, mdir, todo, counts, waiting, cache, advance)
     for retry_at, name in sorted(waiting):
         delay = retry_at - time.time()
         if delay > 0:
             time.sleep(min(delay, pipeline.options.settle))
-        counts[pipeline.process(mdir, name).decision.value] += 1
-    return counts
+        outcome = pipeline.process(mdir, name)
+        counts[outcome.decision.value] += 1
+        _remember(cache, mdir, name, outcome)
+    if staging_fd is not None:
+        os.close(staging_fd)
+    cache.keep_only(set(names))
+    return counts, unchanged
 
 
 def run_once(settings: Settings, *, wait: bool = False, console: Console | None = None) -> int:
@@ -66,6 +132,7 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
         )
     pipeline = Pipeline(settings.options, _logger())
     results: dict[str, Counter[str]] = {}
+    unchanged: dict[str, int] = {}
     busy = False
     show_progress = sys.stderr.isatty()
     with Progress(console=Console(stderr=True), transient=True, disable=not show_progress) as bar:
@@ -82,27 +149,46 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
             try:
                 if not settings.options.dry_run:
                     pipeline.recover_temps(mdir)
-                names = list_staging(mdir)
+                names = pipeline.scan(mdir)
                 task = bar.add_task(
                     mdir.path, total=len(names), visible=len(names) >= PROGRESS_FROM
                 )
-                results[mdir.path] = _decide_all(
-                    pipeline, mdir, names, lambda t=task: bar.advance(t)
+                cache = _seen_cache(settings, mdir)
+                advance: Callable[[], None] = _nothing
+                if show_progress and len(names) >= PROGRESS_FROM:
+                    advance = functools.partial(bar.advance, task)
+                results[mdir.path], unchanged[mdir.path] = _decide_all(
+                    pipeline, mdir, names, advance, cache
                 )
+                if not settings.options.dry_run:
+                    cache.save()
             finally:
                 lock.release()
-    _summary(out, results, settings.options.dry_run)
+    _summary(out, results, settings.options.dry_run, unchanged)
     deferred = sum(c.get(Decision.DEFERRED.value, 0) for c in results.values())
     return 1 if deferred or busy else 0
 
 
-def _summary(out: Console, results: dict[str, Counter[str]], dry_run: bool) -> None:
+def _nothing() -> None:
+    """The progress bar's advance when no bar is shown (it costs microseconds per call)."""
+
+
+def _seen_cache(settings: Settings, mdir: MemoryDir) -> SeenCache:
+    options = settings.options
+    key = f"split={options.split_invalid_candidates}|max={options.max_file_size}"
+    return SeenCache.load(settings.state_dir, mdir.path, mdir.project_root, key)
+
+
+def _summary(
+    out: Console, results: dict[str, Counter[str]], dry_run: bool, unchanged: dict[str, int]
+) -> None:
     if not out.is_terminal:  # one greppable line per memory dir for scripts and CI logs
         for path, counts in results.items():
             parts = " ".join(f"{d}={counts.get(d, 0)}" for d in _ORDER)
             suffix = " (dry run: nothing written)" if dry_run else ""
             out.print(
-                f"{path}: {parts} total={sum(counts.values())}{suffix}",
+                f"{path}: {parts} total={sum(counts.values())} "
+                f"unchanged={unchanged.get(path, 0)}{suffix}",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -115,6 +201,9 @@ def _summary(out: Console, results: dict[str, Counter[str]], dry_run: bool) -> N
     for path, counts in results.items():
         table.add_row(path, *(str(counts.get(d, 0)) for d in _ORDER), str(sum(counts.values())))
     out.print(table)
+    skipped = sum(unchanged.values())
+    if skipped:
+        out.print(f"{skipped} files unchanged since they were decided were not read again.")
 
 
 def _logger() -> Any:

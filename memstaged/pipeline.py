@@ -9,7 +9,6 @@ while memstaged worked is handed back by ``renameat2(RENAME_EXCHANGE)`` and kept
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 import time
@@ -64,10 +63,31 @@ class Outcome(msgspec.Struct, frozen=True):
     blocked_by_lock: bool = False
 
 
+class _Pending(msgspec.Struct):
+    """A decision of a batch waiting to be carried out with the others (see process_batch)."""
+
+    name: str
+    identity: Identity
+    verdict: Verdict
+    data: bytes
+    event: dict[str, Any]
+    started: float
+    #: Dead-letter temp files written for it: (directory fd, temp name, final name).
+    installs: list[tuple[int, str, str]] = []
+    tmp: str | None = None
+
+
+#: What :meth:`Pipeline.process` returns for a file whose decision waits for its batch.
+_PENDING: Final = Outcome(Decision.DEFERRED)
+#: How many files a batch carries out together: one syncfs and one fsync per directory each.
+BATCH: Final = 256
+
+
 class _Applied(Enum):
     DONE = "done"
     CONFLICT = "conflict"
     GONE = "gone"
+    CHANGED = "changed"
 
 
 def is_staging_name(name: str) -> bool:
@@ -76,11 +96,18 @@ def is_staging_name(name: str) -> bool:
 
 
 def list_staging(mdir: MemoryDir) -> list[str]:
-    """The staging-file names in ``staging/`` (of any file type: :meth:`process` checks)."""
+    """The staging-file names in ``staging/`` (of any file type: :meth:`process` checks).
+
+    ``staging/`` is opened without following a symbolic link (SPEC 6): a ``staging/`` that is a
+    link, or is missing, has no staging files. :meth:`Pipeline.scan` also says why in the log.
+    """
     try:
-        with os.scandir(mdir.staging) as entries:
-            return sorted(e.name for e in entries if is_staging_name(e.name))
-    except (FileNotFoundError, NotADirectoryError):
+        with (
+            fsio.opened_dir(mdir.path) as mem_fd,
+            fsio.opened_dir(STAGING, mem_fd) as staging_fd,
+        ):
+            return sorted(name for name in os.listdir(staging_fd) if is_staging_name(name))
+    except OSError:
         return []
 
 
@@ -92,6 +119,23 @@ def _skip_reason(st: os.stat_result) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file (FIFO, socket or device)"
     return None
+
+
+def _is_link(err: OSError, dir_fd: int | None, name: str) -> bool:
+    """Did opening a directory fail because it is a symbolic link (``O_NOFOLLOW``)?
+
+    With ``O_DIRECTORY`` Linux reports a link as ``ENOTDIR``, not ``ELOOP``: look.
+    """
+    if err.errno not in (errno.ELOOP, errno.ENOTDIR):
+        return False
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _reason(err: OSError) -> str:
+    return f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
 
 
 class Pipeline:
@@ -106,6 +150,8 @@ class Pipeline:
         self.options = options
         self.log = logger
         self.clock = clock
+        #: While :meth:`process_batch` runs: the decisions waiting to be carried out.
+        self._batch: list[_Pending] | None = None
 
     # -- one file -----------------------------------------------------------------------------
 
@@ -118,8 +164,7 @@ class Pipeline:
         try:
             outcome = self._process(mdir, name, event)
         except OSError as err:
-            reason = f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
-            event.setdefault("reasons", []).append(f"I/O error, will retry: {reason}")
+            event.setdefault("reasons", []).append(f"I/O error, will retry: {_reason(err)}")
             outcome = Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle)
             event["decision"] = Decision.DEFERRED.value
             event["level_hint"] = "error"
@@ -129,9 +174,175 @@ class Pipeline:
             outcome = Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle)
             event["decision"] = Decision.DEFERRED.value
             event["level_hint"] = "error"
+        if outcome is _PENDING:
+            self._batch[-1].started = started  # type: ignore[index]
+            return outcome
         event["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
         self._emit(event)
         return outcome
+
+    def process_batch(self, mdir: MemoryDir, names: list[str]) -> dict[str, Outcome]:
+        """Decide ``names`` and carry their decisions out together (``--once``'s backlog).
+
+        Each file is read and decided as by :meth:`process`; the rewrites and quarantines are
+        then written without an fsync each, made durable by one ``syncfs``, given their names
+        (dead-letter files) and one fsync per directory, and only then do staging files get
+        replaced or removed, followed by one fsync of ``staging/``. SPEC 5's order holds for
+        every file; the fsyncs are shared. Too-large files and dry runs go one by one.
+        """
+        outcomes: dict[str, Outcome] = {}
+        if self.options.dry_run:
+            return {name: self.process(mdir, name) for name in names}
+        self._batch = []
+        try:
+            for name in names:
+                outcomes[name] = self.process(mdir, name)
+        finally:
+            pending, self._batch = self._batch, None
+        if pending:
+            self._apply_batch(mdir, pending, outcomes)
+        return outcomes
+
+    def _apply_batch(
+        self, mdir: MemoryDir, pending: list[_Pending], outcomes: dict[str, Outcome]
+    ) -> None:
+        try:
+            with (
+                fsio.opened_dir(mdir.path) as mem_fd,
+                fsio.opened_dir(STAGING, mem_fd) as staging_fd,
+                canonical_lock(mem_fd, self._on_stale),
+            ):
+                self._apply_locked(mem_fd, staging_fd, pending, outcomes)
+        except LockHeld as held:
+            for item in pending:
+                if outcomes.get(item.name) is _PENDING:
+                    item.event["decision"] = Decision.DEFERRED.value
+                    item.event["reasons"] = [*item.event.get("reasons", []), str(held)]
+                    outcomes[item.name] = Outcome(
+                        Decision.DEFERRED, item.identity, blocked_by_lock=True
+                    )
+        except OSError as err:
+            for item in pending:
+                if outcomes.get(item.name) is _PENDING:
+                    item.event["decision"] = Decision.DEFERRED.value
+                    item.event["level_hint"] = "error"
+                    item.event["reasons"] = [
+                        *item.event.get("reasons", []),
+                        f"I/O error, will retry: {_reason(err)}",
+                    ]
+                    outcomes[item.name] = Outcome(
+                        Decision.DEFERRED,
+                        item.identity,
+                        retry_at=self.clock() + self.options.settle,
+                    )
+        for item in pending:
+            item.event["duration_ms"] = round((time.perf_counter() - item.started) * 1000, 3)
+            self._emit(item.event)
+
+    def _apply_locked(
+        self,
+        mem_fd: int,
+        staging_fd: int,
+        pending: list[_Pending],
+        outcomes: dict[str, Outcome],
+    ) -> None:
+        live: list[_Pending] = []
+        ours: list[tuple[int, str]] = []  # temp files not yet installed or handed on
+        dirs: tuple[int, int] | None = None  # deadletter/ and originals/, once needed
+        try:
+            for item in pending:
+                early = self._unchanged(staging_fd, item.name, item.identity)
+                if early is not None:
+                    outcomes[item.name] = _finish(item.event, item.identity, early, item.identity)
+                    continue
+                dirs = self._write_unsynced(mem_fd, staging_fd, item, dirs, ours)
+                live.append(item)
+            fsio.crash_point("batch-written")
+            fsio.syncfs(mem_fd)  # every temp file's data is durable from here on
+            for item in live:
+                for dir_fd, tmp, final in item.installs:
+                    _install(dir_fd, tmp, final)
+                    ours.remove((dir_fd, tmp))
+                    fsio.crash_point("record-written")
+            if dirs is not None:
+                fsio.fsync_dir(dirs[1])
+                fsio.fsync_dir(dirs[0])
+                fsio.fsync_dir(mem_fd)
+                fsio.crash_point("deadletter-synced")
+            for item in live:
+                if item.tmp is not None:
+                    ours.remove((staging_fd, item.tmp))  # _replace owns it now
+                    assert item.verdict.new_bytes is not None
+                    applied, final_id = self._replace(
+                        staging_fd,
+                        item.name,
+                        item.identity,
+                        item.verdict.new_bytes,
+                        tmp=item.tmp,
+                        sync_dir=False,
+                    )
+                else:
+                    applied = self._remove(staging_fd, item.name, item.identity, sync_dir=False)
+                    final_id = item.identity
+                outcomes[item.name] = _finish(item.event, item.identity, applied, final_id)
+            fsio.fsync_dir(staging_fd)
+        finally:
+            for dir_fd, tmp in ours:
+                fsio.unlink_quietly(dir_fd, tmp)
+            for fd in dirs or ():
+                os.close(fd)
+
+    @staticmethod
+    def _write_unsynced(
+        mem_fd: int,
+        staging_fd: int,
+        item: _Pending,
+        dirs: tuple[int, int] | None,
+        ours: list[tuple[int, str]],
+    ) -> tuple[int, int] | None:
+        """Write an item's dead-letter files and rewrite as temp files, without fsync."""
+        verdict = item.verdict
+        if verdict.deadletter:
+            assert verdict.original is not None
+            if dirs is None:
+                dl_fd = _open_deadletter(mem_fd)
+                try:
+                    dirs = (dl_fd, fsio.open_dir(ORIGINALS_DIR, dl_fd, create=True))
+                except OSError:
+                    os.close(dl_fd)
+                    raise
+            wanted = [(dirs[1], verdict.original, item.data)]
+            wanted += [(dirs[0], r.name, r.body) for r in verdict.deadletter]
+            for dir_fd, final, body in wanted:
+                if fsio.lstat_at(dir_fd, final) is None:
+                    tmp = fsio.write_temp(dir_fd, body, "rec", final, sync=False)
+                    ours.append((dir_fd, tmp))
+                    item.installs.append((dir_fd, tmp, final))
+        if verdict.decision is Decision.REPAIRED:
+            assert verdict.new_bytes is not None
+            item.tmp = fsio.write_temp(staging_fd, verdict.new_bytes, "new", item.name, sync=False)
+            ours.append((staging_fd, item.tmp))
+            fsio.crash_point("temp-written")
+        return dirs
+
+    def scan(self, mdir: MemoryDir) -> list[str]:
+        """:func:`list_staging`, and a ``skipped`` event when ``staging/`` is a symbolic link."""
+        path = mdir.staging
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return []
+        if stat.S_ISLNK(st.st_mode):
+            self._emit(
+                {
+                    "path": path,
+                    "memory_dir": mdir.path,
+                    "decision": Decision.SKIPPED.value,
+                    "reasons": ["staging/ is a symbolic link: never followed"],
+                }
+            )
+            return []
+        return list_staging(mdir)
 
     def _emit(self, event: dict[str, Any]) -> None:
         hint = event.pop("level_hint", None)
@@ -151,30 +362,33 @@ class Pipeline:
 
         if not is_staging_name(name):
             return finish(Decision.SKIPPED, "not a staging file name")
-        with fsio.opened_dir(mdir.path) as mem_fd:
+        try:
+            mem_fd = fsio.open_dir(mdir.path)
+        except OSError as err:
+            if _is_link(err, None, mdir.path):
+                return finish(Decision.SKIPPED, "the memory dir is a symbolic link: never followed")
+            raise
+        try:
             try:
                 staging_fd = fsio.open_dir(STAGING, mem_fd)
             except OSError as err:
-                if err.errno == errno.ELOOP:
+                if _is_link(err, mem_fd, STAGING):
                     return finish(Decision.SKIPPED, "staging/ is a symbolic link: never followed")
                 raise
             try:
                 held = self._lock_held(mem_fd)
                 if held is not None:
-                    return finish(
-                        Decision.DEFERRED,
-                        f"canonical-writer.lock is held by live pid {held.pid}",
-                        blocked_by_lock=True,
-                    )
+                    return finish(Decision.DEFERRED, str(LockHeld(held)), blocked_by_lock=True)
                 st = fsio.lstat_at(staging_fd, name)
                 if st is None:
                     return finish(Decision.SKIPPED, "vanished before it could be read")
                 reason = _skip_reason(st)
                 if reason is not None:
                     return finish(Decision.SKIPPED, reason, identity=Identity.of(st))
+                # Only the open is mapped to skipped/deferred: an error while the decision is
+                # carried out (deadletter/ a link, read-only, full) must stay a retried I/O error.
                 try:
-                    with fsio.open_regular(staging_fd, name) as (fd, st):
-                        return self._decide_open(mdir, name, mem_fd, staging_fd, fd, st, event)
+                    fd, st = fsio.open_regular_fd(staging_fd, name)
                 except OSError as err:
                     if err.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO):
                         return finish(Decision.SKIPPED, "replaced by a link or special file")
@@ -183,8 +397,14 @@ class Pipeline:
                     if err.errno in (errno.EACCES, errno.EPERM):
                         return finish(Decision.DEFERRED, "cannot read it: permission denied")
                     raise
+                try:
+                    return self._decide_open(mdir, name, mem_fd, staging_fd, fd, st, event)
+                finally:
+                    os.close(fd)
             finally:
                 os.close(staging_fd)
+        finally:
+            os.close(mem_fd)
 
     def _lock_held(self, mem_fd: int) -> LockInfo | None:
         info = read_lock(mem_fd)
@@ -192,7 +412,11 @@ class Pipeline:
             return None
         if info.alive:
             return info
-        self._on_stale(info, remove_stale_own_lock(mem_fd, info))
+        try:
+            removed = remove_stale_own_lock(mem_fd, info)
+        except FileNotFoundError:
+            return None  # released meanwhile
+        self._on_stale(info, removed)
         return None
 
     def _on_stale(self, info: LockInfo, removed: bool) -> None:
@@ -227,26 +451,16 @@ class Pipeline:
         )
         limit = self.options.max_file_size
         data = None if st.st_size > limit else fsio.read_fd(fd, st.st_size, limit)
-        original_tmp: str | None = None
         if data is None:
-            verdict, original_tmp = self._too_large(ctx, mem_fd, fd, limit, identity)
-            if verdict is None:
-                event.update(decision="deferred", reasons=["changed while being copied"])
-                return Outcome(Decision.DEFERRED, identity, changed=True)
+            if not self.options.dry_run:
+                return self._quarantine_too_large(
+                    mem_fd, staging_fd, name, fd, identity, ctx, event
+                )
+            sha, size = fsio.hash_fd(fd)
+            verdict = decide_too_large(ctx, sha, size, limit)
         else:
             verdict = decide(data, ctx)
-        event.update(
-            decision=verdict.decision.value,
-            session_id=verdict.session_id,
-            sha256=verdict.sha256,
-            size=verdict.size,
-            reasons=list(verdict.reasons),
-        )
-        if verdict.repairs:
-            event["repairs"] = [msgspec.to_builtins(r) for r in verdict.repairs]
-        if verdict.deadletter:
-            event["deadletter"] = [f"{DEADLETTER}/{r.name}" for r in verdict.deadletter]
-            event["deadletter"].append(f"{DEADLETTER}/{ORIGINALS_DIR}/{verdict.original}")
+        _describe(event, verdict)
         if verdict.decision is Decision.DEFERRED:
             return Outcome(Decision.DEFERRED, identity, retry_at=st.st_mtime + self.options.settle)
         if self.options.dry_run or verdict.decision not in (
@@ -254,58 +468,86 @@ class Pipeline:
             Decision.QUARANTINED,
         ):
             return Outcome(verdict.decision, identity)
-        try:
+
+        if self._batch is not None and data is not None:
+            self._batch.append(_Pending(name, identity, verdict, data, event, 0.0))
+            return _PENDING
+
+        def apply() -> tuple[_Applied, Identity]:
+            early = self._unchanged(staging_fd, name, identity)
+            if early is not None:
+                return early, identity  # nothing written: the newer version is decided afresh
             if verdict.deadletter:
-                self._write_deadletter(mem_fd, verdict, data, original_tmp)
+                self._write_deadletter(mem_fd, verdict, data, None)
             if verdict.decision is Decision.REPAIRED:
                 assert verdict.new_bytes is not None
-                applied = self._replace(mem_fd, staging_fd, name, identity, verdict.new_bytes)
-            else:
-                applied = self._remove(mem_fd, staging_fd, name, identity)
+                return self._replace(staging_fd, name, identity, verdict.new_bytes)
+            return self._remove(staging_fd, name, identity), identity
+
+        return self._locked(mem_fd, identity, event, apply)
+
+    def _locked(
+        self,
+        mem_fd: int,
+        identity: Identity,
+        event: dict[str, Any],
+        apply: Callable[[], tuple[_Applied, Identity]],
+    ) -> Outcome:
+        """Carry a decision out while holding ``canonical-writer.lock`` (SPEC 5).
+
+        The lock covers every change of the decision (dead-letter files, temp files, the
+        rewrite or removal), so nothing in the memory dir changes while the reconciler holds it.
+        ``apply`` returns what happened and the identity of the version now decided: for a
+        repair, the rewrite memstaged put in place, so that a rescan does not decide it again.
+        """
+        try:
+            with canonical_lock(mem_fd, self._on_stale):
+                applied, final = apply()
         except LockHeld as held:
             event["decision"] = Decision.DEFERRED.value
-            event["reasons"] = [*event["reasons"], str(held)]
+            event["reasons"] = [*event.get("reasons", []), str(held)]
             return Outcome(Decision.DEFERRED, identity, blocked_by_lock=True)
-        if applied is _Applied.GONE:
-            event["decision"] = Decision.SKIPPED.value
-            event["reasons"] = [*event["reasons"], "vanished before the decision was applied"]
-            return Outcome(Decision.SKIPPED, identity)
-        if applied is _Applied.CONFLICT:
-            event["decision"] = Decision.DEFERRED.value
-            event["reasons"] = [
-                *event["reasons"],
-                "changed while being decided: the newer version is kept and decided afresh",
-            ]
-            return Outcome(Decision.DEFERRED, identity, changed=True)
-        if verdict.decision is Decision.REPAIRED:
-            # The rewrite is a new version; hand back its identity so a rescan does not redo it.
-            new_st = fsio.lstat_at(staging_fd, name)
-            return Outcome(verdict.decision, Identity.of(new_st) if new_st else None)
-        return Outcome(verdict.decision, identity)
+        return _finish(event, identity, applied, final)
 
-    # -- too large ----------------------------------------------------------------------------
+    def _quarantine_too_large(
+        self,
+        mem_fd: int,
+        staging_fd: int,
+        name: str,
+        fd: int,
+        identity: Identity,
+        ctx: Context,
+        event: dict[str, Any],
+    ) -> Outcome:
+        """SPEC 6: copy the file in bounded chunks (never read whole), then quarantine it."""
+        limit = self.options.max_file_size
+        event.update(
+            decision=Decision.QUARANTINED.value,
+            size=identity.size,
+            reasons=[f"file too large ({identity.size} bytes, limit {limit})"],
+        )
 
-    def _too_large(
-        self, ctx: Context, mem_fd: int, fd: int, limit: int, identity: Identity
-    ) -> tuple[Verdict | None, str | None]:
-        """Copy (or, in a dry run, hash) a file in bounded chunks, never reading it whole."""
-        if self.options.dry_run:
-            digest = hashlib.sha256()
-            size = 0
-            os.lseek(fd, 0, os.SEEK_SET)
-            while chunk := os.read(fd, fsio.CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-            return decide_too_large(ctx, digest.hexdigest(), size, limit), None
-        with (
-            fsio.opened_dir(DEADLETTER, mem_fd, create=True) as dl_fd,
-            fsio.opened_dir(ORIGINALS_DIR, dl_fd, create=True) as or_fd,
-        ):
-            tmp, sha, size = fsio.copy_to_temp(fd, or_fd, "orig", ctx.file_name)
-            if Identity.of(os.fstat(fd)) != identity or size != identity.size:
-                fsio.unlink_quietly(or_fd, tmp)
-                return None, None
-        return decide_too_large(ctx, sha, size, limit), tmp
+        def apply() -> tuple[_Applied, Identity]:
+            early = self._unchanged(staging_fd, name, identity)
+            if early is not None:
+                return early, identity  # no point copying a version that is already gone
+            with (
+                fsio.opened_dir(DEADLETTER, mem_fd, create=True) as dl_fd,
+                fsio.opened_dir(ORIGINALS_DIR, dl_fd, create=True) as or_fd,
+            ):
+                tmp, sha, size = fsio.copy_to_temp(fd, or_fd, "orig", ctx.file_name)
+                try:
+                    fsio.crash_point("copy-written")
+                    if Identity.of(os.fstat(fd)) != identity or size != identity.size:
+                        return _Applied.CHANGED, identity
+                    verdict = decide_too_large(ctx, sha, size, limit)
+                    _describe(event, verdict)
+                    self._write_deadletter(mem_fd, verdict, None, tmp)
+                finally:
+                    fsio.unlink_quietly(or_fd, tmp)  # a no-op once it was installed
+            return self._remove(staging_fd, name, identity), identity
+
+        return self._locked(mem_fd, identity, event, apply)
 
     # -- applying -------------------------------------------------------------------------------
 
@@ -314,89 +556,132 @@ class Pipeline:
     ) -> None:
         """Originals and records, each complete under its final name, then all of it durable."""
         assert verdict.original is not None
-        with (
-            fsio.opened_dir(DEADLETTER, mem_fd, create=True) as dl_fd,
-            fsio.opened_dir(ORIGINALS_DIR, dl_fd, create=True) as or_fd,
-        ):
-            if original_tmp is not None:
-                _install(or_fd, original_tmp, verdict.original)
-            elif fsio.lstat_at(or_fd, verdict.original) is None:
-                assert data is not None
-                tmp = fsio.write_temp(or_fd, data, "orig", verdict.original)
-                _install(or_fd, tmp, verdict.original)
-            for record in verdict.deadletter:
-                if fsio.lstat_at(dl_fd, record.name) is None:
-                    tmp = fsio.write_temp(dl_fd, record.body, "rec", record.name)
-                    _install(dl_fd, tmp, record.name)
-            fsio.fsync_dir(or_fd)
-            fsio.fsync_dir(dl_fd)
+        dl_fd = _open_deadletter(mem_fd)
+        try:
+            with fsio.opened_dir(ORIGINALS_DIR, dl_fd, create=True) as or_fd:
+                if original_tmp is not None:
+                    _install(or_fd, original_tmp, verdict.original)
+                elif fsio.lstat_at(or_fd, verdict.original) is None:
+                    assert data is not None
+                    tmp = fsio.write_temp(or_fd, data, "orig", verdict.original)
+                    _install(or_fd, tmp, verdict.original)
+                fsio.crash_point("original-written")
+                for record in verdict.deadletter:
+                    if fsio.lstat_at(dl_fd, record.name) is None:
+                        tmp = fsio.write_temp(dl_fd, record.body, "rec", record.name)
+                        _install(dl_fd, tmp, record.name)
+                        fsio.crash_point("record-written")
+                # The files are fsynced; now their names (and the directories' own names).
+                fsio.fsync_dir(or_fd)
+                fsio.fsync_dir(dl_fd)
+        finally:
+            os.close(dl_fd)
         fsio.fsync_dir(mem_fd)
+        fsio.crash_point("deadletter-synced")
+
+    @staticmethod
+    def _unchanged(staging_fd: int, name: str, identity: Identity) -> _Applied | None:
+        """``None`` while ``name`` still holds the version that was read; else GONE or CONFLICT.
+
+        A cheap check before anything is written or displaced: the usual conflict (a writer
+        renamed a new version in while memstaged was deciding) then changes nothing at all.
+        """
+        current = fsio.lstat_at(staging_fd, name)
+        if current is None:
+            return _Applied.GONE
+        return None if Identity.of(current) == identity else _Applied.CONFLICT
 
     def _replace(
-        self, mem_fd: int, staging_fd: int, name: str, identity: Identity, new_bytes: bytes
-    ) -> _Applied:
-        """Atomically put ``new_bytes`` in place of exactly the version that was read."""
-        tmp = fsio.write_temp(staging_fd, new_bytes, "new", name)
-        ours = os.stat(tmp, dir_fd=staging_fd, follow_symlinks=False).st_ino
-        # Until the exchange, and again once it hands our file back, the temp name holds only
-        # our rewrite; in between it may hold a writer's version, which must never be unlinked.
+        self,
+        staging_fd: int,
+        name: str,
+        identity: Identity,
+        new_bytes: bytes,
+        *,
+        tmp: str | None = None,
+        sync_dir: bool = True,
+    ) -> tuple[_Applied, Identity]:
+        """Atomically put ``new_bytes`` in place of exactly the version that was read.
+
+        The exchange hands back whatever it displaced. If that is not the version that was read
+        (a writer renamed a newer one in between the check and the exchange), the writer's
+        version is kept beside, under a ``.conflict-`` name, and never put back under ``name``:
+        our rewrite was visible there for a moment, a writer may have read it and be about to
+        rename its next version over ``name``, which would silently destroy the one put back.
+        """
+        if tmp is None:  # a batch passes a temp it wrote and made durable already
+            tmp = fsio.write_temp(staging_fd, new_bytes, "new", name)
+            fsio.crash_point("temp-written")
+        # An exchange keeps inode, size and mtime: this is the rewrite's identity once in place.
+        rewrite = Identity.of(os.stat(tmp, dir_fd=staging_fd, follow_symlinks=False))
+        # Until the exchange the temp name holds only our rewrite; after it, the displaced
+        # version, which may be a writer's and must then never be unlinked.
         tmp_is_ours = True
         try:
-            with canonical_lock(mem_fd, self._on_stale):
-                try:
-                    fsio.exchange(staging_fd, tmp, name)
-                except FileNotFoundError:
-                    return _Applied.GONE
-                tmp_is_ours = False
-                displaced = fsio.lstat_at(staging_fd, tmp)
-                if displaced is not None and Identity.of(displaced) == identity:
-                    os.unlink(tmp, dir_fd=staging_fd)
-                    fsio.fsync_dir(staging_fd)
-                    return _Applied.DONE
-                # A writer put a newer version in place after the read: give it back.
+            early = self._unchanged(staging_fd, name, identity)
+            if early is not None:
+                return early, identity
+            try:
                 fsio.exchange(staging_fd, tmp, name)
-                back = fsio.lstat_at(staging_fd, tmp)
-                if back is not None and back.st_ino == ours:
-                    tmp_is_ours = True
-                else:
-                    # ...and yet another one replaced our rewrite meanwhile: the newest goes back
-                    # in place, the one it displaced is kept under a new staging name.
-                    fsio.exchange(staging_fd, tmp, name)
-                    self._park(staging_fd, tmp, name)
+            except FileNotFoundError:
+                return _Applied.GONE, identity
+            tmp_is_ours = False
+            fsio.crash_point("exchanged")
+            displaced = fsio.lstat_at(staging_fd, tmp)
+            if displaced is not None and Identity.of(displaced) == identity:
+                os.unlink(tmp, dir_fd=staging_fd)
+                fsio.crash_point("replaced")
+                if sync_dir:
+                    fsio.fsync_dir(staging_fd)
+                return _Applied.DONE, rewrite
+            self._park(staging_fd, tmp, name)
+            if sync_dir:
                 fsio.fsync_dir(staging_fd)
-                return _Applied.CONFLICT
+            return _Applied.CONFLICT, identity
         finally:
             if tmp_is_ours:
                 fsio.unlink_quietly(staging_fd, tmp)
 
-    def _remove(self, mem_fd: int, staging_fd: int, name: str, identity: Identity) -> _Applied:
-        """Remove exactly the version that was read; a newer one is put back, never lost."""
-        with canonical_lock(mem_fd, self._on_stale):
-            out = fsio.temp_name("out", name)
-            try:
-                os.rename(name, out, src_dir_fd=staging_fd, dst_dir_fd=staging_fd)
-            except FileNotFoundError:
-                return _Applied.GONE
-            moved = fsio.lstat_at(staging_fd, out)
-            if moved is not None and Identity.of(moved) == identity:
-                os.unlink(out, dir_fd=staging_fd)
+    def _remove(
+        self, staging_fd: int, name: str, identity: Identity, *, sync_dir: bool = True
+    ) -> _Applied:
+        """Remove exactly the version that was read; a newer one is kept, never lost.
+
+        The file is renamed away to a temp name and checked there. A writer's version caught by
+        that rename is kept under a ``.conflict-`` name rather than renamed back: while ``name``
+        was absent a writer may have started a fresh file, whose rename would destroy it.
+        """
+        early = self._unchanged(staging_fd, name, identity)
+        if early is not None:
+            return early
+        out = fsio.temp_name("out", name)
+        try:
+            os.rename(name, out, src_dir_fd=staging_fd, dst_dir_fd=staging_fd)
+        except FileNotFoundError:
+            return _Applied.GONE
+        fsio.crash_point("renamed-away")
+        moved = fsio.lstat_at(staging_fd, out)
+        if moved is not None and Identity.of(moved) == identity:
+            os.unlink(out, dir_fd=staging_fd)
+            fsio.crash_point("removed")
+            if sync_dir:
                 fsio.fsync_dir(staging_fd)
-                return _Applied.DONE
-            try:
-                fsio.rename_noreplace(staging_fd, out, staging_fd, name)
-            except FileExistsError:
-                self._park(staging_fd, out, name)
+            return _Applied.DONE
+        self._park(staging_fd, out, name)
+        if sync_dir:
             fsio.fsync_dir(staging_fd)
-            return _Applied.CONFLICT
+        return _Applied.CONFLICT
 
     def _park(self, staging_fd: int, tmp: str, name: str) -> str:
         """Keep a displaced writer version as a new staging file, to be decided on its own."""
+        base = fsio.clip_name(stem(name), 180)
         for attempt in range(100):
-            parked = f"{stem(name)[:180]}.conflict-{int(self.clock())}-{attempt}.json"
+            parked = f"{base}.conflict-{int(self.clock())}-{attempt}.json"
             try:
                 fsio.rename_noreplace(staging_fd, tmp, staging_fd, parked)
             except FileExistsError:
                 continue
+            fsio.crash_point("parked")
             self.log.warning("conflict_parked", path=name, kept_as=parked)
             return parked
         raise OSError(errno.EEXIST, "no free name to keep a displaced version", name)
@@ -406,94 +691,197 @@ class Pipeline:
     def recover_temps(self, mdir: MemoryDir) -> None:
         """Clean up what a killed memstaged left: delete only what is provably redundant.
 
-        A temp file in ``deadletter/`` only ever holds memstaged's own record or copy: delete it.
-        A temp file in ``staging/`` may hold a writer's version that was displaced at the moment
-        of the crash, so it is deleted only when the same bytes are safe elsewhere; otherwise it
-        is put back under its name, or kept under a new staging name.
+        A temp file in the memory dir (a lock being taken) or in ``deadletter/`` only ever
+        holds memstaged's own lock, record or copy: delete it. A temp file in ``staging/`` may
+        hold a writer's version that was displaced at the moment of the crash, so it is deleted
+        only when the same bytes (or their repair) are safe elsewhere; otherwise it is kept as a
+        new staging file ``<stem>.conflict-<t>-<n>.json`` and decided on its own. Never raises:
+        what cannot be cleaned up is logged.
         """
         try:
             mem_fd = fsio.open_dir(mdir.path)
-        except FileNotFoundError:
+        except OSError:
             return
         try:
-            self._recover_deadletter(mem_fd)
+            self._recover_plain(mem_fd, ".")
+            self._recover_plain(mem_fd, DEADLETTER)
+            self._recover_plain(mem_fd, f"{DEADLETTER}/{ORIGINALS_DIR}")
             try:
                 staging_fd = fsio.open_dir(STAGING, mem_fd)
-            except (FileNotFoundError, NotADirectoryError):
+            except OSError:
                 return
             try:
-                for entry in sorted(os.listdir(staging_fd)):
+                names = os.listdir(staging_fd)
+                for entry in sorted(names):
                     parsed = fsio.parse_temp_name(entry)
-                    if parsed is not None:
-                        self._recover_staging_temp(mdir, mem_fd, staging_fd, entry, parsed[1])
+                    if parsed is None:
+                        continue
+                    if parsed[0] == fsio.PARTIAL:  # still being written: never anyone's version
+                        fsio.unlink_quietly(staging_fd, entry)
+                        self.log.info("temp_recovered", path=f"{STAGING}/{entry}", action="deleted")
+                        continue
+                    try:
+                        self._recover_staging_temp(
+                            mdir, mem_fd, staging_fd, entry, parsed[1], names
+                        )
+                    except OSError as err:
+                        self.log.error(
+                            "temp_recovered",
+                            path=f"{STAGING}/{entry}",
+                            action=f"left alone: {_reason(err)}",
+                        )
             finally:
                 os.close(staging_fd)
+        except OSError as err:
+            self.log.error(
+                "temp_recovered", memory_dir=mdir.path, action=f"stopped: {_reason(err)}"
+            )
         finally:
             os.close(mem_fd)
 
-    def _recover_deadletter(self, mem_fd: int) -> None:
-        for sub in (DEADLETTER, f"{DEADLETTER}/{ORIGINALS_DIR}"):
-            try:
-                fd = fsio.open_dir(sub, mem_fd)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            try:
-                for entry in os.listdir(fd):
-                    if fsio.parse_temp_name(entry) is not None:
-                        fsio.unlink_quietly(fd, entry)
-                        self.log.info("temp_recovered", path=f"{sub}/{entry}", action="deleted")
-            finally:
-                os.close(fd)
-
-    def _read_at(self, dir_fd: int, name: str) -> bytes | None:
+    def _recover_plain(self, mem_fd: int, sub: str) -> None:
         try:
-            with fsio.open_regular(dir_fd, name) as (fd, st):
-                return fsio.read_fd(fd, st.st_size, self.options.max_file_size)
+            fd = fsio.open_dir(sub, mem_fd) if sub != "." else os.dup(mem_fd)
         except OSError:
+            return
+        try:
+            for entry in os.listdir(fd):
+                if fsio.parse_temp_name(entry) is not None:
+                    fsio.unlink_quietly(fd, entry)
+                    self.log.info("temp_recovered", path=f"{sub}/{entry}", action="deleted")
+        finally:
+            os.close(fd)
+
+    def _snapshot(self, dir_fd: int, name: str) -> tuple[str, bytes | None] | None:
+        """sha256 and (unless larger than the size limit) the bytes of a regular file."""
+        try:
+            with fsio.open_regular(dir_fd, name) as (fd, _st):
+                sha, size = fsio.hash_fd(fd)
+                limit = self.options.max_file_size
+                return sha, fsio.read_fd(fd, size, limit) if size <= limit else None
+        except FileNotFoundError:
             return None
 
     def _recover_staging_temp(
-        self, mdir: MemoryDir, mem_fd: int, staging_fd: int, entry: str, target: str
+        self,
+        mdir: MemoryDir,
+        mem_fd: int,
+        staging_fd: int,
+        entry: str,
+        encoded_target: str,
+        names: list[str],
     ) -> None:
-        data = self._read_at(staging_fd, entry)
         path = f"{STAGING}/{entry}"
-        if data is None:
-            self.log.warning("temp_recovered", path=path, action="left alone: cannot read it")
+        try:
+            ours = self._snapshot(staging_fd, entry)
+        except OSError as err:
+            self.log.warning("temp_recovered", path=path, action=f"left alone: {_reason(err)}")
             return
-        current = self._read_at(staging_fd, target) if is_staging_name(target) else None
-        sha = hashlib.sha256(data).hexdigest()
-        redundant = data == current or self._in_originals(mem_fd, target, sha)
-        if not redundant and current is not None:
+        if ours is None:
+            return  # gone meanwhile
+        sha, data = ours
+        target = fsio.resolve_target(encoded_target, names)
+        theirs: tuple[str, bytes | None] | None = None
+        if target is not None and is_staging_name(target):
+            try:
+                theirs = self._snapshot(staging_fd, target)
+            except OSError:
+                theirs = ("", None)  # something unreadable holds the name: keep ours beside it
+        redundant = (theirs is not None and theirs[0] == sha) or self._in_originals(
+            mem_fd, target, sha
+        )
+        if not redundant and data is not None and theirs is not None and theirs[1] is not None:
+            assert target is not None
+            current = theirs[1]
             ctx = Context(
                 mdir.project_root,
                 target,
                 settled=True,
                 split_invalid_candidates=self.options.split_invalid_candidates,
             )
-            ours = decide(data, ctx)
-            theirs = decide(current, ctx)
-            redundant = ours.new_bytes == current or theirs.new_bytes == data
+            # One is the repair of the other: a rewrite that was (or was not yet) put in place.
+            redundant = (
+                decide(data, ctx).new_bytes == current or decide(current, ctx).new_bytes == data
+            )
         if redundant:
             fsio.unlink_quietly(staging_fd, entry)
             action = "deleted: the same content is in staging/ or deadletter/"
-        elif current is None and is_staging_name(target):
-            try:
-                fsio.rename_noreplace(staging_fd, entry, staging_fd, target)
-                action = f"restored as {target}"
-            except FileExistsError:
-                action = f"kept as {self._park(staging_fd, entry, target)}"
         else:
+            # Kept beside, never renamed back under the target's name: writers are back at
+            # work, and one that found the name absent may be about to rename a fresh file there.
             action = f"kept as {self._park(staging_fd, entry, target or 'recovered.json')}"
         fsio.fsync_dir(staging_fd)
+        fsio.crash_point("temp-recovered")
         self.log.warning("temp_recovered", path=path, action=action)
 
     @staticmethod
-    def _in_originals(mem_fd: int, target: str, sha: str) -> bool:
+    def _in_originals(mem_fd: int, target: str | None, sha: str) -> bool:
+        """Are these bytes already in ``deadletter/originals/`` (under the target's name)?"""
         try:
             with fsio.opened_dir(f"{DEADLETTER}/{ORIGINALS_DIR}", mem_fd) as or_fd:
-                return fsio.lstat_at(or_fd, original_name(target, sha)) is not None
+                if target is not None:
+                    return fsio.lstat_at(or_fd, original_name(target, sha)) is not None
+                # The target's name is not known (too long to spell out, and gone): any
+                # original with these exact bytes will do.
+                suffix = original_name("x", sha)[1:]
+                for name in os.listdir(or_fd):
+                    if name.endswith(suffix):
+                        with fsio.open_regular(or_fd, name) as (fd, _st):
+                            if fsio.hash_fd(fd)[0] == sha:
+                                return True
+                return False
         except (FileNotFoundError, NotADirectoryError):
             return False
+
+
+def _describe(event: dict[str, Any], verdict: Verdict) -> None:
+    """Put what a verdict says into the decision's log event (SPEC 7)."""
+    event.update(
+        decision=verdict.decision.value,
+        session_id=verdict.session_id,
+        sha256=verdict.sha256,
+        size=verdict.size,
+        reasons=list(verdict.reasons),
+    )
+    if verdict.repairs:
+        event["repairs"] = [msgspec.to_builtins(r) for r in verdict.repairs]
+    if verdict.deadletter:
+        event["deadletter"] = [f"{DEADLETTER}/{r.name}" for r in verdict.deadletter]
+        event["deadletter"].append(f"{DEADLETTER}/{ORIGINALS_DIR}/{verdict.original}")
+
+
+def _open_deadletter(mem_fd: int) -> int:
+    """``deadletter/``, created 0700 if needed, never through a symbolic link."""
+    try:
+        return fsio.open_dir(DEADLETTER, mem_fd, create=True)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OSError(
+                err.errno, "deadletter/ is a symbolic link or not a directory: never followed"
+            ) from None
+        raise
+
+
+def _finish(
+    event: dict[str, Any], identity: Identity, applied: _Applied, final: Identity
+) -> Outcome:
+    """The outcome of a decision that was carried out, and what its event says about it."""
+    if applied is _Applied.GONE:
+        event["decision"] = Decision.SKIPPED.value
+        event["reasons"] = [*event["reasons"], "vanished before the decision was applied"]
+        return Outcome(Decision.SKIPPED, identity)
+    if applied is _Applied.CHANGED:
+        event["decision"] = Decision.DEFERRED.value
+        event["reasons"] = [*event.get("reasons", []), "changed while being copied"]
+        return Outcome(Decision.DEFERRED, identity, changed=True)
+    if applied is _Applied.CONFLICT:
+        event["decision"] = Decision.DEFERRED.value
+        event["reasons"] = [
+            *event["reasons"],
+            "changed while being decided: the newer version is kept and decided afresh",
+        ]
+        return Outcome(Decision.DEFERRED, identity, changed=True)
+    return Outcome(Decision(event["decision"]), final)
 
 
 def _install(dir_fd: int, tmp: str, final: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged.ecma import encode_json, is_finite_number, is_nonempty_string, pretty, trim
+from memstaged.ecma import encode_json, is_finite_number, is_nonempty_string, trim
 from memstaged.schema import CATEGORIES
 from memstaged.timestamps import canonical_or_epoch
 
@@ -101,7 +101,7 @@ def _record(
 def _encode(record: dict[str, Any], exotic: bool) -> bytes:
     if not exotic:
         try:
-            return pretty(encode_json(record))
+            return encode_json(record) + b"\n"
         except UnicodeEncodeError:
             # A file name that is not UTF-8 reaches us surrogate-escaped (os.fsdecode), and it is
             # part of every record: write it as \udcXX escapes, as for lone surrogates in content.

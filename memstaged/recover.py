@@ -34,7 +34,7 @@ from memstaged.deadletter import (
     referenced,
     still_needed,
 )
-from memstaged.ecma import encode_json, is_finite_number, parse_json, pretty
+from memstaged.ecma import encode_json, is_finite_number, parse_json
 from memstaged.errors import ConfigError, NotJSON
 from memstaged.pipeline import STAGING, MemoryDir, Options, is_staging_name
 from memstaged.quarantine import safe_component
@@ -247,7 +247,7 @@ def _finish(group: Group, project_root: str) -> None:
     encoded = encode_json(doc, exotic=group.exotic)
     verdict = decide(encoded, _context(project_root))
     if verdict.decision is Decision.VALID:
-        data = encoded + b"\n" if group.exotic else pretty(encoded)
+        data = encoded + b"\n"  # compact: indentation grows with the square of the depth
     elif verdict.decision is Decision.REPAIRED and verdict.new_bytes is not None:
         data = verdict.new_bytes
     else:

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged.ecma import encode_json, is_nonempty_string, parse_json, pretty, run_deep, trim
+from memstaged.ecma import encode_json, is_nonempty_string, parse_json, run_deep, trim
 from memstaged.errors import NotJSON
 from memstaged.project import foreign_root
 from memstaged.quarantine import (
@@ -185,7 +185,8 @@ def decide_too_large(ctx: Context, sha: str, size: int, limit: int) -> Verdict:
 
 def _encode(doc: dict[str, Any], exotic: bool) -> bytes:
     encoded = encode_json(doc, exotic=exotic)
-    return encoded + b"\n" if exotic else pretty(encoded)
+    # Compact on purpose: indentation grows with the square of the nesting depth.
+    return encoded + b"\n"
 
 
 def _has_valid_candidate(doc: dict[str, Any], invalid_count: int) -> bool:

@@ -282,3 +282,39 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
         assert "Traceback" not in result.stderr
     finally:
         shutil.rmtree(base)
+
+
+def test_second_run_does_not_reread_unchanged_files(
+    project: Path, memory_dir: Path, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files decided valid or foreign and not changed since are not decided (read) again; a
+    file changed in place, even to the same size, is."""
+    staging = memory_dir / "staging"
+    write(staging / "a.json", staging_doc(project, "a"))
+    write(staging / "b.json", staging_doc(project, "b"))
+    write(staging / "f.json", staging_doc("/else", "f"))
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    assert decisions(log_file) == {"a.json": "valid", "b.json": "valid", "f.json": "foreign"}
+    capsys.readouterr()
+    log_file.unlink()
+    # Same size, new content: "b" -> "c" in the session id.
+    write(staging / "b.json", staging_doc(project, "c"))
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    assert decisions(log_file) == {"b.json": "valid"}
+    summary = capsys.readouterr().out
+    assert "valid=2 " in summary
+    assert "foreign=1 " in summary
+    assert "unchanged=2" in summary
+
+
+def test_seen_cache_is_dropped_when_a_setting_changes(
+    project: Path, memory_dir: Path, log_file: Path, tmp_path: Path
+) -> None:
+    """A setting that changes decisions (split_invalid_candidates) invalidates the cache."""
+    write(memory_dir / "staging" / "a.json", staging_doc(project, "a"))
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    log_file.unlink()
+    config = tmp_path / "config.toml"
+    config.write_text("split_invalid_candidates = true\n")
+    assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 0
+    assert decisions(log_file) == {"a.json": "valid"}

@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  repair {repair.rule} at {repair.where}: {wrote}")
         if verdict.new_bytes is not None:
             if args.diff:
-                before = data.decode("utf-8", "replace").splitlines(keepends=True)
-                after = verdict.new_bytes.decode("utf-8", "replace").splitlines(keepends=True)
+                before = _lines(data)
+                after = _lines(verdict.new_bytes)
                 sys.stdout.writelines(
                     difflib.unified_diff(before, after, path, f"{path} (repaired)")
                 )
@@ -110,6 +110,17 @@ def run(args: argparse.Namespace) -> int:
                 print("  repaired file:")
                 print(verdict.new_bytes.decode("utf-8", "replace"), end="")
     return worst
+
+
+def _lines(data: bytes) -> list[str]:
+    """Indented lines for a readable diff: both sides formatted alike, so only the repair shows."""
+    body = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        body = msgspec.json.format(body, indent=2)
+    except msgspec.DecodeError:
+        body = data  # not plain JSON (exotic values): show it as it is
+    text = body.decode("utf-8", "replace")
+    return [line if line.endswith("\n") else line + "\n" for line in text.splitlines()]
 
 
 def _severity(code: int) -> int:

@@ -1,0 +1,117 @@
+"""The seen cache: staging files decided ``valid`` or ``foreign`` and not changed since.
+
+A repeated ``--once`` (and the daemon's start-up scan) need not read such a file again: one
+``lstat`` tells that it is the same version — same device, inode, size, mtime and ctime (any
+write, rename or ``chmod`` changes the ctime). The cache lives under
+``$XDG_STATE_HOME/memstaged/seen/``, one file per memory dir. It is only a cache: a missing,
+corrupt or outdated one costs a re-read, never a wrong decision, and it is dropped whole when the
+engine or a setting that changes decisions differs from the run that wrote it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from memstaged import __version__
+
+#: The modules whose code decides validity: a change in any of them invalidates every cache.
+_ENGINE: Final = ("ecma", "schema", "timestamps", "repair", "triage", "project", "quarantine")
+
+Key = tuple[int, int, int, int, int]
+
+
+class _Stored(msgspec.Struct, frozen=True):
+    fingerprint: str
+    entries: dict[str, tuple[Key, str]]
+
+
+_decoder: Final = msgspec.msgpack.Decoder(_Stored)
+_engine_digest: str | None = None
+
+
+def _engine_hash() -> str:
+    global _engine_digest  # noqa: PLW0603 - computed once per process, on first use
+    if _engine_digest is None:
+        digest = hashlib.sha256(__version__.encode())
+        here = Path(__file__).parent
+        for module in _ENGINE:
+            digest.update((here / f"{module}.py").read_bytes())
+        _engine_digest = digest.hexdigest()[:16]
+    return _engine_digest
+
+
+def key_of(st: os.stat_result) -> Key:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class SeenCache:
+    """Name -> (identity, decision) of one memory dir's files that stayed as they were decided."""
+
+    def __init__(self, path: Path | None, fingerprint: str) -> None:
+        self.path = path
+        self.fingerprint = fingerprint
+        self.entries: dict[str, tuple[Key, str]] = {}
+        self.dirty = False
+
+    @classmethod
+    def load(
+        cls, state_dir: Path | None, memory_dir: str, project_root: str, settings_key: str
+    ) -> SeenCache:
+        """The cache of ``memory_dir``, empty when there is none or it does not apply."""
+        fingerprint = f"{_engine_hash()}|{project_root}|{settings_key}"
+        if state_dir is None:
+            return cls(None, fingerprint)
+        name = hashlib.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
+        cache = cls(state_dir / "seen" / f"{name}.msgpack", fingerprint)
+        try:
+            stored = _decoder.decode(cache.path.read_bytes())  # type: ignore[union-attr]
+        except (OSError, msgspec.DecodeError):
+            return cache  # none yet, or unreadable: start afresh
+        if stored.fingerprint == fingerprint:
+            cache.entries = dict(stored.entries)
+        return cache
+
+    def unchanged(self, name: str, st: os.stat_result) -> str | None:
+        """The decision a file still holds, or ``None`` when it must be read again."""
+        entry = self.entries.get(name)
+        if entry is None or entry[0] != key_of(st):
+            return None
+        return entry[1]
+
+    def remember(self, name: str, key: Key, decision: str) -> None:
+        self.entries[name] = (key, decision)
+        self.dirty = True
+
+    def forget(self, name: str) -> None:
+        if self.entries.pop(name, None) is not None:
+            self.dirty = True
+
+    def keep_only(self, names: set[str]) -> None:
+        """Drop files that are gone from ``staging/``."""
+        for name in [n for n in self.entries if n not in names]:
+            del self.entries[name]
+            self.dirty = True
+
+    def save(self) -> None:
+        """Write the cache (temp file and rename: a reader never sees half of it). Best effort:
+        a cache that cannot be written only means files are read again next time."""
+        if self.path is None or not self.dirty:
+            return
+        data = msgspec.msgpack.encode(_Stored(self.fingerprint, self.entries))
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp.write_bytes(data)
+            tmp.chmod(0o600)
+            tmp.replace(self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            return
+        self.dirty = False
