@@ -159,7 +159,12 @@ class _EventFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         event = record.msg if isinstance(record.msg, dict) else {"event": str(record.msg)}
         if not self.pretty:
-            return dumps(event)
+            # The file and a non-TTY stderr both want the JSON line: render it once per event.
+            line: str | None = getattr(record, "memstaged_json", None)
+            if line is None:
+                line = dumps(event)
+                record.memstaged_json = line
+            return line
         stamp = str(event.get("timestamp", ""))[11:23]
         return f"{stamp} {event.get('level', 'info')!s:7} {message(event)}"
 
