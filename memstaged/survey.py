@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,14 @@ from memstaged import fsio
 from memstaged.deadletter import is_record_name, list_originals
 from memstaged.errors import MemstagedError
 from memstaged.locks import instance_holder, read_lock
-from memstaged.pipeline import DEADLETTER, STAGING, MemoryDir, Options, is_staging_name
+from memstaged.pipeline import (
+    DEADLETTER,
+    STAGING,
+    MemoryDir,
+    Options,
+    is_staging_name,
+    skip_reason,
+)
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide
 
@@ -38,16 +44,6 @@ class StagingEntry(msgspec.Struct, frozen=True):
     reason: str | None
     mtime: float | None
     size: int | None
-
-
-def _skip_reason(st: os.stat_result) -> str | None:
-    if stat.S_ISLNK(st.st_mode):
-        return "symbolic link: never followed"
-    if stat.S_ISDIR(st.st_mode):
-        return "a directory, not a staging file"
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file (FIFO, socket or device)"
-    return None
 
 
 def iter_staging(
@@ -79,7 +75,7 @@ def decide_entry(
     st = fsio.lstat_at(staging_fd, name)
     if st is None:
         return None  # vanished since the listing
-    skip = _skip_reason(st)
+    skip = skip_reason(st)
     if skip is not None:
         return StagingEntry(name, Decision.SKIPPED.value, skip, None, None), None, None
     too_large = StagingEntry(
