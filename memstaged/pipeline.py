@@ -111,7 +111,8 @@ def list_staging(mdir: MemoryDir) -> list[str]:
         return []
 
 
-def _skip_reason(st: os.stat_result) -> str | None:
+def skip_reason(st: os.stat_result) -> str | None:
+    """Why an entry named like a staging file is not one (SPEC 6), or ``None`` for a file."""
     if stat.S_ISLNK(st.st_mode):
         return "symbolic link: never followed"
     if stat.S_ISDIR(st.st_mode):
@@ -382,7 +383,7 @@ class Pipeline:
                 st = fsio.lstat_at(staging_fd, name)
                 if st is None:
                     return finish(Decision.SKIPPED, "vanished before it could be read")
-                reason = _skip_reason(st)
+                reason = skip_reason(st)
                 if reason is not None:
                     return finish(Decision.SKIPPED, reason, identity=Identity.of(st))
                 # Only the open is mapped to skipped/deferred: an error while the decision is
