@@ -272,7 +272,11 @@ class Pipeline:
                 fsio.crash_point("deadletter-synced")
             for item in live:
                 if item.tmp is not None:
+                    # Durable since the syncfs: only now may it carry a name recovery would keep.
+                    ready = fsio.temp_name("new", item.name)
+                    os.rename(item.tmp, ready, src_dir_fd=staging_fd, dst_dir_fd=staging_fd)
                     ours.remove((staging_fd, item.tmp))  # _replace owns it now
+                    item.tmp = ready
                     assert item.verdict.new_bytes is not None
                     applied, final_id = self._replace(
                         staging_fd,
@@ -321,7 +325,11 @@ class Pipeline:
                     item.installs.append((dir_fd, tmp, final))
         if verdict.decision is Decision.REPAIRED:
             assert verdict.new_bytes is not None
-            item.tmp = fsio.write_temp(staging_fd, verdict.new_bytes, "new", item.name, sync=False)
+            # Named ``part`` until the batch's syncfs: a crash before it may leave the temp
+            # partial, and recovery deletes ``part`` temps rather than keeping them as versions.
+            item.tmp = fsio.write_temp(
+                staging_fd, verdict.new_bytes, fsio.PARTIAL, item.name, sync=False
+            )
             ours.append((staging_fd, item.tmp))
             fsio.crash_point("temp-written")
         return dirs

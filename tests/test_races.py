@@ -640,3 +640,27 @@ def test_a_repair_reports_the_identity_of_its_own_rewrite(tmp_path: Path) -> Non
     assert outcome.identity is not None
     assert outcome.identity.ino == after.st_ino != before.st_ino
     assert (outcome.identity.size, outcome.identity.mtime_ns) == (after.st_size, after.st_mtime_ns)
+
+
+def test_a_memstaged_lock_whose_pid_was_reused_is_stale(tmp_path: Path) -> None:
+    """After a power cut and a reboot, memstaged's own lock may name a pid that now belongs to
+    another, live process: one that started after the lock was taken is not its holder, so the
+    lock is removed (and logged) instead of blocking memstaged and the reconciler for ever."""
+    mdir = make_memory_dir(tmp_path)
+    env = memstaged_env(tmp_path)
+    body = doc("s", project_root_of(mdir), {"lessons": [lesson("cid-p", triggers=[])]})
+    (mdir / "staging" / "s.json").write_bytes(json.dumps(body).encode())
+    live = subprocess.Popen(["sleep", "60"])  # a live process that started after the lock
+    try:
+        lock = {"pid": live.pid, "started_at": "2020-01-01T00:00:00.000Z", "owner": "memstaged"}
+        (mdir / CANONICAL_LOCK).write_text(json.dumps(lock))
+        result = run_once(mdir, env, "--settle", "0")
+        assert result.returncode == 0, result.stderr
+        assert not (mdir / CANONICAL_LOCK).exists()
+        seen = [
+            e for e in read_events(tmp_path / "decisions.jsonl") if e.get("event") == "lock_seen"
+        ]
+        assert seen and "removed" in seen[0]["action"]
+    finally:
+        live.kill()
+        live.wait()
