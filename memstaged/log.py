@@ -1,25 +1,34 @@
 """The decision log (SPEC section 7): one structlog event per decision, fanned out to three sinks.
 
-* a JSON-lines file that memstaged rotates itself (``logging.handlers.RotatingFileHandler``), which
-  the inspection commands read without journald;
+* a JSON-lines file that memstaged rotates itself (:class:`FileSink`), which the inspection commands
+  read without journald;
 * journald, every field as a ``MEMSTAGED_*`` journal field plus ``MESSAGE``, ``PRIORITY`` and a
   ``MESSAGE_ID`` per kind of event, when running under systemd;
 * the terminal: readable on a TTY, JSON lines otherwise (and nothing when journald already has it,
   since systemd would store our stderr a second time).
 
 Events are flat dicts of JSON values, so each key maps one to one onto a journal field.
+
+structlog stays the API (``log.info("decision", **event)``), but the last step of its processor
+chain hands the event dict straight to memstaged's own sinks rather than to the standard library's
+``logging``: a ``LogRecord`` with ``findCaller``, handler locks, and ``RotatingFileHandler``'s two
+stats and a seek per record were most of the cost of a decision, which is logged once per file.
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
+import fcntl
 import json
-import logging
-import logging.handlers
 import os
+import stat
 import sys
-from collections.abc import MutableMapping
+import threading
+import time
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, TextIO
 
 import msgspec
 import structlog
@@ -114,8 +123,265 @@ def journal_fields(event: MutableMapping[str, Any]) -> dict[str, str]:
     return fields
 
 
-class JournalHandler(logging.Handler):
-    """Sends the structlog event dict of each record to journald with its fields.
+#: How often (seconds) the file sink looks whether another process rotated or appended to the log.
+_CHECK_INTERVAL: Final = 1.0
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def _render(event: Mapping[str, Any]) -> bytes:
+    """The event's JSON line, newline included: rendered once, for the file and a non-TTY stderr.
+
+    The same bytes :func:`dumps` gives; a value neither encoder takes (a key that is not a string,
+    a list that contains itself) is logged as text rather than losing the event.
+    """
+    try:
+        return _ENCODER.encode(event) + b"\n"
+    except (TypeError, UnicodeEncodeError, OverflowError):
+        pass  # msgspec refuses it: the standard library's encoder below says it differently
+    try:
+        return json.dumps(event, default=_json_default).encode() + b"\n"
+    except (TypeError, ValueError, RecursionError):
+        flat = {str(key): _json_default(value) for key, value in event.items()}
+        return json.dumps(flat).encode() + b"\n"
+
+
+def _console_line(event: MutableMapping[str, Any]) -> str:
+    stamp = str(event.get("timestamp", ""))[11:23]
+    return f"{stamp} {event.get('level', 'info')!s:7} {message(event)}\n"
+
+
+def _say(text: str) -> None:
+    """One line on stderr about the log itself."""
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return  # stderr itself is closed or broken: there is nobody left to tell
+
+
+class _Trouble:
+    """Says once that a sink fails and once that it works again, never a line per event.
+
+    A full disk under a daemon deciding a file a second would otherwise print a line (or, with
+    ``logging``, a traceback) for each decision, burying the one line that matters.
+    """
+
+    __slots__ = ("failing", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failing = False
+
+    def failed(self, err: OSError | ValueError, consequence: str) -> None:
+        if not self.failing:
+            self.failing = True
+            if isinstance(err, OSError) and err.strerror:
+                reason = f"{err.strerror} ({errno.errorcode.get(err.errno or 0, err.errno)})"
+            else:
+                reason = str(err) or type(err).__name__
+            _say(
+                f"memstaged: {self.what}: {reason}; {consequence} (said once, until it works again)"
+            )
+
+    def recovered(self) -> None:
+        self.failing = False
+        _say(f"memstaged: {self.what}: works again")
+
+
+class Sink(Protocol):
+    """Where an event goes. Called with the fan-out's lock held, so one event at a time."""
+
+    def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
+        """``line`` is the event's JSON line (newline included); never raises."""
+
+    def close(self) -> None: ...
+
+
+class FileSink:
+    """The JSON-lines decision log file: one ``write`` per event, rotated by size.
+
+    Rotation is ``RotatingFileHandler``'s: before a line is written, if the file's size plus the
+    line would reach ``max_bytes``, ``<file>.N-1`` becomes ``<file>.N`` … and ``<file>`` becomes
+    ``<file>.1`` (up to ``backups``), and the line starts a new ``<file>``, so a line is never
+    split across files. With ``max_bytes`` or ``backups`` 0 the file just grows, and a path that
+    is not a regular file (``/dev/null``, a FIFO) is never rotated. Three deliberate differences:
+    the size is counted in bytes (the standard library added the line's *characters* to the
+    file's bytes), an empty file is not rotated away for a line longer than ``max_bytes`` (Python
+    3.13 stopped doing that too), and the new file is created 0600 like the first one.
+
+    The size is kept in memory (``fstat`` at open), so an event costs one ``write`` and no
+    ``stat``. Another process may append to or rotate the same file (``memstaged --once`` next to
+    the daemon): at most once a second (checked on the next event) the path's inode is compared
+    with the open file's and the size re-read, so a rotation done elsewhere is followed, and a
+    line written in between lands in ``<file>.1``, not lost. A rotation holds an ``flock`` on
+    the file it rotates and re-checks the inode under it, so two processes that both find the
+    file full rotate it once, not twice.
+    """
+
+    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
+        """Opens the file now: an ``OSError`` here is a configuration error for the caller."""
+        self.path = path
+        self._name = os.fspath(path)
+        self._max_bytes = max_bytes
+        self._backups = backups
+        self._fd = -1
+        self._id = (0, 0)
+        self._size = 0
+        self._rotates = False
+        self._next_check = 0.0
+        self._rotate_after = 0.0
+        self._torn = False  # the last write stopped inside a line
+        self._writing = _Trouble(f"decision log file {path}")
+        self._rotating = _Trouble(f"rotating the decision log file {path}")
+        self._following = _Trouble(f"checking the decision log file {path} for a rotation")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._open()
+
+    def _open(self) -> None:
+        """(Re)open the path; the previous file stays open until this succeeds."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        fd = os.open(self._name, flags, 0o600)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                os.fchmod(fd, 0o600)  # a file that was there already is made private too
+        except OSError:
+            os.close(fd)
+            raise
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = fd
+        self._id = (st.st_dev, st.st_ino)
+        self._size = st.st_size
+        self._rotates = self._max_bytes > 0 and self._backups > 0 and stat.S_ISREG(st.st_mode)
+        self._next_check = time.monotonic() + _CHECK_INTERVAL
+        self._torn = False  # a torn line stays at the end of the old file
+
+    def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._follow(now)
+        if (
+            self._rotates
+            and self._size
+            and self._size + len(line) >= self._max_bytes
+            and now >= self._rotate_after
+        ):
+            self._rotate(len(line), now)
+        if self._torn:
+            line = b"\n" + line  # end the torn line: it is skipped as not JSON, not glued to this
+        try:
+            self._write(line)
+        except OSError as err:
+            self._writing.failed(err, "events go on to the other sinks")
+            return
+        if self._writing.failing:
+            self._writing.recovered()
+
+    def _write(self, line: bytes) -> None:
+        written = 0
+        try:
+            written = os.write(self._fd, line)
+            if written < len(line):  # a signal or a nearly full disk: write the rest
+                view = memoryview(line)
+                while written < len(line):
+                    written += os.write(self._fd, view[written:])
+        finally:
+            self._size += written
+            if written:
+                self._torn = written < len(line)
+
+    def _follow(self, now: float) -> None:
+        """Follow a rotation (or removal) done by another process, and count what it appended."""
+        self._next_check = now + _CHECK_INTERVAL
+        try:
+            st = os.stat(self._name)
+            if (st.st_dev, st.st_ino) == self._id:
+                self._size = st.st_size
+            else:
+                self._open()
+        except FileNotFoundError:
+            try:
+                self._open()  # removed: start a new file, as a restart would
+            except OSError as err:
+                self._following.failed(err, "writing on to the removed file")
+                return
+        except OSError as err:
+            self._following.failed(err, "writing on to the file already open")
+            return
+        if self._following.failing:
+            self._following.recovered()
+
+    def _rotate(self, incoming: int, now: float) -> None:
+        try:
+            self._rotate_locked(incoming)
+        except OSError as err:
+            # Keep appending beyond max_bytes rather than losing events; try again in a second.
+            self._rotate_after = now + _CHECK_INTERVAL
+            self._rotating.failed(err, "appending to it beyond max_bytes")
+            return
+        if self._rotating.failing:
+            self._rotating.recovered()
+
+    def _rotate_locked(self, incoming: int) -> None:
+        locked = self._fd
+        fcntl.flock(locked, fcntl.LOCK_EX)  # released when _open closes it
+        try:
+            try:
+                st = os.stat(self._name)
+            except FileNotFoundError:
+                st = None
+            if st is None or (st.st_dev, st.st_ino) != self._id:
+                self._open()  # another process rotated it: write to the new file if it has room
+                if self._size and self._size + incoming >= self._max_bytes:
+                    self._rotate_locked(incoming)
+                return
+            self._size = st.st_size
+            if self._size + incoming < self._max_bytes:
+                return  # _follow's figure was stale the other way: nothing to do
+            base = self._name
+            for i in range(self._backups - 1, 0, -1):
+                try:
+                    os.rename(f"{base}.{i}", f"{base}.{i + 1}")
+                except FileNotFoundError:
+                    continue  # fewer backups so far than allowed
+            os.rename(base, f"{base}.1")
+            self._open()
+        finally:
+            if self._fd == locked:
+                fcntl.flock(locked, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class ConsoleSink:
+    """stderr: a readable line on a TTY, the JSON line otherwise (what a pipe or a file wants)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._pretty = stream.isatty()
+        self._trouble = _Trouble("console log (stderr)")
+
+    def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
+        text = _console_line(event) if self._pretty else line.decode()
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except (OSError, ValueError) as err:  # ValueError: the stream was closed
+            self._trouble.failed(err, "events go on to the other sinks")
+            return
+        if self._trouble.failing:
+            self._trouble.recovered()
+
+    def close(self) -> None:
+        """The stream is the process's stderr: not ours to close."""
+
+
+class JournalSink:
+    """Sends each event to journald with its fields.
 
     Values are sent as UTF-8 bytes; a path that is not valid UTF-8 (a lone surrogate from
     ``os.fsdecode``) keeps its original bytes instead of failing the send. If journald cannot be
@@ -123,18 +389,14 @@ class JournalHandler(logging.Handler):
     logging never raises into the work loop and never prints a traceback per event.
     """
 
-    def __init__(self, send: Any = None) -> None:
-        super().__init__()
+    def __init__(self, send: Callable[..., object] | None = None) -> None:
         if send is None:
             from systemd import journal  # imported here: only needed under systemd
 
             send = journal.sendv
         self._sendv = send
 
-    def emit(self, record: logging.LogRecord) -> None:
-        event = record.msg
-        if not isinstance(event, dict):
-            event = {"event": str(event), "level": record.levelname.lower()}
+    def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
         try:
             lines = [
                 name.encode() + b"=" + value.encode("utf-8", "surrogateescape")
@@ -143,34 +405,89 @@ class JournalHandler(logging.Handler):
             self._sendv(*lines)
         except Exception:  # noqa: BLE001 - a lost journal must not stop the daemon
             try:
-                sys.stderr.write(dumps(event) + "\n")
+                sys.stderr.write(line.decode())
                 sys.stderr.flush()
             except (OSError, ValueError):
                 pass  # stderr is gone too: the decision log file still has the event
 
-
-class _EventFormatter(logging.Formatter):
-    """Renders the event dict a record carries (structlog's ``render_to_log_kwargs`` style)."""
-
-    def __init__(self, pretty: bool) -> None:
-        super().__init__()
-        self.pretty = pretty
-
-    def format(self, record: logging.LogRecord) -> str:
-        event = record.msg if isinstance(record.msg, dict) else {"event": str(record.msg)}
-        if not self.pretty:
-            # The file and a non-TTY stderr both want the JSON line: render it once per event.
-            line: str | None = getattr(record, "memstaged_json", None)
-            if line is None:
-                line = dumps(event)
-                record.memstaged_json = line
-            return line
-        stamp = str(event.get("timestamp", ""))[11:23]
-        return f"{stamp} {event.get('level', 'info')!s:7} {message(event)}"
+    def close(self) -> None:
+        """Nothing held: each event is one datagram."""
 
 
-def _pass_dict(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Any:
-    # The stdlib logger receives the event dict itself as the record's message.
+class _Fanout:
+    """The structlog "logger" of the process: every level method hands the event to the sinks.
+
+    One object for the whole process, so that loggers structlog cached before a later
+    :func:`configure` (the daemon's, re-configured on reload) reach the new sinks. One lock
+    around the writes: the worker thread applying a batch and the main thread may log at the
+    same moment, and a line must never interleave with another; the JSON is rendered outside it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sinks: tuple[Sink, ...] = ()
+
+    def replace(self, sinks: tuple[Sink, ...]) -> None:
+        with self._lock:
+            old, self._sinks = self._sinks, sinks
+            for sink in old:
+                if sink not in sinks:
+                    sink.close()
+
+    @property
+    def sinks(self) -> tuple[Sink, ...]:
+        return self._sinks
+
+    def emit(self, event: MutableMapping[str, Any]) -> None:
+        if not self._sinks:
+            return
+        line = _render(event)
+        with self._lock:
+            for sink in self._sinks:
+                sink.emit(event, line)
+
+    # structlog calls the method named after the level (``exception`` arrives as ``error``).
+    debug = info = warning = error = critical = msg = emit
+
+
+_FANOUT: Final = _Fanout()
+
+
+def _logger_factory(*_args: Any) -> _Fanout:
+    return _FANOUT
+
+
+class _UtcStamper:
+    """The ``timestamp`` structlog's ``TimeStamper(fmt="iso", utc=True)`` writes, byte for byte.
+
+    That is ``datetime.now(timezone.utc).isoformat()`` with ``Z`` for ``+00:00``: microseconds
+    always six digits, and left out (``…T17:00:00Z``) when they are exactly 0. Building a
+    ``datetime`` per event was the largest single cost left; here the text up to the seconds is
+    made once a second by the same ``isoformat`` and the microseconds are appended.
+    ``datetime.now`` floors the system clock to microseconds, as ``// 1000`` does here.
+    """
+
+    __slots__ = ("_second",)
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")
+
+    def __call__(
+        self, _logger: Any, _name: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+        second = self._second  # one tuple: two threads never see a prefix of another second
+        if second[0] != seconds:
+            text = datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()[:-6]
+            second = self._second = (seconds, text)
+        event["timestamp"] = f"{second[1]}.{micros:06d}Z" if micros else f"{second[1]}Z"
+        return event
+
+
+def _to_fanout(
+    _logger: Any, _name: str, event: MutableMapping[str, Any]
+) -> tuple[tuple[MutableMapping[str, Any]], dict[str, Any]]:
+    # The fan-out receives the event dict itself as its only argument.
     return ((event,), {})
 
 
@@ -188,41 +505,42 @@ def configure(
     console: str = "auto",
     journal: str = "auto",
 ) -> None:
-    """Set up structlog and the sinks. ``console``/``journal`` are ``auto``, ``on`` or ``off``."""
-    root = logging.getLogger(LOGGER_NAME)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
-    root.setLevel(logging.DEBUG)
-    root.propagate = False
+    """Set up structlog and the sinks. ``console``/``journal`` are ``auto``, ``on`` or ``off``.
+
+    Raises ``OSError`` when the log file cannot be opened; the sinks in use stay as they were.
+    """
+    sinks: list[Sink] = []
     use_journal = journal == "on" or (journal == "auto" and journal_available())
     if use_journal:
         try:
-            root.addHandler(JournalHandler())
+            sinks.append(JournalSink())
         except ImportError:
             use_journal = False
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        file_handler = logging.handlers.RotatingFileHandler(
-            log_file, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
-        )
-        file_handler.setFormatter(_EventFormatter(pretty=False))
-        root.addHandler(file_handler)
-        os.chmod(log_file, 0o600)  # the handler created it with the umask's mode
+        sinks.append(FileSink(log_file, max_bytes, backups))
     if console == "on" or (console == "auto" and not use_journal):
-        stream = logging.StreamHandler(sys.stderr)
-        stream.setFormatter(_EventFormatter(pretty=sys.stderr.isatty()))
-        root.addHandler(stream)
+        sinks.append(ConsoleSink(sys.stderr))
+    _FANOUT.replace(tuple(sinks))
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
-            _pass_dict,
+            _UtcStamper(),
+            _to_fanout,
         ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=False,
+        logger_factory=_logger_factory,
+        wrapper_class=structlog.make_filtering_bound_logger("debug"),  # everything, as before
+        cache_logger_on_first_use=True,
     )
+
+
+def add_sink(sink: Sink) -> None:
+    """One more sink next to the configured ones (a test's fake journal)."""
+    _FANOUT.replace((*_FANOUT.sinks, sink))
+
+
+def close() -> None:
+    """Close the log file and drop every sink; events are discarded until :func:`configure`."""
+    _FANOUT.replace(())
 
 
 def get_logger() -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,17 +10,14 @@ from typing import Any
 import pytest
 import structlog
 
-from memstaged.log import LOGGER_NAME
+from memstaged import log
 
 
 @pytest.fixture(autouse=True)
 def _reset_logging() -> Iterator[None]:
-    """Each test starts and ends with no memstaged log handlers and default structlog."""
+    """Each test starts and ends with no memstaged log sinks and default structlog."""
     yield
-    root = logging.getLogger(LOGGER_NAME)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
+    log.close()
     structlog.reset_defaults()
 
 

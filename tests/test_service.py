@@ -8,7 +8,6 @@ The same things against a real user manager and a real journald are in
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shlex
@@ -206,9 +205,7 @@ def test_journal_handler_sends_every_field_and_keeps_undecodable_path_bytes(
     original bytes; an unknown session id gives no field rather than the text "null"."""
     sent: list[tuple[bytes, ...]] = []
     log.configure(None, console="off", journal="off")
-    handler = log.JournalHandler(send=lambda *lines: sent.append(lines))
-    logger_root = logging.getLogger(log.LOGGER_NAME)
-    logger_root.addHandler(handler)
+    log.add_sink(log.JournalSink(send=lambda *lines: sent.append(lines)))
     path = os.fsdecode(b"/p/staging/caf\xe9.json")
     log.get_logger().warning("decision", decision="quarantined", path=path, session_id=None)
     fields = _sent_fields(sent[0])
@@ -230,7 +227,7 @@ def test_journal_failure_falls_back_to_stderr_without_a_traceback(
         raise ConnectionRefusedError(111, "Connection refused")
 
     log.configure(None, console="off", journal="off")
-    logging.getLogger(log.LOGGER_NAME).addHandler(log.JournalHandler(send=broken))
+    log.add_sink(log.JournalSink(send=broken))
     log.get_logger().info("decision", decision="valid", path="a.json")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
