@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeGuard, TypeVar
 
 import msgspec
 
@@ -26,7 +26,8 @@ JS_WHITESPACE: Final = (
     + "".join(chr(c) for c in range(0x2000, 0x200B))
     + "\u2028\u2029\u202f\u205f\u3000\ufeff"
 )
-_JS_WHITESPACE_SET: Final = frozenset(JS_WHITESPACE)
+#: For first-character checks: almost no string starts with whitespace, so most skip the trim.
+JS_WHITESPACE_SET: Final = frozenset(JS_WHITESPACE)
 _JS_WHITESPACE_RUN: Final = re.compile("[" + re.escape(JS_WHITESPACE) + "]+")
 
 #: JavaScript turns an integer literal longer than this into Infinity; Python would refuse it.
@@ -59,7 +60,7 @@ def split_words(text: str) -> list[str]:
     return [w for w in _JS_WHITESPACE_RUN.split(text) if w]
 
 
-def is_nonempty_string(value: object) -> bool:
+def is_nonempty_string(value: object) -> TypeGuard[str]:
     """A JSON string whose trimmed value is not empty.
 
     Checks the first character before trimming: almost every string starts with a
@@ -67,7 +68,7 @@ def is_nonempty_string(value: object) -> bool:
     """
     if not isinstance(value, str) or not value:
         return False
-    return value[0] not in _JS_WHITESPACE_SET or trim(value) != ""
+    return value[0] not in JS_WHITESPACE_SET or trim(value) != ""
 
 
 def is_number(value: object) -> bool:
