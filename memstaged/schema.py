@@ -13,8 +13,14 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged.ecma import is_finite_number, is_nonempty_string, is_number
-from memstaged.timestamps import Form, classify
+from memstaged.ecma import (
+    JS_WHITESPACE_SET,
+    is_finite_number,
+    is_nonempty_string,
+    is_number,
+    trim,
+)
+from memstaged.timestamps import _ISO, Form, _calendar_ok, classify
 
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")
 _PLAIN_TRIGGERS: Final = ("path", "filename", "topic")
@@ -201,3 +207,178 @@ def check_file(doc: object) -> Report:
                 if found:
                     by_candidate[(category, i)] = tuple(found)
     return Report(tuple(out), by_candidate)
+
+
+# --- the fast path ------------------------------------------------------------------------------
+#
+# Most files are valid, and for them check_file's work (a Problem per rule broken, an f-string path
+# per candidate, the canonical text of produced_at) is thrown away. is_valid answers the only
+# question a valid file needs, "is anything wrong?", with the same predicates as the checks above,
+# and stops at the first fault; check_file then runs only to say what is wrong.
+#
+# A valid file makes dozens of string and number tests, and a function call costs more than the
+# test, so the hot ones are written out inline, each as a cheap sufficient condition backed by the
+# exact predicate:
+#   (s.__class__ is str and s and s[0] not in JS_WHITESPACE_SET) or is_nonempty_string(s)
+#   (n.__class__ is int and -_SAFE < n < _SAFE) or is_finite_number(n)
+# are is_nonempty_string(s) and is_finite_number(n): a non-empty str that starts with a non-space is
+# a non-empty string, and an int (not a bool: its class is bool) that a double holds exactly is a
+# finite number; anything else gets the exact answer. tests/test_schema_fastpath.py holds is_valid
+# and check_file to agreement.
+
+#: Tells a missing key from one whose value is None; private, so no document can hold it.
+_ABSENT: Final = object()
+#: Any int of smaller magnitude is exact as a double, so certainly finite.
+_SAFE: Final = 1 << 53
+
+
+def _as_written(value: str) -> bool:
+    """``classify(value)`` is ``AS_WRITTEN``, without building the canonical text it returns.
+
+    Only :func:`memstaged.timestamps._parse_iso` can say ``AS_WRITTEN``, and only for a date, or
+    a date-time with a ``T`` and an offset; this follows its steps up to that answer.
+    """
+    match = _ISO.fullmatch(trim(value))
+    if match is None:
+        return False
+    year, month, day, sep, hour, minute, second, _fraction, zone = match.groups()
+    if sep is None:
+        return _calendar_ok(int(year), int(month), int(day), 0, 0, 0)
+    if sep not in "Tt" or zone is None:
+        return False  # repairable (R3) or not a timestamp: either way not as written
+    if not _calendar_ok(
+        int(year), int(month), int(day), int(hour), int(minute), int(second) if second else 0
+    ):
+        return False
+    return zone in "Zz" or (int(zone[1:3]) <= 23 and int(zone[4:6]) <= 59)
+
+
+def _evidence_ok(evidence: object) -> bool:
+    if not isinstance(evidence, dict):
+        return False
+    nonempty = False
+    notes = evidence.get("discussion_note_ids", _ABSENT)
+    if notes is not _ABSENT:
+        if not isinstance(notes, list):
+            return False
+        for n in notes:
+            if not ((n.__class__ is int and -_SAFE < n < _SAFE) or is_finite_number(n)):
+                return False
+        nonempty = bool(notes)
+    markers = evidence.get("lesson_candidate_marker_ids", _ABSENT)
+    if markers is not _ABSENT:
+        if not isinstance(markers, list):
+            return False
+        for s in markers:
+            if not (
+                (s.__class__ is str and s and s[0] not in JS_WHITESPACE_SET)
+                or is_nonempty_string(s)
+            ):
+                return False
+        nonempty = nonempty or bool(markers)
+    return nonempty
+
+
+def _triggers_ok(triggers: object) -> bool:
+    if not isinstance(triggers, list) or not triggers:
+        return False
+    for trigger in triggers:
+        if not isinstance(trigger, dict):
+            return False
+        kind = trigger.get("type")
+        if kind == "command":
+            if not is_nonempty_string(trigger.get("pattern")):
+                return False
+            continue
+        if kind == "tool":
+            pattern = trigger.get("pattern", _ABSENT)
+            if not (pattern is _ABSENT or isinstance(pattern, str)):
+                return False
+        elif kind not in _PLAIN_TRIGGERS:
+            return False
+        s = trigger.get("value")
+        if not (
+            (s.__class__ is str and s and s[0] not in JS_WHITESPACE_SET) or is_nonempty_string(s)
+        ):
+            return False
+    return True
+
+
+def _lessons_ok(items: list[Any]) -> bool:
+    for candidate in items:
+        if not isinstance(candidate, dict):
+            return False
+        get = candidate.get
+        for s in (get("summary"), get("detail"), get("scope_suggestion")):
+            if not (
+                (s.__class__ is str and s and s[0] not in JS_WHITESPACE_SET)
+                or is_nonempty_string(s)
+            ):
+                return False
+        if not (_triggers_ok(get("triggers")) and _evidence_ok(get("source_evidence"))):
+            return False
+    return True
+
+
+def _preferences_ok(items: list[Any]) -> bool:
+    for candidate in items:
+        if not isinstance(candidate, dict):
+            return False
+        s = candidate.get("text")
+        if not (
+            (s.__class__ is str and s and s[0] not in JS_WHITESPACE_SET) or is_nonempty_string(s)
+        ):
+            return False
+        if not _evidence_ok(candidate.get("source_evidence")):
+            return False
+    return True
+
+
+def _decisions_ok(items: list[Any]) -> bool:
+    """Decisions and domain facts: the same fields."""
+    for candidate in items:
+        if not isinstance(candidate, dict):
+            return False
+        get = candidate.get
+        for s in (get("summary"), get("detail")):
+            if not (
+                (s.__class__ is str and s and s[0] not in JS_WHITESPACE_SET)
+                or is_nonempty_string(s)
+            ):
+                return False
+        if not _evidence_ok(get("source_evidence")):
+            return False
+    return True
+
+
+_CATEGORIES_OK: Final = (
+    ("lessons", _lessons_ok),
+    ("preferences", _preferences_ok),
+    ("decisions", _decisions_ok),
+    ("domain", _decisions_ok),
+)
+
+
+def is_valid(doc: object) -> bool:
+    """``check_file(doc).valid`` at a fraction of the cost; only check_file says why not."""
+    if not isinstance(doc, dict):
+        return False
+    get = doc.get
+    version = get("schemaVersion")
+    produced = get("produced_at")
+    candidates = get("candidates")
+    if not (
+        is_number(version)
+        and version == 1
+        and is_nonempty_string(get("session_id"))
+        and is_nonempty_string(get("project_root"))
+        and is_nonempty_string(produced)
+        and _as_written(produced)
+        and isinstance(candidates, dict)
+    ):
+        return False
+    for category, items_ok in _CATEGORIES_OK:
+        items = candidates.get(category, _ABSENT)
+        if items is not _ABSENT and not (isinstance(items, list) and items_ok(items)):
+            return False
+    return True
