@@ -24,7 +24,7 @@ from memstaged.quarantine import (
     whole_file_record,
 )
 from memstaged.repair import Repair, repair_timestamp, repair_triggers, split_candidates
-from memstaged.schema import CATEGORIES, check_file
+from memstaged.schema import CATEGORIES, check_file, is_valid
 from memstaged.timestamps import EPOCH
 
 BOM: Final = b"\xef\xbb\xbf"
@@ -137,11 +137,11 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
     if other is not None:
         reason = f"project_root names {other}, not {ctx.project_root}"
         return Verdict(Decision.FOREIGN, sha, size, session, reasons=(reason,))
-    report = check_file(doc)
-    if report.valid:
+    if is_valid(doc):  # the common case, decided without building the report it would discard
         if repairs:  # only the BOM: drop it and keep every other byte as it was
             return Verdict(Decision.REPAIRED, sha, size, session, repairs=repairs, new_bytes=body)
         return Verdict(Decision.VALID, sha, size, session)
+    report = check_file(doc)
     errors = [str(p) for p in report.problems()]
     if isinstance(doc, dict):
         fixed, r3 = repair_timestamp(doc)
