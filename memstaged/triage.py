@@ -13,7 +13,14 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged.ecma import encode_json, is_nonempty_string, parse_json, run_deep, trim
+from memstaged.ecma import (
+    JS_WHITESPACE_SET,
+    encode_json,
+    is_nonempty_string,
+    parse_json,
+    run_deep,
+    trim,
+)
 from memstaged.errors import NotJSON
 from memstaged.project import foreign_root
 from memstaged.quarantine import (
@@ -75,6 +82,24 @@ def _session_id(doc: object) -> str | None:
     return trim(value) if isinstance(value, str) and is_nonempty_string(value) else None
 
 
+def _foreign_root(doc: object, project_root: str) -> str | None:
+    """:func:`foreign_root`, without normalizing two paths when the file names the root verbatim.
+
+    Almost every file names its project exactly as the context does; when that text is absolute
+    and has no whitespace to trim at either end, resolving it against the root gives it back
+    unchanged, so it is the root and the file is not foreign.
+    """
+    value = doc.get("project_root") if isinstance(doc, dict) else None
+    if (
+        value.__class__ is str
+        and value == project_root
+        and value[:1] == "/"
+        and value[-1] not in JS_WHITESPACE_SET
+    ):
+        return None
+    return foreign_root(doc, project_root)
+
+
 def _origin(ctx: Context, sha: str, size: int, errors: list[str]) -> Origin:
     return Origin(ctx.file_name, ctx.source_path, sha, size, ctx.decided_at, tuple(errors))
 
@@ -133,7 +158,7 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
         return _unparseable(data, ctx, sha, size, err)
     doc, exotic = parsed.value, parsed.exotic
     session = _session_id(doc)
-    other = foreign_root(doc, ctx.project_root)
+    other = _foreign_root(doc, ctx.project_root)
     if other is not None:
         reason = f"project_root names {other}, not {ctx.project_root}"
         return Verdict(Decision.FOREIGN, sha, size, session, reasons=(reason,))
@@ -146,11 +171,11 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
     if isinstance(doc, dict):
         fixed, r3 = repair_timestamp(doc)
         fixed, r1 = repair_triggers(fixed)
-        after = check_file(fixed)
         repairs = (*repairs, *r3, *r1)
-        if after.valid:
+        if is_valid(fixed):  # the repairs were enough: nothing left to report
             new_bytes = _encode(fixed, exotic)
             return Verdict(Decision.REPAIRED, sha, size, session, tuple(errors), repairs, new_bytes)
+        after = check_file(fixed)
         split = ctx.split_invalid_candidates and not after.file_problems
         if split and _has_valid_candidate(fixed, len(after.candidate_problems)):
             return _split(doc, fixed, after.candidate_problems, ctx, sha, size, exotic, repairs)

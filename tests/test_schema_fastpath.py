@@ -21,8 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memstaged.ecma import JS_WHITESPACE
+from memstaged.project import foreign_root
 from memstaged.schema import check_file, is_valid
 from memstaged.timestamps import Form, classify
+from memstaged.triage import _foreign_root
 
 Path = tuple[str | int, ...]
 
@@ -354,6 +356,21 @@ def test_timestamps_agree_with_classify() -> None:
         assert agree(doc) == expected, stamp
         seen[expected] += 1
     assert seen[True] > 300 and seen[False] > 3000, seen
+
+
+ROOTS: Final[list[Any]] = [
+    "/p", "/p/", "//p", "/p/.", "/p/../p", "/ p", "/p ", "/p\u3000", "\ufeff/p", "/p\x85", "/",
+    "p", "./p", "", " ", "/elsewhere", "/p/sub", "/\ud800", Str("/p"),
+]  # fmt: skip
+
+
+def test_foreign_root_shortcut_agrees() -> None:
+    """triage's shortcut for a file naming the root verbatim is foreign_root's answer."""
+    for root in ROOTS:
+        for value in [*ROOTS, DELETE, None, 1, ["/p"]]:
+            doc: Any = staging(project_root=value)
+            assert _foreign_root(doc, root) == foreign_root(doc, root), (root, value)
+        assert _foreign_root([root], root) is None
 
 
 # --- hypothesis, over arbitrary JSON in arbitrary places -----------------------------------------
