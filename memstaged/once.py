@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from rich.console import Console
@@ -23,7 +23,7 @@ from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import Identity
 from memstaged.locks import InstanceLock
-from memstaged.pipeline import BATCH, MemoryDir, Outcome, Pipeline
+from memstaged.pipeline import Batch, MemoryDir, Outcome, Pipeline
 from memstaged.seen import SeenCache, key_of
 from memstaged.triage import Decision
 
@@ -50,17 +50,17 @@ def _remember(cache: SeenCache, mdir: MemoryDir, name: str, outcome: Outcome) ->
     cache.forget(name)
 
 
-def _run_batch(
+def _settle(
     pipeline: Pipeline,
     mdir: MemoryDir,
-    names: list[str],
+    outcomes: dict[str, Outcome],
     counts: Counter[str],
     waiting: list[tuple[float, str]],
     cache: SeenCache,
     advance: Callable[[], None],
 ) -> None:
-    """Decide a batch together; a file that changed meanwhile is decided again on its own."""
-    for name, first in pipeline.process_batch(mdir, names).items():
+    """Count a batch's outcomes; a file that changed meanwhile is decided again on its own."""
+    for name, first in outcomes.items():
         outcome = first
         for _ in range(_CHANGED_RETRIES):
             if not outcome.changed:
@@ -74,37 +74,70 @@ def _run_batch(
         advance()
 
 
+def _batches(pipeline: Pipeline, mdir: MemoryDir, todo: list[str]) -> Iterator[Batch]:
+    """Decide and apply ``todo`` in batches; yields each batch once applied and logged.
+
+    While a second thread applies a batch (mostly system calls, which release the GIL: creating
+    files, ``syncfs``, renames), this one decides the next (mostly Python). A batch is yielded
+    only when no apply is in flight, so that what the caller does with it (deciding a changed
+    file again, which takes the lock) never meets the lock of our own next batch.
+    """
+    names = iter(todo)
+    batch = pipeline.decide_batch(mdir, names)
+    if len(todo) <= len(batch.outcomes):  # one batch: nothing to overlap
+        pipeline.apply_batch(batch)
+        pipeline.finish_batch(batch)
+        yield batch
+        return
+    from concurrent.futures import Future, ThreadPoolExecutor  # only for a real backlog
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstaged-apply") as pool:
+        in_flight: tuple[Batch, Future[None]] | None = None
+        try:
+            while batch or in_flight is not None:
+                if in_flight is not None:
+                    done, applied = in_flight
+                    in_flight = None
+                    applied.result()
+                    pipeline.finish_batch(done)
+                    yield done
+                if batch:
+                    in_flight = (batch, pool.submit(pipeline.apply_batch, batch))
+                    batch = pipeline.decide_batch(mdir, names)
+        finally:
+            if in_flight is not None:  # interrupted: what was carried out is still logged
+                in_flight[1].result()
+                pipeline.finish_batch(in_flight[0])
+
+
+def _split_unchanged(
+    mdir: MemoryDir, names: list[str], cache: SeenCache
+) -> tuple[list[str], list[str]]:
+    if not cache.entries:
+        return names, []
+    try:
+        staging_fd = os.open(mdir.staging, _DIR_FLAGS)
+    except OSError:
+        return names, []  # pipeline.process says why, file by file
+    try:
+        return cache.split(staging_fd, names)
+    finally:
+        os.close(staging_fd)
+
+
 def _decide_all(
     pipeline: Pipeline, mdir: MemoryDir, names: list[str], advance: Any, cache: SeenCache
 ) -> tuple[Counter[str], int]:
     """Decide every file; returns the counts per decision and how many were unchanged."""
     counts: Counter[str] = Counter()
-    unchanged = 0
     waiting: list[tuple[float, str]] = []
-    try:
-        staging_fd: int | None = os.open(mdir.staging, _DIR_FLAGS)
-    except OSError:
-        staging_fd = None  # pipeline.process says why, file by file
-    todo: list[str] = []
-    for name in names:
-        held = None
-        if staging_fd is not None and cache.entries:
-            try:
-                held = cache.unchanged(
-                    name, os.stat(name, dir_fd=staging_fd, follow_symlinks=False)
-                )
-            except OSError:
-                held = None
-        if held is not None:  # decided before and not changed since: not read again
-            counts[held] += 1
-            unchanged += 1
+    todo, held = _split_unchanged(mdir, names, cache)
+    counts.update(held)
+    if advance is not _nothing:
+        for _ in held:
             advance()
-            continue
-        todo.append(name)
-        if len(todo) >= BATCH:
-            _run_batch(pipeline, mdir, todo, counts, waiting, cache, advance)
-            todo = []
-    _run_batch(pipeline, mdir, todo, counts, waiting, cache, advance)
+    for batch in _batches(pipeline, mdir, todo):
+        _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance)
     for retry_at, name in sorted(waiting):
         delay = retry_at - time.time()
         if delay > 0:
@@ -112,10 +145,8 @@ def _decide_all(
         outcome = pipeline.process(mdir, name)
         counts[outcome.decision.value] += 1
         _remember(cache, mdir, name, outcome)
-    if staging_fd is not None:
-        os.close(staging_fd)
     cache.keep_only(set(names))
-    return counts, unchanged
+    return counts, len(held)
 
 
 def run_once(settings: Settings, *, wait: bool = False, console: Console | None = None) -> int:

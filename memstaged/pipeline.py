@@ -9,11 +9,12 @@ while memstaged worked is handed back by ``renameat2(RENAME_EXCHANGE)`` and kept
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import Any, Final
 
@@ -21,7 +22,14 @@ import msgspec
 
 from memstaged import fsio
 from memstaged.fsio import Identity
-from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock, remove_stale_own_lock
+from memstaged.locks import (
+    CANONICAL_LOCK,
+    LockHeld,
+    LockInfo,
+    canonical_lock,
+    read_lock,
+    remove_stale_own_lock,
+)
 from memstaged.quarantine import ORIGINALS_DIR, original_name, stem
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide, decide_too_large
@@ -77,10 +85,35 @@ class _Pending(msgspec.Struct):
     tmp: str | None = None
 
 
+class Batch:
+    """Files decided together by :meth:`Pipeline.decide_batch`, applied by ``apply_batch``.
+
+    True while it has files.
+    """
+
+    def __init__(self, mdir: MemoryDir) -> None:
+        self.mdir = mdir
+        #: Every file's outcome; a pending one is :data:`_PENDING` until the batch is applied.
+        self.outcomes: dict[str, Outcome] = {}
+        self.pending: list[_Pending] = []
+        #: Files to decide on their own once the batch is applied (too large to read whole).
+        self.alone: list[str] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.outcomes)
+
+
 #: What :meth:`Pipeline.process` returns for a file whose decision waits for its batch.
 _PENDING: Final = Outcome(Decision.DEFERRED)
-#: How many files a batch carries out together: one syncfs and one fsync per directory each.
-BATCH: Final = 256
+#: What :meth:`Pipeline.process` returns, logging nothing, for a file of a batch that must be
+#: decided on its own after it (see :meth:`Pipeline.finish_batch`).
+_ALONE: Final = Outcome(Decision.DEFERRED)
+#: How many files a batch decides and carries out together: one syncfs and one fsync per
+#: directory each. Measured on a 10,000-file backlog (docs/performance.md): 256 → 1,024 takes a
+#: fifth off the time spent applying; beyond, the gain is small and the batch's memory grows.
+BATCH: Final = 1024
+#: ... and at most this many bytes of pending rewrites and originals held in memory at once.
+BATCH_BYTES: Final = 32 * 1024 * 1024
 
 
 class _Applied(Enum):
@@ -151,8 +184,14 @@ class Pipeline:
         self.options = options
         self.log = logger
         self.clock = clock
-        #: While :meth:`process_batch` runs: the decisions waiting to be carried out.
+        #: While :meth:`decide_batch` runs: the decisions waiting to be carried out, and the
+        #: memory dir and ``staging/`` it opened once for all of them.
         self._batch: list[_Pending] | None = None
+        self._dirs: tuple[int, int] | None = None
+        #: The inode of the ``canonical-writer.lock`` that :meth:`apply_batch` holds, if any: a
+        #: batch being decided meanwhile (in another thread) must not defer files for it.
+        self._own_lock: int | None = None
+        self._applying = False
 
     # -- one file -----------------------------------------------------------------------------
 
@@ -178,41 +217,84 @@ class Pipeline:
         if outcome is _PENDING:
             self._batch[-1].started = started  # type: ignore[index]
             return outcome
+        if outcome is _ALONE:
+            return outcome
         event["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
         self._emit(event)
         return outcome
 
     def process_batch(self, mdir: MemoryDir, names: list[str]) -> dict[str, Outcome]:
-        """Decide ``names`` and carry their decisions out together (``--once``'s backlog).
+        """Decide ``names`` and carry their decisions out in batches (``--once``'s backlog).
 
-        Each file is read and decided as by :meth:`process`; the rewrites and quarantines are
-        then written without an fsync each, made durable by one ``syncfs``, given their names
-        (dead-letter files) and one fsync per directory, and only then do staging files get
-        replaced or removed, followed by one fsync of ``staging/``. SPEC 5's order holds for
-        every file; the fsyncs are shared. Too-large files and dry runs go one by one.
+        :meth:`decide_batch`, :meth:`apply_batch` and :meth:`finish_batch` for each batch;
+        ``--once`` calls them itself so that a batch is applied while the next one is decided.
         """
         outcomes: dict[str, Outcome] = {}
-        if self.options.dry_run:
-            return {name: self.process(mdir, name) for name in names}
-        self._batch = []
-        try:
-            for name in names:
-                outcomes[name] = self.process(mdir, name)
-        finally:
-            pending, self._batch = self._batch, None
-        if pending:
-            self._apply_batch(mdir, pending, outcomes)
+        todo = iter(names)
+        while batch := self.decide_batch(mdir, todo):
+            self.apply_batch(batch)
+            self.finish_batch(batch)
+            outcomes.update(batch.outcomes)
         return outcomes
 
-    def _apply_batch(
-        self, mdir: MemoryDir, pending: list[_Pending], outcomes: dict[str, Outcome]
-    ) -> None:
+    def decide_batch(self, mdir: MemoryDir, names: Iterator[str]) -> Batch:
+        """Read and decide the next files of ``names`` as :meth:`process` does, change nothing.
+
+        Takes up to :data:`BATCH` files, fewer when their pending bytes reach
+        :data:`BATCH_BYTES`; an empty batch means ``names`` is exhausted. Valid, foreign, skipped
+        and deferred files are final (and logged) at once; repairs and quarantines wait in the
+        batch for :meth:`apply_batch`. The memory dir and ``staging/`` are opened once for the
+        batch. Too-large files and dry runs are carried out one by one.
+        """
+        batch = Batch(mdir)
+        if self.options.dry_run:
+            for name in itertools.islice(names, BATCH):
+                batch.outcomes[name] = self.process(mdir, name)
+            return batch
+        try:
+            dirs: tuple[int, int] | None = _open_memory_dir(mdir)
+        except OSError:
+            dirs = None  # process() opens them per file and says why, file by file
+        self._batch = []
+        self._dirs = dirs
+        held = 0
+        try:
+            for name in itertools.islice(names, BATCH):
+                outcome = batch.outcomes[name] = self.process(mdir, name)
+                if outcome is _ALONE:
+                    batch.alone.append(name)
+                elif outcome is _PENDING:
+                    item = self._batch[-1]
+                    held += len(item.data) + len(item.verdict.new_bytes or b"")
+                    if held >= BATCH_BYTES:
+                        break
+        finally:
+            batch.pending, self._batch, self._dirs = self._batch, None, None
+            for fd in reversed(dirs or ()):
+                os.close(fd)
+        return batch
+
+    def apply_batch(self, batch: Batch) -> None:
+        """Carry out a batch's repairs and quarantines: one ``syncfs``, one fsync per directory.
+
+        The rewrites and quarantines are written without an fsync each, made durable by one
+        ``syncfs``, given their names (dead-letter files) and one fsync per directory, and only
+        then do staging files get replaced or removed, followed by one fsync of ``staging/``.
+        SPEC 5's order holds for every file; the fsyncs are shared. It logs nothing (but a
+        conflict), so that it may run in a second thread while the next batch is decided;
+        :meth:`finish_batch` logs its decisions.
+        """
+        if not batch.pending:
+            return
+        mdir, pending, outcomes = batch.mdir, batch.pending, batch.outcomes
+        self._applying = True
         try:
             with (
                 fsio.opened_dir(mdir.path) as mem_fd,
                 fsio.opened_dir(STAGING, mem_fd) as staging_fd,
-                canonical_lock(mem_fd, self._on_stale),
+                canonical_lock(mem_fd, self._on_stale) as stale,
             ):
+                self._own_lock = None if stale is not None else _lock_ino(mem_fd)
                 self._apply_locked(mem_fd, staging_fd, pending, outcomes)
         except LockHeld as held:
             for item in pending:
@@ -236,9 +318,22 @@ class Pipeline:
                         item.identity,
                         retry_at=self.clock() + self.options.settle,
                     )
+        finally:
+            self._applying, self._own_lock = False, None
         for item in pending:
             item.event["duration_ms"] = round((time.perf_counter() - item.started) * 1000, 3)
+
+    def finish_batch(self, batch: Batch) -> None:
+        """Log the decisions :meth:`apply_batch` carried out, then decide the too-large files.
+
+        A too-large file is copied in chunks under the lock on its own (see
+        :meth:`_quarantine_too_large`); the caller runs this when no ``apply_batch`` is in
+        flight, so that the lock is free for it.
+        """
+        for item in batch.pending:
             self._emit(item.event)
+        for name in batch.alone:
+            batch.outcomes[name] = self.process(batch.mdir, name)
 
     def _apply_locked(
         self,
@@ -371,6 +466,8 @@ class Pipeline:
 
         if not is_staging_name(name):
             return finish(Decision.SKIPPED, "not a staging file name")
+        if self._dirs is not None:  # a batch opened them for all of its files
+            return self._process_in(mdir, name, event, *self._dirs, finish)
         try:
             mem_fd = fsio.open_dir(mdir.path)
         except OSError as err:
@@ -385,40 +482,56 @@ class Pipeline:
                     return finish(Decision.SKIPPED, "staging/ is a symbolic link: never followed")
                 raise
             try:
-                held = self._lock_held(mem_fd)
-                if held is not None:
-                    return finish(Decision.DEFERRED, str(LockHeld(held)), blocked_by_lock=True)
-                st = fsio.lstat_at(staging_fd, name)
-                if st is None:
-                    return finish(Decision.SKIPPED, "vanished before it could be read")
-                reason = skip_reason(st)
-                if reason is not None:
-                    return finish(Decision.SKIPPED, reason, identity=Identity.of(st))
-                # Only the open is mapped to skipped/deferred: an error while the decision is
-                # carried out (deadletter/ a link, read-only, full) must stay a retried I/O error.
-                try:
-                    fd, st = fsio.open_regular_fd(staging_fd, name)
-                except OSError as err:
-                    if err.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO):
-                        return finish(Decision.SKIPPED, "replaced by a link or special file")
-                    if err.errno == errno.ENOENT:
-                        return finish(Decision.SKIPPED, "vanished before it could be read")
-                    if err.errno in (errno.EACCES, errno.EPERM):
-                        return finish(Decision.DEFERRED, "cannot read it: permission denied")
-                    raise
-                try:
-                    return self._decide_open(mdir, name, mem_fd, staging_fd, fd, st, event)
-                finally:
-                    os.close(fd)
+                return self._process_in(mdir, name, event, mem_fd, staging_fd, finish)
             finally:
                 os.close(staging_fd)
         finally:
             os.close(mem_fd)
 
+    def _process_in(
+        self,
+        mdir: MemoryDir,
+        name: str,
+        event: dict[str, Any],
+        mem_fd: int,
+        staging_fd: int,
+        finish: Callable[..., Outcome],
+    ) -> Outcome:
+        held = self._lock_held(mem_fd)
+        if held is not None:
+            return finish(Decision.DEFERRED, str(LockHeld(held)), blocked_by_lock=True)
+        st = fsio.lstat_at(staging_fd, name)
+        if st is None:
+            return finish(Decision.SKIPPED, "vanished before it could be read")
+        reason = skip_reason(st)
+        if reason is not None:
+            return finish(Decision.SKIPPED, reason, identity=Identity.of(st))
+        # Only the open is mapped to skipped/deferred: an error while the decision is
+        # carried out (deadletter/ a link, read-only, full) must stay a retried I/O error.
+        try:
+            fd, st = fsio.open_regular_fd(staging_fd, name)
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO):
+                return finish(Decision.SKIPPED, "replaced by a link or special file")
+            if err.errno == errno.ENOENT:
+                return finish(Decision.SKIPPED, "vanished before it could be read")
+            if err.errno in (errno.EACCES, errno.EPERM):
+                return finish(Decision.DEFERRED, "cannot read it: permission denied")
+            raise
+        try:
+            return self._decide_open(mdir, name, mem_fd, staging_fd, fd, st, event)
+        finally:
+            os.close(fd)
+
     def _lock_held(self, mem_fd: int) -> LockInfo | None:
+        applying = self._applying
+        if applying and self._own_lock is not None and _lock_ino(mem_fd) == self._own_lock:
+            return None  # apply_batch holds it, for the previous batch, in another thread
         info = read_lock(mem_fd)
         if info is None:
             return None
+        if applying and info.ours and info.pid == os.getpid():
+            return None  # apply_batch took it an instant ago and has not said so in _own_lock
         if info.alive:
             return info
         try:
@@ -461,6 +574,8 @@ class Pipeline:
         limit = self.options.max_file_size
         data = None if st.st_size > limit else fsio.read_fd(fd, st.st_size, limit)
         if data is None:
+            if self._batch is not None:
+                return _ALONE  # needs the lock, which the previous batch may hold right now
             if not self.options.dry_run:
                 return self._quarantine_too_large(
                     mem_fd, staging_fd, name, fd, identity, ctx, event
@@ -857,6 +972,22 @@ def _describe(event: dict[str, Any], verdict: Verdict) -> None:
     if verdict.deadletter:
         event["deadletter"] = [f"{DEADLETTER}/{r.name}" for r in verdict.deadletter]
         event["deadletter"].append(f"{DEADLETTER}/{ORIGINALS_DIR}/{verdict.original}")
+
+
+def _open_memory_dir(mdir: MemoryDir) -> tuple[int, int]:
+    """The memory dir and its ``staging/``, opened without following links."""
+    mem_fd = fsio.open_dir(mdir.path)
+    try:
+        return mem_fd, fsio.open_dir(STAGING, mem_fd)
+    except OSError:
+        os.close(mem_fd)
+        raise
+
+
+def _lock_ino(mem_fd: int) -> int | None:
+    """The inode of the memory dir's ``canonical-writer.lock``, or ``None`` without one."""
+    st = fsio.lstat_at(mem_fd, CANONICAL_LOCK)
+    return None if st is None else st.st_ino
 
 
 def _open_deadletter(mem_fd: int) -> int:

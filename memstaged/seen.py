@@ -77,12 +77,37 @@ class SeenCache:
             cache.entries = dict(stored.entries)
         return cache
 
-    def unchanged(self, name: str, st: os.stat_result) -> str | None:
-        """The decision a file still holds, or ``None`` when it must be read again."""
-        entry = self.entries.get(name)
-        if entry is None or entry[0] != key_of(st):
-            return None
-        return entry[1]
+    def split(self, staging_fd: int, names: list[str]) -> tuple[list[str], list[str]]:
+        """The files to read (new or changed since decided), and the decisions the others hold.
+
+        This loop is the whole cost of a rescan of decided files (the steady state): one
+        ``lstat`` relative to the open ``staging/`` per cached file and a comparison with its
+        stored identity, field by field, without building a key per file.
+        """
+        entries = self.entries
+        lstat = os.stat
+        todo: list[str] = []
+        held: list[str] = []
+        for name in names:
+            entry = entries.get(name)
+            if entry is not None:
+                try:
+                    st = lstat(name, dir_fd=staging_fd, follow_symlinks=False)
+                except OSError:
+                    todo.append(name)  # gone or unreadable: process() says what it is
+                    continue
+                dev, ino, size, mtime_ns, ctime_ns = entry[0]
+                if (
+                    st.st_ino == ino
+                    and st.st_mtime_ns == mtime_ns
+                    and st.st_ctime_ns == ctime_ns
+                    and st.st_size == size
+                    and st.st_dev == dev
+                ):
+                    held.append(entry[1])
+                    continue
+            todo.append(name)
+        return todo, held
 
     def remember(self, name: str, key: Key, decision: str) -> None:
         self.entries[name] = (key, decision)

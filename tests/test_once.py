@@ -8,13 +8,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from conftest import decisions, lesson, read_log, staging_doc, write
 
 from memstaged.cli import main
-from memstaged.triage import Context, Decision, decide
+from memstaged.triage import Context, Decision, Verdict, decide
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -318,3 +319,103 @@ def test_seen_cache_is_dropped_when_a_setting_changes(
     config.write_text("split_invalid_candidates = true\n")
     assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 0
     assert decisions(log_file) == {"a.json": "valid"}
+
+
+def _backlog(project: Path, memory_dir: Path, n: int) -> dict[str, str]:
+    """``n`` files: valid, repairable (no triggers) and malformed in turn; name -> expected."""
+    staging = memory_dir / "staging"
+    expected: dict[str, str] = {}
+    for i in range(n):
+        name = f"f{i:04d}.json"
+        if i % 3 == 0:
+            write(staging / name, staging_doc(project, f"s{i}"))
+            expected[name] = "valid"
+        elif i % 3 == 1:
+            doc = staging_doc(project, f"s{i}", candidates={"lessons": [lesson(triggers=[])]})
+            write(staging / name, doc)
+            expected[name] = "repaired"
+        else:
+            write(staging / name, staging_doc(project, f"s{i}", schemaVersion="1"))
+            expected[name] = "quarantined"
+        os.utime(staging / name, (1_700_000_000, 1_700_000_000))
+    return expected
+
+
+@pytest.mark.parametrize("limit", ["count", "bytes"])
+def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    limit: str,
+) -> None:
+    """Batches are applied in a second thread while the next is decided (``once._batches``):
+    every file gets the decision it gets alone, each exactly once in the log, and a too-large
+    file in a later batch is quarantined, not deferred because our own apply holds the lock."""
+    from memstaged import pipeline
+
+    if limit == "count":
+        monkeypatch.setattr(pipeline, "BATCH", 5)
+        # A slow disk: each apply holds the lock while the next batch is decided.
+        real_syncfs = pipeline.fsio.syncfs
+
+        def slow_syncfs(fd: int) -> None:
+            time.sleep(0.1)
+            real_syncfs(fd)
+
+        monkeypatch.setattr(pipeline.fsio, "syncfs", slow_syncfs)
+        # ... and a slow decision, so that the next batch's files are looked at meanwhile.
+        real_decide = pipeline.decide
+
+        def slow_decide(data: bytes, ctx: Context) -> Verdict:
+            time.sleep(0.01)
+            return real_decide(data, ctx)
+
+        monkeypatch.setattr(pipeline, "decide", slow_decide)
+    else:
+        monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)  # every pending file closes a batch
+    expected = _backlog(project, memory_dir, 40)
+    staging = memory_dir / "staging"
+    big = write(staging / "f0033-big.json", b"[" + b" " * 5000 + b"]")
+    os.utime(staging / "f0033-big.json", (1_700_000_000, 1_700_000_000))
+    expected["f0033-big.json"] = "quarantined"
+    config = tmp_path / "config.toml"
+    config.write_text("max_file_size = 4096\nsettle = 0\n")
+
+    assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 0
+
+    events = [e for e in read_log(log_file) if e.get("event") == "decision"]
+    assert sorted(Path(e["path"]).name for e in events) == sorted(expected)
+    assert decisions(log_file) == expected
+    left = sorted(p.name for p in staging.iterdir())
+    assert left == sorted(n for n, d in expected.items() if d != "quarantined")
+    ctx = Context(project_root=str(project), file_name="x.json")
+    for name in left:
+        assert decide((staging / name).read_bytes(), ctx).decision is Decision.VALID, name
+    assert big in {p.read_bytes() for p in (memory_dir / "deadletter" / "originals").iterdir()}
+    assert not (memory_dir / "canonical-writer.lock").exists()
+
+
+def test_a_backlog_waits_for_the_reconcilers_lock_in_every_batch(
+    project: Path, memory_dir: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC 5: while a live process holds canonical-writer.lock nothing changes; every file
+    of every batch is deferred, and the lock is left as it was."""
+    from memstaged import pipeline
+
+    monkeypatch.setattr(pipeline, "BATCH", 4)
+    expected = _backlog(project, memory_dir, 20)
+    before = _tree(memory_dir / "staging")
+    lock = memory_dir / "canonical-writer.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(json.dumps({"pid": holder.pid, "owner": "reconciler"}))
+        assert main(["--once", "--memory-dir", str(memory_dir)]) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert decisions(log_file) == dict.fromkeys(expected, "deferred")
+    assert _tree(memory_dir / "staging") == before
+    assert not (memory_dir / "deadletter").exists()
+    assert json.loads(lock.read_text())["pid"] == holder.pid
