@@ -362,7 +362,10 @@ class ConsoleSink:
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._pretty = stream.isatty()
+        try:
+            self._pretty = stream.isatty()
+        except (OSError, ValueError):  # closed already: emit says so, once
+            self._pretty = False
         self._trouble = _Trouble("console log (stderr)")
 
     def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
@@ -467,15 +470,16 @@ class _UtcStamper:
     ``datetime.now`` floors the system clock to microseconds, as ``// 1000`` does here.
     """
 
-    __slots__ = ("_second",)
+    __slots__ = ("_clock", "_second")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
+        self._clock = clock
         self._second: tuple[int, str] = (-1, "")
 
     def __call__(
         self, _logger: Any, _name: str, event: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
-        seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+        seconds, micros = divmod(self._clock() // 1000, 1_000_000)
         second = self._second  # one tuple: two threads never see a prefix of another second
         if second[0] != seconds:
             text = datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()[:-6]

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
+import io
+import itertools
 import json
+import logging
+import logging.handlers
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,3 +96,259 @@ def test_no_journal_outside_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("JOURNAL_STREAM", raising=False)
     monkeypatch.delenv("INVOCATION_ID", raising=False)
     assert log.journal_available() is False
+
+
+# -- the file sink: rotation, threads, errors ------------------------------------------------------
+
+
+def _files(path: Path, backups: int) -> list[Path]:
+    """The log's files, oldest first: ``.N`` … ``.1``, then the current one."""
+    rotated = [Path(f"{path}.{i}") for i in range(backups, 0, -1)]
+    return [p for p in rotated if p.exists()] + [path]
+
+
+def test_rotation_matches_rotating_file_handler_byte_for_byte(tmp_path: Path) -> None:
+    """The same lines give the same files, byte for byte, as logging's RotatingFileHandler: each
+    line whole in one file, a file rotated when it plus the next line would reach max_bytes, no
+    more than ``backups`` old files, and every file 0600 (the handler left new files to the
+    umask)."""
+    path = tmp_path / "ours" / "decisions.jsonl"
+    log.configure(path, max_bytes=1000, backups=3, console="off", journal="off")
+    for i in range(200):
+        log.get_logger().info("decision", decision="valid", path=f"{i}.json", pad="x" * (i % 37))
+    log.close()
+    ours = _files(path, 5)
+    assert [p.name for p in ours] == [
+        "decisions.jsonl.3",
+        "decisions.jsonl.2",
+        "decisions.jsonl.1",
+        "decisions.jsonl",
+    ]
+    data = [p.read_bytes() for p in ours]
+    assert all(d.endswith(b"\n") and len(d) < 1000 for d in data)
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in ours)
+    kept = [json.loads(line)["path"] for d in data for line in d.splitlines()]
+    assert kept == [f"{i}.json" for i in range(200 - len(kept), 200)]  # the newest, in order
+
+    # Replay every line that reached the files through the standard library's handler.
+    theirs = tmp_path / "theirs" / "decisions.jsonl"
+    theirs.parent.mkdir()
+    handler = logging.handlers.RotatingFileHandler(theirs, maxBytes=1000, backupCount=3)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    record = logging.LogRecord("t", logging.INFO, __file__, 0, "", None, None)
+    first = len(kept)  # lines of the events before the kept ones, rebuilt from a fresh run
+    log.configure(tmp_path / "all.jsonl", console="off", journal="off")
+    for i in range(200):
+        log.get_logger().info("decision", decision="valid", path=f"{i}.json", pad="x" * (i % 37))
+    log.close()
+    lines = (tmp_path / "all.jsonl").read_text().splitlines()
+    # The timestamps differ from the first run: give the kept lines their original text.
+    lines[-first:] = [line for d in data for line in d.decode().splitlines()]
+    for line in lines:
+        record.msg = line
+        handler.emit(record)
+    handler.close()
+    assert [p.read_bytes() for p in _files(theirs, 5)] == data
+
+
+def test_rotation_details(tmp_path: Path) -> None:
+    """A line longer than max_bytes is written whole into a file of its own (an empty file is not
+    rotated away); with backups=0 the file just grows; the files ``.N`` stop at ``backups``."""
+    path = tmp_path / "decisions.jsonl"
+    log.configure(path, max_bytes=300, backups=2, console="off", journal="off")
+    logger = log.get_logger()
+    logger.info("decision", path="big", pad="y" * 400)
+    assert [json.loads(x)["path"] for x in path.read_text().splitlines()] == ["big"]
+    assert not Path(f"{path}.1").exists()
+    logger.info("decision", path="small")
+    assert json.loads(Path(f"{path}.1").read_text())["path"] == "big"
+    assert json.loads(path.read_text())["path"] == "small"
+    for i in range(50):
+        logger.info("decision", path=f"{i}")
+    assert not Path(f"{path}.3").exists()
+
+    # Exactly at the limit: 50 + 50 bytes reach max_bytes=100, so the second line starts a new
+    # file (RotatingFileHandler's ">="); 50 + 49 stay together.
+    exact = tmp_path / "exact.jsonl"
+    sink = log.FileSink(exact, 100, 1)
+    for line in (b"a" * 49 + b"\n", b"b" * 49 + b"\n", b"c" * 48 + b"\n"):
+        sink.emit({}, line)
+    sink.close()
+    assert Path(f"{exact}.1").read_bytes() == b"a" * 49 + b"\n"
+    assert exact.read_bytes() == b"b" * 49 + b"\n" + b"c" * 48 + b"\n"
+
+    grows = tmp_path / "grows.jsonl"
+    log.configure(grows, max_bytes=300, backups=0, console="off", journal="off")
+    for i in range(50):
+        log.get_logger().info("decision", path=f"{i}")
+    assert len(grows.read_text().splitlines()) == 50
+    assert not Path(f"{grows}.1").exists()
+
+
+def test_a_rotation_by_another_process_is_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers of one file (the daemon and ``--once``): whoever finds it full rotates it once,
+    the other follows to the new file, and no line is lost or split."""
+    monkeypatch.setattr(log, "_CHECK_INTERVAL", 0.0)  # look at the path before every line
+    path = tmp_path / "decisions.jsonl"
+    one = log.FileSink(path, 2000, 50)
+    two = log.FileSink(path, 2000, 50)
+    for i in range(400):
+        line = json.dumps({"event": "decision", "n": i}).encode() + b"\n"
+        (one if i % 3 else two).emit({}, line)
+    one.close()
+    two.close()
+    files = _files(path, 50)
+    data = [p.read_bytes() for p in files]
+    assert all(d.endswith(b"\n") and len(d) < 2000 for d in data)
+    numbers = [json.loads(line)["n"] for d in data for line in d.splitlines()]
+    assert numbers == list(range(400))
+    # Each file holds as many lines as fit: rotated exactly when the next line would not.
+    for older, newer in itertools.pairwise(data):
+        assert len(older) + len(newer.splitlines(keepends=True)[0]) >= 2000
+
+
+def test_a_logger_kept_across_configure_writes_to_the_new_file(tmp_path: Path) -> None:
+    """The daemon keeps its logger; a reload that changes log_file re-configures: the kept (and
+    cached) logger writes to the new file."""
+    logger = log.get_logger()
+    log.configure(tmp_path / "a.jsonl", console="off", journal="off")
+    logger.info("start")
+    log.configure(tmp_path / "b.jsonl", console="off", journal="off")
+    logger.info("reload", ok=True)
+    assert [json.loads(x)["event"] for x in (tmp_path / "a.jsonl").read_text().splitlines()] == [
+        "start"
+    ]
+    assert json.loads((tmp_path / "b.jsonl").read_text())["event"] == "reload"
+
+
+def test_two_threads_never_interleave_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker thread and the main thread logging at once: every line (file and console) is one
+    whole JSON event, none lost, each thread's in its order, across rotations too."""
+    path = tmp_path / "decisions.jsonl"
+    log.configure(path, max_bytes=200_000, backups=50, console="on", journal="off")
+    per_thread = 3000
+    start = threading.Barrier(2)
+
+    def emit(name: str) -> None:
+        logger = log.get_logger()
+        start.wait()
+        for i in range(per_thread):
+            logger.info("decision", thread=name, n=i, path=f"/p/{name}/{i}.json", pad="z" * 40)
+
+    worker = threading.Thread(target=emit, args=("worker",))
+    worker.start()
+    emit("main")
+    worker.join()
+    log.close()
+    files = _files(path, 50)
+    assert len(files) > 2
+    for lines in (
+        [line for p in files for line in p.read_text().splitlines()],
+        capsys.readouterr().err.splitlines(),
+    ):
+        events = [json.loads(line) for line in lines]
+        assert len(events) == 2 * per_thread
+        for name in ("worker", "main"):
+            assert [e["n"] for e in events if e["thread"] == name] == list(range(per_thread))
+
+
+def test_timestamps_are_structlogs_iso_utc_text() -> None:
+    """The same text as ``TimeStamper(fmt="iso", utc=True)``: six digits of microseconds, none
+    when they are 0, ``Z`` for UTC; the clock floored to the microsecond like ``datetime.now``."""
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+    for ns in (
+        0,
+        999,
+        1_796_058_000_000_000_999,
+        1_796_058_000_123_456_789,
+        1_796_058_059_999_999_999,
+    ):
+        stamp = log._UtcStamper(clock=itertools.repeat(ns).__next__)(None, "info", {})["timestamp"]
+        when = epoch + datetime.timedelta(microseconds=ns // 1000)
+        assert stamp == when.isoformat().replace("+00:00", "Z")
+    # On the real clock: between two readings of datetime.now, as TimeStamper would read it.
+    before = datetime.datetime.now(datetime.UTC)
+    stamp = log._UtcStamper()(None, "info", {})["timestamp"]
+    after = datetime.datetime.now(datetime.UTC)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z", stamp)
+    assert before <= datetime.datetime.fromisoformat(stamp) <= after
+
+
+def test_a_closed_console_is_reported_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A console that is gone gives one line on stderr, no traceback, and the file still gets
+    every event."""
+    path = tmp_path / "decisions.jsonl"
+    log.configure(path, console="off", journal="off")
+    closed = io.StringIO()
+    log.add_sink(log.ConsoleSink(closed))
+    closed.close()
+    for i in range(5):
+        log.get_logger().info("decision", path=f"{i}.json")
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "memstaged: console log (stderr): I/O operation on closed file; events go on "
+        "to the other sinks (said once, until it works again)"
+    ]
+    assert len(path.read_text().splitlines()) == 5
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs (needs root): the decision log runs out of space on it."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=False
+        ).returncode
+    ):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield mount
+    finally:
+        log.close()  # the open log file would keep the mount busy
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_is_reported_once_and_the_other_sinks_go_on(
+    full_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ENOSPC on the log file: one clear line on stderr (no traceback, nothing raised), the
+    console and journald still get every event; once there is room again that is said too, and
+    the file goes on with whole lines."""
+    filler = full_disk / "filler"
+    filler.write_bytes(b"f" * 16384)
+    path = full_disk / "state" / "decisions.jsonl"
+    log.configure(path, console="on", journal="off")
+    sent: list[tuple[bytes, ...]] = []
+    log.add_sink(log.JournalSink(send=lambda *lines: sent.append(lines)))
+    logger = log.get_logger()
+    for i in range(600):  # ~90 KiB of lines
+        logger.warning("decision", decision="quarantined", path=f"/p/{i}.json", pad="q" * 100)
+    err = capsys.readouterr().err.splitlines()
+    notes = [line for line in err if not line.startswith("{")]
+    assert notes == [
+        f"memstaged: decision log file {path}: No space left on device (ENOSPC); events go on "
+        "to the other sinks (said once, until it works again)"
+    ]
+    assert len(err) == 600 + 1  # the console had every event
+    assert len(sent) == 600
+    written = path.read_bytes()
+    assert 0 < len(written) < 64 * 1024
+
+    filler.unlink()
+    logger.info("decision", decision="valid", path="/p/after.json")
+    err = capsys.readouterr().err.splitlines()
+    assert f"memstaged: decision log file {path}: works again" in err
+    lines = path.read_bytes().splitlines()
+    assert json.loads(lines[-1])["path"] == "/p/after.json"
+    # At most the one line the disk cut short is not JSON, and it is a line of its own.
+    broken = [line for line in lines if line and not line.endswith(b"}")]
+    assert len(broken) <= 1
