@@ -353,26 +353,24 @@ def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
     """Batches are applied in a second thread while the next is decided (``once._batches``):
     every file gets the decision it gets alone, each exactly once in the log, and a too-large
     file in a later batch is quarantined, not deferred because our own apply holds the lock."""
-    from memstaged import pipeline
+    from memstaged import fsio, pipeline
 
     if limit == "count":
         monkeypatch.setattr(pipeline, "BATCH", 5)
         # A slow disk: each apply holds the lock while the next batch is decided.
-        real_syncfs = pipeline.fsio.syncfs
+        real_syncfs = fsio.syncfs
 
         def slow_syncfs(fd: int) -> None:
             time.sleep(0.1)
             real_syncfs(fd)
 
-        monkeypatch.setattr(pipeline.fsio, "syncfs", slow_syncfs)
+        monkeypatch.setattr(fsio, "syncfs", slow_syncfs)
         # ... and a slow decision, so that the next batch's files are looked at meanwhile.
-        real_decide = pipeline.decide
-
         def slow_decide(data: bytes, ctx: Context) -> Verdict:
             time.sleep(0.01)
-            return real_decide(data, ctx)
+            return decide(data, ctx)
 
-        monkeypatch.setattr(pipeline, "decide", slow_decide)
+        monkeypatch.setattr("memstaged.pipeline.decide", slow_decide)
     else:
         monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)  # every pending file closes a batch
     expected = _backlog(project, memory_dir, 40)
