@@ -139,7 +139,10 @@ def list_staging(mdir: MemoryDir) -> list[str]:
             fsio.opened_dir(mdir.path) as mem_fd,
             fsio.opened_dir(STAGING, mem_fd) as staging_fd,
         ):
-            return sorted(name for name in os.listdir(staging_fd) if is_staging_name(name))
+            # is_staging_name, inlined: this runs over every name at every rescan.
+            return sorted(
+                [n for n in os.listdir(staging_fd) if n.endswith(".json") and n[:1] != "."]
+            )
     except OSError:
         return []
 
@@ -836,7 +839,7 @@ class Pipeline:
                 return
             try:
                 names = os.listdir(staging_fd)
-                for entry in sorted(names):
+                for entry in sorted([n for n in names if n.startswith(fsio.TEMP_PREFIX)]):
                     parsed = fsio.parse_temp_name(entry)
                     if parsed is None:
                         continue
