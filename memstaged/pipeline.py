@@ -195,6 +195,7 @@ class Pipeline:
         #: batch being decided meanwhile (in another thread) must not defer files for it.
         self._own_lock: int | None = None
         self._applying = False
+        self._stamp: tuple[int, str] = (-1, "")
 
     # -- one file -----------------------------------------------------------------------------
 
@@ -572,7 +573,7 @@ class Pipeline:
             source_path=event["path"],
             settled=now - st.st_mtime >= self.options.settle,
             split_invalid_candidates=self.options.split_invalid_candidates,
-            decided_at=format_epoch_ms(int(now * 1000)),
+            decided_at=self._decided_at(int(now * 1000)),
         )
         limit = self.options.max_file_size
         data = None if st.st_size > limit else fsio.read_fd(fd, st.st_size, limit)
@@ -635,6 +636,12 @@ class Pipeline:
             event["reasons"] = [*event.get("reasons", []), str(held)]
             return Outcome(Decision.DEFERRED, identity, blocked_by_lock=True)
         return _finish(event, identity, applied, final)
+
+    def _decided_at(self, epoch_ms: int) -> str:
+        """``format_epoch_ms``, kept for the millisecond: a backlog decides ~10 files in one."""
+        if self._stamp[0] != epoch_ms:
+            self._stamp = (epoch_ms, format_epoch_ms(epoch_ms))
+        return self._stamp[1]
 
     def _quarantine_too_large(
         self,
