@@ -235,8 +235,10 @@ _SAFE: Final = 1 << 53
 def _as_written(value: str) -> bool:
     """``classify(value)`` is ``AS_WRITTEN``, without building the canonical text it returns.
 
-    Only :func:`memstaged.timestamps._parse_iso` can say ``AS_WRITTEN``, and only for a date, or
-    a date-time with a ``T`` and an offset; this follows its steps up to that answer.
+    Only :func:`memstaged.timestamps._parse_iso` can say ``AS_WRITTEN`` (RFC 2822 dates are at
+    best repairable), and only for a date, or a date-time with a ``T`` and an offset; this follows
+    its steps up to that answer, so a change there belongs here too
+    (``test_timestamps_agree_with_classify`` notices when they part).
     """
     match = _ISO.fullmatch(trim(value))
     if match is None:
