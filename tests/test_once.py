@@ -365,6 +365,7 @@ def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
             real_syncfs(fd)
 
         monkeypatch.setattr(fsio, "syncfs", slow_syncfs)
+
         # ... and a slow decision, so that the next batch's files are looked at meanwhile.
         def slow_decide(data: bytes, ctx: Context) -> Verdict:
             time.sleep(0.01)
