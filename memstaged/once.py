@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 from rich.console import Console
@@ -23,7 +23,7 @@ from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import Identity
 from memstaged.locks import InstanceLock
-from memstaged.pipeline import Batch, MemoryDir, Outcome, Pipeline
+from memstaged.pipeline import MemoryDir, Outcome, Pipeline
 from memstaged.seen import SeenCache, key_of
 from memstaged.triage import Decision
 
@@ -74,42 +74,6 @@ def _settle(
         advance()
 
 
-def _batches(pipeline: Pipeline, mdir: MemoryDir, todo: list[str]) -> Iterator[Batch]:
-    """Decide and apply ``todo`` in batches; yields each batch once applied and logged.
-
-    While a second thread applies a batch (mostly system calls, which release the GIL: creating
-    files, ``syncfs``, renames), this one decides the next (mostly Python). A batch is yielded
-    only when no apply is in flight, so that what the caller does with it (deciding a changed
-    file again, which takes the lock) never meets the lock of our own next batch.
-    """
-    names = iter(todo)
-    batch = pipeline.decide_batch(mdir, names)
-    if len(todo) <= len(batch.outcomes):  # one batch: nothing to overlap
-        pipeline.apply_batch(batch)
-        pipeline.finish_batch(batch)
-        yield batch
-        return
-    from concurrent.futures import Future, ThreadPoolExecutor  # only for a real backlog
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstaged-apply") as pool:
-        in_flight: tuple[Batch, Future[None]] | None = None
-        try:
-            while batch or in_flight is not None:
-                if in_flight is not None:
-                    done, applied = in_flight
-                    in_flight = None
-                    applied.result()
-                    pipeline.finish_batch(done)
-                    yield done
-                if batch:
-                    in_flight = (batch, pool.submit(pipeline.apply_batch, batch))
-                    batch = pipeline.decide_batch(mdir, names)
-        finally:
-            if in_flight is not None:  # interrupted: what was carried out is still logged
-                in_flight[1].result()
-                pipeline.finish_batch(in_flight[0])
-
-
 def _split_unchanged(
     mdir: MemoryDir, names: list[str], cache: SeenCache
 ) -> tuple[list[str], list[str]]:
@@ -136,7 +100,7 @@ def _decide_all(
     if advance is not _nothing:
         for _ in held:
             advance()
-    for batch in _batches(pipeline, mdir, todo):
+    for batch in pipeline.batches(mdir, todo):
         _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance)
     for retry_at, name in sorted(waiting):
         delay = retry_at - time.time()

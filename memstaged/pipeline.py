@@ -22,14 +22,7 @@ import msgspec
 
 from memstaged import fsio
 from memstaged.fsio import Identity
-from memstaged.locks import (
-    CANONICAL_LOCK,
-    LockHeld,
-    LockInfo,
-    canonical_lock,
-    read_lock,
-    remove_stale_own_lock,
-)
+from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock, remove_stale_own_lock
 from memstaged.quarantine import ORIGINALS_DIR, original_name, stem
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide, decide_too_large
@@ -96,8 +89,6 @@ class Batch:
         #: Every file's outcome; a pending one is :data:`_PENDING` until the batch is applied.
         self.outcomes: dict[str, Outcome] = {}
         self.pending: list[_Pending] = []
-        #: Files to decide on their own once the batch is applied (too large to read whole).
-        self.alone: list[str] = []
 
     def __bool__(self) -> bool:
         return bool(self.outcomes)
@@ -105,9 +96,6 @@ class Batch:
 
 #: What :meth:`Pipeline.process` returns for a file whose decision waits for its batch.
 _PENDING: Final = Outcome(Decision.DEFERRED)
-#: What :meth:`Pipeline.process` returns, logging nothing, for a file of a batch that must be
-#: decided on its own after it (see :meth:`Pipeline.finish_batch`).
-_ALONE: Final = Outcome(Decision.DEFERRED)
 #: How many files a batch decides and carries out together: one syncfs and one fsync per
 #: directory each. Measured on a 10,000-file backlog (docs/performance.md): 256 → 1,024 takes a
 #: fifth off the time spent applying; beyond, the gain is small and the batch's memory grows.
@@ -191,10 +179,6 @@ class Pipeline:
         #: memory dir and ``staging/`` it opened once for all of them.
         self._batch: list[_Pending] | None = None
         self._dirs: tuple[int, int] | None = None
-        #: The inode of the ``canonical-writer.lock`` that :meth:`apply_batch` holds, if any: a
-        #: batch being decided meanwhile (in another thread) must not defer files for it.
-        self._own_lock: int | None = None
-        self._applying = False
         self._stamp: tuple[int, str] = (-1, "")
 
     # -- one file -----------------------------------------------------------------------------
@@ -221,25 +205,29 @@ class Pipeline:
         if outcome is _PENDING:
             self._batch[-1].started = started  # type: ignore[index]
             return outcome
-        if outcome is _ALONE:
-            return outcome
         event["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
         self._emit(event)
         return outcome
 
     def process_batch(self, mdir: MemoryDir, names: list[str]) -> dict[str, Outcome]:
-        """Decide ``names`` and carry their decisions out in batches (``--once``'s backlog).
-
-        :meth:`decide_batch`, :meth:`apply_batch` and :meth:`finish_batch` for each batch;
-        ``--once`` calls them itself so that a batch is applied while the next one is decided.
-        """
+        """Decide ``names`` and carry their decisions out in batches (``--once``'s backlog)."""
         outcomes: dict[str, Outcome] = {}
+        for batch in self.batches(mdir, names):
+            outcomes.update(batch.outcomes)
+        return outcomes
+
+    def batches(self, mdir: MemoryDir, names: list[str]) -> Iterator[Batch]:
+        """:meth:`decide_batch`, :meth:`apply_batch` and :meth:`finish_batch`, batch by batch.
+
+        One thread on purpose: applying a batch in a second thread while the next is decided
+        was tried and measured slower (docs/performance.md): handing the GIL back and forth
+        between the two cost more CPU than the waits for the disk it hid.
+        """
         todo = iter(names)
         while batch := self.decide_batch(mdir, todo):
             self.apply_batch(batch)
             self.finish_batch(batch)
-            outcomes.update(batch.outcomes)
-        return outcomes
+            yield batch
 
     def decide_batch(self, mdir: MemoryDir, names: Iterator[str]) -> Batch:
         """Read and decide the next files of ``names`` as :meth:`process` does, change nothing.
@@ -248,7 +236,7 @@ class Pipeline:
         :data:`BATCH_BYTES`; an empty batch means ``names`` is exhausted. Valid, foreign, skipped
         and deferred files are final (and logged) at once; repairs and quarantines wait in the
         batch for :meth:`apply_batch`. The memory dir and ``staging/`` are opened once for the
-        batch. Too-large files and dry runs are carried out one by one.
+        batch. Too-large files (copied in chunks) and dry runs are carried out one by one.
         """
         batch = Batch(mdir)
         if self.options.dry_run:
@@ -265,9 +253,7 @@ class Pipeline:
         try:
             for name in itertools.islice(names, BATCH):
                 outcome = batch.outcomes[name] = self.process(mdir, name)
-                if outcome is _ALONE:
-                    batch.alone.append(name)
-                elif outcome is _PENDING:
+                if outcome is _PENDING:
                     item = self._batch[-1]
                     held += len(item.data) + len(item.verdict.new_bytes or b"")
                     if held >= BATCH_BYTES:
@@ -284,21 +270,18 @@ class Pipeline:
         The rewrites and quarantines are written without an fsync each, made durable by one
         ``syncfs``, given their names (dead-letter files) and one fsync per directory, and only
         then do staging files get replaced or removed, followed by one fsync of ``staging/``.
-        SPEC 5's order holds for every file; the fsyncs are shared. It logs nothing (but a
-        conflict), so that it may run in a second thread while the next batch is decided;
-        :meth:`finish_batch` logs its decisions.
+        SPEC 5's order holds for every file; the fsyncs are shared. :meth:`finish_batch` logs
+        the decisions.
         """
         if not batch.pending:
             return
         mdir, pending, outcomes = batch.mdir, batch.pending, batch.outcomes
-        self._applying = True
         try:
             with (
                 fsio.opened_dir(mdir.path) as mem_fd,
                 fsio.opened_dir(STAGING, mem_fd) as staging_fd,
-                canonical_lock(mem_fd, self._on_stale) as stale,
+                canonical_lock(mem_fd, self._on_stale),
             ):
-                self._own_lock = None if stale is not None else _lock_ino(mem_fd)
                 self._apply_locked(mem_fd, staging_fd, pending, outcomes)
         except LockHeld as held:
             for item in pending:
@@ -322,22 +305,13 @@ class Pipeline:
                         item.identity,
                         retry_at=self.clock() + self.options.settle,
                     )
-        finally:
-            self._applying, self._own_lock = False, None
         for item in pending:
             item.event["duration_ms"] = round((time.perf_counter() - item.started) * 1000, 3)
 
     def finish_batch(self, batch: Batch) -> None:
-        """Log the decisions :meth:`apply_batch` carried out, then decide the too-large files.
-
-        A too-large file is copied in chunks under the lock on its own (see
-        :meth:`_quarantine_too_large`); the caller runs this when no ``apply_batch`` is in
-        flight, so that the lock is free for it.
-        """
+        """Log the decisions :meth:`apply_batch` carried out."""
         for item in batch.pending:
             self._emit(item.event)
-        for name in batch.alone:
-            batch.outcomes[name] = self.process(batch.mdir, name)
 
     def _apply_locked(
         self,
@@ -528,14 +502,9 @@ class Pipeline:
             os.close(fd)
 
     def _lock_held(self, mem_fd: int) -> LockInfo | None:
-        applying = self._applying
-        if applying and self._own_lock is not None and _lock_ino(mem_fd) == self._own_lock:
-            return None  # apply_batch holds it, for the previous batch, in another thread
         info = read_lock(mem_fd)
         if info is None:
             return None
-        if applying and info.ours and info.pid == os.getpid():
-            return None  # apply_batch took it an instant ago and has not said so in _own_lock
         if info.alive:
             return info
         try:
@@ -578,8 +547,6 @@ class Pipeline:
         limit = self.options.max_file_size
         data = None if st.st_size > limit else fsio.read_fd(fd, st.st_size, limit)
         if data is None:
-            if self._batch is not None:
-                return _ALONE  # needs the lock, which the previous batch may hold right now
             if not self.options.dry_run:
                 return self._quarantine_too_large(
                     mem_fd, staging_fd, name, fd, identity, ctx, event
@@ -992,12 +959,6 @@ def _open_memory_dir(mdir: MemoryDir) -> tuple[int, int]:
     except OSError:
         os.close(mem_fd)
         raise
-
-
-def _lock_ino(mem_fd: int) -> int | None:
-    """The inode of the memory dir's ``canonical-writer.lock``, or ``None`` without one."""
-    st = fsio.lstat_at(mem_fd, CANONICAL_LOCK)
-    return None if st is None else st.st_ino
 
 
 def _open_deadletter(mem_fd: int) -> int:

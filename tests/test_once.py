@@ -8,14 +8,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from conftest import decisions, lesson, read_log, staging_doc, write
 
 from memstaged.cli import main
-from memstaged.triage import Context, Decision, Verdict, decide
+from memstaged.triage import Context, Decision, decide
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -350,28 +349,13 @@ def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
     monkeypatch: pytest.MonkeyPatch,
     limit: str,
 ) -> None:
-    """Batches are applied in a second thread while the next is decided (``once._batches``):
-    every file gets the decision it gets alone, each exactly once in the log, and a too-large
-    file in a later batch is quarantined, not deferred because our own apply holds the lock."""
-    from memstaged import fsio, pipeline
+    """A backlog cut into batches (by count, or by the bytes they hold): every file gets the
+    decision it gets alone, each exactly once in the log, and a too-large file met inside a
+    batch is copied and quarantined, not deferred for the lock the batch takes."""
+    from memstaged import pipeline
 
     if limit == "count":
         monkeypatch.setattr(pipeline, "BATCH", 5)
-        # A slow disk: each apply holds the lock while the next batch is decided.
-        real_syncfs = fsio.syncfs
-
-        def slow_syncfs(fd: int) -> None:
-            time.sleep(0.1)
-            real_syncfs(fd)
-
-        monkeypatch.setattr(fsio, "syncfs", slow_syncfs)
-
-        # ... and a slow decision, so that the next batch's files are looked at meanwhile.
-        def slow_decide(data: bytes, ctx: Context) -> Verdict:
-            time.sleep(0.01)
-            return decide(data, ctx)
-
-        monkeypatch.setattr("memstaged.pipeline.decide", slow_decide)
     else:
         monkeypatch.setattr(pipeline, "BATCH_BYTES", 1)  # every pending file closes a batch
     expected = _backlog(project, memory_dir, 40)
