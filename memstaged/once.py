@@ -142,9 +142,10 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
             except OSError as err:
                 raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
             try:
+                listing = None
                 if not settings.options.dry_run:
-                    pipeline.recover_temps(mdir)
-                names = pipeline.scan(mdir)
+                    listing = pipeline.recover_temps(mdir)
+                names = pipeline.scan(mdir, listing)
                 task = bar.add_task(
                     mdir.path, total=len(names), visible=len(names) >= PROGRESS_FROM
                 )

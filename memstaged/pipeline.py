@@ -127,12 +127,15 @@ def list_staging(mdir: MemoryDir) -> list[str]:
             fsio.opened_dir(mdir.path) as mem_fd,
             fsio.opened_dir(STAGING, mem_fd) as staging_fd,
         ):
-            # is_staging_name, inlined: this runs over every name at every rescan.
-            return sorted(
-                [n for n in os.listdir(staging_fd) if n.endswith(".json") and n[:1] != "."]
-            )
+            return staging_names(os.listdir(staging_fd))
     except OSError:
         return []
+
+
+def staging_names(listing: list[str]) -> list[str]:
+    """The staging-file names of a listing of ``staging/``, sorted."""
+    # is_staging_name, inlined: this runs over every name at every rescan.
+    return sorted([n for n in listing if n.endswith(".json") and n[:1] != "."])
 
 
 def skip_reason(st: os.stat_result) -> str | None:
@@ -407,8 +410,11 @@ class Pipeline:
             fsio.crash_point("temp-written")
         return dirs
 
-    def scan(self, mdir: MemoryDir) -> list[str]:
-        """:func:`list_staging`, and a ``skipped`` event when ``staging/`` is a symbolic link."""
+    def scan(self, mdir: MemoryDir, listing: list[str] | None = None) -> list[str]:
+        """:func:`list_staging`, and a ``skipped`` event when ``staging/`` is a symbolic link.
+
+        ``listing``: what :meth:`recover_temps` just read of ``staging/``, if it returned one.
+        """
         path = mdir.staging
         try:
             st = os.lstat(path)
@@ -424,6 +430,8 @@ class Pipeline:
                 }
             )
             return []
+        if listing is not None:
+            return staging_names(listing)
         return list_staging(mdir)
 
     def _emit(self, event: dict[str, Any]) -> None:
@@ -789,7 +797,7 @@ class Pipeline:
 
     # -- after a crash --------------------------------------------------------------------------
 
-    def recover_temps(self, mdir: MemoryDir) -> None:
+    def recover_temps(self, mdir: MemoryDir) -> list[str] | None:
         """Clean up what a killed memstaged left: delete only what is provably redundant.
 
         A temp file in the memory dir (a lock being taken) or in ``deadletter/`` only ever
@@ -798,11 +806,14 @@ class Pipeline:
         only when the same bytes (or their repair) are safe elsewhere; otherwise it is kept as a
         new staging file ``<stem>.conflict-<t>-<n>.json`` and decided on its own. Never raises:
         what cannot be cleaned up is logged.
+
+        Returns the listing of ``staging/`` when it had no temp file (the usual case), so that
+        :meth:`scan` need not list a directory of thousands of files a second time.
         """
         try:
             mem_fd = fsio.open_dir(mdir.path)
         except OSError:
-            return
+            return None
         try:
             self._recover_plain(mem_fd, ".")
             self._recover_plain(mem_fd, DEADLETTER)
@@ -810,10 +821,13 @@ class Pipeline:
             try:
                 staging_fd = fsio.open_dir(STAGING, mem_fd)
             except OSError:
-                return
+                return None
             try:
                 names = os.listdir(staging_fd)
-                for entry in sorted([n for n in names if n.startswith(fsio.TEMP_PREFIX)]):
+                temps = sorted([n for n in names if n.startswith(fsio.TEMP_PREFIX)])
+                if not temps:
+                    return names
+                for entry in temps:
                     parsed = fsio.parse_temp_name(entry)
                     if parsed is None:
                         continue
@@ -839,6 +853,7 @@ class Pipeline:
             )
         finally:
             os.close(mem_fd)
+        return None
 
     def _recover_plain(self, mem_fd: int, sub: str) -> None:
         try:
