@@ -46,7 +46,7 @@ lint: setup
 	$(BIN)/mypy
 
 bench: setup
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) demo build *.egg-info .pytest_cache .mypy_cache .ruff_cache
