@@ -8,7 +8,6 @@ changed while being decided is decided again at once (a bounded number of times)
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections import Counter
@@ -21,33 +20,15 @@ from rich.table import Table
 
 from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError
-from memstaged.fsio import Identity
 from memstaged.locks import InstanceLock
 from memstaged.pipeline import MemoryDir, Outcome, Pipeline
-from memstaged.seen import SeenCache, key_of
+from memstaged.seen import SeenCache, remember_outcome, seen_cache, split_unchanged
 from memstaged.triage import Decision
 
 #: Show a progress bar on a terminal from this many files on.
 PROGRESS_FROM: Final = 200
 _CHANGED_RETRIES: Final = 3
 _ORDER: Final = [d.value for d in Decision]
-#: Decisions that leave a file as it is in staging/: worth remembering in the seen cache.
-_STAYS: Final = frozenset({Decision.VALID, Decision.FOREIGN})
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _remember(cache: SeenCache, mdir: MemoryDir, name: str, outcome: Outcome) -> None:
-    """Cache a file that stays as it was decided, if it is still exactly that version."""
-    if outcome.decision in _STAYS and outcome.identity is not None:
-        try:
-            st = os.lstat(os.path.join(mdir.staging, name))
-        except OSError:
-            cache.forget(name)
-            return
-        if Identity.of(st) == outcome.identity:
-            cache.remember(name, key_of(st), outcome.decision.value)
-            return
-    cache.forget(name)
 
 
 def _settle(
@@ -70,23 +51,8 @@ def _settle(
             waiting.append((outcome.retry_at, name))
         else:
             counts[outcome.decision.value] += 1
-            _remember(cache, mdir, name, outcome)
+            remember_outcome(cache, mdir, name, outcome)
         advance()
-
-
-def _split_unchanged(
-    mdir: MemoryDir, names: list[str], cache: SeenCache
-) -> tuple[list[str], list[str]]:
-    if not cache.entries:
-        return names, []
-    try:
-        staging_fd = os.open(mdir.staging, _DIR_FLAGS)
-    except OSError:
-        return names, []  # pipeline.process says why, file by file
-    try:
-        return cache.split(staging_fd, names)
-    finally:
-        os.close(staging_fd)
 
 
 def _decide_all(
@@ -95,7 +61,7 @@ def _decide_all(
     """Decide every file; returns the counts per decision and how many were unchanged."""
     counts: Counter[str] = Counter()
     waiting: list[tuple[float, str]] = []
-    todo, held = _split_unchanged(mdir, names, cache)
+    todo, held = split_unchanged(cache, mdir.staging, names)
     counts.update(held)
     if advance is not _nothing:
         for _ in held:
@@ -108,7 +74,7 @@ def _decide_all(
             time.sleep(min(delay, pipeline.options.settle))
         outcome = pipeline.process(mdir, name)
         counts[outcome.decision.value] += 1
-        _remember(cache, mdir, name, outcome)
+        remember_outcome(cache, mdir, name, outcome)
     cache.keep_only(set(names))
     return counts, len(held)
 
@@ -149,7 +115,7 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
                 task = bar.add_task(
                     mdir.path, total=len(names), visible=len(names) >= PROGRESS_FROM
                 )
-                cache = _seen_cache(settings, mdir)
+                cache = seen_cache(settings, mdir)
                 advance: Callable[[], None] = _nothing
                 if show_progress and len(names) >= PROGRESS_FROM:
                     advance = functools.partial(bar.advance, task)
@@ -167,12 +133,6 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
 
 def _nothing() -> None:
     """The progress bar's advance when no bar is shown (it costs microseconds per call)."""
-
-
-def _seen_cache(settings: Settings, mdir: MemoryDir) -> SeenCache:
-    options = settings.options
-    key = f"split={options.split_invalid_candidates}|max={options.max_file_size}"
-    return SeenCache.load(settings.state_dir, mdir.path, mdir.project_root, key)
 
 
 def _summary(

@@ -6,6 +6,14 @@ write, rename or ``chmod`` changes the ctime). The cache lives under
 ``$XDG_STATE_HOME/memstaged/seen/``, one file per memory dir. It is only a cache: a missing,
 corrupt or outdated one costs a re-read, never a wrong decision, and it is dropped whole when the
 engine or a setting that changes decisions differs from the run that wrote it.
+
+``--once`` and the daemon share the file of a memory dir: they never work on one memory dir at the
+same time (the instance lock), so neither sees the other's half-written state, and whatever one
+decided the other need not decide again. ``--once`` loads it before deciding and saves it after;
+the daemon loads it when it adds a memory dir (so a restart does not re-read, nor log anew, what
+it decided before), keeps it up to date as it decides, and saves it at each periodic rescan, on
+SIGHUP, when it drops a memory dir and when it stops (one write per decision would cost more
+than the re-reads it saves). A dry run never writes it.
 """
 
 from __future__ import annotations
@@ -14,16 +22,26 @@ import contextlib
 import hashlib
 import os
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
 from memstaged import __version__
+from memstaged.fsio import Identity
+from memstaged.triage import Decision
+
+if TYPE_CHECKING:
+    from memstaged.config import Settings
+    from memstaged.pipeline import MemoryDir, Options, Outcome
 
 #: The modules whose code decides validity: a change in any of them invalidates every cache.
 _ENGINE: Final = ("ecma", "schema", "timestamps", "repair", "triage", "project", "quarantine")
 
 Key = tuple[int, int, int, int, int]
+
+#: Decisions that leave a file as it is in staging/: worth remembering.
+STAYS: Final = frozenset({Decision.VALID, Decision.FOREIGN})
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class _Stored(msgspec.Struct, frozen=True):
@@ -140,3 +158,47 @@ class SeenCache:
                 tmp.unlink(missing_ok=True)
             return
         self.dirty = False
+
+
+def settings_key(options: Options) -> str:
+    """The settings that change decisions: a cache written under others does not apply."""
+    return f"split={options.split_invalid_candidates}|max={options.max_file_size}"
+
+
+def seen_cache(settings: Settings, mdir: MemoryDir) -> SeenCache:
+    """The cache of ``mdir`` as ``--once`` and the daemon use it (empty when it does not apply)."""
+    return SeenCache.load(
+        settings.state_dir, mdir.path, mdir.project_root, settings_key(settings.options)
+    )
+
+
+def remember_outcome(cache: SeenCache, mdir: MemoryDir, name: str, outcome: Outcome) -> None:
+    """Cache a file that stays as it was decided, if it is still exactly that version; forget
+    any other (quarantined, repaired, skipped, gone, or changed since it was read)."""
+    if outcome.decision in STAYS and outcome.identity is not None:
+        try:
+            st = os.lstat(os.path.join(mdir.staging, name))
+        except OSError:
+            cache.forget(name)
+            return
+        if Identity.of(st) == outcome.identity:
+            cache.remember(name, key_of(st), outcome.decision.value)
+            return
+    cache.forget(name)
+
+
+def split_unchanged(
+    cache: SeenCache, staging: str, names: list[str]
+) -> tuple[list[str], list[str]]:
+    """:meth:`SeenCache.split` on ``staging`` opened without following a link (a ``staging/``
+    replaced by a link is not looked into: every name is then left to the pipeline)."""
+    if not cache.entries:
+        return names, []
+    try:
+        staging_fd = os.open(staging, _DIR_FLAGS)
+    except OSError:
+        return names, []  # pipeline.process says why, file by file
+    try:
+        return cache.split(staging_fd, names)
+    finally:
+        os.close(staging_fd)
