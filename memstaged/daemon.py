@@ -7,6 +7,10 @@ reacts to SIGHUP/SIGTERM flags. Missed events are expected: a start-up scan befo
 rescan after an inotify overflow, and a periodic rescan that reads only files whose identity
 changed since they were decided.
 
+What was decided survives a restart: the start-up scan of a memory dir takes the files that the
+seen cache (shared with ``--once``, see :mod:`memstaged.seen`) holds as decided ``valid`` or
+``foreign`` and unchanged since, as decided, without reading them or logging a new decision.
+
 Time: the daemon's own deadlines use ``clock`` (monotonic, injectable, so tests drive it by hand);
 only the pipeline looks at wall-clock time, to compare it with a file's mtime.
 """
@@ -29,6 +33,7 @@ from memstaged.errors import BusyError, ConfigError, MemstagedError
 from memstaged.fsio import Identity
 from memstaged.locks import InstanceLock, read_lock
 from memstaged.pipeline import MemoryDir, Outcome, Pipeline
+from memstaged.seen import SeenCache, remember_outcome, seen_cache, settings_key, split_unchanged
 from memstaged.service import Notifier
 from memstaged.triage import Decision
 from memstaged.watcher import Kind, Signal, Watcher
@@ -105,6 +110,10 @@ class Daemon:
         self._heap: list[tuple[float, Key]] = []
         #: The version of each file last given a final decision: a rescan skips it.
         self.identities: dict[Key, Identity] = {}
+        #: The seen cache of each memory dir, saved now and then (see :meth:`save_seen`).
+        self.seen: dict[str, SeenCache] = {}
+        #: Files taken as decided from the seen cache at start-up (not read, not logged).
+        self.unchanged = 0
         self.failures: Counter[Key] = Counter()
         #: Memory dirs whose files wait for the reconciler's lock, and those files.
         self.lock_waiting: dict[str, set[str]] = {}
@@ -210,7 +219,8 @@ class Daemon:
             observer=observer,
             project_root=mdir.project_root,
         )
-        self.rescan(mdir)
+        self.seen[mdir.path] = seen_cache(self.settings, mdir)
+        self.rescan(mdir, seed=True)
         return True
 
     def _watch(self, mdir: MemoryDir) -> str:
@@ -238,6 +248,8 @@ class Daemon:
         self.dir_ids.pop(path, None)
         self.lock_waiting.pop(path, None)
         self._forget(lambda key: key[0] == path)
+        self.save_seen(path)
+        self.seen.pop(path, None)
         self.log.info("memory_dir_removed", memory_dir=path, why=why)
 
     def _forget(self, which: Callable[[Key], bool]) -> None:
@@ -359,14 +371,24 @@ class Daemon:
 
     # -- work -----------------------------------------------------------------------------------
 
-    def rescan(self, mdir: MemoryDir) -> int:
-        """Schedule every file whose identity changed since it was decided; returns how many."""
+    def rescan(self, mdir: MemoryDir, *, seed: bool = False) -> int:
+        """Schedule every file whose identity changed since it was decided; returns how many.
+
+        With ``seed`` (the first scan of a memory dir) the files the seen cache holds as decided
+        and unchanged are taken as decided: neither read nor logged again after a restart.
+        """
         now = self.clock()
-        seen: set[str] = set()
         scheduled = 0
         waiting = self.lock_waiting.get(mdir.path)
-        for name in self.pipeline.scan(mdir):  # says why, when staging/ is a link
-            seen.add(name)
+        names = self.pipeline.scan(mdir)  # says why, when staging/ is a link
+        seen = set(names)
+        cache = self.seen.get(mdir.path)
+        todo = names
+        if seed and cache is not None:
+            todo = self._seed(mdir, names, cache)
+        if cache is not None:
+            cache.keep_only(seen)
+        for name in todo:
             key = (mdir.path, name)
             try:
                 st = os.stat(os.path.join(mdir.staging, name), follow_symlinks=False)
@@ -382,6 +404,31 @@ class Daemon:
             lambda key: key[0] == mdir.path and key[1] not in seen and key not in self.pending
         )
         return scheduled
+
+    def _seed(self, mdir: MemoryDir, names: list[str], cache: SeenCache) -> list[str]:
+        """Take the files the cache holds as decided and unchanged (ctime included) as decided;
+        returns the others, to be looked at."""
+        todo, held = split_unchanged(cache, mdir.staging, names)
+        if held:
+            to_read = set(todo)
+            decided = [name for name in names if name not in to_read]
+            for name, decision in zip(decided, held, strict=True):
+                dev, ino, size, mtime_ns, _ctime_ns = cache.entries[name][0]
+                self.identities[(mdir.path, name)] = Identity(dev, ino, size, mtime_ns)
+                self.counts[decision] += 1
+            self.unchanged += len(held)
+        return todo
+
+    def save_seen(self, path: str | None = None) -> None:
+        """Write the seen cache of one memory dir (or of all) if it changed; never in a dry run
+        (as ``--once``). Called at each periodic rescan, SIGHUP, drop and stop, not per file."""
+        if self.settings.options.dry_run:
+            return
+        if path is None:
+            for cache in self.seen.values():
+                cache.save()
+        elif path in self.seen:
+            self.seen[path].save()
 
     def process(self, key: Key) -> Outcome | None:
         """Decide one due file (unless its memory dir is gone or waits for the lock)."""
@@ -399,6 +446,12 @@ class Daemon:
             return None
         outcome = self.pipeline.process(mdir, key[1])
         self.counts[outcome.decision.value] += 1
+        cache = self.seen.get(key[0])
+        if cache is not None:
+            if outcome.decision in _FINAL and not outcome.changed:
+                remember_outcome(cache, mdir, key[1], outcome)
+            else:
+                cache.forget(key[1])  # not decided yet: looked at again once it is
         now = self.clock()
         if outcome.changed:
             # Decide the newer version soon, but not at once: a file rewritten without pause
@@ -480,6 +533,7 @@ class Daemon:
             self.next_rescan = now + self.rescan_interval
             self.sync_memory_dirs()
             total = sum(self.rescan(m) for m in list(self.mdirs.values()))
+            self.save_seen()
             self.log.info("rescan", memory_dirs=len(self.mdirs), scheduled=total)
         if self.lock_waiting and now >= self.next_lock_poll:
             self.next_lock_poll = now + LOCK_POLL
@@ -557,8 +611,13 @@ class Daemon:
             self.log.error("reload", ok=False, error=str(err), action="kept the old configuration")
         else:
             old = self.settings
+            self.save_seen()  # under the old settings, which its entries were decided with
             self.settings = new
             self.pipeline.options = new.options
+            if settings_key(new.options) != settings_key(old.options):
+                # Decisions made from now on are not those the cache holds: start a new one.
+                for path, mdir in self.mdirs.items():
+                    self.seen[path] = seen_cache(new, mdir)
             self.next_rescan = self.clock() + self.rescan_interval
             if new.observer != old.observer:
                 self._new_watcher(new.observer)
@@ -591,6 +650,7 @@ class Daemon:
                 "ready",
                 memory_dirs=len(self.mdirs),
                 decided=sum(self.counts.values()),
+                unchanged=self.unchanged,
                 waiting=len(self.pending),
             )
         while not self.stopping:
@@ -605,10 +665,13 @@ class Daemon:
         return 0
 
     def shutdown(self, error: str | None = None) -> None:
-        """STOPPING=1, stop the observers, release the instance locks; writes nothing else."""
+        """STOPPING=1, stop the observers, save the seen caches (a clean stop), release the
+        instance locks (after the save: the next memstaged must see the whole cache)."""
         self.stopping = True
         self.notifier.stopping()
         self.watcher.stop()
+        if error is None:
+            self.save_seen()
         for lock in self.instance_locks.values():
             lock.release()
         self.instance_locks.clear()

@@ -16,13 +16,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import lesson, staging_doc, write
 from daemon_support import Notes, Rig, settings, settings_from_file
 
+from memstaged.config import Settings
 from memstaged.daemon import LOCK_POLL, MAX_BACKOFF, Daemon
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
+from memstaged.pipeline import MemoryDir
+from memstaged.seen import seen_cache
 from memstaged.service import Notifier
 from memstaged.watcher import Kind, Signal
 
@@ -632,3 +636,58 @@ def test_failed_start_is_logged_as_a_stop_with_the_error(memory_dir: Path) -> No
         holder.release()
     stop = rig.log.named("stop")[0]
     assert stop["level"] == "error" and "another memstaged" in stop["error"]
+
+
+# -- the seen cache -----------------------------------------------------------------------------
+
+
+def _with_state(s: Settings, state_dir: Path) -> Settings:
+    return msgspec.structs.replace(s, state_dir=state_dir)
+
+
+def test_seen_cache_is_written_at_rescans_not_per_decision(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Decisions are remembered in memory and written at the next periodic rescan; a file
+    decided valid, then rewritten and quarantined, is forgotten."""
+    state = tmp_path / "state"
+    rig = Rig(_with_state(settings(memory_dir), state))
+    rig.daemon.start()
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    write(memory_dir / "staging" / "later.json", staging_doc(project, "later"))
+    rig.send(Signal(Kind.COMPLETE, str(memory_dir), VALID_NAME))
+    rig.send(Signal(Kind.COMPLETE, str(memory_dir), "later.json"))
+    write(memory_dir / "staging" / "later.json", b'["not", "a", "staging", "file"]')
+    rig.send(Signal(Kind.COMPLETE, str(memory_dir), "later.json"))
+    assert rig.log.decisions() == ["valid", "valid", "quarantined"]
+    assert not (state / "seen").exists()
+    rig.after(300)
+    [cache] = (state / "seen").iterdir()
+    loaded = seen_cache(rig.daemon.settings, MemoryDir(str(memory_dir), str(project)))
+    assert set(loaded.entries) == {VALID_NAME}
+    assert cache.stat().st_mode & 0o777 == 0o600
+
+
+def test_reload_that_changes_decisions_starts_a_new_seen_cache(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """A reload that changes a setting that changes decisions: what was decided before is saved
+    under the old settings, and what is decided after goes in a cache for the new ones."""
+    state = tmp_path / "state"
+    conf = _config(tmp_path / "config.toml", memory_dir)
+    rig = Rig(
+        _with_state(settings_from_file(conf), state),
+        reload_settings=lambda: _with_state(settings_from_file(conf), state),
+    )
+    write(memory_dir / "staging" / "old.json", staging_doc(project))
+    rig.daemon.start()
+    rig.daemon.work()
+    mdir = MemoryDir(str(memory_dir), str(project))
+    before = rig.daemon.settings
+    conf.write_text(conf.read_text() + "split_invalid_candidates = true\n")
+    rig.daemon.reload()
+    assert set(seen_cache(before, mdir).entries) == {"old.json"}
+    write(memory_dir / "staging" / "new.json", staging_doc(project, "new"))
+    rig.send(Signal(Kind.COMPLETE, str(memory_dir), "new.json"))
+    rig.daemon.shutdown()
+    assert set(seen_cache(rig.daemon.settings, mdir).entries) == {"new.json"}

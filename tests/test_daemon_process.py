@@ -372,3 +372,119 @@ def test_second_instance_exits_1_and_a_killed_one_blocks_nobody(
     first.kill()
     third = spawn("--memory-dir", str(memory_dir), name="third")
     assert third.stop() == 0
+
+
+# -- restarts: the seen cache ------------------------------------------------------------------
+
+
+def _seen_files(tmp_path: Path) -> list[Path]:
+    """The seen cache files the daemons of this test wrote (``XDG_STATE_HOME`` is per test)."""
+    return sorted((tmp_path / "xdg-state" / "memstaged" / "seen").glob("*.msgpack"))
+
+
+def _event(daemon: DaemonProcess, name: str) -> dict[str, Any]:
+    return next(e for e in daemon.events() if e["event"] == name)
+
+
+def _decided_names(daemon: DaemonProcess) -> set[str]:
+    return {Path(e["path"]).name for e in daemon.events() if e["event"] == "decision"}
+
+
+def _three_files(project: Path, memory_dir: Path) -> None:
+    staging = memory_dir / "staging"
+    (staging / "a.json").write_bytes(_doc_bytes(project, "a"))
+    (staging / "b.json").write_bytes(_doc_bytes(project, "b"))
+    (staging / "f.json").write_bytes(_doc_bytes(project / "elsewhere", "f"))  # foreign
+
+
+def test_restart_does_not_decide_unchanged_files_again(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """A restarted daemon (SIGTERM, then start) takes the files it decided valid or foreign and
+    that did not change as decided: no new decision event, still counted at `ready`. A file
+    changed while it was down, even to the same size and inode, is decided again."""
+    _three_files(project, memory_dir)
+    args = ("--memory-dir", str(memory_dir), "--settle", "0.5")
+    first = spawn(*args, name="first")
+    final = first.wait_decided("a.json", "b.json", "f.json")
+    assert {n: e["decision"] for n, e in final.items()} == {
+        "a.json": "valid",
+        "b.json": "valid",
+        "f.json": "foreign",
+    }
+    assert _seen_files(tmp_path) == []  # not written per decision
+    first.proc.send_signal(signal.SIGHUP)
+    first.wait_for(lambda ev: any(e["event"] == "reload" for e in ev), "a reload")
+    assert len(_seen_files(tmp_path)) == 1  # written on SIGHUP
+    assert first.stop() == 0
+
+    b = memory_dir / "staging" / "b.json"
+    inode = b.stat().st_ino
+    with b.open("r+b") as fh:  # in place: same inode, same size, new content ("b" -> "c")
+        fh.write(_doc_bytes(project, "c"))
+    assert b.stat().st_ino == inode
+
+    second = spawn(*args, name="second")
+    assert _decided_names(second) == {"b.json"}
+    assert second.decisions("b.json") == ["valid"]
+    ready = _event(second, "ready")
+    assert ready["decided"] == 3
+    assert ready["unchanged"] == 2
+    assert second.stop() == 0
+    assert _event(second, "stop")["decided"] == 3
+
+    third = spawn(*args, name="third")  # what the second one decided was saved at its stop
+    assert _decided_names(third) == set()
+    assert _event(third, "ready")["unchanged"] == 3
+    assert third.stop() == 0
+
+
+def test_corrupt_seen_cache_is_ignored(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """A seen cache that is not what memstaged wrote costs a re-read of every file, nothing
+    else: every file is decided again, READY comes, no traceback."""
+    _three_files(project, memory_dir)
+    args = ("--memory-dir", str(memory_dir), "--settle", "0.5")
+    first = spawn(*args, name="first")
+    first.wait_decided("a.json", "b.json", "f.json")
+    assert first.stop() == 0
+    [cache] = _seen_files(tmp_path)
+    cache.write_bytes(b"\x93not msgpack at all" + os.urandom(64))
+
+    second = spawn(*args, name="second")
+    assert _decided_names(second) == {"a.json", "b.json", "f.json"}
+    assert _event(second, "ready")["unchanged"] == 0
+    assert second.stop() == 0
+    assert b"Traceback" not in second.stderr_file.read_bytes()
+    third = spawn(*args, name="third")  # and the cache written anew at the stop applies
+    assert _decided_names(third) == set()
+    assert third.stop() == 0
+
+
+def test_daemon_does_not_decide_again_what_once_decided(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """`--once` and the daemon share the seen cache: a daemon started after a `--once` run
+    decides only what `--once` left undecided or what changed since."""
+    _three_files(project, memory_dir)
+    once = spawn("--once", "--memory-dir", str(memory_dir), name="once", ready=False)
+    assert once.proc.wait(timeout=30) == 0
+    assert _decided_names(once) == {"a.json", "b.json", "f.json"}
+    (memory_dir / "staging" / "new.json").write_bytes(_doc_bytes(project, "new"))
+
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5")
+    assert _decided_names(daemon) == {"new.json"}
+    assert _event(daemon, "ready")["unchanged"] == 3
+    assert daemon.stop() == 0
+
+
+def test_dry_run_daemon_writes_no_seen_cache(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """--dry-run writes nothing, the seen cache included (as `--once --dry-run`)."""
+    _three_files(project, memory_dir)
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5", "--dry-run")
+    daemon.wait_decided("a.json", "b.json", "f.json")
+    assert daemon.stop() == 0
+    assert _seen_files(tmp_path) == []
