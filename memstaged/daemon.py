@@ -241,6 +241,8 @@ class Daemon:
         if path not in self.mdirs:
             return
         self.watcher.unwatch(path)
+        self.save_seen(path)  # while the lock is held: a --once may take over the file at once
+        self.seen.pop(path, None)
         lock = self.instance_locks.pop(path, None)
         if lock is not None:
             lock.release()
@@ -248,8 +250,6 @@ class Daemon:
         self.dir_ids.pop(path, None)
         self.lock_waiting.pop(path, None)
         self._forget(lambda key: key[0] == path)
-        self.save_seen(path)
-        self.seen.pop(path, None)
         self.log.info("memory_dir_removed", memory_dir=path, why=why)
 
     def _forget(self, which: Callable[[Key], bool]) -> None:
