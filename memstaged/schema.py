@@ -18,9 +18,8 @@ from memstaged.ecma import (
     is_finite_number,
     is_nonempty_string,
     is_number,
-    trim,
 )
-from memstaged.timestamps import _ISO, Form, _calendar_ok, classify
+from memstaged.timestamps import Form, classify, is_as_written
 
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")
 _PLAIN_TRIGGERS: Final = ("path", "filename", "topic")
@@ -232,29 +231,6 @@ _ABSENT: Final = object()
 _SAFE: Final = 1 << 53
 
 
-def _as_written(value: str) -> bool:
-    """``classify(value)`` is ``AS_WRITTEN``, without building the canonical text it returns.
-
-    Only :func:`memstaged.timestamps._parse_iso` can say ``AS_WRITTEN`` (RFC 2822 dates are at
-    best repairable), and only for a date, or a date-time with a ``T`` and an offset; this follows
-    its steps up to that answer, so a change there belongs here too
-    (``test_timestamps_agree_with_classify`` notices when they part).
-    """
-    match = _ISO.fullmatch(trim(value))
-    if match is None:
-        return False
-    year, month, day, sep, hour, minute, second, _fraction, zone = match.groups()
-    if sep is None:
-        return _calendar_ok(int(year), int(month), int(day), 0, 0, 0)
-    if sep not in "Tt" or zone is None:
-        return False  # repairable (R3) or not a timestamp: either way not as written
-    if not _calendar_ok(
-        int(year), int(month), int(day), int(hour), int(minute), int(second) if second else 0
-    ):
-        return False
-    return zone in "Zz" or (int(zone[1:3]) <= 23 and int(zone[4:6]) <= 59)
-
-
 def _evidence_ok(evidence: object) -> bool:
     if not isinstance(evidence, dict):
         return False
@@ -375,7 +351,7 @@ def is_valid(doc: object) -> bool:
         and is_nonempty_string(get("session_id"))
         and is_nonempty_string(get("project_root"))
         and is_nonempty_string(produced)
-        and _as_written(produced)
+        and is_as_written(produced)
         and isinstance(candidates, dict)
     ):
         return False

@@ -212,6 +212,30 @@ def classify(value: str) -> tuple[Form, str] | None:
     return None if canonical is None else (Form.REPAIRABLE, canonical)
 
 
+def is_as_written(value: str) -> bool:
+    """``classify(value)`` is ``AS_WRITTEN``, without building the canonical text it returns.
+
+    Validity checks every file's ``produced_at``; the canonical text is only needed for repairs
+    and records. Only :func:`_parse_iso` can say ``AS_WRITTEN`` (RFC 2822 dates are at best
+    repairable), and only for a date, or a date-time with a ``T`` and an offset; this follows its
+    steps up to that answer, so a change there belongs here too
+    (``test_timestamps_agree_with_classify`` notices when they part).
+    """
+    match = _ISO.fullmatch(trim(value))
+    if match is None:
+        return False
+    year, month, day, sep, hour, minute, second, _fraction, zone = match.groups()
+    if sep is None:
+        return _calendar_ok(int(year), int(month), int(day), 0, 0, 0)
+    if sep not in "Tt" or zone is None:
+        return False  # repairable (R3) or not a timestamp: either way not as written
+    if not _calendar_ok(
+        int(year), int(month), int(day), int(hour), int(minute), int(second) if second else 0
+    ):
+        return False
+    return zone in "Zz" or (int(zone[1:3]) <= 23 and int(zone[4:6]) <= 59)
+
+
 def canonical_or_epoch(value: object) -> str:
     """A dead-letter record's ``produced_at``: canonical if it is a timestamp, else the epoch."""
     if isinstance(value, str):
