@@ -19,8 +19,10 @@ than the re-reads it saves). A dry run never writes it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -64,6 +66,21 @@ def _engine_hash() -> str:
     return _engine_digest
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection while tens of thousands of acyclic objects (cache entries, stat
+    results) are made: a collection in between would walk the whole heap and free nothing. Worth
+    ~0.3 µs of the ~4.5 µs an unchanged file costs (docs/performance.md)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def key_of(st: os.stat_result) -> Key:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -88,7 +105,9 @@ class SeenCache:
         name = hashlib.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
         cache = cls(state_dir / "seen" / f"{name}.msgpack", fingerprint)
         try:
-            stored = _decoder.decode(cache.path.read_bytes())  # type: ignore[union-attr]
+            raw = cache.path.read_bytes()  # type: ignore[union-attr]
+            with _gc_paused():
+                stored = _decoder.decode(raw)
         except (OSError, msgspec.DecodeError):
             return cache  # none yet, or unreadable: start afresh
         if stored.fingerprint == fingerprint:
@@ -102,6 +121,10 @@ class SeenCache:
         ``lstat`` relative to the open ``staging/`` per cached file and a comparison with its
         stored identity, field by field, without building a key per file.
         """
+        with _gc_paused():
+            return self._split(staging_fd, names)
+
+    def _split(self, staging_fd: int, names: list[str]) -> tuple[list[str], list[str]]:
         entries = self.entries
         lstat = os.stat
         todo: list[str] = []
