@@ -62,6 +62,7 @@ def _decide_all(
     counts: Counter[str] = Counter()
     waiting: list[tuple[float, str]] = []
     todo, held = split_unchanged(cache, mdir.staging, names)
+    todo.sort()  # files are decided in name order; the unchanged ones need no order
     counts.update(held)
     if advance is not _nothing:
         for _ in held:
@@ -111,7 +112,7 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
                 listing = None
                 if not settings.options.dry_run:
                     listing = pipeline.recover_temps(mdir)
-                names = pipeline.scan(mdir, listing)
+                names = pipeline.scan(mdir, listing, sort=False)
                 task = bar.add_task(
                     mdir.path, total=len(names), visible=len(names) >= PROGRESS_FROM
                 )

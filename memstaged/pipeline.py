@@ -132,10 +132,13 @@ def list_staging(mdir: MemoryDir) -> list[str]:
         return []
 
 
-def staging_names(listing: list[str]) -> list[str]:
-    """The staging-file names of a listing of ``staging/``, sorted."""
+def staging_names(listing: list[str], *, sort: bool = True) -> list[str]:
+    """The staging-file names of a listing of ``staging/``, sorted unless ``sort`` is false."""
     # is_staging_name, inlined: this runs over every name at every rescan.
-    return sorted([n for n in listing if n.endswith(".json") and n[:1] != "."])
+    names = [n for n in listing if n.endswith(".json") and n[:1] != "."]
+    if sort:
+        names.sort()
+    return names
 
 
 def skip_reason(st: os.stat_result) -> str | None:
@@ -410,10 +413,14 @@ class Pipeline:
             fsio.crash_point("temp-written")
         return dirs
 
-    def scan(self, mdir: MemoryDir, listing: list[str] | None = None) -> list[str]:
+    def scan(
+        self, mdir: MemoryDir, listing: list[str] | None = None, *, sort: bool = True
+    ) -> list[str]:
         """:func:`list_staging`, and a ``skipped`` event when ``staging/`` is a symbolic link.
 
         ``listing``: what :meth:`recover_temps` just read of ``staging/``, if it returned one.
+        ``sort=False`` leaves a ``listing``'s names in directory order, for a caller that sorts
+        only those it will read (sorting 10,000 names is a twentieth of a rescan of decided files).
         """
         path = mdir.staging
         try:
@@ -431,7 +438,7 @@ class Pipeline:
             )
             return []
         if listing is not None:
-            return staging_names(listing)
+            return staging_names(listing, sort=sort)
         return list_staging(mdir)
 
     def _emit(self, event: dict[str, Any]) -> None:
