@@ -3,6 +3,8 @@
 The daemon under test is real, and so is its pipeline on real files in a temp dir; only the
 things that would make a test wait or depend on timing are replaced: the watchdog observer (tests
 hand the daemon synthetic signals), the monotonic clock, sd_notify and the structlog logger.
+:class:`RecordingLogger` also serves the tests that drive :class:`memstaged.pipeline.Pipeline`
+directly (test_hostile.py, test_races.py).
 """
 
 from __future__ import annotations

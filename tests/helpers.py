@@ -27,6 +27,7 @@ from typing import Any, Final
 from memstaged.ecma import parse_json
 from memstaged.errors import NotJSON
 from memstaged.fsio import TEMP_PREFIX
+from memstaged.pipeline import MemoryDir
 from memstaged.project import default_project_root, normalize
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Context, Decision, Verdict, decide
@@ -52,6 +53,11 @@ def make_memory_dir(base: Path, project: str = "example-project") -> Path:
 def project_root_of(mdir: Path) -> str:
     """The project root memstaged derives for ``mdir`` (SPEC 2.4)."""
     return default_project_root(normalize(os.path.abspath(mdir)))
+
+
+def memory_dir_of(mdir: Path) -> MemoryDir:
+    """``mdir`` as :meth:`Pipeline.process` takes it, with the project root SPEC 2.4 derives."""
+    return MemoryDir(os.path.abspath(mdir), project_root_of(mdir))
 
 
 def context_for(mdir: Path, name: str, *, split: bool = False) -> Context:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_support import RecordingLogger
 from helpers import (
     PYTHON,
     REPO,
@@ -33,6 +34,7 @@ from helpers import (
     fd_count,
     lesson,
     make_memory_dir,
+    memory_dir_of,
     memstaged_env,
     project_root_of,
     read_events,
@@ -44,44 +46,20 @@ from helpers import (
 from memstaged import fsio
 from memstaged.ecma import trim
 from memstaged.locks import CANONICAL_LOCK
-from memstaged.pipeline import MemoryDir, Options, Outcome, Pipeline
+from memstaged.pipeline import Options, Outcome, Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision
 
 OLD = 1_700_000_000
 
 
-class CaptureLog:
-    """A logger that keeps every event (structlog-style calls: ``log.info(event, **fields)``)."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def _add(self, level: str, event: str, **fields: Any) -> None:
-        self.events.append({"event": event, "level": level, **fields})
-
-    def debug(self, event: str, **fields: Any) -> None:
-        self._add("debug", event, **fields)
-
-    def info(self, event: str, **fields: Any) -> None:
-        self._add("info", event, **fields)
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self._add("warning", event, **fields)
-
-    def error(self, event: str, **fields: Any) -> None:
-        self._add("error", event, **fields)
-
-
-def _mdir(path: Path) -> MemoryDir:
-    return MemoryDir(os.path.abspath(path), project_root_of(path))
-
-
-def _decide(mdir: Path, name: str, **options: Any) -> tuple[Outcome, dict[str, Any], CaptureLog]:
+def _decide(
+    mdir: Path, name: str, **options: Any
+) -> tuple[Outcome, dict[str, Any], RecordingLogger]:
     """Decide one file in-process; returns the outcome and its decision event."""
-    log = CaptureLog()
+    log = RecordingLogger()
     pipeline = Pipeline(Options(settle=0, **options), log)
-    outcome = pipeline.process(_mdir(mdir), name)
+    outcome = pipeline.process(memory_dir_of(mdir), name)
     events = [e for e in log.events if e["event"] == "decision"]
     assert len(events) == 1, log.events
     assert events[0]["decision"] == outcome.decision.value

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_support import RecordingLogger
 from helpers import (
     Inotify,
     candidate_id,
@@ -34,6 +35,7 @@ from helpers import (
     doc,
     lesson,
     make_memory_dir,
+    memory_dir_of,
     memstaged_cmd,
     memstaged_env,
     project_root_of,
@@ -46,7 +48,7 @@ from helpers import (
 )
 
 from memstaged.locks import CANONICAL_LOCK
-from memstaged.pipeline import MemoryDir, Options, Pipeline, list_staging
+from memstaged.pipeline import Options, Pipeline, list_staging
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision, decide
 
@@ -251,25 +253,6 @@ def _start_writers(
     return threads
 
 
-class _Log:
-    """A thread-safe logger for the in-process driver: keeps every event."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def _add(self, level: str, event: str, **fields: Any) -> None:
-        self.events.append({"event": event, "level": level, **fields})
-
-    def info(self, event: str, **fields: Any) -> None:
-        self._add("info", event, **fields)
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self._add("warning", event, **fields)
-
-    def error(self, event: str, **fields: Any) -> None:
-        self._add("error", event, **fields)
-
-
 def _drive_daemon(tmp_path: Path, mdir: Path, start: Any) -> list[dict[str, Any]]:
     """The real daemon decides the files while the writers run."""
     env = memstaged_env(tmp_path)
@@ -288,9 +271,9 @@ def _drive_daemon(tmp_path: Path, mdir: Path, start: Any) -> list[dict[str, Any]
 def _drive_pipeline(tmp_path: Path, mdir: Path, start: Any) -> list[dict[str, Any]]:
     """The file layer decides every file in turn, as fast as it can, while the writers run
     (the daemon's scheduler, which favours the busiest file, is left out of the picture)."""
-    log = _Log()
+    log = RecordingLogger()
     pipeline = Pipeline(Options(settle=0), log)
-    memory_dir = MemoryDir(os.path.abspath(mdir), project_root_of(mdir))
+    memory_dir = memory_dir_of(mdir)
     threads = start()
     while any(t.is_alive() for t in threads) or not _quiet(mdir, 0.05):
         for name in list_staging(memory_dir):
@@ -633,8 +616,8 @@ def test_a_repair_reports_the_identity_of_its_own_rewrite(tmp_path: Path) -> Non
         ).encode()
     )
     before = os.lstat(path)
-    pipeline = Pipeline(Options(settle=0), _Log())
-    outcome = pipeline.process(MemoryDir(os.path.abspath(mdir), project_root_of(mdir)), "s.json")
+    pipeline = Pipeline(Options(settle=0), RecordingLogger())
+    outcome = pipeline.process(memory_dir_of(mdir), "s.json")
     assert outcome.decision is Decision.REPAIRED
     after = os.lstat(path)
     assert outcome.identity is not None
