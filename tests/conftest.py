@@ -1,4 +1,5 @@
-"""Shared fixtures: a memory dir in a temp project, staging-file builders, and clean logging."""
+"""Shared fixtures: a memory dir in a temp project, staging-file builders, clean logging and
+plain (uncoloured) command output."""
 
 from __future__ import annotations
 
@@ -42,6 +43,14 @@ def log_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     return path
+
+
+@pytest.fixture
+def plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output as a script sees it, whatever the environment says about colours (the command
+    tests use it on every test: ``pytestmark = pytest.mark.usefixtures("plain_output")``)."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
 
 
 EVIDENCE = {"discussion_note_ids": [1, 2]}

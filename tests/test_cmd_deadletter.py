@@ -29,11 +29,7 @@ from memstaged.locks import InstanceLock
 from memstaged.project import normalize
 from memstaged.triage import Context, Decision, decide
 
-
-@pytest.fixture(autouse=True)
-def _plain(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("plain_output")
 
 
 @pytest.fixture

@@ -30,11 +30,7 @@ from memstaged.logread import FileSource, event_from_journal, ordered
 THREE_DAYS_AGO = "2026-01-01T10:00:00.000000Z"
 
 
-@pytest.fixture(autouse=True)
-def _plain(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Output as a script sees it, whatever the environment says about colours."""
-    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("plain_output")
 
 
 @pytest.fixture

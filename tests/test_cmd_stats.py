@@ -29,10 +29,7 @@ from memstaged.logread import EventFilter
 OLD_DAY = "2026-01-01T10:00:00.000000Z"
 
 
-@pytest.fixture(autouse=True)
-def _plain(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("plain_output")
 
 
 def _stats(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:

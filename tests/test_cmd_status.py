@@ -23,11 +23,7 @@ from conftest import lesson, staging_doc, write
 
 from memstaged.locks import InstanceLock
 
-
-@pytest.fixture(autouse=True)
-def _plain(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("plain_output")
 
 
 def _status(capsys: pytest.CaptureFixture[str], memory_dir: Path, *argv: str) -> tuple[int, Any]:
