@@ -9,7 +9,8 @@ I/O floor can do the work of a decision without deciding anything.
 Layout: ``generate`` writes the corpus once to ``<memory dir>/bench-pristine/`` and the manifest to
 ``<memory dir>/bench-manifest.json``; ``reset`` then restores ``staging/`` from that pristine copy
 before each measured run, because every measured run (memstaged, naive, floor) consumes the
-backlog it is given.
+backlog it is given. ``write_file`` and ``fsync_dir`` are the file operations the baselines
+(floor, naive) share.
 """
 
 from __future__ import annotations
@@ -414,6 +415,26 @@ def measure(memory_dir: Path, action: Callable[[], object], repeat: int) -> list
         action()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def write_file(path: Path, data: bytes, *, durable: bool) -> None:
+    """Write ``data`` to ``path`` (mode 0600), fsynced if ``durable``: the baselines' writes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so that the names created, renamed or unlinked in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

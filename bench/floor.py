@@ -26,24 +26,6 @@ from pathlib import Path
 import corpus  # a sibling script: bench/ is on sys.path when these scripts run
 
 
-def _write(path: Path, data: bytes, *, durable: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def run_floor(memory_dir: Path, manifest: corpus.Manifest) -> None:
     """Do the file operations memstaged must do for this backlog, each file durable on its own."""
     staging = memory_dir / "staging"
@@ -55,17 +37,17 @@ def run_floor(memory_dir: Path, manifest: corpus.Manifest) -> None:
         data = path.read_bytes()
         if e.kind == "repairable":
             tmp = staging / f".floor-{e.name}.tmp"
-            _write(tmp, data, durable=True)
+            corpus.write_file(tmp, data, durable=True)
             tmp.replace(path)
-            _fsync_dir(staging)
+            corpus.fsync_dir(staging)
         elif e.kind == "malformed":
-            _write(originals / e.name, data, durable=True)
+            corpus.write_file(originals / e.name, data, durable=True)
             for i in range(e.records):
-                _write(dl / f"{path.stem}-{i}.json", data, durable=True)
-            _fsync_dir(originals)
-            _fsync_dir(dl)
+                corpus.write_file(dl / f"{path.stem}-{i}.json", data, durable=True)
+            corpus.fsync_dir(originals)
+            corpus.fsync_dir(dl)
             path.unlink()
-            _fsync_dir(staging)
+            corpus.fsync_dir(staging)
 
 
 def run_raw(memory_dir: Path, manifest: corpus.Manifest) -> None:
@@ -76,11 +58,11 @@ def run_raw(memory_dir: Path, manifest: corpus.Manifest) -> None:
     for e in manifest.files:
         data = (memory_dir / "staging" / e.name).read_bytes()
         if e.kind == "repairable":
-            _write(out / e.name, data, durable=False)
+            corpus.write_file(out / e.name, data, durable=False)
         elif e.kind == "malformed":
-            _write(out / f"{e.name}.orig", data, durable=False)
+            corpus.write_file(out / f"{e.name}.orig", data, durable=False)
             for i in range(e.records):
-                _write(out / f"{e.name}-{i}", data, durable=False)
+                corpus.write_file(out / f"{e.name}-{i}", data, durable=False)
     os.sync()
 
 

@@ -16,7 +16,6 @@ import calendar
 import contextlib
 import hashlib
 import json
-import os
 import posixpath
 import re
 import sys
@@ -248,23 +247,6 @@ def repair(data: bytes) -> bytes | None:
 
 
 # ---------------------------------------------------------------------------- disk
-def _write_durable(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _records(path: Path, data: bytes, sha: str, reasons: list[str]) -> list[dict[str, Any]]:
     """SPEC 4: one record per candidate found, else one record holding what could be read."""
     doc: Any
@@ -320,13 +302,14 @@ def quarantine(path: Path, data: bytes, memory_dir: Path, reasons: list[str]) ->
     originals.mkdir(parents=True, exist_ok=True)
     sha = hashlib.sha256(data).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9_-]", "_", path.stem)[:80] or "x"  # never from raw content
-    _write_durable(originals / f"{stem}-{sha[:16]}.json", data)
+    corpus.write_file(originals / f"{stem}-{sha[:16]}.json", data, durable=True)
     for i, rec in enumerate(_records(path, data, sha, reasons)):
-        _write_durable(dl / f"{stem}-{sha[:16]}-{i}.json", json.dumps(rec).encode())
-    _fsync_dir(originals)
-    _fsync_dir(dl)
+        record = json.dumps(rec).encode()
+        corpus.write_file(dl / f"{stem}-{sha[:16]}-{i}.json", record, durable=True)
+    corpus.fsync_dir(originals)
+    corpus.fsync_dir(dl)
     path.unlink()
-    _fsync_dir(path.parent)
+    corpus.fsync_dir(path.parent)
 
 
 def decide(path: Path, memory_dir: Path, project_root: str) -> str:
@@ -351,9 +334,9 @@ def decide(path: Path, memory_dir: Path, project_root: str) -> str:
         quarantine(path, data, memory_dir, reasons)
         return "quarantined"
     tmp = path.with_name(f".naive-{path.name}.tmp")
-    _write_durable(tmp, fixed)
+    corpus.write_file(tmp, fixed, durable=True)
     tmp.replace(path)  # rename(2)
-    _fsync_dir(path.parent)
+    corpus.fsync_dir(path.parent)
     return "repaired"
 
 
