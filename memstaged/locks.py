@@ -4,8 +4,10 @@
   nothing in that memory dir. memstaged takes it, create-exclusive, only for the instant it rewrites
   or removes a file. It never deletes a lock it did not create; a lock memstaged created whose
   process is gone would block the reconciler for ever, so it is removed (and that is logged).
-* the instance lock: ``flock`` on ``.memstaged.lock`` in the memory dir, so a daemon, a ``--once``
-  run and a recovery never work on one memory dir at once, and a killed one never blocks the next.
+* the instance lock: ``flock`` on the memory dir's own directory descriptor, so a daemon and a
+  ``--once`` run never work on one memory dir at once, a killed one never blocks the next, and no
+  file is left behind. Recovery and purge do not take it: they work beside the daemon, under
+  ``canonical-writer.lock``, which the daemon obeys.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -27,7 +29,11 @@ from memstaged.fsio import crash_point, rename_noreplace, temp_name, unlink_quie
 from memstaged.timestamps import format_epoch_ms
 
 CANONICAL_LOCK: Final = "canonical-writer.lock"
-INSTANCE_LOCK: Final = ".memstaged.lock"
+#: How long ``--wait`` waits for another memstaged by default (SPEC 5: a wait has a limit).
+DEFAULT_WAIT: Final = 30.0
+#: How often a wait looks again.
+WAIT_POLL: Final = 0.1
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 OWNER: Final = "memstaged"
 #: An unreadable lock younger than this is taken to be still being written by its holder.
 FRESH_SECONDS: Final = 10.0
@@ -241,49 +247,90 @@ def _release(mem_fd: int, ino: int) -> None:
 
 
 class InstanceLock:
-    """``flock`` on the memory dir's ``.memstaged.lock``; the kernel drops it when we die."""
+    """``flock`` on the memory dir's own directory descriptor; nothing is created.
 
-    def __init__(self, memory_dir: str) -> None:
+    The lock is on the directory inode, so it leaves no file in the agent's memory dir, cannot
+    be unlinked away from under its holder (issue 10, item 13), cannot be redirected through a
+    planted link or hard link (item 6), and the kernel drops it when its process dies. The held
+    descriptor is the one descriptor per memory dir that SPEC 6 allows.
+    """
+
+    def __init__(self, memory_dir: str, open_dir: Callable[[], int] | None = None) -> None:
         self.memory_dir = memory_dir
-        self.path = os.path.join(memory_dir, INSTANCE_LOCK)
+        self._open = open_dir or (lambda: os.open(memory_dir, _DIR_FLAGS))
         self._fd: int | None = None
 
-    def acquire(self, *, wait: bool) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    def acquire(
+        self, *, wait: bool | float = False, on_wait: Callable[[str], None] | None = None
+    ) -> None:
+        """Take the lock; with ``wait`` (seconds, or True for :data:`DEFAULT_WAIT`), poll for it.
+
+        A wait has a limit (SPEC 5) and says once, through ``on_wait``, what it waits for.
+        Raises :class:`BusyError` when another memstaged holds it (after the wait).
+        """
+        limit = DEFAULT_WAIT if wait is True else float(wait or 0)
+        fd = self._open()
+        deadline = time.monotonic() + limit
+        said = False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise BusyError(
-                f"another memstaged (pid {holder}) is working on {self.memory_dir}; "
-                "use --wait to wait for it"
-            ) from None
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    busy = self._busy(fd, limit)
+                    if time.monotonic() >= deadline:
+                        raise busy from None
+                    if not said and on_wait is not None:
+                        on_wait(f"waiting up to {limit:g} s: {busy}")
+                        said = True
+                    time.sleep(WAIT_POLL)
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+
+    def _busy(self, fd: int, limit: float) -> BusyError:
+        pid = flock_holder(os.fstat(fd))
+        holder = f"pid {pid}" if pid else "pid unknown"
+        hint = f"waited {limit:g} s" if limit else "use --wait to wait for it"
+        return BusyError(f"another memstaged ({holder}) is working on {self.memory_dir}; {hint}")
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock; the file stays for the next one
+            os.close(self._fd)  # closing our only descriptor of it drops the flock
             self._fd = None
+
+
+def flock_holder(st: os.stat_result) -> int | None:
+    """The pid holding an exclusive ``flock`` on the file ``st`` is of, from ``/proc/locks``.
+
+    Reading ``/proc/locks`` takes no lock, so ``status`` never makes a starting daemon see the
+    memory dir as busy. ``None`` when no process holds one (or the kernel does not say).
+    """
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", "rb") as fh:
+            text = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; blocked waiters start with "->".
+        if (
+            len(fields) >= 6
+            and fields[1:4:2] == ["FLOCK", "WRITE"]
+            and fields[5] == wanted
+            and fields[4].isdigit()
+        ):
+            return int(fields[4])
+    return None
 
 
 def instance_holder(memory_dir: str) -> int | None:
     """The pid of the memstaged working on ``memory_dir``, or ``None`` (for ``status``)."""
     try:
-        fd = os.open(os.path.join(memory_dir, INSTANCE_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+        st = os.stat(memory_dir, follow_symlinks=False)
     except OSError:
         return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = os.read(fd, 64).decode("ascii", "replace").strip()
-            return int(text) if text.isdigit() else 0
-        return None
-    finally:
-        os.close(fd)
+    return flock_holder(st)

@@ -101,7 +101,9 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
         for mdir in mdirs:
             lock = InstanceLock(mdir.path)
             try:
-                lock.acquire(wait=wait)
+                lock.acquire(
+                    wait=wait, on_wait=lambda what: print(f"memstaged: {what}", file=sys.stderr)
+                )
             except BusyError as err:
                 out.print(f"memstaged: {err}", highlight=False)
                 busy = True
