@@ -413,8 +413,7 @@ class Daemon:
             to_read = set(todo)
             decided = [name for name in names if name not in to_read]
             for name, decision in zip(decided, held, strict=True):
-                dev, ino, size, mtime_ns, _ctime_ns = cache.entries[name][0]
-                self.identities[(mdir.path, name)] = Identity(dev, ino, size, mtime_ns)
+                self.identities[(mdir.path, name)] = Identity(*cache.entries[name][0])
                 self.counts[decision] += 1
             self.unchanged += len(held)
         return todo

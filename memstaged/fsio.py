@@ -81,16 +81,21 @@ def crash_point(step: str) -> None:
 
 
 class Identity(msgspec.Struct, frozen=True, array_like=True):
-    """What tells two versions of a file apart without reading them."""
+    """What tells two versions of a file apart without reading them (SPEC 5).
+
+    A writer can set the mtime back and keep the size (``cp -p``, ``rsync -t``), but not the
+    ctime; and the inode number cannot be reused while memstaged keeps the version it read open.
+    """
 
     dev: int
     ino: int
     size: int
     mtime_ns: int
+    ctime_ns: int
 
     @classmethod
     def of(cls, st: os.stat_result) -> Identity:
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _rename2(src_dir: int, src: str, dst_dir: int, dst: str, flags: int) -> None:
@@ -110,7 +115,26 @@ def rename_noreplace(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
 
 
 def open_dir(path: str, dir_fd: int | None = None, *, create: bool = False) -> int:
-    """Open a directory without following a link at its last component; create it 0700."""
+    """Open a directory without following a link; create its last component 0700 if asked.
+
+    Relative to ``dir_fd``, every component of ``path`` is opened on its own with
+    ``O_NOFOLLOW`` (``O_NOFOLLOW`` alone guards only the last one: ``deadletter/originals``
+    with a linked ``deadletter/`` would be followed, issue 10 item 7). An absolute ``path``
+    follows links in everything but its last component: that is the configured literal prefix.
+    """
+    if dir_fd is not None and "/" in path.strip("/"):
+        parts = [p for p in path.split("/") if p and p != "."]
+        fd = os.dup(dir_fd)
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                nxt = open_dir(part, fd, create=create and last)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
     try:
         return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -121,6 +145,40 @@ def open_dir(path: str, dir_fd: int | None = None, *, create: bool = False) -> i
     except FileExistsError:
         pass  # created meanwhile by another process: open what is there
     return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def open_below(anchor: str, path: str) -> int:
+    """Open ``path`` (absolute, below ``anchor``), following links only within ``anchor``.
+
+    SPEC 6: the literal prefix of a configured path may contain links; below it (the components
+    a glob matched, or ``.pi/memory/project`` when the memory dir was derived) none is followed.
+    """
+    rel = os.path.relpath(path, anchor) if anchor else ""
+    if not anchor or rel == "." or rel.startswith(".."):
+        return open_dir(path)
+    base = os.open(anchor, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    try:
+        return open_dir(rel, base)
+    finally:
+        os.close(base)
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft limit of open descriptors to the hard limit (SPEC 6); returns both.
+
+    A service manager's default soft limit is 1,024; the hard limit is far higher, and SPEC 6
+    says memstaged may raise the soft one to it, and then should.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass  # a hard limit the kernel will not give (RLIM_INFINITY): keep the soft one
+    return soft, hard
 
 
 @contextmanager
@@ -343,3 +401,16 @@ def read_fd(fd: int, size_hint: int, limit: int) -> bytes | None:
         if total > limit:
             return None
         chunks.append(chunk)
+
+
+def read_fd_at(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of an open file from its start (``pread``: the offset stays)."""
+    chunks: list[bytes] = []
+    offset = 0
+    while offset < limit:
+        chunk = os.pread(fd, min(limit - offset, CHUNK), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)

@@ -47,6 +47,7 @@ MESSAGE_IDS: Final = {
     "lock_seen": "5a6b7c8d9e0f4a1b2c3d4e5f6a7b8c9d",
     "overflow_recovered": "6b7c8d9e0f1a4b2c3d4e5f6a7b8c9d0e",
     "temp_recovered": "7c8d9e0f1a2b4c3d4e5f6a7b8c9d0e1f",
+    "staging_unreadable": "d0de64b33418400bb5127d39534f108d",
     "error": "8d9e0f1a2b3c4d4e5f6a7b8c9d0e1f2a",
     "memory_dir_added": "65074dd73b6e4cc18b67746f05643212",
     "memory_dir_removed": "e19989db96c24cb4abba9639326e11b8",
@@ -356,6 +357,11 @@ class FileSink:
             os.close(self._fd)
             self._fd = -1
 
+    def sync(self) -> None:
+        """Make the events written so far durable (before the changes they announce)."""
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
 
 class ConsoleSink:
     """stderr: a readable line on a TTY, the JSON line otherwise (what a pipe or a file wants)."""
@@ -540,6 +546,17 @@ def configure(
 def add_sink(sink: Sink) -> None:
     """One more sink next to the configured ones (a test's fake journal)."""
     _FANOUT.replace((*_FANOUT.sinks, sink))
+
+
+def sync() -> None:
+    """fsync the decision log file: SPEC 5, nothing is carried out unlogged, even across a
+    power cut. A failure is reported in one stderr line, never raised."""
+    for sink in _FANOUT.sinks:
+        if isinstance(sink, FileSink):
+            try:
+                sink.sync()
+            except OSError as err:
+                _say(f"memstaged: cannot sync the decision log: {err.strerror or err}")
 
 
 def close() -> None:

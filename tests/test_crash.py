@@ -57,7 +57,7 @@ from memstaged.pipeline import MemoryDir, Options, Pipeline, list_staging
 STEPS = (
     "lock-created",
     "lock-taken",
-    "copy-written",
+    "moved",
     "original-written",
     "record-written",
     "batch-written",
@@ -70,6 +70,8 @@ STEPS = (
     "replaced",
     "temp-recovered",
 )
+#: The steps one ``--once`` transaction (a batch of files) passes once, not once per file.
+PER_TRANSACTION = frozenset({"lock-created", "lock-taken", "batch-written", "deadletter-synced"})
 #: Files above this are quarantined unread as ``file too large`` (the bounded-copy path).
 MAX_SIZE = 2048
 SEED = int(os.environ.get("MEMSTAGED_TEST_SEED", random.randrange(1 << 30)))
@@ -104,7 +106,9 @@ def _plan(
     roll = rng.random()
     if roll < 0.6:
         step = STEPS[(round_no + attempt) % len(STEPS)]
-        return f"{step}:{rng.randint(1, 3)}", None
+        # A transaction meets these once: a later count would never be reached.
+        nth = 1 if step in PER_TRANSACTION else rng.randint(1, 3)
+        return f"{step}:{nth}", None
     if roll < 0.85:
         return f"any:{rng.randint(1, 40)}", None
     return None, rng.uniform(0.12, 0.5)

@@ -56,14 +56,20 @@ OLD = 1_700_000_000
 def _decide(
     mdir: Path, name: str, **options: Any
 ) -> tuple[Outcome, dict[str, Any], RecordingLogger]:
-    """Decide one file in-process; returns the outcome and its decision event."""
+    """Decide one file in-process; returns the outcome and its (last) decision event.
+
+    A change is logged before it is carried out (SPEC 5); one that then could not be carried
+    out gets a second event, saying what it became and what was ``planned``.
+    """
     log = RecordingLogger()
     pipeline = Pipeline(Options(settle=0, **options), log)
     outcome = pipeline.process(memory_dir_of(mdir), name)
     events = [e for e in log.events if e["event"] == "decision"]
-    assert len(events) == 1, log.events
-    assert events[0]["decision"] == outcome.decision.value
-    return outcome, events[0], log
+    assert len(events) in (1, 2), log.events
+    if len(events) == 2:
+        assert events[1]["planned"] == events[0]["decision"], events
+    assert events[-1]["decision"] == outcome.decision.value
+    return outcome, events[-1], log
 
 
 def _malformed(root: str, session: Any = "s", extra: int = 0) -> bytes:

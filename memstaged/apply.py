@@ -1,0 +1,596 @@
+"""Step 4 of the flow: carry out any number of plans as one durable transaction (SPEC 5).
+
+:func:`apply` is the only code that changes ``staging/`` or ``deadletter/`` for a decision: the
+daemon applies a transaction of one plan, ``--once`` one of up to a batch. Under
+``canonical-writer.lock`` it
+
+1. hands back at once every plan whose version is no longer in place (nothing written);
+2. settles every dead-letter name: what is already at a name is never trusted (SPEC 4): the
+   same bytes are kept (and their age refreshed), an earlier record of the same quarantine is
+   replaced (refreshing its age), anything else makes it write under another name;
+3. announces the decisions (the caller logs them and makes the log durable): nothing is
+   carried out unlogged (issue 10, item 5);
+4. writes every temp file, makes them durable (one ``syncfs`` for a batch, an fsync each for
+   one plan), gives the dead-letter files their names and fsyncs their directories;
+5. replaces (``RENAME_EXCHANGE``), removes or moves each staging file, checking that what it
+   displaced is exactly the version that was decided (inode, size, mtime and bytes); a writer's
+   newer version is kept as a new staging file, never lost; then fsyncs ``staging/``.
+
+Crash recovery of temp files (:func:`recover_temps`) lives here too: it undoes exactly what a
+killed :func:`apply` may leave.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from enum import Enum
+from typing import Any, Final, NamedTuple
+
+from memstaged import fsio
+from memstaged.fsio import Identity
+from memstaged.locks import LockInfo, canonical_lock, read_lock, remove_stale_own_lock
+from memstaged.memdir import DEADLETTER, STAGING
+from memstaged.plan import Kind, Plan
+from memstaged.quarantine import ORIGINALS_DIR, DeadLetter
+
+#: Keeps a displaced writer version as a new staging file: (dir of it, its name, staging/'s
+#: descriptor, the staging name it was displaced from) -> the name it now has.
+Park = Callable[[int, str, int, str], str]
+#: How many other names are tried for a dead-letter file whose name is taken.
+_ALT_NAMES: Final = 100
+
+
+class Applied(Enum):
+    DONE = "done"
+    CONFLICT = "conflict"
+    GONE = "gone"
+    #: The file cannot be moved into ``deadletter/`` (another file system): left where it is.
+    UNMOVABLE = "unmovable"
+
+
+class Result(NamedTuple):
+    applied: Applied
+    #: The identity of the version now decided: for a repair, the rewrite put in place.
+    identity: Identity
+
+
+class _File(NamedTuple):
+    """A dead-letter file to put in place: where, its final name, its bytes, and how."""
+
+    dir_fd: int
+    name: str
+    body: bytes
+    #: "install" (the name is free), "refresh" (it holds these bytes), "replace" (it holds an
+    #: earlier record of the same quarantine).
+    how: str
+
+
+class _Store:
+    """``deadletter/`` and ``originals/`` of one transaction, opened (and created) on first use."""
+
+    def __init__(self, mem_fd: int) -> None:
+        self.mem_fd = mem_fd
+        self.fds: tuple[int, int] | None = None
+
+    def open(self) -> tuple[int, int]:
+        if self.fds is None:
+            try:
+                dl_fd = fsio.open_dir(DEADLETTER, self.mem_fd, create=True)
+            except OSError as err:
+                if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise OSError(
+                        err.errno,
+                        "deadletter/ is a symbolic link or not a directory: never followed",
+                    ) from None
+                raise
+            try:
+                or_fd = fsio.open_dir(ORIGINALS_DIR, dl_fd, create=True)
+            except OSError as err:
+                os.close(dl_fd)
+                if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                    what = "deadletter/originals/ is a symbolic link or not a directory"
+                    raise OSError(err.errno, f"{what}: never followed") from None
+                raise
+            self.fds = (dl_fd, or_fd)
+        return self.fds
+
+    def close(self) -> None:
+        for fd in self.fds or ():
+            os.close(fd)
+        self.fds = None
+
+
+def _holds(dir_fd: int, name: str, body: bytes) -> bool | None:
+    """Is ``name`` a regular file with exactly ``body``? ``None`` when the name is free."""
+    st = fsio.lstat_at(dir_fd, name)
+    if st is None:
+        return None
+    try:
+        with fsio.open_regular(dir_fd, name) as (fd, fst):
+            return fst.st_size == len(body) and fsio.read_fd_at(fd, len(body) + 1) == body
+    except OSError:
+        return False  # a link, a FIFO, unreadable: not ours to trust
+
+
+def _same_quarantine(dir_fd: int, name: str, body: bytes) -> bool:
+    """Is ``name`` a record memstaged wrote for the same bytes (an earlier quarantine of them)?"""
+    try:
+        with fsio.open_regular(dir_fd, name) as (fd, fst):
+            if fst.st_size > 4 * len(body) + 65536:
+                return False
+            old = json.loads(fsio.read_fd_at(fd, fst.st_size + 1))
+        new = json.loads(body)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(old, dict) or not isinstance(old.get("memstaged"), dict):
+        return False
+    keys = ("sha256", "source_file", "original")
+    return all(old["memstaged"].get(k) == new["memstaged"].get(k) for k in keys) and old.get(
+        "category"
+    ) == new.get("category")
+
+
+def _alt_name(dir_fd: int, name: str, taken: set[str]) -> str:
+    """Another free name for ``name``: ``<stem>.<n>.json`` (or ``<name>.<n>`` for originals)."""
+    base, dot, ext = name.rpartition(".")
+    for n in range(2, _ALT_NAMES + 2):
+        alt = f"{base}.{n}.{ext}" if dot else f"{name}.{n}"
+        if alt not in taken and fsio.lstat_at(dir_fd, alt) is None:
+            return alt
+    raise OSError(errno.EEXIST, "no free name in deadletter/", name)
+
+
+def _with_original(body: bytes, original: str) -> bytes:
+    """A record whose original went under another name, pointing at that name."""
+    record = json.loads(body)
+    record["memstaged"]["original"] = f"{ORIGINALS_DIR}/{original}"
+    return (
+        json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogatepass"
+        )
+        + b"\n"
+    )
+
+
+def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
+    """The dead-letter files of a plan, each with a name that is safe to use (SPEC 4)."""
+    if plan.original is None and not plan.records:
+        return []
+    dl_fd, or_fd = store.open()
+    files: list[_File] = []
+    if plan.original is not None:
+        name = plan.original
+        if plan.kind is Kind.MOVE:
+            if fsio.lstat_at(or_fd, name) is not None or name in taken:
+                name = _alt_name(or_fd, name, taken)
+        else:
+            assert plan.version.data is not None
+            held = _holds(or_fd, name, plan.version.data) if name not in taken else False
+            if held is False:
+                name = _alt_name(or_fd, name, taken)
+            files.append(_File(or_fd, name, plan.version.data, "refresh" if held else "install"))
+        taken.add(name)
+        if name != plan.original:
+            plan.records = [
+                DeadLetter(r.name, r.category, _with_original(r.body, name)) for r in plan.records
+            ]
+            plan.original = name
+    records: list[DeadLetter] = []
+    for record in plan.records:
+        body = record.body
+        name = record.name
+        held = _holds(dl_fd, name, body) if name not in taken else False
+        how = "refresh" if held else "install"
+        if held is False:
+            if name not in taken and _same_quarantine(dl_fd, name, body):
+                how = "replace"
+            else:
+                name = _alt_name(dl_fd, name, taken)
+        taken.add(name)
+        files.append(_File(dl_fd, name, body, how))
+        records.append(DeadLetter(name, record.category, body) if name != record.name else record)
+    plan.records = records
+    _name_in_event(plan)
+    return files
+
+
+def _name_in_event(plan: Plan) -> None:
+    """The log names the dead-letter files as they are really called (SPEC 7)."""
+    names = [f"{DEADLETTER}/{r.name}" for r in plan.records]
+    if plan.original is not None:
+        names.append(f"{DEADLETTER}/{ORIGINALS_DIR}/{plan.original}")
+    if names:
+        plan.event["deadletter"] = names
+
+
+def _put(dir_fd: int, file: _File, *, sync: bool, ours: list[tuple[int, str]]) -> str | None:
+    """Write a dead-letter file's temp (``None`` when its name already holds the bytes)."""
+    if file.how == "refresh":
+        return None
+    tmp = fsio.write_temp(dir_fd, file.body, "rec", file.name, sync=sync)
+    ours.append((dir_fd, tmp))
+    return tmp
+
+
+def _install(file: _File, tmp: str | None) -> None:
+    """Give a complete, durable temp its final name; refresh the age of what is kept (SPEC 4)."""
+    if tmp is None:
+        os.utime(file.name, dir_fd=file.dir_fd, follow_symlinks=False)
+    elif file.how == "replace":
+        os.rename(tmp, file.name, src_dir_fd=file.dir_fd, dst_dir_fd=file.dir_fd)
+    else:
+        fsio.rename_noreplace(file.dir_fd, tmp, file.dir_fd, file.name)
+
+
+def apply(
+    mem_fd: int,
+    staging_fd: int,
+    plans: Sequence[Plan],
+    *,
+    announce: Callable[[Sequence[Plan]], None],
+    on_stale: Callable[[LockInfo, bool], None],
+    park: Park,
+) -> dict[str, Result]:
+    """Carry ``plans`` out as one transaction; see the module docstring for the order.
+
+    Raises :class:`~memstaged.locks.LockHeld` (nothing changed) when a live process holds
+    ``canonical-writer.lock``, and ``OSError`` when the transaction could not be completed (what
+    was not carried out is unchanged; nothing is lost either way).
+    """
+    results: dict[str, Result] = {}
+    with canonical_lock(mem_fd, on_stale):
+        live: list[Plan] = []
+        for plan in plans:
+            state = plan.version.still_in_place(staging_fd)
+            if state:
+                live.append(plan)
+            else:
+                applied = Applied.GONE if state is None else Applied.CONFLICT
+                results[plan.name] = Result(applied, plan.version.identity)
+        if live:
+            tx = _Transaction(mem_fd, staging_fd, park)
+            try:
+                results.update(tx.run(live, announce))
+            finally:
+                tx.close()
+    return results
+
+
+class _Transaction:
+    """The temp files of one :func:`apply` and the steps that turn them into changes."""
+
+    def __init__(self, mem_fd: int, staging_fd: int, park: Park) -> None:
+        self.mem_fd = mem_fd
+        self.staging_fd = staging_fd
+        self.park = park
+        self.store = _Store(mem_fd)
+        #: Temp files not yet installed or handed on: removed if the transaction stops.
+        self.ours: list[tuple[int, str]] = []
+
+    def close(self) -> None:
+        for dir_fd, tmp in self.ours:
+            fsio.unlink_quietly(dir_fd, tmp)
+        self.store.close()
+
+    def run(
+        self, live: list[Plan], announce: Callable[[Sequence[Plan]], None]
+    ) -> dict[str, Result]:
+        taken: set[str] = set()
+        files = [_settle_names(plan, self.store, taken) for plan in live]
+        announce(live)
+        batch = len(live) > 1
+        temps = [[_put(f.dir_fd, f, sync=not batch, ours=self.ours) for f in fs] for fs in files]
+        rewrites = {p.name: self._rewrite_temp(p, batch) for p in live if p.kind is Kind.REWRITE}
+        fsio.crash_point("batch-written")
+        if batch:
+            fsio.syncfs(self.mem_fd)  # every temp file's data is durable from here on
+        for plan_files, plan_temps in zip(files, temps, strict=True):
+            for file, tmp in zip(plan_files, plan_temps, strict=True):
+                _install(file, tmp)
+                if tmp is not None:
+                    self.ours.remove((file.dir_fd, tmp))
+                is_original = self.store.fds is not None and file.dir_fd == self.store.fds[1]
+                fsio.crash_point("original-written" if is_original else "record-written")
+        if self.store.fds is not None:
+            fsio.fsync_dir(self.store.fds[1])
+            fsio.fsync_dir(self.store.fds[0])
+            fsio.fsync_dir(self.mem_fd)
+            fsio.crash_point("deadletter-synced")
+        results = {}
+        for plan in live:
+            if plan.kind is Kind.REWRITE:
+                tmp = self._ready(rewrites[plan.name], plan.name, batch)
+                results[plan.name] = _replace(self.staging_fd, plan, tmp, self.park)
+            elif plan.kind is Kind.REMOVE:
+                results[plan.name] = _remove(self.staging_fd, plan, self.park)
+            else:
+                results[plan.name] = _move(self.staging_fd, self.store, plan, self.park)
+        fsio.fsync_dir(self.staging_fd)
+        return results
+
+    def _rewrite_temp(self, plan: Plan, batch: bool) -> str:
+        assert plan.new_bytes is not None
+        # Named ``part`` until it is durable: recovery deletes ``part`` temps rather than
+        # keeping them as versions.
+        role = fsio.PARTIAL if batch else "new"
+        tmp = fsio.write_temp(self.staging_fd, plan.new_bytes, role, plan.name, sync=not batch)
+        self.ours.append((self.staging_fd, tmp))
+        fsio.crash_point("temp-written")
+        return tmp
+
+    def _ready(self, tmp: str, name: str, batch: bool) -> str:
+        """The durable rewrite under a ``new`` name, handed to :func:`_replace`."""
+        self.ours.remove((self.staging_fd, tmp))
+        if not batch:
+            return tmp
+        ready = fsio.temp_name("new", name)
+        try:
+            os.rename(tmp, ready, src_dir_fd=self.staging_fd, dst_dir_fd=self.staging_fd)
+        except BaseException:
+            self.ours.append((self.staging_fd, tmp))
+            raise
+        return ready
+
+
+def _replace(staging_fd: int, plan: Plan, tmp: str, park: Park) -> Result:
+    """Atomically put the rewrite in place of exactly the version that was read.
+
+    The exchange hands back whatever it displaced. If that is not the version that was read (a
+    writer renamed or rewrote a newer one in between the check and the exchange), the writer's
+    version is kept beside, under a ``.conflict-`` name, and never put back under the name: our
+    rewrite was visible there for a moment, and a writer may be about to rename its next version
+    over it, which would silently destroy the one put back.
+    """
+    version, name = plan.version, plan.name
+    tmp_is_ours = True
+    try:
+        st = fsio.lstat_at(staging_fd, tmp)
+        assert st is not None
+        rewrite = Identity.of(st)
+        state = version.still_in_place(staging_fd)
+        if not state:
+            return Result(Applied.GONE if state is None else Applied.CONFLICT, version.identity)
+        try:
+            fsio.exchange(staging_fd, tmp, name)
+        except FileNotFoundError:
+            return Result(Applied.GONE, version.identity)
+        tmp_is_ours = False
+        fsio.crash_point("exchanged")
+        if version.is_displaced(staging_fd, tmp):
+            os.unlink(tmp, dir_fd=staging_fd)
+            fsio.crash_point("replaced")
+            now = fsio.lstat_at(staging_fd, name)  # the exchange changed the rewrite's ctime
+            if now is not None and now.st_ino == rewrite.ino:
+                rewrite = Identity.of(now)
+            return Result(Applied.DONE, rewrite)
+        park(staging_fd, tmp, staging_fd, name)
+        return Result(Applied.CONFLICT, version.identity)
+    finally:
+        if tmp_is_ours:
+            fsio.unlink_quietly(staging_fd, tmp)
+
+
+def _remove(staging_fd: int, plan: Plan, park: Park) -> Result:
+    """Remove exactly the version that was read; a newer one is kept, never lost.
+
+    The file is renamed away to a temp name and checked there. A writer's version caught by that
+    rename is kept under a ``.conflict-`` name rather than renamed back: while the name was
+    absent a writer may have started a fresh file, whose rename would destroy it.
+    """
+    version, name = plan.version, plan.name
+    state = version.still_in_place(staging_fd)
+    if not state:
+        return Result(Applied.GONE if state is None else Applied.CONFLICT, version.identity)
+    out = fsio.temp_name("out", name)
+    try:
+        os.rename(name, out, src_dir_fd=staging_fd, dst_dir_fd=staging_fd)
+    except FileNotFoundError:
+        return Result(Applied.GONE, version.identity)
+    fsio.crash_point("renamed-away")
+    if version.is_displaced(staging_fd, out):
+        os.unlink(out, dir_fd=staging_fd)
+        fsio.crash_point("removed")
+        return Result(Applied.DONE, version.identity)
+    park(staging_fd, out, staging_fd, name)
+    return Result(Applied.CONFLICT, version.identity)
+
+
+def _move(staging_fd: int, store: _Store, plan: Plan, park: Park) -> Result:
+    """Move a too-large file itself into ``originals/`` by a rename (SPEC 6): no copy, no read.
+
+    Its record is durable already. If what the rename moved is not the version that was decided
+    (a writer renamed a new one in meanwhile), that version goes back to ``staging/`` under a
+    new name, and the records written for the replaced one are taken back.
+    """
+    version, name = plan.version, plan.name
+    dl_fd, or_fd = store.open()
+    assert plan.original is not None
+    state = version.still_in_place(staging_fd)
+    if state:
+        try:
+            fsio.rename_noreplace(staging_fd, name, or_fd, plan.original)
+        except FileNotFoundError:
+            state = None
+        except OSError as err:
+            if err.errno != errno.EXDEV:
+                raise
+            _take_back(dl_fd, plan)
+            return Result(Applied.UNMOVABLE, version.identity)
+    if not state:
+        _take_back(dl_fd, plan)
+        return Result(Applied.GONE if state is None else Applied.CONFLICT, version.identity)
+    fsio.crash_point("moved")
+    fsio.fsync_dir(or_fd)
+    if version.is_displaced(or_fd, plan.original):
+        return Result(Applied.DONE, version.identity)
+    park(or_fd, plan.original, staging_fd, name)
+    _take_back(dl_fd, plan)
+    return Result(Applied.CONFLICT, version.identity)
+
+
+def _take_back(dl_fd: int, plan: Plan) -> None:
+    """Delete the records just written for a version that was not quarantined after all."""
+    for record in plan.records:
+        fsio.unlink_quietly(dl_fd, record.name)
+    fsio.fsync_dir(dl_fd)
+
+
+# -- after a crash ------------------------------------------------------------------------------
+
+
+class Recovery:
+    """What :func:`recover_temps` needs besides the memory dir: how to log and to decide."""
+
+    def __init__(
+        self,
+        log: Any,
+        park: Park,
+        is_redundant: Callable[[bytes, bytes], bool],
+        limit: int,
+        on_stale: Callable[[LockInfo, bool], None],
+    ) -> None:
+        self.log = log
+        self.park = park
+        self.is_redundant = is_redundant
+        self.limit = limit
+        self.on_stale = on_stale
+
+
+@contextmanager
+def _opened(sub: str, mem_fd: int) -> Iterator[int | None]:
+    try:
+        fd = fsio.open_dir(sub, mem_fd) if sub != "." else os.dup(mem_fd)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
+    """Clean up what a killed memstaged left: delete only what is provably redundant.
+
+    A stale ``canonical-writer.lock`` of memstaged's own is removed first (SPEC 5: at start, not
+    only when a file is next decided there; issue 10, item 12). A temp file in the memory dir (a
+    lock being taken) or in ``deadletter/`` only ever holds memstaged's own lock, record or
+    copy: it is deleted. A temp file in ``staging/`` may hold a writer's version that was
+    displaced at the moment of the crash, so it is deleted only when the same bytes (or their
+    repair) are safe elsewhere; otherwise it is kept as a new staging file and decided on its
+    own. Every directory is opened one component at a time without following a link (item 7).
+
+    Returns the listing of ``staging/`` when it had no temp file (the usual case), so that a
+    scan need not list a directory of thousands of files a second time.
+    """
+    try:
+        info = read_lock(mem_fd)
+        if info is not None and not info.alive:
+            how.on_stale(info, remove_stale_own_lock(mem_fd, info))
+    except FileNotFoundError:
+        pass  # released meanwhile: nothing to clean up
+    except OSError as err:
+        how.log.error("lock_seen", lock="canonical-writer.lock", action=f"unreadable: {err}")
+    for sub in (".", DEADLETTER, f"{DEADLETTER}/{ORIGINALS_DIR}"):
+        with _opened(sub, mem_fd) as fd:
+            if fd is None:
+                continue
+            for entry in os.listdir(fd):
+                if fsio.parse_temp_name(entry) is not None:
+                    fsio.unlink_quietly(fd, entry)
+                    how.log.info("temp_recovered", path=f"{sub}/{entry}", action="deleted")
+    with _opened(STAGING, mem_fd) as staging_fd:
+        if staging_fd is None:
+            return None
+        names = os.listdir(staging_fd)
+        temps = sorted([n for n in names if n.startswith(fsio.TEMP_PREFIX)])
+        if not temps:
+            return names
+        for entry in temps:
+            parsed = fsio.parse_temp_name(entry)
+            if parsed is None:
+                continue
+            if parsed[0] == fsio.PARTIAL:  # still being written: never anyone's version
+                fsio.unlink_quietly(staging_fd, entry)
+                how.log.info("temp_recovered", path=f"{STAGING}/{entry}", action="deleted")
+                continue
+            try:
+                _recover_staging_temp(how, mem_fd, staging_fd, entry, parsed[1], names)
+            except OSError as err:
+                how.log.error(
+                    "temp_recovered",
+                    path=f"{STAGING}/{entry}",
+                    action=f"left alone: {err.strerror or err}",
+                )
+    return None
+
+
+def _snapshot(dir_fd: int, name: str, limit: int) -> tuple[str, bytes | None] | None:
+    """sha256 and (unless larger than the size limit) the bytes of a regular file."""
+    try:
+        with fsio.open_regular(dir_fd, name) as (fd, _st):
+            sha, size = fsio.hash_fd(fd)
+            return sha, fsio.read_fd(fd, size, limit) if size <= limit else None
+    except FileNotFoundError:
+        return None
+
+
+def _recover_staging_temp(
+    how: Recovery, mem_fd: int, staging_fd: int, entry: str, encoded: str, names: list[str]
+) -> None:
+    path = f"{STAGING}/{entry}"
+    try:
+        ours = _snapshot(staging_fd, entry, how.limit)
+    except OSError as err:
+        how.log.warning("temp_recovered", path=path, action=f"left alone: {err.strerror or err}")
+        return
+    if ours is None:
+        return  # gone meanwhile
+    sha, data = ours
+    target = fsio.resolve_target(encoded, names)
+    theirs: tuple[str, bytes | None] | None = None
+    if target is not None and target.endswith(".json") and not target.startswith("."):
+        try:
+            theirs = _snapshot(staging_fd, target, how.limit)
+        except OSError:
+            theirs = ("", None)  # something unreadable holds the name: keep ours beside it
+    redundant = (theirs is not None and theirs[0] == sha) or _in_originals(mem_fd, sha)
+    if not redundant and data is not None and theirs is not None and theirs[1] is not None:
+        # One is the repair of the other: a rewrite that was (or was not yet) put in place.
+        redundant = how.is_redundant(data, theirs[1])
+    if redundant:
+        fsio.unlink_quietly(staging_fd, entry)
+        action = "deleted: the same content is in staging/ or deadletter/"
+    else:
+        # Kept beside, never renamed back under the target's name: writers are back at work,
+        # and one that found the name absent may be about to rename a fresh file there.
+        action = f"kept as {how.park(staging_fd, entry, staging_fd, target or 'recovered.json')}"
+    fsio.fsync_dir(staging_fd)
+    fsio.crash_point("temp-recovered")
+    how.log.warning("temp_recovered", path=path, action=action)
+
+
+def _in_originals(mem_fd: int, sha: str) -> bool:
+    """Are these exact bytes in ``deadletter/originals/``? Checked by content, not by name.
+
+    A name there is never trusted (SPEC 4): only a regular file whose bytes hash to ``sha``.
+    """
+    suffix = f".{sha[:16]}."
+    try:
+        with fsio.opened_dir(f"{DEADLETTER}/{ORIGINALS_DIR}", mem_fd) as or_fd:
+            for name in os.listdir(or_fd):
+                if suffix not in name:
+                    continue
+                try:
+                    with fsio.open_regular(or_fd, name) as (fd, _st):
+                        if fsio.hash_fd(fd)[0] == sha:
+                            return True
+                except OSError:
+                    continue
+            return False
+    except OSError:
+        return False

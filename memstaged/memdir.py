@@ -1,0 +1,59 @@
+"""A memory dir, and the settings that change how its files are decided (SPEC sections 1, 5, 6)."""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+import msgspec
+
+from memstaged import fsio
+
+STAGING: Final = "staging"
+DEADLETTER: Final = "deadletter"
+
+
+class MemoryDir(msgspec.Struct, frozen=True):
+    """A memory dir and the project root its files must name (SPEC 2.4).
+
+    ``anchor`` is the configured literal prefix it was found under (the part of a glob before
+    its first wildcard, or the directory a memory dir was derived from): links are followed
+    only there, never below it (SPEC 6). Empty: the memory dir's parent.
+    """
+
+    path: str
+    project_root: str
+    anchor: str = ""
+
+    @property
+    def staging(self) -> str:
+        return os.path.join(self.path, STAGING)
+
+    def open(self) -> int:
+        """The memory dir's descriptor, opened without following a link below the anchor."""
+        return fsio.open_below(self.anchor, self.path)
+
+
+class Options(msgspec.Struct, frozen=True):
+    """The settings that change how a file is decided or applied."""
+
+    settle: float = 2.0
+    max_file_size: int = 8 * 1024 * 1024
+    split_invalid_candidates: bool = False
+    dry_run: bool = False
+    #: SPEC 6: where a too-large file cannot be moved by a rename, at most this much is copied.
+    max_quarantine_copy: int = 1 << 30
+
+
+def is_staging_name(name: str) -> bool:
+    """SPEC section 6: only ``*.json`` names that do not start with a dot are staging files."""
+    return name.endswith(".json") and not name.startswith(".")
+
+
+def staging_names(listing: list[str], *, sort: bool = True) -> list[str]:
+    """The staging-file names of a listing of ``staging/``, sorted unless ``sort`` is false."""
+    # is_staging_name, inlined: this runs over every name at every rescan.
+    names = [n for n in listing if n.endswith(".json") and n[:1] != "."]
+    if sort:
+        names.sort()
+    return names
