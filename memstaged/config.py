@@ -61,11 +61,29 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         for pattern in self.memory_dir_patterns:
             expanded = os.path.expanduser(pattern)
             paths = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
+            anchor = _literal_prefix(expanded, derived=pattern == DEFAULT_MEMORY_DIR)
             for path in paths:
                 absolute = normalize(os.path.abspath(path))  # abspath: links are not resolved
                 root = self.project_roots.get(absolute) or default_project_root(absolute)
-                found.setdefault(absolute, MemoryDir(absolute, root))
+                found.setdefault(absolute, MemoryDir(absolute, root, anchor))
         return list(found.values())
+
+
+def _literal_prefix(pattern: str, *, derived: bool) -> str:
+    """The directory of a pattern before its first wildcard: links are followed only there.
+
+    SPEC 6: below it (what a glob matched, or ``.pi/memory/project`` of the default memory dir,
+    which is derived from the working directory) no link is followed. ``""``: the memory dir's
+    parent, for a path configured literally.
+    """
+    absolute = normalize(os.path.abspath(pattern))
+    if derived:
+        return os.getcwd()
+    if not glob.has_magic(absolute):
+        return ""
+    parts = absolute.split("/")
+    literal = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    return "/".join(parts[:literal]) or "/"
 
 
 def default_config_path(env: Mapping[str, str]) -> Path:

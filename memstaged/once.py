@@ -20,6 +20,7 @@ from rich.table import Table
 
 from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError
+from memstaged.fsio import raise_fd_limit
 from memstaged.locks import InstanceLock
 from memstaged.pipeline import MemoryDir, Outcome, Pipeline
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, split_unchanged
@@ -92,6 +93,7 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
             "no memory dir: pass --memory-dir DIR, set memory_dirs in the config file, "
             "or run in a project that has .pi/memory/project"
         )
+    raise_fd_limit()  # SPEC 6: the soft limit of a service manager is 1,024
     pipeline = Pipeline(settings.options, _logger())
     results: dict[str, Counter[str]] = {}
     unchanged: dict[str, int] = {}
@@ -115,6 +117,9 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
                 if not settings.options.dry_run:
                     listing = pipeline.recover_temps(mdir)
                 names = pipeline.scan(mdir, listing, sort=False)
+                if mdir.path in pipeline.unlisted:  # issue 13 item 3: no silent success
+                    print(f"memstaged: {pipeline.unlisted[mdir.path]}", file=sys.stderr)
+                    busy = True
                 task = bar.add_task(
                     mdir.path, total=len(names), visible=len(names) >= PROGRESS_FROM
                 )
