@@ -7,11 +7,13 @@ tmpfs directory with real renames, so every round takes exactly the interleaving
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from conftest import staging_doc
 from daemon_support import RecordingLogger
 from helpers import make_memory_dir, memory_dir_of, memstaged_env, run_once
 
-from memstaged import fsio, pipeline
+from memstaged import fsio, pipeline, triage
 from memstaged.cli import main
 from memstaged.pipeline import Options, Pipeline
 from memstaged.triage import Context, Decision
@@ -55,7 +57,7 @@ def _staged(mdir: Path) -> set[bytes]:
 
 def _during_decide(monkeypatch: pytest.MonkeyPatch, when: str, action: Callable[[], None]) -> None:
     """Run ``action`` while the engine decides ``when`` (after the batch read the others)."""
-    real = pipeline.decide
+    real = triage.decide
 
     def deciding(data: bytes, ctx: Context) -> Any:
         if ctx.file_name == when:
@@ -166,7 +168,7 @@ def test_3_something_already_at_a_deadletter_name_is_not_trusted(
     )
     _put(mdir / "staging" / "bad.json", data)
     ctx = Context(project_root=root, file_name="bad.json")
-    verdict = pipeline.decide(data, ctx)
+    verdict = triage.decide(data, ctx)
     assert verdict.decision is Decision.QUARANTINED and verdict.original is not None
     originals = mdir / "deadletter" / "originals"
     originals.mkdir(parents=True)
@@ -202,12 +204,12 @@ def test_4_a_requarantine_refreshes_the_age_that_purge_counts(
     root = str(mdir.parents[2])
     data = _malformed(root, "same bytes")
     staging = mdir / "staging" / "bad.json"
-    now = __import__("time").time()
+    now = time.time()
     for clock in (now - 3600, now):
         _put(staging, data)
-        Pipeline(Options(settle=0), RecordingLogger(), clock=lambda c=clock: c).process(
-            memory_dir_of(mdir), "bad.json"
-        )
+        Pipeline(
+            Options(settle=0), RecordingLogger(), clock=functools.partial(float, clock)
+        ).process(memory_dir_of(mdir), "bad.json")
         assert not staging.exists()
     records = sorted((mdir / "deadletter").glob("*.json"))
     assert len(records) == 1  # not a second set
