@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import pytest
+
 from memstaged.ecma import parse_json
 from memstaged.errors import NotJSON
 from memstaged.fsio import TEMP_PREFIX
@@ -186,6 +188,24 @@ def proc_status(pid: int, field: str) -> int:
 
 def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@contextlib.contextmanager
+def mounted(target: Path, *args: str) -> Iterator[None]:
+    """``mount <args> <target>`` for the block; skips the test when mounting is not permitted."""
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", *args, str(target)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        reason = f"cannot mount ({' '.join(args)}): {done.stderr.strip()}"
+        print(reason)
+        pytest.skip(reason)
+    try:
+        yield
+    finally:
+        if subprocess.run(["umount", str(target)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
 
 
 # -- corpora --------------------------------------------------------------------------------------

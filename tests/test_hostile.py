@@ -9,7 +9,6 @@ the real ``--once`` for the 100 MiB file (bounded memory) and for an unreadable 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -18,7 +17,6 @@ import signal
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from helpers import (
     make_memory_dir,
     memory_dir_of,
     memstaged_env,
+    mounted,
     project_root_of,
     read_events,
     run_once,
@@ -453,24 +452,6 @@ def test_a_deeply_nested_file_does_not_blow_up_its_record(tmp_path: Path) -> Non
     assert peak - baseline < 64 * 1024
 
 
-@contextlib.contextmanager
-def _mounted(target: Path, *args: str) -> Iterator[None]:
-    """``mount <args> <target>`` for the block; skips the test when mounting is not permitted."""
-    target.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", *args, str(target)], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        reason = f"cannot mount ({' '.join(args)}): {done.stderr.strip()}"
-        print(reason)
-        pytest.skip(reason)
-    try:
-        yield
-    finally:
-        if subprocess.run(["umount", str(target)], capture_output=True, check=False).returncode:
-            subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
-
-
 def _fill(directory: Path, leave: int) -> Path:
     """Fill the file system of ``directory`` until about ``leave`` bytes are free."""
     filler = directory / "filler"
@@ -487,7 +468,7 @@ def test_a_disk_that_fills_up_defers_and_loses_nothing(tmp_path: Path) -> None:
     ``deferred`` with the reason, no temp file or partial dead-letter file is left; once space
     is freed, the next attempt decides them."""
     mnt = tmp_path / "mnt"
-    with _mounted(mnt, "-t", "tmpfs", "-o", "size=2m", "tmpfs"):
+    with mounted(mnt, "-t", "tmpfs", "-o", "size=2m", "tmpfs"):
         mdir = make_memory_dir(mnt)
         root = project_root_of(mdir)
         bad = _put(mdir / "staging" / "bad.json", _malformed(root, extra=300_000))
@@ -523,7 +504,7 @@ def test_a_deadletter_store_that_cannot_be_written(tmp_path: Path) -> None:
     bad = _put(mdir / "staging" / "bad.json", _malformed(root))
     _put(mdir / "staging" / "fix.json", _repairable(root))
     dl = mdir / "deadletter"
-    with _mounted(dl, "--bind", str(dl)):
+    with mounted(dl, "--bind", str(dl)):
         subprocess.run(["mount", "-o", "remount,bind,ro", str(dl)], check=True)
         outcome, event, _log = _decide(mdir, "bad.json")
         assert outcome.decision is Decision.DEFERRED

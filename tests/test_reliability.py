@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from conftest import staging_doc
 from daemon_support import RecordingLogger
-from helpers import make_memory_dir, memory_dir_of, memstaged_env, run_once
+from helpers import make_memory_dir, memory_dir_of, memstaged_env, mounted, run_once
 
 from memstaged import fsio, pipeline, triage
 from memstaged.cli import main
@@ -348,3 +348,61 @@ def test_an_unreadable_staging_dir_is_an_error_not_a_silent_success(tmp_path: Pa
     assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.decode().splitlines() if line.startswith("memstaged:")]
     assert len(lines) == 1 and "staging" in lines[0] and "ermission denied" in lines[0], lines
+
+
+def test_10_a_huge_sparse_file_is_moved_not_copied_and_fills_no_disk(tmp_path: Path) -> None:
+    """Item 10: a 100 GiB sparse file on a 64 MiB tmpfs is quarantined by a rename: the very
+    inode lands in ``originals/`` with its record, nothing is copied, the free space is as it
+    was, and ``canonical-writer.lock`` is gone after (it was held only for the rename)."""
+    mnt = tmp_path / "mnt"
+    with mounted(mnt, "-t", "tmpfs", "-o", "size=64m", "tmpfs"):
+        mdir = make_memory_dir(mnt)
+        huge = mdir / "staging" / "huge.json"
+        with huge.open("wb") as fh:
+            fh.truncate(100 << 30)
+        os.utime(huge, (OLD, OLD))
+        ino = huge.stat().st_ino
+        free = os.statvfs(mnt).f_bavail
+        log = RecordingLogger()
+        outcome = Pipeline(Options(settle=0), log, sync_log=lambda: None).process(
+            memory_dir_of(mdir), "huge.json"
+        )
+        assert outcome.decision is Decision.QUARANTINED
+        moved = list((mdir / "deadletter" / "originals").iterdir())
+        assert [p.stat().st_ino for p in moved] == [ino]
+        assert moved[0].stat().st_size == 100 << 30
+        assert os.statvfs(mnt).f_bavail >= free - 16  # a record, a few pages: no copy
+        record = json.loads(next((mdir / "deadletter").glob("*.json")).read_bytes())
+        assert record["candidate"] is None and record["memstaged"]["original"].endswith(
+            moved[0].name
+        )
+        assert not huge.exists() and not (mdir / "canonical-writer.lock").exists()
+
+
+def test_10_a_file_replaced_while_it_was_being_moved_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 10 with SPEC 5's writer check: a writer renames a new version over the too-large
+    file right before the move; what the move caught is the writer's, and goes back to
+    ``staging/`` (as a new name), and no record is left for it."""
+    mdir = make_memory_dir(tmp_path)
+    root = str(mdir.parents[2])
+    big = mdir / "staging" / "big.json"
+    _put(big, b" " * 5000)
+    newest = _malformed(root, "new")
+    real = fsio.rename_noreplace
+
+    def racing(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
+        if src == "big.json":
+            tmp = big.with_name(".writer.tmp")
+            tmp.write_bytes(newest)
+            os.rename(tmp, big)
+        real(src_dir, src, dst_dir, dst)
+
+    monkeypatch.setattr(fsio, "rename_noreplace", racing)
+    outcome = Pipeline(
+        Options(settle=0, max_file_size=4096), RecordingLogger(), sync_log=lambda: None
+    ).process(memory_dir_of(mdir), "big.json")
+    assert outcome.decision is Decision.DEFERRED
+    assert newest in _staged(mdir)
+    assert not list((mdir / "deadletter").glob("*.json"))
