@@ -467,6 +467,35 @@ def check_interim(mdir: Path, inputs: Sequence[Input], verdicts: dict[str, Verdi
     return problems
 
 
+def check_logged(mdir: Path, inputs: Sequence[Input], log: Path) -> list[str]:
+    """SPEC 5: after any crash, every change memstaged made on disk has its decision in the log.
+
+    An input no longer in ``staging/`` as it was (repaired or removed) has a ``repaired`` or
+    ``quarantined`` event for its path; every record in ``deadletter/`` is named by an event.
+    """
+    events = [e for e in read_events(log) if e.get("event") == "decision"]
+    logged: dict[str, set[str]] = {}
+    named: set[str] = set()
+    for event in events:
+        logged.setdefault(os.path.basename(str(event.get("path", ""))), set()).add(
+            str(event.get("decision"))
+        )
+        named.update(str(d) for d in event.get("deadletter") or ())
+    problems: list[str] = []
+    staging = mdir / "staging"
+    for item in inputs:
+        path = staging / item.name
+        if path.is_file() and path.read_bytes() == item.data:
+            continue
+        if not logged.get(item.name, set()) & {"repaired", "quarantined"}:
+            problems.append(f"{item.name}: changed on disk, but no repaired/quarantined logged")
+    dl = mdir / "deadletter"
+    for record in sorted(dl.glob("*.json")) if dl.is_dir() else []:
+        if f"deadletter/{record.name}" not in named:
+            problems.append(f"deadletter/{record.name}: written, but named by no logged decision")
+    return problems
+
+
 def check_final(
     mdir: Path,
     inputs: Sequence[Input],

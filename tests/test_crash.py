@@ -37,6 +37,7 @@ from helpers import (
     Input,
     check_final,
     check_interim,
+    check_logged,
     daemon,
     expected_verdict,
     make_corpus,
@@ -160,6 +161,7 @@ def _crash_round(
         problems += [
             f"after kill at {crash_at or 'timer'}: {p}"
             for p in check_interim(mdir, inputs, verdicts)
+            + check_logged(mdir, inputs, Path(env["MEMSTAGED_LOG_FILE"]))
         ]
         if problems:
             break
@@ -241,6 +243,7 @@ def _kill_big_corpus(tmp_path: Path, files: int, min_kills: int) -> int:
             continue
         kills += 1
         problems = check_interim(mdir, inputs, verdicts)
+        problems += check_logged(mdir, inputs, Path(env["MEMSTAGED_LOG_FILE"]))
         assert not problems, f"after kill {kills} ({crash_at or 'timer'}): {problems[:20]}"
     final = run_once(mdir, env, "--config", str(config), timeout=600)
     assert final.returncode == 0, final.stderr[-2000:]
@@ -285,6 +288,7 @@ def test_sigkill_the_daemon_loses_nothing(tmp_path: Path) -> None:
             proc.wait()
         verdicts = {i.name: expected_verdict(mdir, i, max_size=MAX_SIZE) for i in inputs}
         problems = check_interim(mdir, inputs, verdicts)
+        problems += check_logged(mdir, inputs, Path(env["MEMSTAGED_LOG_FILE"]))
         assert not problems, f"after daemon kill {kill}: {problems[:20]}"
     final = run_once(mdir, env, "--config", str(config))
     assert final.returncode == 0, final.stderr[-2000:]
