@@ -18,6 +18,7 @@ checks the order of writes, fsyncs and renames themselves against SPEC 5's durab
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -34,6 +35,7 @@ from typing import Any
 
 import pytest
 from helpers import (
+    OLD_MTIME,
     Input,
     check_final,
     check_interim,
@@ -527,3 +529,91 @@ def test_every_write_is_durable_before_what_depends_on_it(
     assert trace.renames > 50
     assert not trace.violations, "\n".join(trace.violations[:30])
     assert not temps_in(mdir)
+
+
+def _same_size(root: str, tag: str, repairable: bool) -> bytes:
+    """A malformed or repairable staging file of a fixed size, told apart by ``tag``."""
+    body = {
+        "schemaVersion": 1,
+        "session_id": f"w-{tag}",
+        "project_root": root,
+        "produced_at": "2026-11-29T18:04:11.250Z",
+        "candidates": {
+            "lessons": [
+                {
+                    "summary": f"cid-{tag} keep it",
+                    "detail": "d",
+                    "scope_suggestion": "project",
+                    "source_evidence": {"discussion_note_ids": [1]},
+                }
+            ],
+            "preferences": [],
+            "decisions": [],
+            "domain": [],
+        },
+    }
+    text = json.dumps(body)
+    if not repairable:
+        text = text[:-1]  # unparseable: quarantined once settled
+    return text.encode().ljust(700)
+
+
+def _cp_p(path: Path, data: bytes, mtime_ns: int, rng: random.Random) -> None:
+    """A writer that keeps size and mtime: in place (``cp -p``) or by two renames (``rsync -t``)."""
+    if rng.random() < 0.5 and path.exists():
+        with path.open("r+b") as fh:
+            fh.write(data)
+    else:
+        for n in range(2):
+            tmp = path.with_name(f".w{n}-{path.name}")
+            tmp.write_bytes(data)
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
+            os.rename(tmp, path)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def _newest_survive(mdir: Path, newest: dict[str, bytes], root: str) -> list[str]:
+    """Each name's newest version is in staging/ (itself or its repair, any name) or, byte for
+    byte, in deadletter/originals/."""
+    staged = {p.read_bytes() for p in (mdir / "staging").iterdir() if p.is_file()}
+    originals = mdir / "deadletter" / "originals"
+    kept = {p.read_bytes() for p in originals.iterdir()} if originals.is_dir() else set()
+    problems = []
+    for name, data in newest.items():
+        repair = expected_verdict(mdir, Input(name, data, "")).new_bytes
+        if data not in staged and data not in kept and (repair is None or repair not in staged):
+            problems.append(f"{name}: the writer's newest version is lost")
+    return problems
+
+
+def test_sigkill_the_daemon_under_writers_that_keep_size_and_mtime(tmp_path: Path) -> None:
+    """Issue 10 items 1, 2 and 5 in the crash ledger: writers replace files in place or by two
+    renames keeping size and mtime while the daemon works, and the daemon is SIGKILLed at random
+    moments: after every kill, each file's newest version survives, and every change on disk
+    has its decision in the log."""
+    rng = random.Random(SEED + 11)
+    mdir = make_memory_dir(tmp_path)
+    env = memstaged_env(tmp_path)
+    config = write_config(tmp_path / "config.toml", max_file_size=MAX_SIZE, settle=0)
+    root = project_root_of(mdir)
+    newest: dict[str, bytes] = {}
+    mtime_ns = OLD_MTIME * 1_000_000_000
+    for kill in range(16):
+        with daemon([mdir], env, "--config", str(config)) as proc:
+            deadline = time.monotonic() + rng.uniform(0.4, 0.9)
+            n = 0
+            while time.monotonic() < deadline:
+                name = f"w{rng.randrange(12)}.json"
+                data = _same_size(root, f"{kill}-{n}", repairable=rng.random() < 0.5)
+                _cp_p(mdir / "staging" / name, data, mtime_ns, rng)
+                newest[name] = data
+                n += 1
+                time.sleep(rng.uniform(0.0, 0.01))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        problems = _newest_survive(mdir, newest, root)
+        problems += check_logged(mdir, [], Path(env["MEMSTAGED_LOG_FILE"]))
+        assert not problems, f"after daemon kill {kill}: {problems[:20]}"
+    final = run_once(mdir, env, "--config", str(config))
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert not _newest_survive(mdir, newest, root)
