@@ -67,6 +67,8 @@ class _File(NamedTuple):
     #: "install" (the name is free), "refresh" (it holds these bytes), "replace" (it holds an
     #: earlier record of the same quarantine).
     how: str
+    #: A temp file written already (a too-large file's bounded copy), or None.
+    tmp: str | None = None
 
 
 class _Store:
@@ -164,9 +166,11 @@ def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
     files: list[_File] = []
     if plan.original is not None:
         name = plan.original
-        if plan.kind is Kind.MOVE:
+        if plan.kind is Kind.MOVE or plan.copied is not None:
             if fsio.lstat_at(or_fd, name) is not None or name in taken:
                 name = _alt_name(or_fd, name, taken)
+            if plan.copied is not None:
+                files.append(_File(or_fd, name, b"", "install", plan.copied))
         else:
             assert plan.version.data is not None
             held = _holds(or_fd, name, plan.version.data) if name not in taken else False
@@ -211,6 +215,8 @@ def _put(dir_fd: int, file: _File, *, sync: bool, ours: list[tuple[int, str]]) -
     """Write a dead-letter file's temp (``None`` when its name already holds the bytes)."""
     if file.how == "refresh":
         return None
+    if file.tmp is not None:
+        return file.tmp  # in ``ours`` already
     tmp = fsio.write_temp(dir_fd, file.body, "rec", file.name, sync=sync)
     ours.append((dir_fd, tmp))
     return tmp
@@ -234,30 +240,57 @@ def apply(
     announce: Callable[[Sequence[Plan]], None],
     on_stale: Callable[[LockInfo, bool], None],
     park: Park,
+    max_copy: int = 1 << 30,
 ) -> dict[str, Result]:
     """Carry ``plans`` out as one transaction; see the module docstring for the order.
+
+    A too-large file that cannot be moved by a rename (``deadletter/`` on another file system)
+    is first copied, at most ``max_copy`` bytes in bounded chunks, before the lock is taken:
+    the lock is never held for a copy (SPEC 5: about a second at most).
 
     Raises :class:`~memstaged.locks.LockHeld` (nothing changed) when a live process holds
     ``canonical-writer.lock``, and ``OSError`` when the transaction could not be completed (what
     was not carried out is unchanged; nothing is lost either way).
     """
     results: dict[str, Result] = {}
-    with canonical_lock(mem_fd, on_stale):
-        live: list[Plan] = []
+    copies = _Transaction(mem_fd, staging_fd, park)
+    try:
         for plan in plans:
-            state = plan.version.still_in_place(staging_fd)
-            if state:
-                live.append(plan)
-            else:
-                applied = Applied.GONE if state is None else Applied.CONFLICT
-                results[plan.name] = Result(applied, plan.version.identity)
-        if live:
-            tx = _Transaction(mem_fd, staging_fd, park)
-            try:
-                results.update(tx.run(live, announce))
-            finally:
-                tx.close()
+            if plan.kind is Kind.MOVE:
+                copies.copy_if_unmovable(plan, max_copy)
+        with canonical_lock(mem_fd, on_stale):
+            _apply_locked(mem_fd, staging_fd, plans, announce, park, results)
+    finally:
+        copies.close()
     return results
+
+
+def _apply_locked(
+    mem_fd: int,
+    staging_fd: int,
+    plans: Sequence[Plan],
+    announce: Callable[[Sequence[Plan]], None],
+    park: Park,
+    results: dict[str, Result],
+) -> None:
+    live: list[Plan] = []
+    for plan in plans:
+        if plan.unmovable is not None:
+            results[plan.name] = Result(Applied.UNMOVABLE, plan.version.identity)
+            continue
+        state = plan.version.still_in_place(staging_fd)
+        if state:
+            live.append(plan)
+        else:
+            applied = Applied.GONE if state is None else Applied.CONFLICT
+            results[plan.name] = Result(applied, plan.version.identity)
+    if live:
+        tx = _Transaction(mem_fd, staging_fd, park)
+        tx.ours.extend((tx.store.open()[1], p.copied) for p in live if p.copied is not None)
+        try:
+            results.update(tx.run(live, announce))
+        finally:
+            tx.close()
 
 
 class _Transaction:
@@ -270,6 +303,21 @@ class _Transaction:
         self.store = _Store(mem_fd)
         #: Temp files not yet installed or handed on: removed if the transaction stops.
         self.ours: list[tuple[int, str]] = []
+
+    def copy_if_unmovable(self, plan: Plan, max_copy: int) -> None:
+        """SPEC 6: where a rename is impossible, copy at most ``max_copy`` bytes, or leave it."""
+        or_fd = self.store.open()[1]
+        if os.fstat(or_fd).st_dev == plan.version.identity.dev:
+            return  # one file system: moved by a rename
+        size = plan.version.identity.size
+        if size > max_copy:
+            plan.unmovable = f"larger than max_quarantine_copy ({max_copy} bytes)"
+            return
+        tmp, _sha, _size = fsio.copy_to_temp(plan.version.fd, or_fd, "orig", plan.name, most=size)
+        self.ours.append((or_fd, tmp))
+        fsio.crash_point("copy-written")
+        plan.copied = tmp
+        plan.kind = Kind.REMOVE
 
     def close(self) -> None:
         for dir_fd, tmp in self.ours:

@@ -31,6 +31,7 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
     project_roots: dict[str, str] = {}
     settle: float = 2.0
     max_file_size: int = 8 * 1024 * 1024
+    max_quarantine_copy: int = 1 << 30
     split_invalid_candidates: bool = False
     rescan_interval: float = 300.0
     observer: Literal["auto", "inotify", "polling"] = "auto"
@@ -192,6 +193,8 @@ def load(
         raise ConfigError(f"settle must be 0 or more seconds, got {settle_value}")
     if file_config.max_file_size <= 0:
         raise ConfigError(f"{config_path}: key 'max_file_size': must be positive")
+    if file_config.max_quarantine_copy < 0:
+        raise ConfigError(f"{config_path}: key 'max_quarantine_copy': must be 0 or more")
     split = _pick(
         split_invalid_candidates,
         _env_value(env, "SPLIT_INVALID_CANDIDATES", bool, "split_invalid_candidates"),
@@ -213,6 +216,7 @@ def load(
         options=Options(
             settle=settle_value,
             max_file_size=file_config.max_file_size,
+            max_quarantine_copy=file_config.max_quarantine_copy,
             split_invalid_candidates=split,
             dry_run=dry_run,
         ),

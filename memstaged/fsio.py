@@ -300,8 +300,14 @@ def write_temp(
     return name
 
 
-def copy_to_temp(src_fd: int, dir_fd: int, role: str, for_name: str = "") -> tuple[str, str, int]:
-    """Copy a whole file in bounded chunks to a temp file; returns name, sha256 and size."""
+def copy_to_temp(
+    src_fd: int, dir_fd: int, role: str, for_name: str = "", *, most: int | None = None
+) -> tuple[str, str, int]:
+    """Copy a file in bounded chunks to a fsynced temp file; returns name, sha256 and size.
+
+    With ``most``, no more than that many bytes are copied (a growing file is not chased):
+    raises ``OSError(EFBIG)`` if there is more.
+    """
     name = temp_name(role, for_name)
     digest = hashlib.sha256()
     size = 0
@@ -312,8 +318,11 @@ def copy_to_temp(src_fd: int, dir_fd: int, role: str, for_name: str = "") -> tup
         dir_fd=dir_fd,
     )
     try:
-        os.lseek(src_fd, 0, os.SEEK_SET)
-        while chunk := os.read(src_fd, CHUNK):
+        while chunk := os.pread(
+            src_fd, CHUNK if most is None else min(CHUNK, most - size + 1), size
+        ):
+            if most is not None and size + len(chunk) > most:
+                raise OSError(errno.EFBIG, "larger than it was when it was decided", for_name)
             digest.update(chunk)
             size += len(chunk)
             write_all(fd, chunk)

@@ -351,6 +351,7 @@ class Pipeline:
                 announce=announce,
                 on_stale=self._on_stale,
                 park=self._park,
+                max_copy=self.options.max_quarantine_copy,
             )
         except LockHeld as held:
             for item in pending:
@@ -383,8 +384,8 @@ class Pipeline:
                     item,
                     announced,
                     Decision.DEFERRED,
-                    "too large to read, and deadletter/ is on another file system: "
-                    "it is moved, never copied; left in staging/",
+                    "too large to read, and it can be neither moved into deadletter/ nor "
+                    f"copied there: {item.plan.unmovable or 'another mount'}; left in staging/",
                     retry_at=self.clock() + 3600,
                     error=True,
                 )

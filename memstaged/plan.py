@@ -27,7 +27,17 @@ class Kind(Enum):
 class Plan:
     """The changes of one decision, and the log event that announces them."""
 
-    __slots__ = ("event", "kind", "new_bytes", "original", "records", "verdict", "version")
+    __slots__ = (
+        "copied",
+        "event",
+        "kind",
+        "new_bytes",
+        "original",
+        "records",
+        "unmovable",
+        "verdict",
+        "version",
+    )
 
     def __init__(
         self,
@@ -44,6 +54,10 @@ class Plan:
         #: The name under ``deadletter/originals/`` for the version's bytes, or None.
         self.original = verdict.original
         self.records: list[DeadLetter] = list(verdict.deadletter)
+        #: For a too-large file where a rename is impossible: its copy, a temp in originals/.
+        self.copied: str | None = None
+        #: ... or why it can be neither moved nor copied (it stays where it is).
+        self.unmovable: str | None = None
 
     @property
     def name(self) -> str:

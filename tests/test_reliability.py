@@ -406,3 +406,33 @@ def test_10_a_file_replaced_while_it_was_being_moved_is_put_back(
     assert outcome.decision is Decision.DEFERRED
     assert newest in _staged(mdir)
     assert not list((mdir / "deadletter").glob("*.json"))
+
+
+@pytest.mark.parametrize("max_copy", [1 << 20, 1000])
+def test_10_where_no_rename_can_move_it_at_most_max_quarantine_copy_is_copied(
+    tmp_path: Path, max_copy: int
+) -> None:
+    """Item 10, SPEC 6: ``deadletter/`` on another file system (a tmpfs mounted there): a
+    too-large file is copied in bounded chunks (byte-exact) when it is within
+    ``max_quarantine_copy``; a larger one stays in ``staging/``, reported, and fills nothing."""
+    mdir = make_memory_dir(tmp_path)
+    big = mdir / "staging" / "big.json"
+    data = os.urandom(5000)
+    _put(big, data)
+    with mounted(mdir / "deadletter", "-t", "tmpfs", "-o", "size=1m", "tmpfs"):
+        log = RecordingLogger()
+        options = Options(settle=0, max_file_size=4096, max_quarantine_copy=max_copy)
+        outcome = Pipeline(options, log, sync_log=lambda: None).process(
+            memory_dir_of(mdir), "big.json"
+        )
+        kept = [p.read_bytes() for p in (mdir / "deadletter").rglob("*.orig")]
+        temps = [p for p in (mdir / "deadletter").rglob("*") if p.name.startswith(".")]
+        if max_copy > len(data):
+            assert outcome.decision is Decision.QUARANTINED
+            assert kept == [data] and not big.exists()
+        else:
+            assert outcome.decision is Decision.DEFERRED
+            assert kept == [] and big.read_bytes() == data
+            last = [e for e in log.events if e["event"] == "decision"][-1]
+            assert "max_quarantine_copy" in " ".join(last["reasons"])
+        assert temps == []
