@@ -653,7 +653,8 @@ def measure_startup(c: Corpora, plan: Plan) -> tuple[list[Row], float]:
                 samples.append(_timed(cmd, env, ok=(0, 1)))  # status: 1 = needs care
                 cpu[key].append(children_cpu() - cpu0)
         imports = {
-            key: costs.importtime(["-m", "memstaged", *_startup_args(c, key)], env) for key in times
+            key: costs.importtime_min(["-m", "memstaged", *_startup_args(c, key)], env, runs=5)
+            for key in times
         }
     DETAILS["imports"] = {
         key: [asdict(e) for e in costs.top_imports(entries, 25)] for key, entries in imports.items()
