@@ -1490,13 +1490,20 @@ def measure_perfile(c: Corpora, plan: Plan) -> list[Row]:
 #: What the daemon's memory is made of: (label, code run in a fresh interpreter).
 RSS_PARTS: Final = (
     ("python -c pass", "pass"),
+    ("import ssl (asyncio's)", "import ssl"),
+    ("import asyncio (structlog.stdlib's)", "import asyncio"),
+    ("import rich.console", "import rich.console"),
+    ("import rich.traceback (structlog.dev's)", "import rich.traceback"),
     ("import msgspec", "import msgspec"),
     ("import structlog", "import structlog"),
-    ("import rich.console", "import rich.console"),
+    ("import structlog, rich hidden", "import sys\nsys.modules['rich'] = None\nimport structlog"),
+    ("import systemd.journal", "import systemd.journal"),
     ("import watchdog.observers.inotify", "import watchdog.observers.inotify"),
     ("import memstaged.triage", "import memstaged.triage"),
     ("import memstaged.log", "import memstaged.log"),
     ("import memstaged.cli", "import memstaged.cli"),
+    ("import memstaged.once", "import memstaged.once"),
+    ("import memstaged.watcher", "import memstaged.watcher"),
     ("import memstaged.daemon", "import memstaged.daemon"),
 )
 
