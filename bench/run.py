@@ -1407,7 +1407,8 @@ def measure_perfile(c: Corpora, plan: Plan) -> list[Row]:
     Each decision has its own memory dir (the peer corpus split by kind); a run on an empty
     memory dir is subtracted, so start-up and exit are not counted. System calls come from
     ``strace -f -c`` (skipped, with the reason, when strace is absent); CPU from the children's
-    rusage, beside ``naive.run`` (json + jsonschema) on the same files, in process.
+    rusage, beside the JavaScript peer (also minus its run on the empty memory dir) and
+    ``naive.run`` (json + jsonschema, in process) on the same files.
     """
     err.print("[bold]10 system calls, 11 CPU per file[/]")
     pc = peer_corpus(c, plan)
@@ -1490,7 +1491,9 @@ def measure_perfile(c: Corpora, plan: Plan) -> list[Row]:
     # 11. CPU per file, by decision, beside naive.run on the same files.
     cpu: dict[str, list[float]] = {k: [] for k in dirs}
     naive_cpu: dict[str, list[float]] = {k: [] for k in dirs if k != "empty"}
+    node_cpu: dict[str, list[float]] = {k: [] for k in dirs}
     naive_problems: list[str] = []
+    node = shutil.which("node")
     for _ in range(plan.repeat):
         for decision, (mdir, _count) in dirs.items():
             wait_quiet(f"CPU of {decision}")
@@ -1501,6 +1504,11 @@ def measure_perfile(c: Corpora, plan: Plan) -> list[Row]:
                     run_once(box, mdir, root)
                 ONCE_CPU.pop()
                 cpu[decision].append(children_cpu() - cpu0)
+                if node is not None:
+                    corpus.reset(mdir)
+                    cpu0 = children_cpu()
+                    peer.run_peer(node, mdir, pc.project_root, peer.node_env())
+                    node_cpu[decision].append(children_cpu() - cpu0)
             if decision == "empty":
                 continue
             corpus.reset(mdir)
@@ -1511,10 +1519,26 @@ def measure_perfile(c: Corpora, plan: Plan) -> list[Row]:
                 naive_problems.append(f"naive decided {dict(got)} on the {decision} files")
         corpus.reset(mdir)
     empty = median(cpu["empty"])
+    node_empty = median(node_cpu["empty"]) if node is not None else 0.0
     for decision in ("valid", "repaired", "quarantined"):
         _, count = dirs[decision]
         ours = (median(cpu[decision]) - empty) / count * 1e6
         naive_us = median(naive_cpu[decision]) / count * 1e6
+        if node is not None:
+            node_us = (median(node_cpu[decision]) - node_empty) / count * 1e6
+            rows.append(
+                Row(
+                    f"11 CPU per file: {decision}, vs the JS peer",
+                    ours,
+                    "CPU µs/file",
+                    f"peer-loader.mjs: {fmt(node_us)} CPU µs/file",
+                    ours / node_us if node_us > 0 else None,
+                    "x peer CPU",
+                    samples=[(x - empty) / count * 1e6 for x in cpu[decision]],
+                    baseline_samples=[(x - node_empty) / count * 1e6 for x in node_cpu[decision]],
+                    note=f"node on an empty memory dir: {node_empty * 1000:.0f} ms CPU",
+                )
+            )
         rows.append(
             Row(
                 f"11 CPU per file: {decision}",
