@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 Kind = Literal["valid", "repairable", "malformed"]
 
@@ -57,6 +57,19 @@ MALFORMED_DEFECTS = (
     "trim-empty",
 )
 _NO_CANDIDATES_FOUND = {"truncated", "non-utf8", "nan-literal", "candidates-array"}
+
+#: The corpus of issue 14's comparison with the agent's loader (3,000 files, ~22 MB: 70 % valid,
+#: 20 % lessons without triggers, 10 % malformed with ~4,400 candidates), as ``generate``'s
+#: keyword arguments. Only R1 and defects that SPEC version 1 and version 2 decide alike, and all
+#: four categories present, so that a JavaScript peer following version 2 and a memstaged still
+#: on version 1 must do exactly the same work (``non-utf8`` is valid under version 2; an absent
+#: category is repaired by version 2's R5).
+PEER_CORPUS: Final[dict[str, Any]] = {
+    "repairs": ("R1",),
+    "malformed": ("bad-trigger", "schema-string", "trim-empty", "truncated"),
+    "all_categories": True,
+    "malformed_sizes": (8000, 24000),
+}
 
 
 @dataclass(frozen=True)
@@ -252,6 +265,7 @@ def _document(
     defect: str,
     target: int,
     pretty: bool,
+    all_categories: bool = False,
 ) -> dict[str, Any]:
     weights = [0.5, 0.15, 0.2, 0.15]
     cats = ("lessons", "preferences", "decisions", "domain")
@@ -260,7 +274,9 @@ def _document(
         picks[0] = "lessons"
     if defect == "trim-empty" and "preferences" not in picks:
         picks[0] = "preferences"
-    candidates: dict[str, Any] = {c: [] for c in cats if c in picks or rng.random() < 0.3}
+    candidates: dict[str, Any] = {
+        c: [] for c in cats if all_categories or c in picks or rng.random() < 0.3
+    }
     for c in picks:
         candidates[c].append(_candidate(rng, text, c))
     when = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=rng.randrange(90 * 86400))
@@ -345,12 +361,26 @@ def _bytes(rng: random.Random, doc: dict[str, Any], defect: str, pretty: bool) -
 
 # ---------------------------------------------------------------------------- API
 def generate(
-    dest_memory_dir: Path, n: int, seed: int, mix: tuple[float, float, float] = (0.7, 0.2, 0.1)
+    dest_memory_dir: Path,
+    n: int,
+    seed: int,
+    mix: tuple[float, float, float] = (0.7, 0.2, 0.1),
+    *,
+    repairs: Sequence[str] = REPAIR_DEFECTS,
+    malformed: Sequence[str] = MALFORMED_DEFECTS,
+    all_categories: bool = False,
+    sizes: tuple[int, int] = (1300, 20000),
+    malformed_sizes: tuple[int, int] | None = None,
 ) -> Manifest:
     """Write ``n`` staging files for ``dest_memory_dir`` and restore ``staging/`` from them.
 
     ``mix`` is the share of (valid, repairable, malformed) files; counts are rounded so that they
     add up to ``n``, and the kinds are shuffled so that no run processes them in sorted blocks.
+    ``repairs`` and ``malformed`` are the defects drawn from, and ``all_categories`` writes all
+    four category arrays in every file; file sizes are log-uniform in ``sizes`` (in
+    ``malformed_sizes`` for malformed files, if given). The peer corpus of issue 14
+    (:data:`PEER_CORPUS`) uses them to stay inside what SPEC versions 1 and 2 decide alike. The
+    defaults give the corpus of the earlier runs, byte for byte.
     """
     rng = random.Random(seed)
     text = _Text(rng)
@@ -370,15 +400,24 @@ def generate(
     for kind in kinds:
         defect = {
             "valid": "",
-            "repairable": rng.choice(REPAIR_DEFECTS),
-            "malformed": rng.choice(MALFORMED_DEFECTS),
+            "repairable": rng.choice(repairs),
+            "malformed": rng.choice(malformed),
         }[kind]
-        target = int(math.exp(rng.uniform(math.log(1300), math.log(20000))))
+        low, high = malformed_sizes if malformed_sizes and kind == "malformed" else sizes
+        target = int(math.exp(rng.uniform(math.log(low), math.log(high))))
         n_cand = max(3, min(rng.randint(3, 40), target // 480))  # trimmed to fit
         sid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         pretty = rng.random() < 0.8  # most writers indent; some write compact JSON
         doc = _document(
-            rng, text, root=root, sid=sid, n=n_cand, defect=defect, target=target, pretty=pretty
+            rng,
+            text,
+            root=root,
+            sid=sid,
+            n=n_cand,
+            defect=defect,
+            target=target,
+            pretty=pretty,
+            all_categories=all_categories,
         )
         data = _bytes(rng, doc, defect, pretty)
         cands = doc["candidates"]

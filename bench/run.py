@@ -45,8 +45,10 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 import corpus  # sibling scripts: bench/ is on sys.path when this script runs
+import costs
 import floor
 import naive
+import peer
 from rich.console import Console
 from rich.table import Table
 
@@ -70,10 +72,16 @@ MEASURES: Final = (
     "burst",
     "idle",
     "memory",
+    "peer",
+    "perfile",
+    "rss",
+    "inspection",
 )
 err = Console(stderr=True, highlight=False)
 #: CPU seconds of each ``memstaged --once`` run, in order (see :func:`run_once`).
 ONCE_CPU: list[float] = []
+#: What the breakdowns found (imports, system calls, memory parts): written to the JSON output.
+DETAILS: dict[str, Any] = {}
 
 
 # ---------------------------------------------------------------------------- settings
@@ -95,6 +103,8 @@ class Plan:
     memory_files: int = 1000
     memory_rounds: int = 100
     settle: float = 2.0
+    peer_n: int = 3000
+    peer_repeat: int = 5
 
     @classmethod
     def quick(cls, seed: int) -> Plan:
@@ -110,6 +120,8 @@ class Plan:
             idle_seconds=10.0,
             memory_files=200,
             memory_rounds=10,
+            peer_n=300,
+            peer_repeat=1,
         )
 
 
@@ -230,13 +242,14 @@ def children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_once(box: Sandbox, memory_dir: Path) -> tuple[float, str]:
+def run_once(box: Sandbox, memory_dir: Path, extra: Sequence[str] = ()) -> tuple[float, str]:
     """``memstaged --once`` in a subprocess: wall seconds and its summary line.
 
     Its CPU seconds are added to :data:`ONCE_CPU`, for the notes: wall time is what the issue
-    asks for, CPU time shows how much of it a busy machine may have added.
+    asks for, CPU time shows how much of it a busy machine may have added. ``extra`` are more
+    options (``--project-root``, ``--dry-run``).
     """
-    cmd = [PYTHON, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir)]
+    cmd = [PYTHON, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir), *extra]
     cpu0 = children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -515,7 +528,11 @@ def _memory_dir(work: Path, name: str) -> Path:
 
 
 def _corpus(
-    memory_dir: Path, n: int, seed: int, mix: tuple[float, float, float]
+    memory_dir: Path,
+    n: int,
+    seed: int,
+    mix: tuple[float, float, float],
+    options: dict[str, Any] | None = None,
 ) -> corpus.Manifest:
     """Reuse a corpus already generated with these settings (``--workdir``), else generate it."""
     try:
@@ -530,7 +547,7 @@ def _corpus(
             corpus.reset(memory_dir)
             return m
     t0 = time.perf_counter()
-    m = corpus.generate(memory_dir, n, seed, mix)
+    m = corpus.generate(memory_dir, n, seed, mix, **(options or {}))
     err.print(f"  generated {n} files in {memory_dir} ({time.perf_counter() - t0:.1f} s)")
     return m
 
@@ -568,36 +585,155 @@ def write_incoming(c: Corpora, pool: Sequence[bytes], names: Sequence[str], offs
 
 
 # ---------------------------------------------------------------------------- measures
-def measure_startup(c: Corpora, plan: Plan) -> tuple[list[Row], float]:
-    """8. ``memstaged --once`` on an empty memory dir, against a bare interpreter start."""
-    err.print("[bold]8 start-up[/]")
-    times: list[float] = []
-    bare: list[float] = []
-    cpu_from = len(ONCE_CPU)
-    wait_quiet("start-up")
-    for _ in range(plan.startup_repeat):
-        t0 = time.perf_counter()
-        subprocess.run([PYTHON, "-c", "pass"], check=True)
-        bare.append(time.perf_counter() - t0)
-        with sandbox(c.work) as box:
-            elapsed, _ = run_once(box, c.empty)
-        times.append(elapsed)
-    t, b = median(times), median(bare)
-    cpu = median(ONCE_CPU[cpu_from:])
-    err.print(f"  memstaged --once {t * 1000:.0f} ms, python -c pass {b * 1000:.0f} ms")
-    row = Row(
-        "8 start-up: --once, empty memory dir",
-        t * 1000,
-        "ms",
-        f"python -c pass: {fmt(b * 1000)} ms",
-        t / b,
-        "x bare interpreter",
-        "< 250 ms",
-        t < 0.250,
-        [x * 1000 for x in times],
-        f"memstaged CPU time {cpu * 1000:.0f} ms (median)",
+#: The start-up measures of issue 14: (key, label, memstaged arguments, target in ms).
+STARTUP_COMMANDS: Final = (
+    ("once", "--once, empty memory dir", 100.0),
+    ("check", "check of one valid file", 80.0),
+    ("status", "status, one empty memory dir", 100.0),
+)
+
+
+def _startup_args(c: Corpora, key: str) -> list[str]:
+    """The memstaged arguments of one start-up measure (after ``python -m memstaged``)."""
+    if key == "once":
+        return ["--once", "--memory-dir", str(c.empty)]
+    if key == "check":
+        first = c.valid / corpus.PRISTINE_NAME / c.valid_manifest.files[0].name
+        return ["check", "--project-root", c.valid_manifest.project_root, str(first)]
+    return ["status", "--memory-dir", str(c.empty)]
+
+
+def _timed(cmd: Sequence[str], env: dict[str, str] | None, ok: tuple[int, ...] = (0,)) -> float:
+    """Wall seconds of one command run to its end, output discarded; its CPU goes to the caller."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        list(cmd),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
     )
-    return [row], t
+    elapsed = time.perf_counter() - t0
+    if proc.returncode not in ok:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}")
+    return elapsed
+
+
+def _imports_note(entries: Sequence[costs.Imported]) -> str:
+    top = costs.top_imports(entries, 6, min_depth=1)
+    listed = ", ".join(f"{e.module} {e.cumulative_ms:.0f}" for e in top)
+    total = costs.total_import_ms(entries)
+    return f"imports {total:.0f} ms in all; costliest (cumulative ms): {listed}"
+
+
+def measure_startup(c: Corpora, plan: Plan) -> tuple[list[Row], float]:
+    """8. Start-up of ``--once`` (empty memory dir), ``check`` (one file) and ``status``.
+
+    Each is taken in turn with ``python -c pass`` and ``node -e 0`` in every repeat, so the
+    interpreters' own start-up on this machine, at this moment, is the baseline. Then one
+    ``python -X importtime`` run of each command says what its imports cost.
+    """
+    err.print("[bold]8 start-up[/]")
+    node = shutil.which("node")
+    times: dict[str, list[float]] = {k: [] for k, _, _ in STARTUP_COMMANDS}
+    bare: list[float] = []
+    js: list[float] = []
+    cpu: dict[str, list[float]] = {k: [] for k in times}
+    wait_quiet("start-up")
+    with sandbox(c.work) as box:
+        env = env_of_startup = box.env()
+        for _ in range(plan.startup_repeat):
+            bare.append(_timed([PYTHON, "-c", "pass"], env))
+            if node is not None:
+                js.append(_timed([node, "-e", "0"], env))
+            for key, samples in times.items():
+                cpu0 = children_cpu()
+                cmd = [PYTHON, "-m", "memstaged", *_startup_args(c, key)]
+                samples.append(_timed(cmd, env, ok=(0, 1)))  # status: 1 = needs care
+                cpu[key].append(children_cpu() - cpu0)
+        imports = {
+            key: costs.importtime_min(["-m", "memstaged", *_startup_args(c, key)], env, runs=5)
+            for key in times
+        }
+    import_cpu = _import_cpu(env_of_startup)
+    DETAILS["import_cpu_ms"] = import_cpu
+    DETAILS["imports"] = {
+        key: [asdict(e) for e in costs.top_imports(entries, 25)] for key, entries in imports.items()
+    }
+    b = median(bare)
+    js_note = f"; node -e 0: {median(js) * 1000:.1f} ms" if js else "; node not found"
+    rows = []
+    for key, label, target in STARTUP_COMMANDS:
+        t = median(times[key])
+        err.print(
+            f"  {label}: {t * 1000:.0f} ms (python -c pass {b * 1000:.0f} ms"
+            f"{js_note.replace('; ', ', ')})"
+        )
+        rows.append(
+            Row(
+                f"8 start-up: {label}",
+                t * 1000,
+                "ms",
+                f"python -c pass: {fmt(b * 1000)} ms",
+                t / b,
+                "x bare interpreter",
+                f"≤ {target:g} ms",
+                t * 1000 <= target,
+                [x * 1000 for x in times[key]],
+                f"CPU {median(cpu[key]) * 1000:.0f} ms{js_note}; " + _imports_note(imports[key]),
+                [x * 1000 for x in bare],
+            )
+        )
+    for module, ms in import_cpu.items():
+        rows.append(
+            Row(
+                f"8 import CPU: {module}",
+                ms,
+                "CPU ms",
+                "python -c pass",
+                note="least of 5 fresh interpreters, minus python -c pass's least",
+            )
+        )
+    return rows, median(times["once"])
+
+
+#: Modules whose import cost (CPU, which a busy machine inflates less than wall time) is
+#: reported: what memstaged's commands import, and what those pull in.
+IMPORT_CPU_MODULES: Final = (
+    "msgspec",
+    "structlog",
+    "asyncio",
+    "rich.console",
+    "rich.traceback",
+    "watchdog.observers.inotify",
+    "systemd.journal",
+    "memstaged.triage",
+    "memstaged.log",
+    "memstaged.config",
+    "memstaged.commands._common",
+    "memstaged.once",
+    "memstaged.daemon",
+)
+
+
+def _import_cpu(env: dict[str, str], runs: int = 5) -> dict[str, float]:
+    """CPU ms of importing each of :data:`IMPORT_CPU_MODULES` in a fresh interpreter.
+
+    The least of ``runs`` interpreters, minus the least CPU of ``python -c pass``: on a machine
+    busy with other work, CPU time says more about the import than ``-X importtime``'s wall time.
+    """
+
+    def least(code: str) -> float:
+        spent = []
+        for _ in range(runs):
+            cpu0 = children_cpu()
+            _timed([PYTHON, "-c", code], env)
+            spent.append(children_cpu() - cpu0)
+        return min(spent)
+
+    bare = least("pass")
+    return {m: round((least(f"import {m}") - bare) * 1000, 1) for m in IMPORT_CPU_MODULES}
 
 
 def _interleaved(
@@ -969,6 +1105,8 @@ def measure_idle(c: Corpora, plan: Plan) -> list[Row]:
         dirs.append(mdir)
     cpu: list[float] = []
     wakes: list[float] = []
+    rss: list[float] = []
+    threads = 0
     with sandbox(c.work) as box, daemon(box, dirs, plan.settle) as d:
         time.sleep(2.0)  # let start-up work finish
         for r in range(plan.repeat):
@@ -980,8 +1118,11 @@ def measure_idle(c: Corpora, plan: Plan) -> list[Row]:
             per_min = 60 / plan.idle_seconds
             cpu.append((c1 - c0) * per_min)
             wakes.append((w1 - w0) * per_min)
+            rss.append(proc_status_kb(d.pid, "VmRSS") / 1024)
+            threads = proc_status_kb(d.pid, "Threads")
             err.print(
-                f"  [{r + 1}/{plan.repeat}] {cpu[-1]:.3f} CPU s/min, {wakes[-1]:.0f} wake-ups/min"
+                f"  [{r + 1}/{plan.repeat}] {cpu[-1]:.3f} CPU s/min, {wakes[-1]:.0f} wake-ups/min,"
+                f" RSS {rss[-1]:.1f} MB"
             )
     shutil.rmtree(c.work / "idle", ignore_errors=True)
     window = f"{plan.idle_seconds:g} s windows"
@@ -1001,6 +1142,15 @@ def measure_idle(c: Corpora, plan: Plan) -> list[Row]:
             "switches/min",
             samples=wakes,
             note=window,
+        ),
+        Row(
+            f"6 idle: {plan.idle_dirs} memory dirs, RSS",
+            median(rss),
+            "MB",
+            target="< 25 MB",
+            met=median(rss) < 25,
+            samples=rss,
+            note=f"{threads} threads; the breakdown is measure 12",
         ),
     ]
 
@@ -1067,6 +1217,480 @@ def measure_memory(c: Corpora, plan: Plan, pool: Sequence[bytes]) -> list[Row]:
     ]
 
 
+# ---------------------------------------------------------------------------- issue 14
+@dataclass(frozen=True)
+class PeerCorpus:
+    """Two identical copies of issue 14's corpus: one for the JavaScript peer, one for memstaged.
+
+    Both runs are told the same project root (the copies live in different directories), so the
+    same bytes get the same decisions and the outcomes can be compared file by file.
+    """
+
+    node_dir: Path
+    memstaged_dir: Path
+    project_root: str
+    manifest: corpus.Manifest
+
+
+def peer_corpus(c: Corpora, plan: Plan) -> PeerCorpus:
+    """Generate (or reuse) the peer corpus, and copy it for memstaged."""
+    node_dir = _memory_dir(c.work, "peer-node")
+    mem_dir = _memory_dir(c.work, "peer-memstaged")
+    m = _corpus(node_dir, plan.peer_n, plan.seed + 13, (0.7, 0.2, 0.1), corpus.PEER_CORPUS)
+    try:
+        same = corpus.Manifest.load(mem_dir) == m
+    except FileNotFoundError:
+        same = False
+    if same:
+        corpus.reset(mem_dir)
+    else:
+        peer.copy_corpus(node_dir, mem_dir)
+    return PeerCorpus(node_dir, mem_dir, m.project_root, m)
+
+
+def measure_peer(c: Corpora, plan: Plan) -> list[Row]:
+    """9. ``memstaged --once`` (durable) against the JavaScript peer, on identical copies.
+
+    Rounds alternate which of the two goes first; each round checks that both did the same work.
+    ``--once --dry-run`` is timed too: what deciding costs without carrying anything out.
+    """
+    err.print("[bold]9 JavaScript peer[/]")
+    node = shutil.which("node")
+    version = peer.node_version(node) if node else None
+    if node is None or version is None:
+        reason = "skipped: node is not on PATH (the peer is a Node 20 script)"
+        err.print(f"  [yellow]{reason}[/]")
+        return [Row("9 backlog vs JS peer", None, "s", note=reason)]
+    pc = peer_corpus(c, plan)
+    n = len(pc.manifest.files)
+    size = sum(e.size for e in pc.manifest.files)
+    records = sum(e.records for e in pc.manifest.files)
+    err.print(f"  {n:,} files, {size / 1e6:.1f} MB, {records:,} records expected; node {version}")
+    root = ["--project-root", pc.project_root]
+    wall: dict[str, list[float]] = {"peer": [], "memstaged": [], "dry-run": []}
+    cpu: dict[str, list[float]] = {k: [] for k in wall}
+    problems: list[str] = []
+    summary = ""
+    env = peer.node_env()
+    for r in range(plan.peer_repeat):
+        corpus.reset(pc.node_dir)
+        corpus.reset(pc.memstaged_dir)
+        order = ["peer", "memstaged"] if r % 2 == 0 else ["memstaged", "peer"]
+        for who in [*order, "dry-run"]:
+            if who == "dry-run":
+                corpus.reset(pc.memstaged_dir)
+            wait_quiet(who)
+            cpu0 = children_cpu()
+            if who == "peer":
+                t0 = time.perf_counter()
+                counts = peer.run_peer(node, pc.node_dir, pc.project_root, env)
+                elapsed = time.perf_counter() - t0
+            else:
+                extra = [*root, "--dry-run"] if who == "dry-run" else root
+                with sandbox(c.work) as box:
+                    elapsed, _ = run_once(box, pc.memstaged_dir, extra)
+                ONCE_CPU.pop()  # counted below, with the peer's
+            wall[who].append(elapsed)
+            cpu[who].append(children_cpu() - cpu0)
+            if who != "dry-run" and who == order[-1]:
+                ours, theirs = peer.outcome(pc.memstaged_dir), peer.outcome(pc.node_dir)
+                problems += peer.differences(ours, theirs, "memstaged", "the peer")
+                summary = f"memstaged: {ours.summary()}; peer: {theirs.summary()}"
+        err.print(
+            f"  [{r + 1}/{plan.peer_repeat}] "
+            + ", ".join(f"{k} {wall[k][-1]:.3f} s (CPU {cpu[k][-1]:.2f} s)" for k in wall)
+        )
+    if counts.get("records") != records:
+        problems.append(f"the peer wrote {counts.get('records')} records, the corpus has {records}")
+    problems = sorted(set(problems))
+    for p in problems:
+        err.print(f"  [red]{p}[/]")
+    t_mem, t_peer, t_dry = (median(wall[k]) for k in ("memstaged", "peer", "dry-run"))
+    c_mem, c_peer, c_dry = (median(cpu[k]) for k in ("memstaged", "peer", "dry-run"))
+    ratio = paired(wall["memstaged"], wall["peer"])
+    pairs = (wall["memstaged"], wall["peer"])
+    DETAILS["peer"] = {
+        "node": version,
+        "files": n,
+        "bytes": size,
+        "records": records,
+        "wall": wall,
+        "cpu": cpu,
+        "differences": problems,
+        "outcome": summary,
+    }
+    label = f"{n:,} files, {size / 1e6:.0f} MB"
+    return [
+        Row(
+            f"9 backlog vs JS peer: --once (durable), {label}",
+            t_mem,
+            "s",
+            f"peer-loader.mjs (node {version}, no fsync): {fmt(t_peer)} s",
+            ratio,
+            "x peer time",
+            "≤ 1.0x peer time",
+            ratio <= 1.0,
+            wall["memstaged"],
+            "per round: " + ", ".join(f"{a / b:.2f}" for a, b in zip(*pairs, strict=True)),
+            wall["peer"],
+        ),
+        Row(
+            "9 backlog vs JS peer: CPU time",
+            c_mem,
+            "CPU s",
+            f"peer: {fmt(c_peer)} CPU s",
+            c_mem / c_peer,
+            "x peer CPU",
+            samples=cpu["memstaged"],
+            baseline_samples=cpu["peer"],
+        ),
+        Row(
+            "9 backlog vs JS peer: --once --dry-run",
+            t_dry,
+            "s",
+            f"peer: {fmt(t_peer)} s",
+            t_dry / t_peer,
+            "x peer time",
+            samples=wall["dry-run"],
+            note=f"CPU {c_dry:.2f} s",
+        ),
+        Row(
+            "9 backlog vs JS peer: same work",
+            float(len(problems)),
+            "differences",
+            target="0",
+            met=not problems,
+            note="; ".join(problems) if problems else summary,
+        ),
+    ]
+
+
+def _kind_dirs(c: Corpora, pc: PeerCorpus) -> dict[str, tuple[Path, int]]:
+    """The peer corpus split by expected decision, one memory dir each, plus an empty one."""
+    by_decision: dict[str, list[str]] = {"valid": [], "repaired": [], "quarantined": []}
+    for e in pc.manifest.files:
+        by_decision[corpus.EXPECTED_DECISION[e.kind]].append(e.name)
+    out: dict[str, tuple[Path, int]] = {}
+    source = pc.node_dir / corpus.PRISTINE_NAME
+    for decision, names in [*by_decision.items(), ("empty", [])]:
+        mdir = _memory_dir(c.work / "perfile", decision)
+        pristine = mdir / corpus.PRISTINE_NAME
+        if not pristine.is_dir() or len(list(pristine.iterdir())) != len(names):
+            shutil.rmtree(pristine, ignore_errors=True)
+            pristine.mkdir(parents=True)
+            for name in names:
+                shutil.copy2(source / name, pristine / name)
+        corpus.reset(mdir)
+        out[decision] = (mdir, len(names))
+    return out
+
+
+def syscall_floor(decision: str, records: float) -> float:
+    """The system calls SPEC 5 needs per decided file, at least (docs/performance.md lists them).
+
+    valid: open, fstat, read, close, one log write. repaired: those, plus the temp file (open,
+    write, link, close), the exchange, a check of what it displaced, its unlink. quarantined: the
+    original (open, write, link, close, rename) and a check of it, five calls per record (open,
+    write, link, close, rename), renaming the staging file away, checking and unlinking it.
+    Shared calls (syncfs, directory fsyncs, the lock) are spread over a batch and left out.
+    """
+    if decision == "valid":
+        return 5
+    if decision == "repaired":
+        return 12
+    return 14 + 5 * records
+
+
+def measure_perfile(c: Corpora, plan: Plan) -> list[Row]:
+    """10 and 11. System calls and CPU per decided file, by decision, on the peer corpus.
+
+    Each decision has its own memory dir (the peer corpus split by kind); a run on an empty
+    memory dir is subtracted, so start-up and exit are not counted. System calls come from
+    ``strace -f -c`` (skipped, with the reason, when strace is absent); CPU from the children's
+    rusage, beside the JavaScript peer (also minus its run on the empty memory dir) and
+    ``naive.run`` (json + jsonschema, in process) on the same files.
+    """
+    err.print("[bold]10 system calls, 11 CPU per file[/]")
+    pc = peer_corpus(c, plan)
+    dirs = _kind_dirs(c, pc)
+    root = ["--project-root", pc.project_root]
+    rows: list[Row] = []
+    strace = costs.strace_path()
+    if strace is None:
+        reason = "skipped: strace is not installed (apt-get install strace)"
+        err.print(f"  [yellow]{reason}[/]")
+        rows.append(Row("10 syscalls per file", None, "calls", note=reason))
+    else:
+        with sandbox(c.work) as box:
+            env = box.env()
+            counted: dict[str, Counter[str]] = {}
+            for decision, (mdir, _) in dirs.items():
+                corpus.reset(mdir)
+                cmd = [PYTHON, "-m", "memstaged", "--once", "--memory-dir", str(mdir), *root]
+                counted[decision], code = costs.strace_counts(strace, cmd, env)
+                if code != 0:
+                    raise RuntimeError(f"memstaged --once under strace exited {code}")
+            corpus.reset(pc.memstaged_dir)
+            cmd = [PYTHON, "-m", "memstaged", "--once", "--memory-dir", str(pc.memstaged_dir)]
+            cmd += root
+            whole, _ = costs.strace_counts(strace, cmd, env)
+            node = shutil.which("node")
+            theirs: Counter[str] = Counter()
+            if node is not None:
+                corpus.reset(pc.node_dir)
+                cmd = [node, str(peer.PEER_SCRIPT), str(pc.node_dir), *root]
+                theirs, _ = costs.strace_counts(strace, cmd, peer.node_env())
+        corpus.reset(pc.memstaged_dir)
+        corpus.reset(pc.node_dir)
+        DETAILS["syscalls"] = {
+            "raw": {k: dict(v) for k, v in counted.items()},
+            "corpus": dict(whole),
+            "peer": dict(theirs),
+        }
+        n_all = len(pc.manifest.files)
+        total, peer_total = sum(whole.values()), sum(theirs.values())
+        top = ", ".join(f"{k} {v:,}" for k, v in whole.most_common(6))
+        peer_top = ", ".join(f"{k} {v:,}" for k, v in theirs.most_common(4))
+        rows.append(
+            Row(
+                f"10 syscalls: --once on the peer corpus ({n_all:,} files)",
+                float(total),
+                "calls",
+                f"JS peer: {peer_total:,} calls" if peer_total else "JS peer: node not found",
+                total / peer_total if peer_total else None,
+                "x peer",
+                note=f"memstaged: {top}; peer: {peer_top}",
+            )
+        )
+        base = counted["empty"]
+        by_kind: dict[str, list[corpus.Entry]] = {}
+        for e in pc.manifest.files:
+            by_kind.setdefault(corpus.EXPECTED_DECISION[e.kind], []).append(e)
+        per_kind: dict[str, dict[str, float]] = {}
+        for decision in ("valid", "repaired", "quarantined"):
+            _, count = dirs[decision]
+            calls = costs.per_file(counted[decision], base, count)
+            per_kind[decision] = calls
+            listed = ", ".join(f"{k} {v:.2f}" for k, v in calls.items())
+            value = sum(calls.values())
+            records = sum(e.records for e in by_kind[decision]) / max(len(by_kind[decision]), 1)
+            floor_calls = syscall_floor(decision, records)
+            err.print(f"  {decision}: {value:.1f} calls/file: {listed}")
+            rows.append(
+                Row(
+                    f"10 syscalls per file: {decision}",
+                    value,
+                    "calls/file",
+                    f"SPEC 5 needs about {floor_calls:.0f}",
+                    value / floor_calls,
+                    "x SPEC 5's",
+                    note=listed,
+                )
+            )
+        DETAILS["syscalls"]["per_file"] = per_kind
+    # 11. CPU per file, by decision, beside naive.run on the same files.
+    cpu: dict[str, list[float]] = {k: [] for k in dirs}
+    naive_cpu: dict[str, list[float]] = {k: [] for k in dirs if k != "empty"}
+    node_cpu: dict[str, list[float]] = {k: [] for k in dirs}
+    naive_problems: list[str] = []
+    node = shutil.which("node")
+    for _ in range(plan.repeat):
+        for decision, (mdir, _count) in dirs.items():
+            wait_quiet(f"CPU of {decision}")
+            for _run in range(3 if decision == "empty" else 1):  # the one to subtract: steadier
+                corpus.reset(mdir)
+                cpu0 = children_cpu()
+                with sandbox(c.work) as box:
+                    run_once(box, mdir, root)
+                ONCE_CPU.pop()
+                cpu[decision].append(children_cpu() - cpu0)
+                if node is not None:
+                    corpus.reset(mdir)
+                    cpu0 = children_cpu()
+                    peer.run_peer(node, mdir, pc.project_root, peer.node_env())
+                    node_cpu[decision].append(children_cpu() - cpu0)
+            if decision == "empty":
+                continue
+            corpus.reset(mdir)
+            t0 = time.process_time()
+            got = naive.run(mdir, pc.project_root)
+            naive_cpu[decision].append(time.process_time() - t0)
+            if set(got) != {decision}:
+                naive_problems.append(f"naive decided {dict(got)} on the {decision} files")
+        corpus.reset(mdir)
+    empty = median(cpu["empty"])
+    node_empty = median(node_cpu["empty"]) if node is not None else 0.0
+    for decision in ("valid", "repaired", "quarantined"):
+        _, count = dirs[decision]
+        ours = (median(cpu[decision]) - empty) / count * 1e6
+        naive_us = median(naive_cpu[decision]) / count * 1e6
+        if node is not None:
+            node_us = (median(node_cpu[decision]) - node_empty) / count * 1e6
+            rows.append(
+                Row(
+                    f"11 CPU per file: {decision}, vs the JS peer",
+                    ours,
+                    "CPU µs/file",
+                    f"peer-loader.mjs: {fmt(node_us)} CPU µs/file",
+                    ours / node_us if node_us > 0 else None,
+                    "x peer CPU",
+                    samples=[(x - empty) / count * 1e6 for x in cpu[decision]],
+                    baseline_samples=[(x - node_empty) / count * 1e6 for x in node_cpu[decision]],
+                    note=f"node on an empty memory dir: {node_empty * 1000:.0f} ms CPU",
+                )
+            )
+        rows.append(
+            Row(
+                f"11 CPU per file: {decision}",
+                ours,
+                "CPU µs/file",
+                f"json+jsonschema: {fmt(naive_us)} CPU µs/file",
+                naive_us / ours if ours > 0 else None,
+                "x less CPU",
+                samples=[(x - empty) / count * 1e6 for x in cpu[decision]],
+                baseline_samples=[x / count * 1e6 for x in naive_cpu[decision]],
+                note="; ".join(
+                    [
+                        f"{count:,} files; --once minus an empty --once"
+                        f" ({empty * 1000:.0f} ms CPU)",
+                        *sorted(set(naive_problems)),
+                    ]
+                ),
+            )
+        )
+    return rows
+
+
+#: What the daemon's memory is made of: (label, code run in a fresh interpreter).
+RSS_PARTS: Final = (
+    ("python -c pass", "pass"),
+    ("import ssl (asyncio's)", "import ssl"),
+    ("import asyncio (structlog.stdlib's)", "import asyncio"),
+    ("import rich.console", "import rich.console"),
+    ("import rich.traceback (structlog.dev's)", "import rich.traceback"),
+    ("import msgspec", "import msgspec"),
+    ("import structlog", "import structlog"),
+    ("import structlog, rich hidden", "import sys\nsys.modules['rich'] = None\nimport structlog"),
+    ("import systemd.journal", "import systemd.journal"),
+    ("import watchdog.observers.inotify", "import watchdog.observers.inotify"),
+    ("import memstaged.triage", "import memstaged.triage"),
+    ("import memstaged.log", "import memstaged.log"),
+    ("import memstaged.cli", "import memstaged.cli"),
+    ("import memstaged.once", "import memstaged.once"),
+    ("import memstaged.watcher", "import memstaged.watcher"),
+    ("import memstaged.daemon", "import memstaged.daemon"),
+)
+
+
+def measure_rss(c: Corpora, plan: Plan) -> list[Row]:
+    """12. What the idle daemon's RSS is made of: interpreter, imports, the observer's watches."""
+    err.print("[bold]12 memory breakdown[/]")
+    rows: list[Row] = []
+    parts: dict[str, dict[str, float]] = {}
+    with sandbox(c.work) as box:
+        env = box.env()
+        bare, _ = costs.rss_of("pass", env)
+        for label, code in RSS_PARTS:
+            rss, threads = costs.rss_of(code, env)
+            parts[label] = {"rss_mb": rss, "threads": threads}
+            err.print(f"  {label}: {rss:.1f} MB")
+            rows.append(
+                Row(
+                    f"12 RSS: {label}",
+                    rss,
+                    "MB",
+                    f"python -c pass: {fmt(bare)} MB",
+                    rss - bare,
+                    " MB more",
+                )
+            )
+        dirs = costs.make_memory_dirs(c.work / "rss", plan.idle_dirs)
+        imported, _ = costs.rss_of("import watchdog.observers.inotify", env)
+        started = {}
+        for count in (0, 1, plan.idle_dirs):
+            rss, threads = costs.rss_of(costs.observer_code(dirs[:count]), env)
+            started[count] = (rss, threads)
+            parts[f"observer, {count} memory dirs"] = {"rss_mb": rss, "threads": threads}
+            err.print(f"  observer on {count} memory dirs: {rss:.1f} MB, {threads} threads")
+        shutil.rmtree(c.work / "rss", ignore_errors=True)
+    DETAILS["rss"] = parts
+    watches = 2 * plan.idle_dirs
+    per_watch = (started[plan.idle_dirs][0] - started[0][0]) / watches * 1024
+    rows += [
+        Row(
+            "12 RSS: watchdog observer started, no watch",
+            started[0][0],
+            "MB",
+            f"import watchdog.observers.inotify: {fmt(imported)} MB",
+            started[0][0] - imported,
+            " MB more",
+        ),
+        Row(
+            f"12 RSS: observer with {watches} watches ({plan.idle_dirs} memory dirs)",
+            started[plan.idle_dirs][0],
+            "MB",
+            f"no watch: {fmt(started[0][0])} MB",
+            per_watch,
+            " kB per watch",
+            note=f"{started[plan.idle_dirs][1]} threads (one emitter per watch)",
+        ),
+    ]
+    return rows
+
+
+INSPECTION: Final = Path(__file__).resolve().parent / "inspection.py"
+#: bench/inspection.py's figures and their targets (issue 13/14: the inspection commands).
+INSPECTION_TARGETS: Final = (
+    ("log_pipe_events_per_s", "log to a pipe", 100_000.0, "events/s"),
+    ("log_tty_events_per_s", "log to a terminal", 20_000.0, "events/s"),
+    ("deadletter_list_records_per_s", "deadletter list", 20_000.0, "records/s"),
+)
+
+
+def measure_inspection(c: Corpora, plan: Plan) -> list[Row]:
+    """13. The inspection commands' throughput, from ``bench/inspection.py`` when it exists."""
+    err.print("[bold]13 inspection[/]")
+    if not INSPECTION.is_file():
+        reason = f"skipped: {INSPECTION.name} is not in bench/ (another engineer is writing it)"
+        err.print(f"  [yellow]{reason}[/]")
+        return [Row("13 inspection", None, "", note=reason)]
+    with sandbox(c.work) as box:
+        wait_quiet("inspection")
+        proc = subprocess.run(
+            [PYTHON, str(INSPECTION)],
+            env=box.env(),
+            cwd=c.work,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    lines = [x for x in proc.stdout.splitlines() if x.strip().startswith("{")]
+    if proc.returncode != 0 or not lines:
+        reason = f"failed: inspection.py exited {proc.returncode}: {proc.stderr.strip()[-200:]}"
+        err.print(f"  [red]{reason}[/]")
+        return [Row("13 inspection", None, "", note=reason)]
+    got = json.loads(lines[-1])
+    DETAILS["inspection"] = got
+    rows = []
+    for key, label, target, unit in INSPECTION_TARGETS:
+        value = got.get(key)
+        number = float(value) if isinstance(value, int | float) else None
+        rows.append(
+            Row(
+                f"13 inspection: {label}",
+                number,
+                unit,
+                ratio=number / target if number is not None else None,
+                ratio_unit="x target",
+                target=f"≥ {target:,.0f} {unit}",
+                met=number >= target if number is not None else None,
+                note="" if number is not None else f"{key} missing from inspection.py's output",
+            )
+        )
+    return rows
+
+
 # ---------------------------------------------------------------------------- the run
 def code_digest() -> str:
     """A digest of memstaged's source as it is on disk now (the tree may be uncommitted)."""
@@ -1127,6 +1751,10 @@ def run(plan: Plan, work: Path, only: set[str]) -> tuple[list[Row], dict[str, di
         "burst": lambda: measure_burst(c, plan, need_pool()),
         "idle": lambda: measure_idle(c, plan),
         "memory": lambda: measure_memory(c, plan, need_pool()),
+        "peer": lambda: measure_peer(c, plan),
+        "perfile": lambda: measure_perfile(c, plan),
+        "rss": lambda: measure_rss(c, plan),
+        "inspection": lambda: measure_inspection(c, plan),
     }
     rows: list[Row] = []
     conditions: dict[str, dict[str, float]] = {}
@@ -1143,7 +1771,7 @@ def run(plan: Plan, work: Path, only: set[str]) -> tuple[list[Row], dict[str, di
             "steal_cores": round(steal, 3),
         }
         rows += got
-    rows.sort(key=lambda r: r.measure.split(" ", 1)[0])  # by measure number, stable
+    rows.sort(key=lambda r: int(r.measure.split(" ", 1)[0]))  # by measure number, stable
     return rows, conditions
 
 
@@ -1220,6 +1848,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seconds": round(time.time() - started, 1),
             "conditions": conditions,
             "rows": [asdict(r) for r in rows],
+            "details": DETAILS,
         }
         args.json.write_text(json.dumps(body, indent=1, ensure_ascii=False) + "\n")
     out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
