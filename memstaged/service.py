@@ -11,14 +11,18 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Final
 
+from memstaged import config
 from memstaged.errors import ConfigError
 
 UNIT_NAME: Final = "memstaged.service"
+#: What to run once memory dirs are configured (said when ``install --enable`` does not start).
+ENABLE_COMMAND: Final = "systemctl --user enable --now memstaged"
 
 
 class Notifier:
@@ -123,11 +127,75 @@ def _checked(*args: str) -> None:
         raise ConfigError(f"systemctl --user {' '.join(args)}: {lines[0] if lines else 'failed'}")
 
 
-def install(*, enable: bool) -> Path:
+def manager_environment() -> dict[str, str]:
+    """The user manager's environment (``systemctl --user show-environment``): what the
+    service inherits, so ``HOME``, ``XDG_CONFIG_HOME`` and ``MEMSTAGED_*`` as the service sees
+    them, not as this shell has them."""
+    result = systemctl("show-environment")
+    if result.returncode != 0:
+        return {}
+    env: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not value.startswith("$'"):  # values systemd had to escape: none we read
+            env[name] = value
+    return env
+
+
+@dataclass(frozen=True)
+class CannotStart:
+    """Why the service would exit 2 as soon as it starts, and what the user should do first."""
+
+    reason: str
+    fix: str
+
+
+def why_it_cannot_start(env: Mapping[str, str]) -> CannotStart | None:
+    """Why the service, started in ``env``, would exit 2 at once; None when it has work.
+
+    It resolves the settings as the daemon does (``config.load``: the config file, then the
+    ``MEMSTAGED_*`` variables), in the service's working directory, which a user manager sets
+    to the home directory: there the default ``./.pi/memory/project`` is
+    ``~/.pi/memory/project``. Only "no memory dir" and config errors are caught here; a memory
+    dir that does not exist yet is fine (the daemon waits for it).
+    """
+    try:
+        settings = config.load(env=env)  # every config error the daemon would exit 2 for
+        file_dirs = config.read_config(Path(settings.config_path)) if settings.config_path else None
+    except ConfigError as err:
+        return CannotStart(str(err), "fix it")
+    # load() falls back to ./.pi/memory/project of *this* process's directory; the service's
+    # is the home directory, so the fallback is looked for there instead.
+    if env.get(config.ENV_PREFIX + "MEMORY_DIRS") or (file_dirs and file_dirs.memory_dirs):
+        return None
+    home = env.get("HOME") or str(Path.home())
+    if (Path(home) / config.DEFAULT_MEMORY_DIR).is_dir():
+        return None
+    path = config.default_config_path(env)
+    return CannotStart(
+        f"no memory dir is configured in {path}",
+        'write memory_dirs = ["~/src/*/.pi/memory/project"] (your projects) there',
+    )
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What ``install`` did: the unit written, and whether it was enabled and started."""
+
+    path: Path
+    started: bool
+    #: Why the unit was not (and should not be) started: no memory dir, a config error.
+    cannot_start: CannotStart | None = None
+
+
+def install(*, enable: bool) -> Installed:
     """Write the unit to ``~/.config/systemd/user/``, reload, optionally enable and (re)start it.
 
     The file is written atomically, so a running manager never reads half a unit. With
     ``enable``, a service that already runs is restarted so that it runs the unit just written.
+    When the service would exit at once (no memory dir configured, a bad config file), the unit
+    is written but neither enabled nor started: starting it would only leave a failed unit, and
+    an enabled one would fail again at every login.
     """
     target = unit_dir() / UNIT_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -141,10 +209,13 @@ def install(*, enable: bool) -> Path:
         tmp.unlink(missing_ok=True)
         raise ConfigError(f"cannot write {target}: {err.strerror}") from None
     _checked("daemon-reload")
+    reason = why_it_cannot_start(manager_environment() or os.environ)
+    if reason is not None:
+        return Installed(target, started=False, cannot_start=reason)
     if enable:
         _checked("enable", UNIT_NAME)
         _checked("restart", UNIT_NAME)
-    return target
+    return Installed(target, started=enable)
 
 
 def uninstall() -> Path:

@@ -151,16 +151,41 @@ def test_user_service_installs_runs_logs_to_journal_reloads_and_stops(tmp_path: 
         assert sd.systemctl("cat", UNIT).returncode != 0
 
 
-def test_config_error_fails_the_unit_once_without_a_restart_loop() -> None:
-    """With no memory dir configured, `service install --enable` reports the failed start in one
-    line (exit 2); the unit is failed with status 2 and not restarted (RestartPreventExitStatus),
-    and the journal says why."""
+def test_install_enable_without_memory_dirs_leaves_no_failed_unit(tmp_path: Path) -> None:
+    """Issue 13 (README item 1), in a real user manager: `service install --enable` with no
+    config writes the unit but neither enables nor starts it, says so and what to run in one
+    line (exit 1), and leaves no failed unit; after the user writes memory_dirs, the command it
+    named starts the service."""
     with user_systemd() as sd:
         installed = sd.run(str(MEMSTAGED), "service", "install", "--enable")
-        assert installed.returncode == 2
-        assert installed.stderr.startswith(
-            f"memstaged: systemctl --user restart {UNIT}: Job for {UNIT} failed"
-        )
+        assert installed.returncode == 1, installed.stderr
+        config = Path(sd.env["XDG_CONFIG_HOME"]) / "memstaged" / "config.toml"
+        assert installed.stderr.splitlines() == [
+            f"memstaged: not enabled or started: no memory dir is configured in {config}; "
+            'write memory_dirs = ["~/src/*/.pi/memory/project"] (your projects) there, '
+            "then run: systemctl --user enable --now memstaged"
+        ]
+        assert (sd.unit_dir / UNIT).is_file()
+        assert sd.systemctl("is-enabled", UNIT).stdout.strip() == "disabled"
+        state = sd.show(UNIT, "ActiveState", "NRestarts", "LoadState")
+        assert state == {"ActiveState": "inactive", "NRestarts": "0", "LoadState": "loaded"}
+        failed = sd.systemctl("list-units", "--failed", "--plain", "--no-legend")
+        assert failed.stdout.strip() == ""
+
+        _config(sd, _memory_dir(tmp_path / "project"))
+        sd.systemctl("enable", "--now", "memstaged", check=True)
+        assert sd.systemctl("is-active", UNIT).stdout.strip() == "active"
+        assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
+
+
+def test_config_error_fails_the_unit_once_without_a_restart_loop() -> None:
+    """Started by hand with no memory dir configured, the service exits 2; the unit is failed
+    with status 2 and not restarted (RestartPreventExitStatus), and the journal says why."""
+    with user_systemd() as sd:
+        assert sd.run(str(MEMSTAGED), "service", "install").returncode == 0
+        started = sd.systemctl("start", UNIT)
+        assert started.returncode != 0
+        assert started.stderr.startswith(f"Job for {UNIT} failed")
         state = sd.show(UNIT, "ActiveState", "ExecMainStatus", "NRestarts")
         assert state == {"ActiveState": "failed", "ExecMainStatus": "2", "NRestarts": "0"}
         reasons = [e["MESSAGE"] for e in _journal(sd, "SYSLOG_IDENTIFIER=memstaged")]
