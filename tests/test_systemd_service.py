@@ -8,17 +8,26 @@ the reason. The service is installed with ``memstaged service install`` from thi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import staging_doc
-from systemd_env import UserSystemd, unavailable_reason, user_systemd, wait_until
+from systemd_env import (
+    UserSystemd,
+    unavailable_reason,
+    unprivileged_uid,
+    user_systemd,
+    wait_until,
+)
 
 from memstaged import log
 
@@ -85,7 +94,8 @@ def test_user_service_installs_runs_logs_to_journal_reloads_and_stops(tmp_path: 
         assert installed.returncode == 0, installed.stderr
         unit = sd.unit_dir / UNIT
         assert f"ExecStart={MEMSTAGED}" in unit.read_text().splitlines()
-        verify = sd.run("systemd-analyze", "--user", "verify", str(unit))
+        # --man=no: Documentation=man:memstaged(1) is checked by its own test.
+        verify = sd.run("systemd-analyze", "--user", "--man=no", "verify", str(unit))
         assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
         assert sd.systemctl("is-active", UNIT).stdout.strip() == "active"
         assert sd.systemctl("is-enabled", UNIT).stdout.strip() == "enabled"
@@ -193,9 +203,23 @@ def test_config_error_fails_the_unit_once_without_a_restart_loop() -> None:
         assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
 
 
+def test_unit_documentation_names_the_man_page() -> None:
+    """Issue 13: the unit's Documentation= names man:memstaged(1), and `systemd-analyze verify`
+    (which runs `man` for it) passes where the man page is installed."""
+    text = (ROOT / "packaging" / "systemd" / "memstaged.service").read_text()
+    assert "Documentation=man:memstaged(1)" in text.splitlines()
+    with user_systemd() as sd:
+        if sd.run("man", "-w", "memstaged").returncode != 0:
+            pytest.skip("the memstaged(1) man page is not installed here (man -w memstaged)")
+        installed = sd.run(str(MEMSTAGED), "service", "install")
+        assert installed.returncode == 0, installed.stderr
+        verify = sd.run("systemd-analyze", "--user", "verify", str(sd.unit_dir / UNIT))
+        assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
+
+
 # -- the hardening options, one by one -------------------------------------------------------
 
-#: Options of the packaged unit that shape behaviour (checked by the test above).
+#: Options of the packaged unit that shape behaviour (checked by the tests above).
 BEHAVIOUR = {
     "Type",
     "NotifyAccess",
@@ -208,92 +232,236 @@ BEHAVIOUR = {
     "TimeoutStopSec",
     "SyslogIdentifier",
 }
-#: Hardening options, each with the probe result that shows the user manager enforces it.
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What shows that one unit line is enforced: ``probe`` gives ``expected`` under it.
+
+    The baseline runs the same probe under ``context`` alone (no hardening at all, or the
+    lines this one only modifies). When the baseline already gives ``expected`` (even an
+    unconfined process is denied), the probe proves nothing there and the check is skipped.
+    """
+
+    probe: str
+    expected: str
+    context: tuple[str, ...] = ()
+
+
+_ERRNO = "SystemCallErrorNumber=EPERM"
+
+#: Every hardening line of the packaged unit, with the probe that shows it bites.
 HARDENING = {
-    "UMask": ("umask", "0o77"),
-    "NoNewPrivileges": ("NoNewPrivs", "1"),
-    "SystemCallArchitectures": ("Seccomp", "2"),  # a seccomp filter is loaded; no 32-bit probe
-    "RestrictAddressFamilies": ("AF_INET", "EAFNOSUPPORT"),
-    "RestrictNamespaces": ("unshare", "EPERM"),
-    "RestrictRealtime": ("SCHED_FIFO", "EPERM"),
-    "RestrictSUIDSGID": ("chmod u+s", "EPERM"),
-    "LockPersonality": ("personality", "EPERM"),
-    "MemoryDenyWriteExecute": ("mmap wx", "EPERM"),
-    "SystemCallFilter": ("umount2", "EPERM"),
-    "SystemCallErrorNumber": ("umount2", "EPERM"),  # EPERM, not a SIGSYS kill
+    "UMask=0077": Probe("umask", "0o77"),
+    "NoNewPrivileges=yes": Probe("NoNewPrivs", "1"),
+    "LockPersonality=yes": Probe("personality", "EPERM"),
+    "MemoryDenyWriteExecute=yes": Probe("mmap wx", "EPERM"),
+    "RestrictRealtime=yes": Probe("SCHED_FIFO", "EPERM"),
+    "RestrictSUIDSGID=yes": Probe("chmod u+s", "EPERM"),
+    "RestrictNamespaces=yes": Probe("unshare user", "EPERM"),
+    "RestrictAddressFamilies=AF_UNIX": Probe("AF_INET", "EAFNOSUPPORT"),
+    "SystemCallArchitectures=native": Probe("i386 getpid", "SIGSYS"),
+    # ptrace(PTRACE_TRACEME) is in @debug, outside @system-service, and allowed to anyone.
+    "SystemCallFilter=@system-service": Probe("ptrace", "EPERM", (_ERRNO,)),
+    # setuid() to one's own uid and setpriority() to one's own priority need no privilege.
+    "SystemCallFilter=~@privileged @resources": Probe("setuid self", "EPERM", (_ERRNO,)),
+    # A filtered call fails with EPERM instead of killing the process with SIGSYS.
+    _ERRNO: Probe("ptrace", "EPERM", ("SystemCallFilter=@system-service",)),
 }
+#: Also blocked by ``SystemCallFilter=~@privileged @resources`` (checked with the full unit).
+RESOURCES_PROBE = ("setpriority same", "EPERM")
 
 PROBE = textwrap.dedent(
     """\
-    import ctypes, errno, json, mmap, os, socket, sys
+    import ctypes, errno, json, mmap, os, platform, resource, signal, socket, sys
     libc = ctypes.CDLL(None, use_errno=True)
     out = {}
     def attempt(name, fn):
-        try:
-            fn()
-            out[name] = "allowed"
-        except OSError as err:
-            out[name] = errno.errorcode.get(err.errno, str(err.errno))
+        # In a child: a probe that succeeds (a new user namespace, a traced child, a lower
+        # priority) changes nothing for the next one, and a seccomp kill is seen as a signal.
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            try:
+                fn()
+                result = "allowed"
+            except OSError as err:
+                result = errno.errorcode.get(err.errno, str(err.errno))
+            os.write(write, result.encode())
+            os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        text = os.read(read, 100).decode()
+        os.close(read)
+        if os.WIFSIGNALED(status):
+            text = signal.Signals(os.WTERMSIG(status)).name
+        out[name] = text
     def c(result):
         if result != 0:
             raise OSError(ctypes.get_errno(), "")
+    def c_fd(fd):
+        c(0 if fd >= 0 else 1)
+        return fd
+    def i386_getpid():
+        # int 0x80 with eax=20: getpid through the 32-bit ABI (x86-64 only).
+        if platform.machine() != "x86_64":
+            raise OSError(errno.ENOSYS, "")
+        buf = mmap.mmap(-1, 4096, prot=7)
+        buf.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        if ctypes.CFUNCTYPE(ctypes.c_int)(addr)() != os.getpid():
+            raise OSError(errno.EINVAL, "")
     status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
     out["NoNewPrivs"] = status["NoNewPrivs"].strip()
     out["Seccomp"] = status["Seccomp"].strip()
     mask = os.umask(0); os.umask(mask); out["umask"] = oct(mask)
     attempt("AF_INET", lambda: socket.socket(socket.AF_INET).close())
     attempt("AF_UNIX", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).close())
-    attempt("unshare", lambda: c(libc.unshare(0x04000000)))  # CLONE_NEWUTS
+    attempt("unshare user", lambda: c(libc.unshare(0x10000000)))  # CLONE_NEWUSER
     attempt("SCHED_FIFO", lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1)))
     suid = sys.argv[1] + ".suid"; open(suid, "w").close()
     attempt("chmod u+s", lambda: os.chmod(suid, 0o4755))
     attempt("personality", lambda: c(0 if libc.personality(0x0008) != -1 else 1))
     attempt("mmap wx", lambda: mmap.mmap(-1, 4096, prot=7))  # READ|WRITE|EXEC
-    attempt("umount2", lambda: c(libc.umount2(b"/nonexistent-memstaged-probe", 0)))
+    attempt("i386 getpid", i386_getpid)
+    attempt("ptrace", lambda: c(libc.ptrace(0, 0, None, None)))  # PTRACE_TRACEME
+    attempt("setuid self", lambda: os.setuid(os.getuid()))
+    attempt("setpriority same", lambda: os.setpriority(
+        os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0)))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    attempt("raise NOFILE", lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard)))
+    attempt("inotify", lambda: os.close(c_fd(libc.inotify_init1(0))))
     json.dump(out, open(sys.argv[1], "w"))
     """
 )
 
+#: The managers the probes run under: root's, and a normal user's (no capabilities at all).
+MANAGERS = ("root", "unprivileged")
 
-def _service_section(text: str) -> list[tuple[str, str]]:
-    section, options = "", []
+
+def _service_section(text: str) -> list[str]:
+    section, lines = "", []
     for raw in text.splitlines():
         line = raw.strip()
         if line.startswith("["):
             section = line
         elif section == "[Service]" and line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            options.append((key, value))
-    return options
+            lines.append(line)
+    return lines
 
 
+def _unit_lines() -> list[str]:
+    return _service_section((ROOT / "packaging" / "systemd" / "memstaged.service").read_text())
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """Probe results under one manager: per unit line, and for the whole hardening at once."""
+
+    results: dict[str, dict[str, str]]  # line -> probe results under context + line
+    baselines: dict[tuple[str, ...], dict[str, str]]  # context -> results under it alone
+    full: dict[str, str]  # under every hardening line of the unit
+    skip: str | None = None  # why nothing could be probed under this manager
+
+
+def _interpreter(sd: UserSystemd) -> str | None:
+    """A Python the manager's user can run: ours, or the system's (ours may sit in /root)."""
+    for exe in (sys.executable, "/usr/bin/python3"):
+        # Through sh: setpriv still holds root's capabilities while it execs its argument.
+        if Path(exe).is_file() and sd.run("sh", "-c", 'exec "$0" -c pass', exe).returncode == 0:
+            return exe
+    return None
+
+
+@functools.cache
+def _probe_run(manager: str) -> ProbeRun:
+    """Start one user manager of that kind and run the probe under every combination needed."""
+    uid = None
+    if manager == "unprivileged":
+        uid = unprivileged_uid()
+        if uid is None:
+            return ProbeRun({}, {}, {}, skip="no unprivileged user (nobody) or no setpriv here")
+    hardening = [line for line in _unit_lines() if line in HARDENING]
+    with user_systemd(uid=uid) as sd:
+        python = _interpreter(sd)
+        if python is None:
+            return ProbeRun({}, {}, {}, skip=f"no Python that uid {sd.uid} may run")
+        work = sd.home / "probe"
+        work.mkdir()
+        (work / "probe.py").write_text(PROBE)
+        sd.give(work)
+
+        def run(name: str, lines: Sequence[str]) -> dict[str, str]:
+            result = work / f"{name}.json"
+            body = "\n".join(lines)
+            sd.install_unit(
+                f"{name}.service",
+                f"[Service]\nType=oneshot\nExecStart={python} {work}/probe.py {result}\n{body}\n",
+            )
+            started = sd.systemctl("start", f"{name}.service")
+            if started.returncode != 0:
+                said = sd.journalctl("-o", "cat", f"_SYSTEMD_USER_UNIT={name}.service").stdout
+                raise AssertionError(f"{lines}: {started.stderr.strip()}: {said[-2000:]}")
+            return dict(json.loads(result.read_text()))
+
+        contexts = sorted({probe.context for probe in HARDENING.values()})
+        baselines = {ctx: run(f"baseline{i}", ctx) for i, ctx in enumerate(contexts)}
+        results = {
+            line: run(f"probe{i}", (*HARDENING[line].context, line))
+            for i, line in enumerate(hardening)
+        }
+        full = run("full", hardening)
+    return ProbeRun(results, baselines, full)
+
+
+def test_every_unit_option_has_a_probe() -> None:
+    """A new line in the unit's [Service] section needs a probe here (or is behaviour)."""
+    lines = _unit_lines()
+    unknown = [ln for ln in lines if ln.split("=", 1)[0] not in BEHAVIOUR and ln not in HARDENING]
+    assert unknown == []
+    assert set(HARDENING) <= set(lines), "a probed line is no longer in the unit"
+
+
+@pytest.mark.parametrize("line", sorted(HARDENING))
+@pytest.mark.parametrize("manager", MANAGERS)
 def test_every_hardening_option_of_the_unit_is_enforced_by_the_user_manager(
-    tmp_path: Path,
+    manager: str, line: str
 ) -> None:
-    """Each hardening line of the packaged unit, run by the real user manager, really blocks
-    what it promises (no option that a user manager silently ignores); the same process is
-    allowed what memstaged needs (AF_UNIX for sd_notify and journald)."""
-    options = _service_section((ROOT / "packaging" / "systemd" / "memstaged.service").read_text())
-    keys = {key for key, _ in options}
-    assert keys == BEHAVIOUR | set(HARDENING), "a new unit option needs a probe here"
-    hardening = "\n".join(f"{k}={v}" for k, v in options if k in HARDENING)
-    probe, result = tmp_path / "probe.py", tmp_path / "probe.json"
-    probe.write_text(PROBE)
-    with user_systemd() as sd:
-        sd.install_unit(
-            "probe.service",
-            f"[Service]\nType=oneshot\nExecStart={sys.executable} {probe} {result}\n{hardening}\n",
+    """Issue 13 (the unit): each hardening line of the packaged unit, alone in a real user
+    manager (root's, and a normal user's without capabilities), really blocks what it promises:
+    no line that a user manager silently ignores. The same probe without the line must be
+    allowed, or the line proves nothing: then it is skipped with the reason."""
+    run = _probe_run(manager)
+    if run.skip is not None:
+        pytest.skip(run.skip)
+    probe = HARDENING[line]
+    baseline = run.baselines[probe.context][probe.probe]
+    if baseline == probe.expected:
+        pytest.skip(
+            f"{line} under the {manager} manager: even without it {probe.probe!r} gives "
+            f"{baseline}, so the probe proves nothing here"
         )
-        sd.systemctl("start", "probe.service", check=True)
-        baseline = tmp_path / "baseline.json"
-        sd.install_unit(
-            "baseline.service",
-            f"[Service]\nType=oneshot\nExecStart={sys.executable} {probe} {baseline}\n",
-        )
-        sd.systemctl("start", "baseline.service", check=True)
-    got = json.loads(result.read_text())
-    unhardened = json.loads(baseline.read_text())
-    assert got["AF_UNIX"] == "allowed"
-    for option, (probe_name, expected) in HARDENING.items():
-        assert got[probe_name] == expected, option
-        assert unhardened[probe_name] != expected, f"{option}: the probe proves nothing"
+    if probe.probe == "i386 getpid" and baseline != "allowed":
+        pytest.skip(f"{line}: no 32-bit system-call ABI to probe here ({baseline})")
+    assert run.results[line][probe.probe] == probe.expected, run.results[line]
+
+
+@pytest.mark.parametrize("manager", MANAGERS)
+def test_the_whole_hardening_still_allows_what_memstaged_needs(manager: str) -> None:
+    """Issue 13 (the unit): under every hardening line at once the process still has what
+    memstaged uses (Unix sockets for sd_notify and journald, inotify, raising its descriptor
+    limit to the hard limit as SPEC section 6 asks: glibc's setrlimit is prlimit64, which
+    ~@resources leaves alone), while setpriority() (in @resources) is refused."""
+    run = _probe_run(manager)
+    if run.skip is not None:
+        pytest.skip(run.skip)
+    assert {k: run.full[k] for k in ("AF_UNIX", "inotify", "raise NOFILE")} == {
+        "AF_UNIX": "allowed",
+        "inotify": "allowed",
+        "raise NOFILE": "allowed",
+    }
+    name, expected = RESOURCES_PROBE
+    assert run.baselines[()][name] == "allowed"
+    assert run.full[name] == expected
+    assert run.full["Seccomp"] == "2"
