@@ -465,3 +465,50 @@ def test_the_whole_hardening_still_allows_what_memstaged_needs(manager: str) -> 
     assert run.baselines[()][name] == "allowed"
     assert run.full[name] == expected
     assert run.full["Seccomp"] == "2"
+
+
+#: Options the brief of issue 13 asked for that the unit leaves out, and what a normal user's
+#: systemd 252 manager does with each: "fails" the unit (it cannot drop capabilities it does
+#: not have: status 218/CAPABILITIES), or starts it with the option "ignored" (no namespace of
+#: its own: the mount or UTS namespace is the manager's).
+LEFT_OUT = {
+    "PrivateDevices=yes": "fails",
+    "ProtectKernelModules=yes": "fails",
+    "ProtectKernelLogs=yes": "fails",
+    "ProtectClock=yes": "fails",
+    "ProtectKernelTunables=yes": "ignored",
+    "ProtectControlGroups=yes": "ignored",
+    "ProtectHostname=yes": "ignored",
+    "ProtectSystem=strict": "ignored",
+    "ReadWritePaths=/tmp": "ignored",
+}
+
+
+def test_left_out_options_fail_or_are_ignored_in_an_unprivileged_user_manager() -> None:
+    """Issue 13 (the unit): why the unit has no PrivateDevices=, ProtectKernel*=, ProtectClock=,
+    ProtectControlGroups=, ProtectHostname= or ReadWritePaths=: in a normal user's manager they
+    either fail the service or do nothing. This records systemd 252's behaviour; it fails when
+    a systemd makes one of them work there (254 lets them imply PrivateUsers=), which is the
+    time to reconsider them."""
+    uid = unprivileged_uid()
+    if uid is None:
+        pytest.skip("no unprivileged user (nobody) or no setpriv here")
+    seen: dict[str, str] = {}
+    with user_systemd(uid=uid) as sd:
+        manager_ns = {ns: os.readlink(f"/proc/{sd.manager_pid}/ns/{ns}") for ns in ("mnt", "uts")}
+        for i, line in enumerate(LEFT_OUT):
+            out = sd.home / f"ns{i}"
+            sd.install_unit(
+                f"left{i}.service",
+                "[Service]\nType=oneshot\n"
+                f"ExecStart=/bin/sh -c 'readlink /proc/self/ns/mnt /proc/self/ns/uts > {out}'\n"
+                f"{line}\n",
+            )
+            if sd.systemctl("start", f"left{i}.service").returncode != 0:
+                status = sd.show(f"left{i}.service", "ExecMainStatus")["ExecMainStatus"]
+                seen[line] = "fails" if status == "218" else f"fails with status {status}"
+                continue
+            mnt, uts = out.read_text().split()
+            own = mnt != manager_ns["mnt"] or uts != manager_ns["uts"]
+            seen[line] = "applied" if own else "ignored"
+    assert seen == LEFT_OUT
