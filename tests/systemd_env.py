@@ -41,6 +41,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -372,6 +373,22 @@ def _start_ready(
     return proc
 
 
+def _inaccessible_nodes(directory: Path) -> None:
+    """What PID 1 creates at boot in ``/run/systemd/inaccessible``: one node of each type, mode
+    0000, which root's user manager mounts over what a sandbox hides (``/dev/kmsg``, ...)."""
+    directory.mkdir()
+    (directory / "dir").mkdir()
+    (directory / "reg").touch()
+    os.mkfifo(directory / "fifo")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(directory / "sock"))
+    os.mknod(directory / "chr", 0o600 | stat.S_IFCHR, os.makedev(0, 0))
+    os.mknod(directory / "blk", 0o600 | stat.S_IFBLK, os.makedev(0, 0))
+    for node in directory.iterdir():
+        node.chmod(0)
+    directory.chmod(0o555)
+
+
 def _populated(cgroup: Path) -> bool:
     events = (cgroup / "cgroup.events").read_text(encoding="ascii")
     return "populated 1" in events.splitlines()
@@ -490,6 +507,7 @@ def user_systemd(
     # /run/user/<uid> is XDG_RUNTIME_DIR on a real machine; systemd 252 looks for its
     # inaccessible/ nodes there rather than in $XDG_RUNTIME_DIR.
     (base / "run-user" / str(uid)).symlink_to(runtime)
+    _inaccessible_nodes(run / "inaccessible")
     (run / "journald.conf.d" / "test.conf").write_text(_JOURNALD_CONF, encoding="utf-8")
     (run / "user.conf.d" / "test.conf").write_text(_USER_CONF, encoding="utf-8")
     env = {

@@ -147,8 +147,8 @@ def test_service_install_writes_the_unit_and_reloads(
     assert Path(executable).name == "memstaged"
     assert stat.S_IMODE(unit.stat().st_mode) == 0o644
     assert _calls(fake_systemctl) == [
-        "--user --no-ask-password daemon-reload",
         "--user --no-ask-password show-environment",
+        "--user --no-ask-password daemon-reload",
     ]
     assert "then run: systemctl --user enable --now memstaged" in capsys.readouterr().err
 
@@ -315,3 +315,63 @@ def test_every_event_kind_has_its_own_message_id() -> None:
     ids: list[Any] = list(log.MESSAGE_IDS.values())
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+
+
+def test_sandbox_writable_trees_follow_the_config(tmp_path: Path) -> None:
+    """Issue 13 (the unit): `install --sandbox` leaves writable each memory-dir pattern's
+    literal prefix (a glob's directory before its first wildcard; a dir that does not exist yet
+    its nearest existing parent, so that it is writable once created; a relative pattern under
+    the home directory, the service's working directory), the state dir and the log's dir."""
+    home, src = tmp_path / "home", tmp_path / "home" / "src"
+    src.mkdir(parents=True)
+    (tmp_path / "srv").mkdir()
+    config = tmp_path / "config" / "memstaged" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(
+        'memory_dirs = ["~/src/*/.pi/memory/project", '
+        f'"{tmp_path}/srv/not-yet/.pi/memory/project", "work/p/.pi/memory/project"]\n'
+        f'log_file = "{tmp_path}/logs/decisions.jsonl"\n'
+    )
+    env = {
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+    }
+    assert service.writable_trees(env) == sorted(
+        [
+            str(src),
+            str(tmp_path / "srv"),
+            str(home),
+            str(tmp_path / "logs"),
+            str(home / ".local" / "state" / "memstaged"),
+        ]
+    )
+
+
+def test_sandbox_drop_in_quotes_paths_for_systemd() -> None:
+    """A tree with a space, %, a quote or a backslash is one ReadWritePaths= word naming that
+    directory ("-": skipped, not fatal, if it is gone at start)."""
+    text = service.sandbox_text(["/a b/100%", '/q"\\'])
+    assert text.splitlines()[-1] == 'ReadWritePaths="-/a b/100%%" "-/q\\"\\\\"'
+    assert "PrivateUsers=yes" in text.splitlines()
+
+
+def test_service_install_sandbox_refused_when_the_manager_cannot_run_it(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 13 (the unit): where the check unit fails (user namespaces off, ...), --sandbox
+    says so in one line, exit 2, writes no drop-in, enables nothing, and removes the check
+    unit."""
+    _configure(tmp_path)
+    monkeypatch.setenv("FAIL_ON", "start memstaged-sandbox-check")
+    assert main(["service", "install", "--enable", "--sandbox"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("memstaged: the sandbox cannot run in this user manager")
+    units = tmp_path / "config" / "systemd" / "user"
+    assert not (units / "memstaged.service.d").exists()
+    assert not (units / "memstaged-sandbox-check.service").exists()
+    assert not any(" enable " in c for c in _calls(fake_systemctl))

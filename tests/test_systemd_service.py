@@ -8,6 +8,7 @@ the reason. The service is installed with ``memstaged service install`` from thi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -29,7 +30,7 @@ from systemd_env import (
     wait_until,
 )
 
-from memstaged import log
+from memstaged import log, service
 
 REASON = unavailable_reason()
 pytestmark = [
@@ -188,6 +189,46 @@ def test_install_enable_without_memory_dirs_leaves_no_failed_unit(tmp_path: Path
         assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
 
 
+def test_sandboxed_service_decides_files_in_its_trees_only(tmp_path: Path) -> None:
+    """Issue 13 (the unit), `service install --enable --sandbox` in a real user manager: the
+    check unit passes and is removed, the drop-in makes only the memory dirs' trees and the
+    state dir writable, and the real daemon under the unit plus the drop-in decides files
+    (a quarantine writes deadletter/ and removes the staging file) and logs them."""
+    project = tmp_path / "project"
+    mdir = _memory_dir(project)
+    broken = mdir / "staging" / "broken.json"
+    broken.write_bytes(b"{nope")
+    os.utime(broken, (time.time() - 60, time.time() - 60))
+    with user_systemd() as sd:
+        _config(sd, mdir)
+        installed = sd.run(str(MEMSTAGED), "service", "install", "--enable", "--sandbox")
+        assert installed.returncode == 0, installed.stderr
+        state = Path(sd.env["XDG_STATE_HOME"]) / "memstaged"
+        assert f"sandbox: writable only in {mdir}, {state}" in installed.stdout
+        dropin = sd.unit_dir / "memstaged.service.d" / "sandbox.conf"
+        assert f'ReadWritePaths="-{mdir}" "-{state}"' in dropin.read_text().splitlines()
+        assert not (sd.unit_dir / service.SANDBOX_CHECK_UNIT).exists()
+        props = sd.show(UNIT, "ActiveState", "PrivateUsers", "ProtectSystem", "ReadWritePaths")
+        assert props == {
+            "ActiveState": "active",
+            "PrivateUsers": "yes",
+            "ProtectSystem": "strict",
+            "ReadWritePaths": f"-{mdir} -{state}",
+        }
+        assert not broken.exists()
+        assert list((mdir / "deadletter" / "originals").iterdir())
+        assert [
+            Path(e["MEMSTAGED_PATH"]).name for e in _journal(sd, "MEMSTAGED_DECISION=quarantined")
+        ] == ["broken.json"]
+
+        # Installing again without --sandbox removes the drop-in.
+        again = sd.run(str(MEMSTAGED), "service", "install", "--enable")
+        assert again.returncode == 0, again.stderr
+        assert not dropin.exists()
+        assert sd.show(UNIT, "ProtectSystem")["ProtectSystem"] == "no"
+        assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
+
+
 def test_config_error_fails_the_unit_once_without_a_restart_loop() -> None:
     """Started by hand with no memory dir configured, the service exits 2; the unit is failed
     with status 2 and not restarted (RestartPreventExitStatus), and the journal says why."""
@@ -332,12 +373,50 @@ PROBE = textwrap.dedent(
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     attempt("raise NOFILE", lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard)))
     attempt("inotify", lambda: os.close(c_fd(libc.inotify_init1(0))))
+    # What the sandbox drop-in (service install --sandbox) changes.
+    out["uid_map"] = " ".join(open("/proc/self/uid_map").read().split())
+    try:  # the device itself, or what a sandbox mounted over it
+        st = os.stat("/dev/kmsg")
+        out["kmsg"] = f"{oct(st.st_mode)} {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+    except FileNotFoundError:
+        out["kmsg"] = "missing"
+    def finit_module():  # fd -1: refused (EPERM) before it is looked at (EBADF)
+        if platform.machine() != "x86_64":
+            raise OSError(errno.ENOSYS, "")
+        c(libc.syscall(313, -1, b"", 0))
+    attempt("finit_module", finit_module)
+    attempt("adjtimex", lambda: c(0 if libc.adjtimex(ctypes.create_string_buffer(512)) >= 0 else 1))
+    out["uts ns"] = os.readlink("/proc/self/ns/uts")
+    out["journal socket"] = str(os.path.exists("/run/systemd/journal/socket"))
+    def write_in(directory):
+        path = os.path.join(directory, "probe-write")
+        open(path, "w").close()
+        os.unlink(path)
+    attempt("write home", lambda: write_in(sys.argv[2]))
+    attempt("write work", lambda: write_in(os.path.dirname(sys.argv[1])))
     json.dump(out, open(sys.argv[1], "w"))
     """
 )
 
 #: The managers the probes run under: root's, and a normal user's (no capabilities at all).
 MANAGERS = ("root", "unprivileged")
+
+#: Every line of the sandbox drop-in, probed alone beside ``PrivateUsers=yes`` (which the
+#: others need in a normal user's manager) and a ReadWritePaths= for the probe's own results.
+#: An empty ``expected`` means "differs from the baseline" (a namespace of its own).
+_SANDBOX_CONTEXT = ("PrivateUsers=yes", "ReadWritePaths=-{work}")
+SANDBOX = {
+    "PrivateUsers=yes": Probe("uid_map", "", ()),
+    "PrivateDevices=yes": Probe("kmsg", "missing", _SANDBOX_CONTEXT),
+    # A process without CAP_SYS_MODULE is refused anyway, and a kernel without modules has no
+    # such call (ENOSYS): then the check is skipped.
+    "ProtectKernelModules=yes": Probe("finit_module", "EPERM", _SANDBOX_CONTEXT),
+    # /dev/kmsg hidden under an inaccessible node (mode 0000, another device number).
+    "ProtectKernelLogs=yes": Probe("kmsg", "", _SANDBOX_CONTEXT),
+    "ProtectClock=yes": Probe("adjtimex", "EPERM", _SANDBOX_CONTEXT),
+    "ProtectHostname=yes": Probe("uts ns", "", _SANDBOX_CONTEXT),
+    "ProtectSystem=strict": Probe("write home", "EROFS", _SANDBOX_CONTEXT),
+}
 
 
 def _service_section(text: str) -> list[str]:
@@ -363,6 +442,12 @@ class ProbeRun:
     baselines: dict[tuple[str, ...], dict[str, str]]  # context -> results under it alone
     full: dict[str, str]  # under every hardening line of the unit
     skip: str | None = None  # why nothing could be probed under this manager
+    sandbox: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    sandbox_baselines: dict[tuple[str, ...], dict[str, str]] = dataclasses.field(
+        default_factory=dict
+    )
+    sandbox_full: dict[str, str] = dataclasses.field(default_factory=dict)
+    sandbox_skip: str | None = None  # why the sandbox could not be probed here
 
 
 def _interpreter(sd: UserSystemd) -> str | None:
@@ -375,7 +460,22 @@ def _interpreter(sd: UserSystemd) -> str | None:
 
 
 @functools.cache
+def _probe_run_or_error(manager: str) -> ProbeRun | str:
+    """:func:`_probe_run`, once per manager even when it fails (each test then says why)."""
+    try:
+        return _run_probes(manager)
+    except AssertionError as err:
+        return str(err)
+
+
 def _probe_run(manager: str) -> ProbeRun:
+    run = _probe_run_or_error(manager)
+    if isinstance(run, str):
+        raise AssertionError(run)
+    return run
+
+
+def _run_probes(manager: str) -> ProbeRun:
     """Start one user manager of that kind and run the probe under every combination needed."""
     uid = None
     if manager == "unprivileged":
@@ -392,18 +492,26 @@ def _probe_run(manager: str) -> ProbeRun:
         (work / "probe.py").write_text(PROBE)
         sd.give(work)
 
-        def run(name: str, lines: Sequence[str]) -> dict[str, str]:
+        def start(name: str, lines: Sequence[str]) -> dict[str, str] | str:
+            """The probe's results under ``lines``, or why its unit failed."""
             result = work / f"{name}.json"
-            body = "\n".join(lines)
+            body = "\n".join(line.format(work=work) for line in lines)
             sd.install_unit(
                 f"{name}.service",
-                f"[Service]\nType=oneshot\nExecStart={python} {work}/probe.py {result}\n{body}\n",
+                f"[Service]\nType=oneshot\n"
+                f"ExecStart={python} {work}/probe.py {result} {sd.home}\n{body}\n",
             )
             started = sd.systemctl("start", f"{name}.service")
             if started.returncode != 0:
                 said = sd.journalctl("-o", "cat", f"_SYSTEMD_USER_UNIT={name}.service").stdout
-                raise AssertionError(f"{lines}: {started.stderr.strip()}: {said[-2000:]}")
+                return f"{lines}: {started.stderr.strip()}: {said[-2000:]}"
             return dict(json.loads(result.read_text()))
+
+        def run(name: str, lines: Sequence[str]) -> dict[str, str]:
+            got = start(name, lines)
+            if isinstance(got, str):
+                raise AssertionError(got)
+            return got
 
         contexts = sorted({probe.context for probe in HARDENING.values()})
         baselines = {ctx: run(f"baseline{i}", ctx) for i, ctx in enumerate(contexts)}
@@ -412,7 +520,20 @@ def _probe_run(manager: str) -> ProbeRun:
             for i, line in enumerate(hardening)
         }
         full = run("full", hardening)
-    return ProbeRun(results, baselines, full)
+
+        sandbox_baselines: dict[tuple[str, ...], dict[str, str]] = {(): baselines[()]}
+        context = start("sandbox-baseline", _SANDBOX_CONTEXT)
+        if isinstance(context, str):
+            reason = f"this manager cannot run PrivateUsers=yes: {context.splitlines()[0]}"
+            return ProbeRun(results, baselines, full, sandbox_skip=reason)
+        sandbox_baselines[_SANDBOX_CONTEXT] = context
+        sandbox = {
+            line: run(f"sandbox{i}", (*SANDBOX[line].context, line))
+            for i, line in enumerate(SANDBOX)
+        }
+        dropin = _service_section(service.sandbox_text([str(work)]))
+        sandbox_full = run("sandbox-full", [*hardening, *dropin])
+    return ProbeRun(results, baselines, full, None, sandbox, sandbox_baselines, sandbox_full)
 
 
 def test_every_unit_option_has_a_probe() -> None:
@@ -488,7 +609,7 @@ def test_left_out_options_fail_or_are_ignored_in_an_unprivileged_user_manager() 
     """Issue 13 (the unit): why the unit has no PrivateDevices=, ProtectKernel*=, ProtectClock=,
     ProtectControlGroups=, ProtectHostname= or ReadWritePaths=: in a normal user's manager they
     either fail the service or do nothing. This records systemd 252's behaviour; it fails when
-    a systemd makes one of them work there (254 lets them imply PrivateUsers=), which is the
+    a systemd makes one of them work there (253 lets them imply PrivateUsers=), which is the
     time to reconsider them."""
     uid = unprivileged_uid()
     if uid is None:
@@ -512,3 +633,55 @@ def test_left_out_options_fail_or_are_ignored_in_an_unprivileged_user_manager() 
             own = mnt != manager_ns["mnt"] or uts != manager_ns["uts"]
             seen[line] = "applied" if own else "ignored"
     assert seen == LEFT_OUT
+
+
+def test_the_sandbox_drop_in_has_exactly_the_probed_options() -> None:
+    """Every line of the drop-in `service install --sandbox` writes has a probe below."""
+    lines = _service_section(service.sandbox_text(["/x"]))
+    assert [ln for ln in lines if not ln.startswith("ReadWritePaths=")] == list(SANDBOX)
+    assert lines[-1] == 'ReadWritePaths="-/x"'
+
+
+@pytest.mark.parametrize("line", list(SANDBOX))
+@pytest.mark.parametrize("manager", MANAGERS)
+def test_every_sandbox_option_is_enforced_by_the_user_manager(manager: str, line: str) -> None:
+    """Issue 13 (the unit): each line of the `--sandbox` drop-in, beside PrivateUsers=yes, is
+    enforced by a real user manager, root's and a normal user's: without PrivateUsers= a normal
+    user's systemd 252 fails or ignores them (test above). Skipped with the reason where the
+    baseline is already denied, or where the manager cannot run PrivateUsers=yes at all (then
+    `service install --sandbox` refuses too)."""
+    run = _probe_run(manager)
+    if run.skip is not None or run.sandbox_skip is not None:
+        pytest.skip(run.skip or run.sandbox_skip or "")
+    probe = SANDBOX[line]
+    baseline = run.sandbox_baselines[probe.context][probe.probe]
+    got = run.sandbox[line][probe.probe]
+    if not probe.expected:
+        assert got != baseline, f"{line}: {probe.probe} is {got} with and without it"
+        return
+    if baseline in (probe.expected, "ENOSYS"):
+        pytest.skip(
+            f"{line} under the {manager} manager: even without it {probe.probe!r} gives "
+            f"{baseline}, so the probe proves nothing here"
+        )
+    assert got == probe.expected, run.sandbox[line]
+
+
+@pytest.mark.parametrize("manager", MANAGERS)
+def test_the_sandbox_leaves_only_its_trees_writable(manager: str) -> None:
+    """Issue 13 (the unit): under the unit's hardening plus the drop-in written for one tree,
+    the service writes in that tree and nowhere else in $HOME, and still has what memstaged
+    needs (journald's socket in /run, Unix sockets, inotify, raising its descriptor limit)."""
+    run = _probe_run(manager)
+    if run.skip is not None or run.sandbox_skip is not None:
+        pytest.skip(run.skip or run.sandbox_skip or "")
+    assert run.sandbox_baselines[()]["write home"] == "allowed"
+    wanted = ("write work", "write home", "journal socket", "AF_UNIX", "inotify", "raise NOFILE")
+    assert {k: run.sandbox_full[k] for k in wanted} == {
+        "write work": "allowed",
+        "write home": "EROFS",
+        "journal socket": "True",
+        "AF_UNIX": "allowed",
+        "inotify": "allowed",
+        "raise NOFILE": "allowed",
+    }

@@ -30,6 +30,13 @@ def register(sub: Any) -> None:
         help="also enable the service and (re)start it now; with no memory dir configured "
         "(or a bad config file) it says what to do and exits 1 instead, starting nothing",
     )
+    install.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="also confine the service with a drop-in (PrivateUsers=, ProtectSystem=strict, "
+        "writable only in the memory dirs' trees and the state dir), if this user manager can "
+        "run it; run install again after adding a memory dir outside those trees",
+    )
     install.set_defaults(func=run_install)
     uninstall = actions.add_parser("uninstall", help="stop, disable and remove the service")
     uninstall.set_defaults(func=run_uninstall)
@@ -38,8 +45,10 @@ def register(sub: Any) -> None:
 def run_install(args: argparse.Namespace) -> int:
     from memstaged import service
 
-    installed = service.install(enable=args.enable)
+    installed = service.install(enable=args.enable, sandbox=args.sandbox)
     print(f"wrote {installed.path}")
+    if installed.writable:
+        print(f"sandbox: writable only in {', '.join(installed.writable)}")
     problem = installed.cannot_start
     if problem is not None:
         what = "not enabled or started" if args.enable else "not started yet"
