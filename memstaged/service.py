@@ -6,19 +6,43 @@ Notifications go through ``systemd.daemon.notify`` (systemd-python); outside sys
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Final
 
+from memstaged import config
 from memstaged.errors import ConfigError
 
 UNIT_NAME: Final = "memstaged.service"
+#: What to run once memory dirs are configured (said when ``install --enable`` does not start).
+ENABLE_COMMAND: Final = "systemctl --user enable --now memstaged"
+#: The drop-in ``install --sandbox`` writes, beside the unit.
+SANDBOX_DROPIN: Final = f"{UNIT_NAME}.d/sandbox.conf"
+#: The throwaway unit that checks, before the drop-in is written, that the manager can run it.
+SANDBOX_CHECK_UNIT: Final = "memstaged-sandbox-check.service"
+#: What the sandbox adds to the unit. ``PrivateUsers=yes`` gives the service a user namespace,
+#: in which a normal user's manager may drop capabilities and set up mounts: without it,
+#: systemd 252 fails the first four (218/CAPABILITIES) and ignores the rest (docs/daemon.md).
+#: ProtectKernelTunables= and ProtectControlGroups= are not here: under PrivateUsers= they left
+#: the service an empty /run (no journald socket, no notify socket in /run/user/UID).
+SANDBOX_OPTIONS: Final = (
+    "PrivateUsers=yes",
+    "PrivateDevices=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectClock=yes",
+    "ProtectHostname=yes",
+    "ProtectSystem=strict",
+)
 
 
 class Notifier:
@@ -86,6 +110,61 @@ def unit_text(executable: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def unit_quote(word: str) -> str:
+    """``word`` as one quoted word of a unit file setting: specifiers and quotes escaped."""
+    escaped = word.replace("%", "%%").replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def _literal_prefix(pattern: str, home: str) -> str:
+    """The directories of ``pattern`` before its first glob component, absolute (a relative
+    pattern is relative to the service's working directory, the home directory)."""
+    if pattern == "~" or pattern.startswith("~/"):  # the service's home, not this shell's
+        pattern = home + pattern[1:]
+    path = os.path.join(home, os.path.expanduser(pattern))
+    parts: list[str] = []
+    for part in path.split("/"):
+        if glob.has_magic(part):
+            break
+        parts.append(part)
+    return os.path.normpath("/".join(parts) or "/")
+
+
+def writable_trees(env: Mapping[str, str]) -> list[str]:
+    """What the sandbox leaves writable: each memory-dir pattern's literal prefix (its nearest
+    directory that exists now, so a memory dir created later below it is writable too), the
+    state dir and the decision log's directory. Everything else is read-only to the service."""
+    settings = config.load(env=env)
+    home = env.get("HOME") or str(Path.home())
+    file_config = config.read_config(Path(settings.config_path)) if settings.config_path else None
+    env_dirs = env.get(config.ENV_PREFIX + "MEMORY_DIRS")
+    patterns = env_dirs.split(os.pathsep) if env_dirs else []
+    patterns = patterns or (list(file_config.memory_dirs) if file_config else [])
+    patterns = patterns or [config.DEFAULT_MEMORY_DIR]
+    trees: list[str] = []
+    for pattern in patterns:
+        tree = _literal_prefix(pattern, home)
+        while not os.path.isdir(tree) and tree != "/":
+            tree = os.path.dirname(tree)
+        trees.append(tree)
+    state = settings.state_dir or config.default_state_dir(env)
+    trees += [str(state), str(settings.log_file.parent)]
+    return sorted(set(trees))
+
+
+def sandbox_text(trees: list[str]) -> str:
+    """The drop-in: the sandbox options, and ``ReadWritePaths=`` for ``trees`` only ("-": a
+    tree removed since is skipped rather than failing the start)."""
+    paths = " ".join(unit_quote(f"-{tree}") for tree in trees)
+    return (
+        "# Written by `memstaged service install --sandbox` from the config's memory_dirs;\n"
+        "# run it again after adding a memory dir outside these trees.\n"
+        "[Service]\n"
+        + "".join(f"{line}\n" for line in SANDBOX_OPTIONS)
+        + f"ReadWritePaths={paths}\n"
+    )
+
+
 def installed_executable() -> str:
     """The absolute path of the ``memstaged`` script of this installation."""
     beside = Path(sys.executable).parent / "memstaged"
@@ -123,16 +202,73 @@ def _checked(*args: str) -> None:
         raise ConfigError(f"systemctl --user {' '.join(args)}: {lines[0] if lines else 'failed'}")
 
 
-def install(*, enable: bool) -> Path:
-    """Write the unit to ``~/.config/systemd/user/``, reload, optionally enable and (re)start it.
+def manager_environment() -> dict[str, str]:
+    """The user manager's environment (``systemctl --user show-environment``): what the
+    service inherits, so ``HOME``, ``XDG_CONFIG_HOME`` and ``MEMSTAGED_*`` as the service sees
+    them, not as this shell has them."""
+    result = systemctl("show-environment")
+    if result.returncode != 0:
+        return {}
+    env: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not value.startswith("$'"):  # values systemd had to escape: none we read
+            env[name] = value
+    return env
 
-    The file is written atomically, so a running manager never reads half a unit. With
-    ``enable``, a service that already runs is restarted so that it runs the unit just written.
+
+@dataclass(frozen=True)
+class CannotStart:
+    """Why the service would exit 2 as soon as it starts, and what the user should do first."""
+
+    reason: str
+    fix: str
+
+
+def why_it_cannot_start(env: Mapping[str, str]) -> CannotStart | None:
+    """Why the service, started in ``env``, would exit 2 at once; None when it has work.
+
+    It resolves the settings as the daemon does (``config.load``: the config file, then the
+    ``MEMSTAGED_*`` variables), in the service's working directory, which a user manager sets
+    to the home directory: there the default ``./.pi/memory/project`` is
+    ``~/.pi/memory/project``. Only "no memory dir" and config errors are caught here; a memory
+    dir that does not exist yet is fine (the daemon waits for it).
     """
-    target = unit_dir() / UNIT_NAME
+    try:
+        settings = config.load(env=env)  # every config error the daemon would exit 2 for
+        file_dirs = config.read_config(Path(settings.config_path)) if settings.config_path else None
+    except ConfigError as err:
+        return CannotStart(str(err), "fix it")
+    # load() falls back to ./.pi/memory/project of *this* process's directory; the service's
+    # is the home directory, so the fallback is looked for there instead.
+    if env.get(config.ENV_PREFIX + "MEMORY_DIRS") or (file_dirs and file_dirs.memory_dirs):
+        return None
+    home = env.get("HOME") or str(Path.home())
+    if (Path(home) / config.DEFAULT_MEMORY_DIR).is_dir():
+        return None
+    path = config.default_config_path(env)
+    return CannotStart(
+        f"no memory dir is configured in {path}",
+        'write memory_dirs = ["~/src/*/.pi/memory/project"] (your projects) there',
+    )
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What ``install`` did: the unit written, and whether it was enabled and started."""
+
+    path: Path
+    started: bool
+    #: Why the unit was not (and should not be) started: no memory dir, a config error.
+    cannot_start: CannotStart | None = None
+    #: With ``--sandbox``: the only trees the service may write to.
+    writable: tuple[str, ...] = ()
+
+
+def _write_atomically(target: Path, text: str) -> None:
+    """Replace ``target`` (mode 0644) in one rename: a manager never reads half a unit."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = unit_text(installed_executable())
-    tmp = target.with_name(f".{UNIT_NAME}.tmp-{os.getpid()}")
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text, encoding="utf-8")
         tmp.chmod(0o644)
@@ -140,11 +276,97 @@ def install(*, enable: bool) -> Path:
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise ConfigError(f"cannot write {target}: {err.strerror}") from None
+
+
+def _service_lines(text: str) -> list[str]:
+    section, lines = "", []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and line and not line.startswith("#"):
+            lines.append(line)
+    return lines
+
+
+def check_sandbox(unit: str, dropin: str, executable: str) -> None:
+    """Run ``memstaged --version`` once, as a throwaway unit with the unit's hardening and the
+    sandbox, and raise ConfigError (one line, with the exit status) if this manager cannot.
+
+    Where user namespaces are switched off, or systemd cannot set up the mounts, the sandbox
+    would fail the service at every start; this finds out before anything is enabled.
+    """
+    hardening = [
+        line
+        for line in _service_lines(unit)
+        if line.split("=", 1)[0] not in {"Type", "ExecStart", "ExecReload", "WatchdogSec"}
+        and not line.startswith(("Restart", "NotifyAccess"))
+    ]
+    check = unit_dir() / SANDBOX_CHECK_UNIT
+    body = "\n".join([*hardening, *_service_lines(dropin)])
+    _write_atomically(
+        check,
+        f"[Service]\nType=oneshot\nExecStart={exec_quote(executable)} --version\n{body}\n",
+    )
+    try:
+        _checked("daemon-reload")
+        started = systemctl("start", SANDBOX_CHECK_UNIT)
+        if started.returncode != 0:
+            shown = systemctl("show", "-p", "ExecMainStatus", "--value", SANDBOX_CHECK_UNIT)
+            status = shown.stdout.strip() or "?"
+            raise ConfigError(
+                f"the sandbox cannot run in this user manager (a check unit exited with status "
+                f"{status}: see journalctl --user -u {SANDBOX_CHECK_UNIT}); "
+                "install without --sandbox"
+            )
+    finally:
+        check.unlink(missing_ok=True)
+        systemctl("daemon-reload")
+        systemctl("reset-failed", SANDBOX_CHECK_UNIT)  # fails harmlessly when it did not fail
+
+
+def install(*, enable: bool, sandbox: bool = False) -> Installed:
+    """Write the unit to ``~/.config/systemd/user/``, reload, optionally enable and (re)start it.
+
+    The file is written atomically, so a running manager never reads half a unit. With
+    ``enable``, a service that already runs is restarted so that it runs the unit just written.
+    When the service would exit at once (no memory dir configured, a bad config file), the unit
+    is written but neither enabled nor started: starting it would only leave a failed unit, and
+    an enabled one would fail again at every login.
+
+    With ``sandbox``, the drop-in :data:`SANDBOX_DROPIN` is (re)written from the config's memory
+    dirs, after :func:`check_sandbox` showed that this manager can run it; without, an earlier
+    one is removed.
+    """
+    target = unit_dir() / UNIT_NAME
+    executable = installed_executable()
+    text = unit_text(executable)
+    _write_atomically(target, text)
+    env = manager_environment() or dict(os.environ)
+    dropin = unit_dir() / SANDBOX_DROPIN
+    trees: list[str] = []
+    if sandbox:
+        trees = writable_trees(env)
+        state = config.default_state_dir(env)
+        try:  # it must exist at start: the sandbox makes its parent read-only
+            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"cannot create {state}: {err.strerror}") from None
+        dropin_text = sandbox_text(trees)
+        check_sandbox(text, dropin_text, executable)
+        _write_atomically(dropin, dropin_text)
+    elif dropin.exists():
+        dropin.unlink()
+        with contextlib.suppress(OSError):  # other drop-ins of the user's stay
+            dropin.parent.rmdir()
     _checked("daemon-reload")
+    reason = why_it_cannot_start(env)
+    if reason is not None:
+        return Installed(target, started=False, cannot_start=reason, writable=tuple(trees))
     if enable:
         _checked("enable", UNIT_NAME)
         _checked("restart", UNIT_NAME)
-    return target
+    return Installed(target, started=enable, writable=tuple(trees))
 
 
 def uninstall() -> Path:
@@ -153,6 +375,10 @@ def uninstall() -> Path:
     systemctl("disable", "--now", UNIT_NAME)  # fails harmlessly when it was never enabled
     systemctl("stop", UNIT_NAME)  # started without being enabled
     target.unlink(missing_ok=True)
+    dropin = unit_dir() / SANDBOX_DROPIN
+    dropin.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        dropin.parent.rmdir()
     _checked("daemon-reload")
     systemctl("reset-failed", UNIT_NAME)  # forget a failed state; fails when there is none
     return target

@@ -25,6 +25,9 @@ How it works (see docs/systemd-testing.md for the why of every step):
   ``cgroup.events``) that no service process is left behind.
 * Readiness is the real ``sd_notify`` protocol: both daemons get a ``NOTIFY_SOCKET`` of
   ours and we wait for their ``READY=1``; then ``systemctl --user is-system-running --wait``.
+* ``user_systemd(uid=N)`` runs the manager as an unprivileged user instead (as ``user@N.service``
+  would: that uid, no capabilities, a delegated cgroup): what a normal user's manager can and
+  cannot enforce differs from root's. :func:`unprivileged_uid` picks one (``nobody``).
 
 Only the standard library is used, so this module works before memstaged is installed.
 """
@@ -38,6 +41,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -51,6 +55,7 @@ __all__ = [
     "StartupError",
     "UserSystemd",
     "unavailable_reason",
+    "unprivileged_uid",
     "user_systemd",
     "wait_until",
 ]
@@ -92,14 +97,21 @@ mkdir -p /run/systemd /run/log
 mount --no-mtab --bind "$1/run" /run/systemd
 mount --no-mtab --bind "$1/log" /run/log
 if [ -d /var/log/journal ]; then mount --no-mtab --bind "$1/empty" /var/log/journal; fi
+mkdir -p /run/user
+mount --no-mtab --bind "$1/run-user" /run/user
 exec "$2"
 """
 
-# Run inside the namespace: $1 = cgroup dir, $2 = systemd binary. Moving the shell into the
-# cgroup before exec puts the manager there from its first instruction on.
+# Run inside the namespace: $1 = cgroup dir, $2 = systemd binary, $3 = the uid to run as (empty:
+# stay root). Moving the shell into the cgroup before exec puts the manager there from its first
+# instruction on. setpriv does what PID 1 does for user@N.service: that uid and gid, no
+# supplementary groups, no capabilities left (the bounding set stays full, as it does there).
 _MANAGER_SCRIPT = """\
 set -e
 echo $$ > "$1/cgroup.procs"
+if [ -n "$3" ]; then
+    exec setpriv --reuid="$3" --regid="$3" --clear-groups -- "$2" --user --log-target=journal
+fi
 exec "$2" --user --log-target=journal
 """
 
@@ -192,6 +204,16 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def unprivileged_uid() -> int | None:
+    """A uid to run an unprivileged user manager as (``nobody``), or None if there is none."""
+    if shutil.which("setpriv") is None:
+        return None
+    try:
+        return pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return None
+
+
 # --------------------------------------------------------------------------- the handle
 
 
@@ -206,17 +228,40 @@ class UserSystemd:
     cgroup: Path  # the manager's cgroup (the user@<uid>.service of this instance)
     journald_pid: int
     manager_pid: int
+    uid: int  # the manager's uid; commands run as it (journalctl excepted)
 
-    def command(self, *argv: str) -> list[str]:
-        """``argv`` prefixed so that it runs inside the private mount namespace."""
-        return ["nsenter", f"--target={self.journald_pid}", "--mount", "--", *argv]
+    @property
+    def home(self) -> Path:
+        return Path(self.env["HOME"])
+
+    def command(self, *argv: str, as_root: bool = False) -> list[str]:
+        """``argv`` prefixed so that it runs inside the private mount namespace, as :attr:`uid`
+        unless ``as_root``.
+
+        setpriv still holds root's capabilities while it execs ``argv[0]``, so a program the
+        user may not reach (under ``/root``) still starts: go through ``sh -c 'exec ...'`` to
+        check what the user can run.
+        """
+        drop: list[str] = []
+        if self.uid != os.geteuid() and not as_root:
+            drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
+        return ["nsenter", f"--target={self.journald_pid}", "--mount", "--", *drop, *argv]
+
+    def give(self, *paths: Path) -> None:
+        """Make ``paths`` (files or whole trees) belong to :attr:`uid`, so its services can use
+        them (a no-op for a root manager)."""
+        if self.uid == os.geteuid():
+            return
+        for path in paths:
+            for item in (path, *(path.rglob("*") if path.is_dir() else ())):
+                os.lchown(item, self.uid, self.uid)
 
     def run(
-        self, *argv: str, check: bool = False, timeout: float = 30.0
+        self, *argv: str, check: bool = False, timeout: float = 30.0, as_root: bool = False
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside the namespace with :attr:`env`; capture text output."""
         return subprocess.run(
-            self.command(*argv),
+            self.command(*argv, as_root=as_root),
             env=self.env,
             capture_output=True,
             text=True,
@@ -233,13 +278,16 @@ class UserSystemd:
     def journalctl(
         self, *args: str, check: bool = False, timeout: float = 30.0
     ) -> subprocess.CompletedProcess[str]:
-        """``journalctl --no-pager ARGS`` on this journald's journal (only).
+        """``journalctl --no-pager ARGS`` on this journald's journal (only), run as root.
 
         Use ``--user-unit=UNIT``, not ``--user -u UNIT``: systemd 252's ``--user`` only opens
         ``user-<uid>.journal`` files, and journald writes root's records to ``system.journal``
-        (fixed in systemd 254, PR #27961).
+        (fixed in systemd 254, PR #27961). ``--user-unit`` also matches ``_UID=`` of the caller
+        (root): for an unprivileged manager's services match ``_SYSTEMD_USER_UNIT=`` instead.
         """
-        return self.run("journalctl", "--no-pager", *args, check=check, timeout=timeout)
+        return self.run(
+            "journalctl", "--no-pager", *args, check=check, timeout=timeout, as_root=True
+        )
 
     def show(self, unit: str, *properties: str) -> dict[str, str]:
         """``systemctl --user show -p P... UNIT`` as a dict."""
@@ -251,6 +299,7 @@ class UserSystemd:
         """Write ``name`` into :attr:`unit_dir` and ``daemon-reload``."""
         path = self.unit_dir / name
         path.write_text(text, encoding="utf-8")
+        self.give(path)
         self.systemctl("daemon-reload", check=True)
         return path
 
@@ -258,10 +307,12 @@ class UserSystemd:
 # --------------------------------------------------------------------------- start/stop
 
 
-def _notify_socket(path: Path) -> socket.socket:
+def _notify_socket(path: Path, mode: int | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         sock.bind(str(path))
+        if mode is not None:  # an unprivileged manager must be able to send to it
+            path.chmod(mode)
     except OSError:
         sock.close()
         raise
@@ -320,6 +371,22 @@ def _start_ready(
         _stop(proc, timeout)
         raise
     return proc
+
+
+def _inaccessible_nodes(directory: Path) -> None:
+    """What PID 1 creates at boot in ``/run/systemd/inaccessible``: one node of each type, mode
+    0000, which root's user manager mounts over what a sandbox hides (``/dev/kmsg``, ...)."""
+    directory.mkdir()
+    (directory / "dir").mkdir()
+    (directory / "reg").touch()
+    os.mkfifo(directory / "fifo")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(directory / "sock"))
+    os.mknod(directory / "chr", 0o600 | stat.S_IFCHR, os.makedev(0, 0))
+    os.mknod(directory / "blk", 0o600 | stat.S_IFBLK, os.makedev(0, 0))
+    for node in directory.iterdir():
+        node.chmod(0)
+    directory.chmod(0o555)
 
 
 def _populated(cgroup: Path) -> bool:
@@ -396,9 +463,11 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 @contextlib.contextmanager
 def user_systemd(
-    *, start_timeout: float = 20.0, stop_timeout: float = 30.0
+    *, uid: int | None = None, start_timeout: float = 20.0, stop_timeout: float = 30.0
 ) -> Iterator[UserSystemd]:
     """Start journald + ``systemd --user`` privately; stop both and prove nothing is left.
+
+    The manager runs as ``uid`` (default: this process's, root): see :func:`unprivileged_uid`.
 
     Raises :class:`StartupError` if either daemon does not come up, and, at exit,
     :class:`LeftoverProcessesError` if the teardown had to kill anything.
@@ -413,12 +482,20 @@ def user_systemd(
 
     base = Path(tempfile.mkdtemp(prefix="sdenv-", dir=_BASE_PARENT))
     assert len(str(base)) <= _MAX_BASE_LEN, base
-    user = pwd.getpwuid(os.getuid())
+    uid = os.geteuid() if uid is None else uid
+    drop = uid != os.geteuid()
+    if drop and unprivileged_uid() is None:
+        raise StartupError("setpriv is needed to run a user manager as another uid")
+    user = pwd.getpwuid(uid)
     home, runtime, config, run = base / "home", base / "runtime", base / "config", base / "run"
     for d in (
         home,
         config / "systemd" / "user",
         run / "system",
+        # A booted host has these; the manager needs them to set up mount namespaces for
+        # sandboxing options (see docs/systemd-testing.md).
+        run / "unit-root",
+        base / "run-user",
         run / "journal",
         run / "journald.conf.d",
         run / "user.conf.d",
@@ -427,6 +504,10 @@ def user_systemd(
     ):
         d.mkdir(parents=True)
     runtime.mkdir(mode=0o700)
+    # /run/user/<uid> is XDG_RUNTIME_DIR on a real machine; systemd 252 looks for its
+    # inaccessible/ nodes there rather than in $XDG_RUNTIME_DIR.
+    (base / "run-user" / str(uid)).symlink_to(runtime)
+    _inaccessible_nodes(run / "inaccessible")
     (run / "journald.conf.d" / "test.conf").write_text(_JOURNALD_CONF, encoding="utf-8")
     (run / "user.conf.d" / "test.conf").write_text(_USER_CONF, encoding="utf-8")
     env = {
@@ -457,6 +538,17 @@ def user_systemd(
     with contextlib.ExitStack() as sockets:
         try:
             cgroup.mkdir(parents=True)
+            if drop:  # what PID 1 does for user@.service: the user's tree, delegated
+                base.chmod(0o755)
+                for path in (home, runtime, config):
+                    for item in (path, *path.rglob("*")):
+                        os.lchown(item, uid, uid)
+                for name in ("", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
+                    os.chown(cgroup / name, uid, uid)
+                if mirror is not None:
+                    (mirror / cgroup.name).mkdir(parents=True)
+                    for name in ("", "cgroup.procs", "tasks"):
+                        os.chown(mirror / cgroup.name / name, uid, uid)
             journald = _start_ready(
                 [*_UNSHARE, "sh", "-c", _NAMESPACE_SCRIPT, "sh", str(base), journald_bin],
                 env={"PATH": env["PATH"], "SYSTEMD_LOG_TARGET": "console"},
@@ -467,9 +559,15 @@ def user_systemd(
             ns_inode = Path(f"/proc/{journald.pid}/ns/mnt").stat().st_ino
             nsenter = ["nsenter", f"--target={journald.pid}", "--mount", "--"]
             manager = _start_ready(
-                [*nsenter, "sh", "-c", _MANAGER_SCRIPT, "sh", str(cgroup), systemd_bin],
+                [
+                    *nsenter,
+                    *("sh", "-c", _MANAGER_SCRIPT, "sh", str(cgroup), systemd_bin),
+                    str(uid) if drop else "",
+                ],
                 env=env,
-                sock=sockets.enter_context(_notify_socket(base / "manager.notify")),
+                sock=sockets.enter_context(
+                    _notify_socket(base / "manager.notify", mode=0o777 if drop else None)
+                ),
                 log=base / "manager.log",
                 timeout=start_timeout,
             )
@@ -481,6 +579,7 @@ def user_systemd(
                 cgroup=cgroup,
                 journald_pid=journald.pid,
                 manager_pid=manager.pid,
+                uid=uid,
             )
             # READY=1 comes at basic.target; wait for default.target ("running") too.
             state = sd.systemctl("is-system-running", "--wait", timeout=start_timeout)

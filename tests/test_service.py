@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -145,17 +146,81 @@ def test_service_install_writes_the_unit_and_reloads(
     assert os.path.isabs(executable) and os.access(executable, os.X_OK)
     assert Path(executable).name == "memstaged"
     assert stat.S_IMODE(unit.stat().st_mode) == 0o644
-    assert _calls(fake_systemctl) == ["--user --no-ask-password daemon-reload"]
-    assert "systemctl --user enable --now memstaged.service" in capsys.readouterr().out
+    assert _calls(fake_systemctl) == [
+        "--user --no-ask-password show-environment",
+        "--user --no-ask-password daemon-reload",
+    ]
+    assert "then run: systemctl --user enable --now memstaged" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("config_text", "reason"),
+    [
+        (None, "no memory dir is configured in {config}"),
+        ("settle = 1\n", "no memory dir is configured in {config}"),
+        ("memory_dirs = [\n", "{config}: not valid TOML: "),
+        ("memory_dir = []\n", "{config}: unknown key 'memory_dir'"),
+    ],
+)
+def test_service_install_enable_without_memory_dirs_starts_nothing(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    config_text: str | None,
+    reason: str,
+) -> None:
+    """Issue 13 (README item 1): `install --enable` with no config, a config without
+    memory_dirs, or a bad config writes the unit but neither enables nor starts it (the service
+    would exit 2 at once and stay failed); it says why and what to run in one line, exit 1."""
+    if config_text is not None:
+        _configure(tmp_path, config_text)
+    config = tmp_path / "config" / "memstaged" / "config.toml"
+    assert main(["service", "install", "--enable"]) == 1
+    assert (tmp_path / "config" / "systemd" / "user" / "memstaged.service").is_file()
+    assert not any(" enable " in c or "start" in c for c in _calls(fake_systemctl))
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("memstaged: not enabled or started: " + reason.format(config=config))
+    assert err[0].endswith("then run: systemctl --user enable --now memstaged")
+
+
+def test_service_install_reads_the_config_the_service_will_read(
+    fake_systemctl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13 (README item 1): the check uses the user manager's environment (HOME,
+    XDG_CONFIG_HOME as `systemctl --user show-environment` gives them), not this shell's, and
+    the service's working directory (the home directory) for the default ./.pi/memory/project."""
+    home = tmp_path / "service-home"
+    (home / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
+    env_file = tmp_path / "manager.env"
+    env_file.write_text(f"HOME={home}\nXDG_CONFIG_HOME={tmp_path / 'nowhere'}\n")
+    script = Path(shutil.which("systemctl") or "")
+    script.write_text(
+        script.read_text().replace(
+            "case", f'[ "$2 $3" = "--no-ask-password show-environment" ] && cat {env_file}\ncase', 1
+        )
+    )
+    assert main(["service", "install", "--enable"]) == 0  # ~/.pi/memory/project of the service
+    assert "--user --no-ask-password restart memstaged.service" in _calls(fake_systemctl)
+
+
+def _configure(
+    tmp_path: Path, text: str = 'memory_dirs = ["~/src/*/.pi/memory/project"]\n'
+) -> None:
+    path = tmp_path / "config" / "memstaged" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def test_service_install_enable_starts_it_and_uninstall_undoes_it(
     fake_systemctl: Path, tmp_path: Path
 ) -> None:
-    """--enable also enables and (re)starts the unit; uninstall stops, disables, removes the
-    file and reloads."""
+    """--enable also enables and (re)starts the unit when memory dirs are configured (a glob
+    that matches nothing yet is fine: the daemon waits for it); uninstall stops, disables,
+    removes the file and reloads."""
+    _configure(tmp_path)
     assert main(["service", "install", "--enable"]) == 0
-    assert _calls(fake_systemctl)[1:] == [
+    assert _calls(fake_systemctl)[2:] == [
         "--user --no-ask-password enable memstaged.service",
         "--user --no-ask-password restart memstaged.service",
     ]
@@ -172,6 +237,7 @@ def test_service_install_failure_is_one_line_and_exit_2(
     fake_systemctl: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A systemctl failure ends as one line naming the command, exit code 2, no traceback."""
+    _configure(Path(os.environ["XDG_CONFIG_HOME"]).parent)
     monkeypatch.setenv("FAIL_ON", "restart")
     assert main(["service", "install", "--enable"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -249,3 +315,63 @@ def test_every_event_kind_has_its_own_message_id() -> None:
     ids: list[Any] = list(log.MESSAGE_IDS.values())
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+
+
+def test_sandbox_writable_trees_follow_the_config(tmp_path: Path) -> None:
+    """Issue 13 (the unit): `install --sandbox` leaves writable each memory-dir pattern's
+    literal prefix (a glob's directory before its first wildcard; a dir that does not exist yet
+    its nearest existing parent, so that it is writable once created; a relative pattern under
+    the home directory, the service's working directory), the state dir and the log's dir."""
+    home, src = tmp_path / "home", tmp_path / "home" / "src"
+    src.mkdir(parents=True)
+    (tmp_path / "srv").mkdir()
+    config = tmp_path / "config" / "memstaged" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(
+        'memory_dirs = ["~/src/*/.pi/memory/project", '
+        f'"{tmp_path}/srv/not-yet/.pi/memory/project", "work/p/.pi/memory/project"]\n'
+        f'log_file = "{tmp_path}/logs/decisions.jsonl"\n'
+    )
+    env = {
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+    }
+    assert service.writable_trees(env) == sorted(
+        [
+            str(src),
+            str(tmp_path / "srv"),
+            str(home),
+            str(tmp_path / "logs"),
+            str(home / ".local" / "state" / "memstaged"),
+        ]
+    )
+
+
+def test_sandbox_drop_in_quotes_paths_for_systemd() -> None:
+    """A tree with a space, %, a quote or a backslash is one ReadWritePaths= word naming that
+    directory ("-": skipped, not fatal, if it is gone at start)."""
+    text = service.sandbox_text(["/a b/100%", '/q"\\'])
+    assert text.splitlines()[-1] == 'ReadWritePaths="-/a b/100%%" "-/q\\"\\\\"'
+    assert "PrivateUsers=yes" in text.splitlines()
+
+
+def test_service_install_sandbox_refused_when_the_manager_cannot_run_it(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 13 (the unit): where the check unit fails (user namespaces off, ...), --sandbox
+    says so in one line, exit 2, writes no drop-in, enables nothing, and removes the check
+    unit."""
+    _configure(tmp_path)
+    monkeypatch.setenv("FAIL_ON", "start memstaged-sandbox-check")
+    assert main(["service", "install", "--enable", "--sandbox"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("memstaged: the sandbox cannot run in this user manager")
+    units = tmp_path / "config" / "systemd" / "user"
+    assert not (units / "memstaged.service.d").exists()
+    assert not (units / "memstaged-sandbox-check.service").exists()
+    assert not any(" enable " in c for c in _calls(fake_systemctl))

@@ -361,3 +361,31 @@ def test_teardown_kills_and_reports_leftovers() -> None:
     # Killed by the teardown; reaped by whichever ancestor inherited it, maybe a moment later.
     wait_until(lambda: start_time(stray) != started, timeout=10, what="the stray to be gone")
     assert not sd.cgroup.parent.exists()
+
+
+def test_unprivileged_manager_runs_as_that_user_without_capabilities() -> None:
+    """`user_systemd(uid=N)` is a normal user's manager, as user@N.service would be (issue 13,
+    the unit: the hardening is probed under it): the manager and its services run as N with no
+    capabilities, they can use the delegated cgroup and runtime dir, and teardown still leaves
+    nothing behind."""
+    reason = systemd_env.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"cannot run a systemd --user manager here: {reason}")
+    uid = systemd_env.unprivileged_uid()
+    if uid is None:
+        pytest.skip("no unprivileged user (nobody) or no setpriv here")
+    with systemd_env.user_systemd(uid=uid) as sd:
+        out = sd.home / "status"
+        sd.install_unit(
+            "who.service",
+            f"[Service]\nType=oneshot\nExecStart=/bin/sh -c 'cat /proc/self/status > {out}'\n",
+        )
+        sd.systemctl("start", "who.service", check=True)
+        service = dict(line.split(":", 1) for line in out.read_text().splitlines())
+        manager = Path(f"/proc/{sd.manager_pid}/status").read_text()
+        assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in manager.splitlines()
+        assert service["Uid"].split() == [str(uid)] * 4
+        assert service["CapEff"].strip() == service["CapPrm"].strip() == "0000000000000000"
+        assert out.stat().st_uid == uid
+    assert not sd.cgroup.parent.exists()
+    assert not sd.base.exists()
