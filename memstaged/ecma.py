@@ -8,6 +8,7 @@ to end, so these rules are reproduced here exactly rather than approximated with
 
 from __future__ import annotations
 
+import gc
 import json
 import json.decoder
 import math
@@ -53,6 +54,29 @@ _NEWER_LOWER_MAP: Final = {
     c: chr(c + shift) for first, last, shift in _NEWER_LOWER for c in range(first, last + 1)
 }
 _NEWER_UPPER: Final = re.compile("[" + "".join(chr(c) for c in _NEWER_LOWER_MAP) + "]")
+#: Where Node's Unicode gives a character another casing type than Python's, for the Final_Sigma
+#: rule of ``toLowerCase``: (first, last, type) with 0 neither, 1 cased, 2 case-ignorable. Found
+#: by comparing ``/\p{Cased}/u`` and ``/\p{Case_Ignorable}/u`` in Node with Python's own rule.
+_NEWER_CASING: Final = (
+    (0x295, 0x295, 0), (0x897, 0x897, 2), (0xECE, 0xECE, 2), (0x1ACF, 0x1ADD, 2),
+    (0x1AE0, 0x1AEB, 2), (0x1C89, 0x1C8A, 1), (0xA7CB, 0xA7CF, 1), (0xA7D2, 0xA7D2, 1),
+    (0xA7D4, 0xA7D4, 1), (0xA7DA, 0xA7DC, 1), (0xA7F1, 0xA7F1, 2), (0x10D4E, 0x10D4E, 2),
+    (0x10D50, 0x10D65, 1), (0x10D69, 0x10D6D, 2), (0x10D6F, 0x10D6F, 2), (0x10D70, 0x10D85, 1),
+    (0x10EC5, 0x10EC5, 2), (0x10EFA, 0x10EFF, 2), (0x11241, 0x11241, 2), (0x113BB, 0x113C0, 2),
+    (0x113CE, 0x113CE, 2), (0x113D0, 0x113D0, 2), (0x113D2, 0x113D2, 2), (0x113E1, 0x113E2, 2),
+    (0x1171E, 0x1171E, 0), (0x11B60, 0x11B60, 2), (0x11B62, 0x11B64, 2), (0x11B66, 0x11B66, 2),
+    (0x11DD9, 0x11DD9, 2), (0x11F00, 0x11F01, 2), (0x11F36, 0x11F3A, 2), (0x11F40, 0x11F40, 2),
+    (0x11F42, 0x11F42, 2), (0x11F5A, 0x11F5A, 2), (0x13439, 0x13440, 2), (0x13447, 0x13455, 2),
+    (0x1611E, 0x16129, 2), (0x1612D, 0x1612F, 2), (0x16D40, 0x16D42, 2), (0x16D6B, 0x16D6C, 2),
+    (0x16EA0, 0x16EB8, 1), (0x16EBB, 0x16ED3, 1), (0x16FF2, 0x16FF3, 2), (0x1DF25, 0x1DF2A, 1),
+    (0x1E030, 0x1E06D, 2), (0x1E08F, 0x1E08F, 2), (0x1E4EB, 0x1E4EF, 2), (0x1E5EE, 0x1E5EF, 2),
+    (0x1E6E3, 0x1E6E3, 2), (0x1E6E6, 0x1E6E6, 2), (0x1E6EE, 0x1E6EF, 2), (0x1E6F5, 0x1E6F5, 2),
+    (0x1E6FF, 0x1E6FF, 2),
+)  # fmt: skip
+_NEWER_CASING_MAP: Final = {
+    c: kind for first, last, kind in _NEWER_CASING for c in range(first, last + 1)
+}
+_CAPITAL_SIGMA: Final = "\u03a3"
 
 
 def trim(text: str) -> str:
@@ -70,9 +94,47 @@ def split_words(text: str) -> list[str]:
     return [w for w in _JS_WHITESPACE_RUN.split(text) if w]
 
 
+def _casing(c: str) -> int:
+    """0 neither, 1 cased, 2 case-ignorable, as Node's Unicode says (Final_Sigma's terms)."""
+    kind = _NEWER_CASING_MAP.get(ord(c))
+    if kind is not None:
+        return kind
+    # Python's own view, read off its Final_Sigma rule (which skips case-ignorables first).
+    if (c + _CAPITAL_SIGMA).lower()[-1] == "\u03c2":
+        return 1
+    return 2 if ("A" + c + _CAPITAL_SIGMA).lower()[-1] == "\u03c2" else 0
+
+
+def _final_sigma(text: str, at: int) -> bool:
+    """Unicode's Final_Sigma: a cased letter before (case-ignorables skipped), none after."""
+    i = at - 1
+    while i >= 0 and _casing(text[i]) == 2:
+        i -= 1
+    if i < 0 or _casing(text[i]) != 1:
+        return False
+    i = at + 1
+    while i < len(text) and _casing(text[i]) == 2:
+        i += 1
+    return i >= len(text) or _casing(text[i]) != 1
+
+
 def to_lower(text: str) -> str:
-    """``String.prototype.toLowerCase`` (full case mapping, final sigma included)."""
-    lowered = text.lower()
+    """``String.prototype.toLowerCase`` (full case mapping, final sigma included).
+
+    Python's ``str.lower`` does this by an older Unicode: the letters added since are mapped here,
+    and a capital sigma next to a character whose casing changed is decided by Node's tables.
+    """
+    if _CAPITAL_SIGMA in text and any(ord(c) in _NEWER_CASING_MAP for c in text):
+        pieces = text.split(_CAPITAL_SIGMA)
+        out = [pieces[0].lower()]
+        at = len(pieces[0])
+        for piece in pieces[1:]:
+            out.append("\u03c2" if _final_sigma(text, at) else "\u03c3")
+            out.append(piece.lower())
+            at += 1 + len(piece)
+        lowered = "".join(out)
+    else:
+        lowered = text.lower()
     if _NEWER_UPPER.search(lowered) is None:
         return lowered
     return _NEWER_UPPER.sub(lambda m: _NEWER_LOWER_MAP[ord(m[0])], lowered)
@@ -187,6 +249,8 @@ _JSON_SPACE: Final = re.compile(r"[ \t\n\r]*")
 _JSON_SPACE_CHARS: Final = frozenset(" \t\n\r")
 _JSON_NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 _JSON_OPEN_ARRAYS: Final = re.compile(r"(?:\[[ \t\n\r]*)+")
+#: A key without escapes or control characters, with the colon and spaces around it.
+_JSON_SIMPLE_KEY: Final = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
 _LITERALS: Final = (("true", True), ("false", False), ("null", None))
 
 
@@ -211,6 +275,9 @@ def _string(text: str, pos: int) -> tuple[str, int]:
 
 def _key(text: str, pos: int) -> tuple[str, int]:
     """``"key" :`` at ``pos`` (spaces skipped), and the position of the value after it."""
+    simple = _JSON_SIMPLE_KEY.match(text, pos)
+    if simple is not None:
+        return simple[1], simple.end()
     pos = _skip_space(text, pos)
     if pos >= len(text) or text[pos] != '"':
         raise _fail("expected a key", pos)
@@ -241,6 +308,21 @@ def _scalar_at(text: str, pos: int) -> tuple[Any, int]:
 
 def _parse_iterative(text: str) -> Any:
     """``JSON.parse`` without recursion, for documents nested deeper than Python's stack allows.
+
+    The cyclic garbage collector is paused meanwhile: a parse creates no cycles, and collections
+    triggered by a million new containers would each walk all of them again.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_stack(text)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse_stack(text: str) -> Any:
+    """The work of :func:`_parse_iterative`.
 
     A stack of open containers, each with the key awaiting its value (``None`` in an array),
     replaces the call stack; strings are read by the standard library's own string scanner.
