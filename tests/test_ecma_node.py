@@ -63,14 +63,36 @@ def _random_bytes(rng: random.Random) -> bytes:
         if r < 0.3:
             pieces.append(bytes([rng.randint(0, 255)]))
         elif r < 0.6:
-            encoded = chr(rng.choice((rng.randint(0x80, 0x7FF), rng.randint(0x800, 0xFFFF),
-                                      rng.randint(0x10000, 0x10FFFF)))).encode("utf-8", "surrogatepass")
+            encoded = chr(
+                rng.choice(
+                    (
+                        rng.randint(0x80, 0x7FF),
+                        rng.randint(0x800, 0xFFFF),
+                        rng.randint(0x10000, 0x10FFFF),
+                    )
+                )
+            ).encode("utf-8", "surrogatepass")
             pieces.append(encoded[: rng.randint(0, len(encoded))])  # often truncated
         elif r < 0.8:
-            pieces.append(bytes(rng.choice((
-                b"\xed\xa0\x80", b"\xc0\x80", b"\xe0\x80\x80", b"\xf0\x80\x80\x80", b"\xf4\x90\x80",
-                b"\xf5\x80", b"\xef\xbb\xbf", b"\xc2", b"\xe2\x82", b"\xf0\x9f\x98", b"\x80\x80",
-            ))))
+            pieces.append(
+                bytes(
+                    rng.choice(
+                        (
+                            b"\xed\xa0\x80",
+                            b"\xc0\x80",
+                            b"\xe0\x80\x80",
+                            b"\xf0\x80\x80\x80",
+                            b"\xf4\x90\x80",
+                            b"\xf5\x80",
+                            b"\xef\xbb\xbf",
+                            b"\xc2",
+                            b"\xe2\x82",
+                            b"\xf0\x9f\x98",
+                            b"\x80\x80",
+                        )
+                    )
+                )
+            )
         else:
             pieces.append(rng.choice((b"a", b"{", b'"', b"\x00", b"\x7f")))
     return b"".join(pieces)
@@ -91,7 +113,13 @@ def _mutated_json(rng: random.Random) -> bytes:
         if choice < 0.4 and chars:
             del chars[min(where, len(chars) - 1)]
         else:
-            chars.insert(where, rng.choice(list(',:[]{}"\\ 0-1eE.tnf\t\n\r\x0b\x00') + ["\ufeff", "NaN", "1e400", "//", "\\u"]))
+            chars.insert(
+                where,
+                rng.choice(
+                    list(',:[]{}"\\ 0-1eE.tnf\t\n\r\x0b\x00')
+                    + ["\ufeff", "NaN", "1e400", "//", "\\u"]
+                ),
+            )
     data = "".join(chars).encode("utf-8", "surrogatepass")
     if rng.random() < 0.2:
         data = data.replace(b"x", b"\xff", 1)
@@ -137,12 +165,30 @@ def test_string_functions_agree_with_node(node: Node, op: str, ours: object) -> 
 def test_keyword_topic_agrees_with_node(node: Node) -> None:
     """SPEC 3.1 step 3 computed in JavaScript and by memstaged on 3,000 random lesson texts."""
     rng = random.Random(31)
-    words = ["Use", "the", "Foo-bar", "2things", "ÇA", "Σίσυφος", "ΌΣ", "İstanbul", "x\U0001f600",
-             "\U0001f600\U0001f600", "mustn't", "_init_", "HTTP/2", "a.b.c", "über", "ﬃx"]
+    words = [
+        "Use",
+        "the",
+        "Foo-bar",
+        "2things",
+        "ÇA",
+        "Σίσυφος",
+        "ΌΣ",
+        "İstanbul",
+        "x\U0001f600",
+        "\U0001f600\U0001f600",
+        "mustn't",
+        "_init_",
+        "HTTP/2",
+        "a.b.c",
+        "über",
+        "ﬃx",
+    ]
     inputs = []
     for _ in range(3000):
-        picked = [rng.choice(words) if rng.random() < 0.6 else _random_text(rng, 6)
-                  for _ in range(rng.randint(0, 8))]
+        picked = [
+            rng.choice(words) if rng.random() < 0.6 else _random_text(rng, 6)
+            for _ in range(rng.randint(0, 8))
+        ]
         inputs.append(rng.choice((" ", "\n", "\u3000", "\t")).join(picked))
     found = compare(node, "keyword", inputs, keyword_topic)
     assert found == [], "\n".join(found)
