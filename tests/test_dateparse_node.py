@@ -13,18 +13,49 @@ import random
 from collections.abc import Iterator
 
 import pytest
+from node_oracle import Node, local_zone, mismatches
 
 from memstaged.dateparse import parse
 from memstaged.timestamps import format_epoch_ms
-from node_oracle import Node, local_zone, mismatches
 
 ZONES = ("UTC", "America/New_York", "Australia/Adelaide")
 
-MONTHS = (
-    "January February March April May June July August September October November December"
-).split()
-DAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
-ZONE_WORDS = "Z z UTC utc UT GMT gmt EST EDT CST CDT MST MDT PST PDT est pdt UTCX GMTX".split()
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+ZONE_WORDS = [
+    "Z",
+    "z",
+    "UTC",
+    "utc",
+    "UT",
+    "GMT",
+    "gmt",
+    "EST",
+    "EDT",
+    "CST",
+    "CDT",
+    "MST",
+    "MDT",
+    "PST",
+    "PDT",
+    "est",
+    "pdt",
+    "UTCX",
+    "GMTX",
+]
 GARBAGE = ["foo", "x", "T", "t", "am", "PM", "a", "[", "_", "@", "é", "Ω", "(note)", "(a(b)c)", "("]
 GARBAGE += [
     ")",

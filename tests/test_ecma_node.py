@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterator
 
 import pytest
+from node_oracle import Node, compare
 
 from memstaged.ecma import (
     JS_WHITESPACE,
@@ -25,13 +26,12 @@ from memstaged.ecma import (
 )
 from memstaged.errors import NotJSON
 from memstaged.repair import keyword_topic
-from node_oracle import Node, compare
 
 #: Characters where JavaScript and Python part ways, or that the rules name.
 SPECIAL = (
     JS_WHITESPACE
     + "\x1c\x1d\x1e\x1f\x85\u180e\u200b"  # whitespace to Python only, or to neither
-    + "ΣσςΑἈᾼİIıiẞßŉǅǈﬃ"  # final sigma, dotted I, expansions, title case
+    + "ΣσςΑἈᾼİIıiẞßŉǅǈﬃ"  # noqa: RUF001 - final sigma, dotted I, expansions, title case
     + "\u1c89\ua7cb\ua7cc\ua7dc\U00010d50\U00016ea0"  # upper case letters newer than Python's
     + "\U0001f600\U00010400\ud800\udc00\udbff"  # astral, lone surrogates
     + "/.-_`*#>[](){}:;,!?\\|<=+~$%^&0123456789'\"@"
@@ -116,8 +116,14 @@ def _mutated_json(rng: random.Random) -> bytes:
             chars.insert(
                 where,
                 rng.choice(
-                    list(',:[]{}"\\ 0-1eE.tnf\t\n\r\x0b\x00')
-                    + ["\ufeff", "NaN", "1e400", "//", "\\u"]
+                    [
+                        *list(',:[]{}"\\ 0-1eE.tnf\t\n\r\x0b\x00'),
+                        "\ufeff",
+                        "NaN",
+                        "1e400",
+                        "//",
+                        "\\u",
+                    ]
                 ),
             )
     data = "".join(chars).encode("utf-8", "surrogatepass")
