@@ -8,13 +8,13 @@ to end, so these rules are reproduced here exactly rather than approximated with
 
 from __future__ import annotations
 
+import gc
 import json
+import json.decoder
 import math
+import posixpath
 import re
-import sys
-import threading
-from collections.abc import Callable
-from typing import Any, Final, TypeGuard, TypeVar
+from typing import Any, Final, TypeGuard
 
 import msgspec
 
@@ -35,14 +35,48 @@ _MAX_INT_DIGITS: Final = 4000
 
 _decoder: Final = msgspec.json.Decoder()
 
-#: How deep a document may nest. ``JSON.parse`` has no small limit, and the interpreter's limit
-#: depends on how deep the caller already is, which would let the daemon and ``--once`` disagree
-#: about the same bytes; deep documents are therefore handled in a fresh thread with these fixed
-#: limits, so the outcome depends on the bytes only.
-DEEP_RECURSION_LIMIT: Final = 100_000
-_DEEP_STACK_BYTES: Final = 1 << 30
-_deep_lock = threading.Lock()
-T = TypeVar("T")
+#: ``String.prototype.toLowerCase`` of Node 20 (Unicode 17) where it differs from Python 3.11's
+#: ``str.lower`` (Unicode 14): (first, last, shift) for letters added to Unicode since. Found by
+#: comparing the two on every code point; ``tests/test_ecma_node.py`` keeps them compared.
+_NEWER_LOWER: Final = (
+    (0x1C89, 0x1C89, 1),
+    (0xA7CB, 0xA7CB, -42343),
+    (0xA7CC, 0xA7CC, 1),
+    (0xA7CE, 0xA7CE, 1),
+    (0xA7D2, 0xA7D2, 1),
+    (0xA7D4, 0xA7D4, 1),
+    (0xA7DA, 0xA7DA, 1),
+    (0xA7DC, 0xA7DC, -42561),
+    (0x10D50, 0x10D65, 32),
+    (0x16EA0, 0x16EB8, 27),
+)
+_NEWER_LOWER_MAP: Final = {
+    c: chr(c + shift) for first, last, shift in _NEWER_LOWER for c in range(first, last + 1)
+}
+_NEWER_UPPER: Final = re.compile("[" + "".join(chr(c) for c in _NEWER_LOWER_MAP) + "]")
+#: Where Node's Unicode gives a character another casing type than Python's, for the Final_Sigma
+#: rule of ``toLowerCase``: (first, last, type) with 0 neither, 1 cased, 2 case-ignorable. Found
+#: by comparing ``/\p{Cased}/u`` and ``/\p{Case_Ignorable}/u`` in Node with Python's own rule.
+_NEWER_CASING: Final = (
+    (0x295, 0x295, 0), (0x897, 0x897, 2), (0xECE, 0xECE, 2), (0x1ACF, 0x1ADD, 2),
+    (0x1AE0, 0x1AEB, 2), (0x1C89, 0x1C8A, 1), (0xA7CB, 0xA7CF, 1), (0xA7D2, 0xA7D2, 1),
+    (0xA7D4, 0xA7D4, 1), (0xA7DA, 0xA7DC, 1), (0xA7F1, 0xA7F1, 2), (0x10D4E, 0x10D4E, 2),
+    (0x10D50, 0x10D65, 1), (0x10D69, 0x10D6D, 2), (0x10D6F, 0x10D6F, 2), (0x10D70, 0x10D85, 1),
+    (0x10EC5, 0x10EC5, 2), (0x10EFA, 0x10EFF, 2), (0x11241, 0x11241, 2), (0x113BB, 0x113C0, 2),
+    (0x113CE, 0x113CE, 2), (0x113D0, 0x113D0, 2), (0x113D2, 0x113D2, 2), (0x113E1, 0x113E2, 2),
+    (0x1171E, 0x1171E, 0), (0x11B60, 0x11B60, 2), (0x11B62, 0x11B64, 2), (0x11B66, 0x11B66, 2),
+    (0x11DD9, 0x11DD9, 2), (0x11F00, 0x11F01, 2), (0x11F36, 0x11F3A, 2), (0x11F40, 0x11F40, 2),
+    (0x11F42, 0x11F42, 2), (0x11F5A, 0x11F5A, 2), (0x13439, 0x13440, 2), (0x13447, 0x13455, 2),
+    (0x1611E, 0x16129, 2), (0x1612D, 0x1612F, 2), (0x16D40, 0x16D42, 2), (0x16D6B, 0x16D6C, 2),
+    (0x16EA0, 0x16EB8, 1), (0x16EBB, 0x16ED3, 1), (0x16FF2, 0x16FF3, 2), (0x1DF25, 0x1DF2A, 1),
+    (0x1E030, 0x1E06D, 2), (0x1E08F, 0x1E08F, 2), (0x1E4EB, 0x1E4EF, 2), (0x1E5EE, 0x1E5EF, 2),
+    (0x1E6E3, 0x1E6E3, 2), (0x1E6E6, 0x1E6E6, 2), (0x1E6EE, 0x1E6EF, 2), (0x1E6F5, 0x1E6F5, 2),
+    (0x1E6FF, 0x1E6FF, 2),
+)  # fmt: skip
+_NEWER_CASING_MAP: Final = {
+    c: kind for first, last, kind in _NEWER_CASING for c in range(first, last + 1)
+}
+_CAPITAL_SIGMA: Final = "\u03a3"
 
 
 def trim(text: str) -> str:
@@ -58,6 +92,74 @@ def collapse(text: str) -> str:
 def split_words(text: str) -> list[str]:
     """``text.split(/\\s+/)`` without the empty strings at either end."""
     return [w for w in _JS_WHITESPACE_RUN.split(text) if w]
+
+
+def _casing(c: str) -> int:
+    """0 neither, 1 cased, 2 case-ignorable, as Node's Unicode says (Final_Sigma's terms)."""
+    kind = _NEWER_CASING_MAP.get(ord(c))
+    if kind is not None:
+        return kind
+    # Python's own view, read off its Final_Sigma rule (which skips case-ignorables first).
+    if (c + _CAPITAL_SIGMA).lower()[-1] == "\u03c2":
+        return 1
+    return 2 if ("A" + c + _CAPITAL_SIGMA).lower()[-1] == "\u03c2" else 0
+
+
+def _final_sigma(text: str, at: int) -> bool:
+    """Unicode's Final_Sigma: a cased letter before (case-ignorables skipped), none after."""
+    i = at - 1
+    while i >= 0 and _casing(text[i]) == 2:
+        i -= 1
+    if i < 0 or _casing(text[i]) != 1:
+        return False
+    i = at + 1
+    while i < len(text) and _casing(text[i]) == 2:
+        i += 1
+    return i >= len(text) or _casing(text[i]) != 1
+
+
+def to_lower(text: str) -> str:
+    """``String.prototype.toLowerCase`` (full case mapping, final sigma included).
+
+    Python's ``str.lower`` does this by an older Unicode: the letters added since are mapped here,
+    and a capital sigma next to a character whose casing changed is decided by Node's tables.
+    """
+    if _CAPITAL_SIGMA in text and any(ord(c) in _NEWER_CASING_MAP for c in text):
+        pieces = text.split(_CAPITAL_SIGMA)
+        out = [pieces[0].lower()]
+        at = len(pieces[0])
+        for piece in pieces[1:]:
+            out.append("\u03c2" if _final_sigma(text, at) else "\u03c3")
+            out.append(piece.lower())
+            at += 1 + len(piece)
+        lowered = "".join(out)
+    else:
+        lowered = text.lower()
+    if _NEWER_UPPER.search(lowered) is None:
+        return lowered
+    return _NEWER_UPPER.sub(lambda m: _NEWER_LOWER_MAP[ord(m[0])], lowered)
+
+
+def utf16_length(text: str) -> int:
+    """``text.length``: UTF-16 code units, two for a character outside the BMP."""
+    if text.isascii():
+        return len(text)
+    return len(text) + sum(1 for c in text if ord(c) > 0xFFFF)
+
+
+def basename(path: str) -> str:
+    """Node's ``path.posix.basename``: trailing slashes ignored, ``/`` has no last component."""
+    return posixpath.basename(path.rstrip("/"))
+
+
+def decode_utf8(data: bytes) -> str:
+    """``fs.readFileSync(path, "utf-8")`` of these bytes: the WHATWG UTF-8 decoder.
+
+    Each maximal subpart of an invalid sequence becomes one U+FFFD and a byte-order mark stays;
+    CPython's ``"replace"`` handler replaces exactly those subparts (``tests/test_ecma_node.py``
+    holds it to Node on random bytes).
+    """
+    return data.decode("utf-8", "replace")
 
 
 def is_nonempty_string(value: object) -> TypeGuard[str]:
@@ -92,10 +194,15 @@ def is_finite_number(value: object) -> bool:
 
 
 class Parsed(msgspec.Struct, frozen=True):
-    """A decoded JSON value, and whether it holds values msgspec cannot encode back faithfully."""
+    """A decoded JSON value, and whether it holds values msgspec cannot encode back faithfully.
+
+    ``text`` is the text ``JSON.parse`` read when the bytes were not valid UTF-8 (their invalid
+    sequences replaced by U+FFFD), else ``None``: the bytes are that text.
+    """
 
     value: Any
     exotic: bool = False
+    text: str | None = None
 
 
 def _reject_constant(name: str) -> None:
@@ -109,107 +216,225 @@ def _parse_int(literal: str) -> int | float:
     return int(literal)
 
 
-def run_deep(func: Callable[..., T], *args: Any) -> T:
-    """Run ``func(*args)`` in a fresh thread with a large stack and a fixed recursion limit.
-
-    Used only after a :class:`RecursionError`: a fresh thread starts at the same depth whoever
-    calls, so the same document always gets the same outcome. The limit is global to the
-    interpreter, so it is raised only while the caller waits for this thread.
-    """
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = func(*args)
-        except BaseException as err:  # noqa: BLE001 - handed to the caller, re-raised there
-            outcome["error"] = err
-
-    with _deep_lock:
-        old_limit, old_stack = sys.getrecursionlimit(), threading.stack_size()
-        threading.stack_size(_DEEP_STACK_BYTES)
-        try:
-            sys.setrecursionlimit(DEEP_RECURSION_LIMIT)
-            worker = threading.Thread(target=target, name="memstaged-deep-json")
-            worker.start()
-            worker.join()
-        finally:
-            sys.setrecursionlimit(old_limit)
-            threading.stack_size(old_stack)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]  # type: ignore[no-any-return]
-
-
 def parse_json(data: bytes) -> Parsed:
-    """Decode ``data`` as ``JSON.parse`` would; nesting is limited only by the bytes.
+    """``JSON.parse(fs.readFileSync(path, "utf-8"))`` of ``data``; raises :class:`NotJSON`.
 
-    See :func:`_parse`; a document too deep for the caller's stack is parsed again by
-    :func:`run_deep`, and is :class:`NotJSON` only if it is too deep even there.
-    """
-    try:
-        return _parse(data)
-    except RecursionError:
-        if threading.current_thread().name == "memstaged-deep-json":
-            raise NotJSON("JSON nesting is too deep to parse") from None
-        return run_deep(parse_json, data)
-
-
-def _parse(data: bytes) -> Parsed:
-    """Decode ``data`` as ``JSON.parse`` would after a strict UTF-8 decode.
-
-    msgspec is the fast path. It refuses two things ``JSON.parse`` accepts: numbers beyond the
-    double range (``1e400`` is Infinity in JavaScript) and lone surrogate escapes (``"\\ud800"``);
-    only then the standard library parser is used, and the result is marked ``exotic`` so that
-    :func:`encode_json` writes it back without loss. Raises :class:`NotJSON` with a reason.
+    The bytes are decoded as Node decodes them (:func:`decode_utf8`), and nesting is limited
+    only by their size. msgspec is the fast path. It refuses what ``JSON.parse`` accepts in three
+    cases: numbers beyond the double range (``1e400`` is Infinity in JavaScript), lone surrogate
+    escapes (``"\\ud800"``) and deep nesting; then the standard library's parser is used, or for
+    a document nested deeper than it can recurse, :func:`_parse_iterative`. Such a value is marked
+    ``exotic`` so that :func:`encode_json` writes it back without loss.
     """
     try:
         return Parsed(_decoder.decode(data))
     except msgspec.DecodeError as fast_error:
         reason = str(fast_error)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise NotJSON(f"not UTF-8 (invalid byte at offset {err.start})") from None
+    except RecursionError:
+        reason = "nested too deep for msgspec"
+    text = decode_utf8(data)
+    replaced = None if "\ufffd" not in text or text.encode("utf-8") == data else text
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+    except RecursionError:
+        value = _parse_iterative(text)
     except ValueError as err:
         # A ValueError from json carries the position; msgspec's message is kept when it is clearer.
         message = str(err) if isinstance(err, json.JSONDecodeError) else reason
         raise NotJSON(f"not JSON: {message}") from None
-    return Parsed(value, exotic=True)
+    return Parsed(value, exotic=True, text=replaced)
 
 
-def _encode_exotic(value: Any, out: list[str]) -> None:
-    if isinstance(value, dict):
-        out.append("{")
-        for i, (key, item) in enumerate(value.items()):
-            if i:
-                out.append(",")
-            out.append(json.dumps(key))
-            out.append(":")
-            _encode_exotic(item, out)
-        out.append("}")
-    elif isinstance(value, list):
-        out.append("[")
-        for i, item in enumerate(value):
-            if i:
-                out.append(",")
-            _encode_exotic(item, out)
-        out.append("]")
-    elif isinstance(value, float) and not math.isfinite(value):
-        out.append("1e400" if value > 0 else "-1e400")
-    else:
-        # json.dumps escapes lone surrogates as \\udXXX, which JSON.parse reads back unchanged.
-        out.append(json.dumps(value))
+_JSON_SPACE: Final = re.compile(r"[ \t\n\r]*")
+_JSON_SPACE_CHARS: Final = frozenset(" \t\n\r")
+_JSON_NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_JSON_OPEN_ARRAYS: Final = re.compile(r"(?:\[[ \t\n\r]*)+")
+#: A key without escapes or control characters, with the colon and spaces around it.
+_JSON_SIMPLE_KEY: Final = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
+_LITERALS: Final = (("true", True), ("false", False), ("null", None))
+
+
+def _skip_space(text: str, pos: int) -> int:
+    if pos < len(text) and text[pos] in _JSON_SPACE_CHARS:
+        return _JSON_SPACE.match(text, pos).end()  # type: ignore[union-attr]
+    return pos
+
+
+def _fail(what: str, pos: int) -> NotJSON:
+    return NotJSON(f"not JSON: {what} at char {pos}")
+
+
+def _string(text: str, pos: int) -> tuple[str, int]:
+    """The string whose opening quote is at ``pos``, and the position after it."""
+    try:
+        found: tuple[str, int] = json.decoder.scanstring(text, pos + 1, True)  # type: ignore[attr-defined]
+        return found
+    except ValueError as err:
+        raise NotJSON(f"not JSON: {err}") from None
+
+
+def _key(text: str, pos: int) -> tuple[str, int]:
+    """``"key" :`` at ``pos`` (spaces skipped), and the position of the value after it."""
+    simple = _JSON_SIMPLE_KEY.match(text, pos)
+    if simple is not None:
+        return simple[1], simple.end()
+    pos = _skip_space(text, pos)
+    if pos >= len(text) or text[pos] != '"':
+        raise _fail("expected a key", pos)
+    key, pos = _string(text, pos)
+    pos = _skip_space(text, pos)
+    if pos >= len(text) or text[pos] != ":":
+        raise _fail("expected ':'", pos)
+    return key, _skip_space(text, pos + 1)
+
+
+def _scalar_at(text: str, pos: int) -> tuple[Any, int]:
+    """A string, number or literal at ``pos``, and the position after it."""
+    c = text[pos]
+    if c == '"':
+        return _string(text, pos)
+    if c == "-" or "0" <= c <= "9":
+        match = _JSON_NUMBER.match(text, pos)
+        if match is None:
+            raise _fail("bad number", pos)
+        literal = match[0]
+        value = float(literal) if match[1] or match[2] else _parse_int(literal)
+        return value, match.end()
+    for word, constant in _LITERALS:
+        if text.startswith(word, pos):
+            return constant, pos + len(word)
+    raise _fail("unexpected character", pos)
+
+
+def _parse_iterative(text: str) -> Any:
+    """``JSON.parse`` without recursion, for documents nested deeper than Python's stack allows.
+
+    The cyclic garbage collector is paused meanwhile: a parse creates no cycles, and collections
+    triggered by a million new containers would each walk all of them again.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_stack(text)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse_stack(text: str) -> Any:
+    """The work of :func:`_parse_iterative`.
+
+    A stack of open containers, each with the key awaiting its value (``None`` in an array),
+    replaces the call stack; strings are read by the standard library's own string scanner.
+    Raises :class:`NotJSON` like :func:`parse_json`.
+    """
+    stack: list[tuple[Any, str | None]] = []
+    end = len(text)
+    pos = _skip_space(text, 0)
+    while True:
+        # -- one value at pos; a container that opens here is pushed and its first value read
+        if pos >= end:
+            raise _fail("unexpected end of text", pos)
+        value: Any
+        if text[pos] == "[":
+            run = _JSON_OPEN_ARRAYS.match(text, pos)
+            assert run is not None
+            depth, pos = run[0].count("["), run.end()
+            stack.extend(([], None) for _ in range(depth))
+            if pos >= end or text[pos] != "]":
+                continue
+            value, pos = stack.pop()[0], pos + 1
+        elif text[pos] == "{":
+            pos = _skip_space(text, pos + 1)
+            if pos < end and text[pos] == "}":
+                value, pos = {}, pos + 1
+            else:
+                key, pos = _key(text, pos)
+                stack.append(({}, key))
+                continue
+        else:
+            value, pos = _scalar_at(text, pos)
+        # -- the value is complete: hand it to its container, closing those that end here
+        while True:
+            pos = _skip_space(text, pos)
+            if not stack:
+                if pos != end:
+                    raise _fail("extra data", pos)
+                return value
+            container, awaiting = stack[-1]
+            if awaiting is None:
+                container.append(value)
+            else:
+                container[awaiting] = value
+            c = text[pos] if pos < end else ""
+            if c == ",":
+                if awaiting is None:
+                    pos = _skip_space(text, pos + 1)
+                else:
+                    key, pos = _key(text, pos + 1)
+                    stack[-1] = (container, key)
+                break
+            if c != ("]" if awaiting is None else "}"):
+                raise _fail("expected ',' or a closing bracket", pos)
+            stack.pop()
+            value, pos = container, pos + 1
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "1e400" if value > 0 else "-1e400"
+    # json.dumps escapes lone surrogates as \\udXXX, which JSON.parse reads back unchanged.
+    return json.dumps(value)
+
+
+def _encode_iterative(value: Any) -> bytes:
+    """UTF-8 JSON of any decoded value, at any depth, without recursion.
+
+    Writes what msgspec cannot: Infinity (as ``1e400``), lone surrogates (as escapes), and values
+    nested deeper than its recursion limit. A :class:`msgspec.Raw` is copied in as it is.
+    """
+    out: list[str] = []
+    pieces: list[bytes] = []
+    # Work items: a value to write, or a literal text (a separator or a closing bracket).
+    todo: list[tuple[bool, Any]] = [(True, value)]
+    while todo:
+        is_value, item = todo.pop()
+        if not is_value:
+            out.append(item)
+            continue
+        if isinstance(item, dict):
+            out.append("{")
+            todo.append((False, "}"))
+            entries = list(item.items())
+            for i in range(len(entries) - 1, -1, -1):
+                key, member = entries[i]
+                todo.append((True, member))
+                todo.append((False, ("," if i else "") + json.dumps(key) + ":"))
+        elif isinstance(item, list):
+            out.append("[")
+            todo.append((False, "]"))
+            for i in range(len(item) - 1, -1, -1):
+                todo.append((True, item[i]))
+                if i:
+                    todo.append((False, ","))
+        elif isinstance(item, msgspec.Raw):
+            pieces.append("".join(out).encode("utf-8"))
+            pieces.append(bytes(item))
+            out.clear()
+        else:
+            out.append(_scalar(item))
+    pieces.append("".join(out).encode("utf-8"))
+    return b"".join(pieces)
 
 
 def encode_json(value: Any, *, exotic: bool = False) -> bytes:
     """Encode a decoded value back to UTF-8 JSON that ``JSON.parse`` reads as the same value."""
     if not exotic:
-        return msgspec.json.encode(value)
-    out: list[str] = []
-    _encode_exotic(value, out)
-    return "".join(out).encode("utf-8")
+        try:
+            return msgspec.json.encode(value)
+        except RecursionError:
+            pass  # nested deeper than msgspec goes: written below, without recursion
+    return _encode_iterative(value)
 
 
 def pretty(data: bytes) -> bytes:

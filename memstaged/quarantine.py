@@ -1,20 +1,28 @@
-"""Dead-letter records and names (SPEC section 4), as pure values.
+"""Dead-letter records and names (SPEC section 4), as pure values rendered one at a time.
 
 The record shape is the one the agent's own tools list and recover, so it is built here exactly;
 memstaged's own additions live under the ``memstaged`` key. Names are derived from the staging
 file's name (sanitized) and the hash of its bytes only, never from its content, so quarantining the
 same bytes twice yields the same names and cannot create a second set of records.
+
+Records stay bounded (SPEC 4): a :class:`DeadLetter` holds only its name and where its candidate
+is; its ``body`` is encoded when it is asked for, from the parsed file that all records of a
+decision share, so a file with thousands of candidates never has all their records in memory at
+once. The whole file, encoded once, is spliced into every record as it is, unless that would make
+the records larger than ``max(16 x the file's size, 64 MiB)`` together: then each record names the
+original under ``originals/`` (which holds the bytes in any case) instead of embedding it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 
 from memstaged.ecma import encode_json, is_finite_number, is_nonempty_string, trim
-from memstaged.schema import CATEGORIES
+from memstaged.schema import CATEGORIES, Problem
 from memstaged.timestamps import canonical_or_epoch
 
 GATE_REASON: Final = "malformed staging file"
@@ -22,18 +30,16 @@ ORIGINALS_DIR: Final = "originals"
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 _NAME_LIMIT: Final = 80
 _HASH_CHARS: Final = 16
-
-
-class DeadLetter(msgspec.Struct, frozen=True):
-    """One record to write directly in ``deadletter/``: its file name and its encoded bytes."""
-
-    name: str
-    category: str
-    body: bytes
+#: SPEC 4: records embedding the whole file may total this much, or 16 times the file's size.
+EMBED_LIMIT: Final = 64 << 20
+EMBED_FACTOR: Final = 16
 
 
 class Origin(msgspec.Struct, frozen=True):
-    """What every record of one decision shares: where the bytes came from and why they failed."""
+    """What every record of one decision shares: where the bytes came from and why they failed.
+
+    ``errors`` are the file-level validation errors; each record adds its own candidate's.
+    """
 
     file_name: str
     source_path: str
@@ -75,27 +81,48 @@ def _attempts(candidate: object) -> Any:
     return value if is_finite_number(value) else 0
 
 
-def _record(
-    doc: object, category: str, candidate: Any, attempts: Any, origin: Origin
-) -> dict[str, Any]:
-    produced = doc.get("produced_at") if isinstance(doc, dict) else None
-    return {
-        "session_id": _session_id(doc, origin),
-        "produced_at": canonical_or_epoch(produced),
-        "attempts": attempts,
-        "last_gate_reason": GATE_REASON,
-        "category": category,
-        "candidate": candidate,
-        "memstaged": {
-            "source_path": origin.source_path,
-            "source_file": origin.file_name,
-            "original": f"{ORIGINALS_DIR}/{original_name(origin.file_name, origin.sha256)}",
-            "sha256": origin.sha256,
-            "size": origin.size,
-            "errors": list(origin.errors),
-            "decided_at": origin.decided_at,
-        },
-    }
+class _Shared:
+    """What the records of one decision have in common, computed once."""
+
+    __slots__ = ("doc", "embedded", "exotic", "origin", "problems", "produced_at", "session_id")
+
+    def __init__(
+        self,
+        doc: Any,
+        origin: Origin,
+        exotic: bool,
+        problems: Mapping[tuple[str, int], tuple[Problem, ...]],
+    ) -> None:
+        self.doc = doc
+        self.origin = origin
+        self.exotic = exotic
+        self.problems = problems
+        self.session_id = _session_id(doc, origin)
+        produced = doc.get("produced_at") if isinstance(doc, dict) else None
+        self.produced_at = canonical_or_epoch(produced)
+        #: The parsed file as each record holds it: its encoding, or a reference to the original.
+        self.embedded: msgspec.Raw | dict[str, str] | None = None
+
+    def render(self, category: str, candidate: Any, attempts: Any, errors: list[str]) -> bytes:
+        origin = self.origin
+        record = {
+            "session_id": self.session_id,
+            "produced_at": self.produced_at,
+            "attempts": attempts,
+            "last_gate_reason": GATE_REASON,
+            "category": category,
+            "candidate": candidate,
+            "memstaged": {
+                "source_path": origin.source_path,
+                "source_file": origin.file_name,
+                "original": f"{ORIGINALS_DIR}/{original_name(origin.file_name, origin.sha256)}",
+                "sha256": origin.sha256,
+                "size": origin.size,
+                "errors": errors,
+                "decided_at": origin.decided_at,
+            },
+        }
+        return _encode(record, self.exotic)
 
 
 def _encode(record: dict[str, Any], exotic: bool) -> bytes:
@@ -109,37 +136,96 @@ def _encode(record: dict[str, Any], exotic: bool) -> bytes:
     return encode_json(record, exotic=True) + b"\n"
 
 
+class DeadLetter:
+    """One record to write directly in ``deadletter/``: its file name, and its bytes on demand.
+
+    ``body`` encodes the record each time it is read; the apply path reads it once, as it writes
+    the record, so only one record of a decision is in memory at a time.
+    """
+
+    __slots__ = ("_index", "_shared", "category", "name")
+
+    def __init__(self, name: str, category: str, shared: _Shared, index: int | None) -> None:
+        self.name = name
+        self.category = category
+        self._shared = shared
+        #: The candidate's index in its category, or None for the whole-file record.
+        self._index = index
+
+    @property
+    def body(self) -> bytes:
+        shared = self._shared
+        file_errors = list(shared.origin.errors)
+        if self._index is None:
+            return shared.render(self.category, shared.doc, 0, file_errors)
+        item = shared.doc["candidates"][self.category][self._index]
+        own = shared.problems.get((self.category, self._index), ())
+        wrapped = {"candidate": item, "original_staging_file": shared.embedded}
+        errors = file_errors + [str(p) for p in own]
+        return shared.render(self.category, wrapped, _attempts(item), errors)
+
+    def __repr__(self) -> str:
+        return f"DeadLetter({self.name!r}, {self.category!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DeadLetter):
+            return NotImplemented
+        return self.name == other.name and self.body == other.body
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _positions(doc: dict[str, Any], only: set[tuple[str, int]] | None) -> list[tuple[str, int]]:
+    candidates = doc.get("candidates")
+    if not isinstance(candidates, dict):
+        return []
+    out: list[tuple[str, int]] = []
+    for category in CATEGORIES:
+        items = candidates.get(category)
+        if isinstance(items, list):
+            out.extend(
+                (category, i) for i in range(len(items)) if only is None or (category, i) in only
+            )
+    return out
+
+
 def candidate_records(
     doc: dict[str, Any],
     origin: Origin,
     *,
+    problems: Mapping[tuple[str, int], tuple[Problem, ...]] | None = None,
     only: set[tuple[str, int]] | None = None,
     exotic: bool = False,
 ) -> list[DeadLetter]:
-    """One record per candidate found (SPEC 4.2), or only those in ``only`` (repair R4)."""
-    out: list[DeadLetter] = []
-    candidates = doc.get("candidates")
-    if not isinstance(candidates, dict):
-        return out
-    for category in CATEGORIES:
-        items = candidates.get(category)
-        if not isinstance(items, list):
-            continue
-        for i, item in enumerate(items):
-            if only is not None and (category, i) not in only:
-                continue
-            wrapped = {"candidate": item, "original_staging_file": doc}
-            record = _record(doc, category, wrapped, _attempts(item), origin)
-            name = f"{_record_prefix(origin)}-{category}-{i}.json"
-            out.append(DeadLetter(name, category, _encode(record, exotic)))
-    return out
+    """One record per candidate found (SPEC 4.2), or only those in ``only`` (repair R4).
+
+    ``problems`` are each candidate's own validation errors, as :func:`schema.check_file` found
+    them; a record lists its own and the file-level ones (``origin.errors``).
+    """
+    positions = _positions(doc, only)
+    if not positions:
+        return []
+    shared = _Shared(doc, origin, exotic, problems or {})
+    encoded = encode_json(doc, exotic=exotic)
+    if len(encoded) * len(positions) > max(EMBED_FACTOR * origin.size, EMBED_LIMIT):
+        shared.embedded = {
+            "memstaged_original": original_name(origin.file_name, origin.sha256),
+            "sha256": origin.sha256,
+        }
+    else:
+        shared.embedded = msgspec.Raw(encoded)
+    prefix = _record_prefix(origin)
+    return [
+        DeadLetter(f"{prefix}-{category}-{i}.json", category, shared, i)
+        for category, i in positions
+    ]
 
 
 def whole_file_record(value: Any, origin: Origin, *, exotic: bool = False) -> DeadLetter:
     """The single record of SPEC 4.3, when no candidate can be found.
 
-    ``value`` is the parsed value, the text when it is UTF-8 but not JSON, or ``None`` when it is
-    not UTF-8 (or was too large to read): the original file still holds the bytes.
+    ``value`` is the parsed value, the text as read when it is not JSON, or ``None`` for a file
+    too large to read: the original file still holds the bytes.
     """
-    record = _record(value, "lessons", value, 0, origin)
-    return DeadLetter(f"{_record_prefix(origin)}-file.json", "lessons", _encode(record, exotic))
+    shared = _Shared(value, origin, exotic, {})
+    return DeadLetter(f"{_record_prefix(origin)}-file.json", "lessons", shared, None)

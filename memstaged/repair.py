@@ -1,4 +1,4 @@
-"""Deterministic repairs R1-R4 (SPEC section 3).
+"""Deterministic repairs R1-R6 (SPEC section 3).
 
 A repair only adds or normalizes: it builds new containers along the paths it changes and shares
 everything else with the decoded original, so every key and candidate it does not fix stays exactly
@@ -7,15 +7,14 @@ as it was, and the original stays intact for the dead-letter record if the repai
 
 from __future__ import annotations
 
-import posixpath
 import re
 from typing import Any, Final
 
 import msgspec
 
-from memstaged.ecma import collapse, split_words
+from memstaged.ecma import basename, collapse, is_finite_number, split_words, to_lower, utf16_length
 from memstaged.schema import CATEGORIES, check_candidate
-from memstaged.timestamps import Form, classify
+from memstaged.timestamps import repairable
 
 _CONTEXT_TOPIC_KEYS: Final = (
     "topic",
@@ -62,36 +61,37 @@ class Repair(msgspec.Struct, frozen=True):
     wrote: Any
 
 
-def _first_string(context: dict[str, Any], keys: tuple[str, ...]) -> str | None:
-    for key in keys:
+def _context_topic(context: dict[str, Any]) -> str:
+    """Step 1 of SPEC 3.1; a key whose value is blank (or not a string) is passed over."""
+    for key in _CONTEXT_TOPIC_KEYS:
         value = context.get(key)
         if isinstance(value, str):
-            return value
-    return None
-
-
-def _basename(path: str) -> str:
-    # POSIX basename with trailing slashes ignored; "/" (all slashes) has no last component.
-    return posixpath.basename(path.rstrip("/"))
+            topic = collapse(value)
+            if topic:
+                return topic
+    for key in _CONTEXT_ROOT_KEYS:
+        value = context.get(key)
+        if isinstance(value, str):
+            topic = collapse(basename(value))
+            if topic:
+                return topic
+    return ""
 
 
 def keyword_topic(text: str) -> str:
-    """Step 3 of SPEC 3.1: the first four meaningful words of the lesson's text."""
-    # Split on JavaScript whitespace (str.split() would also split on U+001C..U+001F, U+0085).
-    words = split_words(_KEYWORD_SEPARATORS.sub(" ", text.lower()))
-    kept = [w for w in words if len(w) >= 3 and w not in _STOPWORDS]
+    """Step 3 of SPEC 3.1: the first four meaningful words of the lesson's text.
+
+    Lower-cased and measured as JavaScript does (``toLowerCase``, UTF-16 ``length``), and split on
+    JavaScript whitespace (``str.split()`` would also split on U+001C..U+001F and U+0085).
+    """
+    words = split_words(_KEYWORD_SEPARATORS.sub(" ", to_lower(text)))
+    kept = [w for w in words if utf16_length(w) >= 3 and w not in _STOPWORDS]
     return " ".join(kept[:4])
 
 
 def derive_topic(context: dict[str, Any], lesson: dict[str, Any]) -> str:
-    """The trigger topic T of SPEC 3.1, the first non-empty of its five sources in order.
-
-    "The first string among its keys" is read literally: the first listed key whose value is a
-    string is the source, even if it collapses to nothing (then the next numbered source is used).
-    """
-    sources: list[object] = [_first_string(context, _CONTEXT_TOPIC_KEYS)]
-    root = _first_string(context, _CONTEXT_ROOT_KEYS)
-    sources.append(None if root is None else _basename(root))
+    """The trigger topic T of SPEC 3.1, the first non-empty of its five sources in order."""
+    sources: list[object] = [_context_topic(context)]
     sources.append(lesson.get("scope_suggestion"))
     summary, detail = lesson.get("summary"), lesson.get("detail")
     if isinstance(summary, str) and isinstance(detail, str):
@@ -107,16 +107,90 @@ def derive_topic(context: dict[str, Any], lesson: dict[str, Any]) -> str:
 
 
 def repair_timestamp(doc: dict[str, Any]) -> tuple[dict[str, Any], list[Repair]]:
-    """R3: rewrite an unambiguous but non-canonical ``produced_at`` in canonical UTC form."""
+    """R3: an ISO 8601 basic-format or decimal-comma ``produced_at`` in canonical UTC form.
+
+    A value that already is a timestamp is never rewritten (:func:`timestamps.repairable`).
+    """
     value = doc.get("produced_at")
     if not isinstance(value, str):
         return doc, []
-    found = classify(value)
-    if found is None or found[0] is Form.AS_WRITTEN:
+    fixed_text = repairable(value)
+    if fixed_text is None:
         return doc, []
     fixed = dict(doc)
-    fixed["produced_at"] = found[1]
-    return fixed, [Repair("R3", "produced_at", found[1])]
+    fixed["produced_at"] = fixed_text
+    return fixed, [Repair("R3", "produced_at", fixed_text)]
+
+
+def repair_categories(doc: dict[str, Any]) -> tuple[dict[str, Any], list[Repair]]:
+    """R5: each category array absent from a ``candidates`` object is added as ``[]``."""
+    candidates = doc.get("candidates")
+    if not isinstance(candidates, dict):
+        return doc, []
+    absent = [c for c in CATEGORIES if c not in candidates]
+    if not absent:
+        return doc, []
+    new_candidates = dict(candidates)
+    for category in absent:
+        new_candidates[category] = []
+    fixed = dict(doc)
+    fixed["candidates"] = new_candidates
+    return fixed, [Repair("R5", f"candidates.{c}", []) for c in absent]
+
+
+_WRAPPER_KEYS: Final = frozenset(("candidate", "original_staging_file"))
+_WRAPPER_KEYS_WITH_ATTEMPTS: Final = frozenset(
+    ("candidate", "original_staging_file", "reconcile_attempts")
+)
+
+
+def is_wrapper(item: object) -> bool:
+    """A dead-letter record's wrapper that the agent's ``/memory recover`` put back (SPEC R6)."""
+    if not isinstance(item, dict) or not isinstance(item.get("candidate"), dict):
+        return False
+    keys = item.keys()
+    return keys in (_WRAPPER_KEYS, _WRAPPER_KEYS_WITH_ATTEMPTS)
+
+
+def repair_wrappers(doc: dict[str, Any], original: str) -> tuple[dict[str, Any], list[Repair]]:
+    """R6: each re-queued wrapper is replaced by its ``candidate``, attempts carried over.
+
+    ``original`` is the original's name under ``deadletter/originals/``: the wrapper's copy of the
+    file is dropped, so the original bytes go there first, and each repair names where.
+    """
+    candidates = doc.get("candidates")
+    if not isinstance(candidates, dict):
+        return doc, []
+    new_candidates: dict[str, Any] | None = None
+    repairs: list[Repair] = []
+    for category in CATEGORIES:
+        items = candidates.get(category)
+        if not isinstance(items, list) or not any(is_wrapper(item) for item in items):
+            continue
+        new_items = list(items)
+        for i, item in enumerate(items):
+            if not is_wrapper(item):
+                continue
+            inner = dict(item["candidate"])
+            attempts = item.get("reconcile_attempts")
+            if is_finite_number(attempts):
+                inner["reconcile_attempts"] = attempts
+            new_items[i] = inner
+            repairs.append(
+                Repair(
+                    "R6",
+                    f"candidates.{category}[{i}]",
+                    {"unwrapped": "candidate", "original": f"deadletter/originals/{original}"},
+                )
+            )
+        if new_candidates is None:
+            new_candidates = dict(candidates)
+        new_candidates[category] = new_items
+    if new_candidates is None:
+        return doc, []
+    fixed = dict(doc)
+    fixed["candidates"] = new_candidates
+    return fixed, repairs
 
 
 def _needs_triggers(lesson: object) -> bool:

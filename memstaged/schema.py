@@ -1,4 +1,4 @@
-"""Validity: what the reconciler accepts (SPEC section 2, staging schema version 1).
+"""Validity: what the reconciler accepts (SPEC section 2, staging schema version 1, contract v2).
 
 The staging format is open (unknown keys anywhere are allowed and must survive a repair), and its
 string rules use ECMAScript ``trim``, so it is checked by code over the decoded value rather than by
@@ -19,7 +19,7 @@ from memstaged.ecma import (
     is_nonempty_string,
     is_number,
 )
-from memstaged.timestamps import Form, classify, is_as_written
+from memstaged.timestamps import is_timestamp
 
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")
 _PLAIN_TRIGGERS: Final = ("path", "filename", "topic")
@@ -161,13 +161,11 @@ def check_candidate(category: str, candidate: object, where: str) -> list[Proble
 
 
 def check_produced_at(value: object) -> list[Problem]:
-    """``produced_at``: a non-empty string that is a timestamp as written (SPEC 2.3)."""
+    """``produced_at``: a non-empty string that ``Date.parse`` reads as a time (SPEC 2.3)."""
     if not is_nonempty_string(value):
         return [Problem("produced_at", "must be a non-empty string")]
-    assert isinstance(value, str)
-    found = classify(value)
-    if found is None or found[0] is not Form.AS_WRITTEN:
-        return [Problem("produced_at", "is not an ISO 8601 timestamp with an offset")]
+    if not is_timestamp(value):
+        return [Problem("produced_at", "is not a timestamp (Date.parse gives NaN)")]
     return []
 
 
@@ -197,9 +195,10 @@ def check_file(doc: object) -> Report:
         for category in CATEGORIES:
             items = candidates.get(category)
             if category not in candidates:
+                out.append(Problem(f"candidates.{category}", "is missing"))
                 continue
             if not isinstance(items, list):
-                out.append(Problem(f"candidates.{category}", "must be an array when present"))
+                out.append(Problem(f"candidates.{category}", "must be an array"))
                 continue
             for i, item in enumerate(items):
                 found = check_candidate(category, item, f"candidates.{category}[{i}]")
@@ -351,12 +350,12 @@ def is_valid(doc: object) -> bool:
         and is_nonempty_string(get("session_id"))
         and is_nonempty_string(get("project_root"))
         and is_nonempty_string(produced)
-        and is_as_written(produced)
+        and is_timestamp(produced)
         and isinstance(candidates, dict)
     ):
         return False
     for category, items_ok in _CATEGORIES_OK:
-        items = candidates.get(category, _ABSENT)
-        if items is not _ABSENT and not (isinstance(items, list) and items_ok(items)):
+        items = candidates.get(category)
+        if not (isinstance(items, list) and items_ok(items)):
             return False
     return True

@@ -15,10 +15,10 @@ import msgspec
 
 from memstaged.ecma import (
     JS_WHITESPACE_SET,
+    decode_utf8,
     encode_json,
     is_nonempty_string,
     parse_json,
-    run_deep,
     trim,
 )
 from memstaged.errors import NotJSON
@@ -30,11 +30,21 @@ from memstaged.quarantine import (
     original_name,
     whole_file_record,
 )
-from memstaged.repair import Repair, repair_timestamp, repair_triggers, split_candidates
+from memstaged.repair import (
+    Repair,
+    repair_categories,
+    repair_timestamp,
+    repair_triggers,
+    repair_wrappers,
+    split_candidates,
+)
 from memstaged.schema import CATEGORIES, check_file, is_valid
 from memstaged.timestamps import EPOCH
 
 BOM: Final = b"\xef\xbb\xbf"
+#: A verdict's ``reasons`` (the log's) list at most this many validation errors; the records
+#: hold every candidate's own.
+MAX_REASONS: Final = 100
 
 
 class Decision(StrEnum):
@@ -71,9 +81,11 @@ class Verdict(msgspec.Struct, frozen=True):
     repairs: tuple[Repair, ...] = ()
     #: The rewritten file, for ``repaired``.
     new_bytes: bytes | None = None
-    #: Records to write in ``deadletter/`` (``quarantined``, or ``repaired`` by R4).
+    #: Records to write in ``deadletter/`` (``quarantined``, or ``repaired`` by R4). Each renders
+    #: its bytes when its ``body`` is read.
     deadletter: tuple[DeadLetter, ...] = ()
-    #: The name under ``deadletter/originals/`` for the original bytes, when they go there.
+    #: The name under ``deadletter/originals/`` for the original bytes, when they go there: for
+    #: ``quarantined``, for R4, and for R6 (then with no records), always before any rewrite.
     original: str | None = None
 
 
@@ -107,34 +119,25 @@ def _origin(ctx: Context, sha: str, size: int, errors: list[str]) -> Origin:
 def decide(data: bytes, ctx: Context) -> Verdict:
     """Decide ``data``, the bytes of the staging file ``ctx.file_name``. Never raises.
 
-    A document nested too deep for the caller's stack (while encoding a repair or a record) is
-    decided again in a thread of fixed depth, so the verdict depends on the bytes only; one too
-    deep even there is quarantined as text.
+    Nesting depth does not matter: parsing and encoding go without recursion where msgspec
+    cannot follow (:mod:`memstaged.ecma`), so a document is never quarantined for its depth.
     """
-    try:
-        return _decide(data, ctx)
-    except RecursionError:
-        pass  # retried below, outside the handler, so the traceback does not pin the stack
-    try:
-        return run_deep(_decide, data, ctx)
-    except RecursionError:
-        return _too_deep(data, ctx)
+    return _decide(data, ctx)
 
 
-def _too_deep(data: bytes, ctx: Context) -> Verdict:
-    sha = hashlib.sha256(data).hexdigest()
-    return _unparseable(data, ctx, sha, len(data), NotJSON("JSON nesting is too deep to handle"))
+def _reasons(errors: list[str]) -> tuple[str, ...]:
+    if len(errors) <= MAX_REASONS:
+        return tuple(errors)
+    more = len(errors) - MAX_REASONS
+    return (*errors[:MAX_REASONS], f"... and {more} more (each record lists its own)")
 
 
 def _unparseable(data: bytes, ctx: Context, sha: str, size: int, err: NotJSON) -> Verdict:
     if not ctx.settled:
         reason = f"{err}; may still be being written, waiting for it to settle"
         return Verdict(Decision.DEFERRED, sha, size, reasons=(reason,))
-    text: Any
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
+    # The text as the reconciler reads it, after R2 (SPEC 4.3).
+    text = decode_utf8(data[len(BOM) :] if data.startswith(BOM) else data)
     origin = _origin(ctx, sha, size, [str(err)])
     return Verdict(
         Decision.QUARANTINED,
@@ -164,23 +167,39 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
         return Verdict(Decision.FOREIGN, sha, size, session, reasons=(reason,))
     if is_valid(doc):  # the common case, decided without building the report it would discard
         if repairs:  # only the BOM: drop it and keep every other byte as it was
-            return Verdict(Decision.REPAIRED, sha, size, session, repairs=repairs, new_bytes=body)
+            new_bytes = body if parsed.text is None else parsed.text.encode("utf-8")
+            return Verdict(
+                Decision.REPAIRED, sha, size, session, repairs=repairs, new_bytes=new_bytes
+            )
         return Verdict(Decision.VALID, sha, size, session)
     report = check_file(doc)
     errors = [str(p) for p in report.problems()]
+    original = original_name(ctx.file_name, sha)
     if isinstance(doc, dict):
         fixed, r3 = repair_timestamp(doc)
+        fixed, r5 = repair_categories(fixed)
+        fixed, r6 = repair_wrappers(fixed, original)
         fixed, r1 = repair_triggers(fixed)
-        repairs = (*repairs, *r3, *r1)
+        repairs = (*repairs, *r3, *r5, *r6, *r1)
         if is_valid(fixed):  # the repairs were enough: nothing left to report
-            new_bytes = _encode(fixed, exotic)
-            return Verdict(Decision.REPAIRED, sha, size, session, tuple(errors), repairs, new_bytes)
+            return Verdict(
+                Decision.REPAIRED,
+                sha,
+                size,
+                session,
+                _reasons(errors),
+                repairs,
+                _encode(fixed, exotic),
+                original=original if r6 else None,
+            )
         after = check_file(fixed)
         split = ctx.split_invalid_candidates and not after.file_problems
         if split and _has_valid_candidate(fixed, len(after.candidate_problems)):
             return _split(doc, fixed, after.candidate_problems, ctx, sha, size, exotic, repairs)
-    origin = _origin(ctx, sha, size, errors)
-    records = candidate_records(doc, origin, exotic=exotic) if isinstance(doc, dict) else []
+    origin = _origin(ctx, sha, size, [str(p) for p in report.file_problems])
+    records: list[DeadLetter] = []
+    if isinstance(doc, dict):
+        records = candidate_records(doc, origin, problems=report.candidate_problems, exotic=exotic)
     if not records:
         records = [whole_file_record(doc, origin, exotic=exotic)]
     return Verdict(
@@ -188,9 +207,9 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
         sha,
         size,
         session,
-        tuple(errors),
+        _reasons(errors),
         deadletter=tuple(records),
-        original=original_name(ctx.file_name, sha),
+        original=original,
     )
 
 
@@ -233,10 +252,14 @@ def _split(
     exotic: bool,
     repairs: tuple[Repair, ...],
 ) -> Verdict:
-    """R4: dead-letter the invalid candidates, keep the file with the valid ones."""
+    """R4: dead-letter the invalid candidates, keep the file with the valid ones.
+
+    The records hold the candidates as they were in the original (its wrappers included), since
+    the original is what is dead-lettered; their errors are those found after R6 and R1.
+    """
     errors = [str(p) for found in invalid.values() for p in found]
-    origin = _origin(ctx, sha, size, errors)
-    records = candidate_records(doc, origin, only=set(invalid), exotic=exotic)
+    origin = _origin(ctx, sha, size, [])
+    records = candidate_records(doc, origin, problems=invalid, only=set(invalid), exotic=exotic)
     moved = tuple(
         Repair("R4", f"candidates.{r.category}[{i}]", f"deadletter/{r.name}")
         for (_cat, i), r in zip(sorted(invalid, key=_order), records, strict=True)
@@ -247,7 +270,7 @@ def _split(
         sha,
         size,
         _session_id(doc),
-        tuple(errors),
+        _reasons(errors),
         (*repairs, *moved),
         _encode(kept, exotic),
         tuple(records),

@@ -67,7 +67,7 @@ def prepare(project: Path, memory_dir: Path, log_file: Path) -> dict[str, bytes]
     latter is not JSON), other.json belongs to another project.
     """
     staging = memory_dir / "staging"
-    fixme = staging_doc(project, "fix", produced_at="2026-11-29 18:04:11")
+    fixme = staging_doc(project, "fix", produced_at="20261129T180411Z")
     del fixme["candidates"]["lessons"][0]["triggers"]
     files = {
         "good.json": write(staging / "good.json", staging_doc(project, "good")),

@@ -77,9 +77,15 @@ def staging_doc(project_root: Path | str, session: str = "s1", **overrides: Any)
         "candidates": {
             "lessons": [lesson()],
             "preferences": [{"text": "Small commits", "source_evidence": EVIDENCE}],
+            "decisions": [],
+            "domain": [],
         },
     }
     doc.update(overrides)
+    if isinstance(doc["candidates"], dict):  # contract v2 (2.1): all four categories are required
+        doc["candidates"] = {c: [] for c in ("lessons", "preferences", "decisions", "domain")} | (
+            doc["candidates"]
+        )
     return doc
 
 

@@ -164,7 +164,7 @@ def wheres(verdict: Verdict) -> list[str]:
     return [reason.split(": ", 1)[0] for reason in verdict.reasons]
 
 
-_REPAIR_WHERE: Final = re.compile(r"candidates\.(\w+)\[(\d+)\](?:\.(\w+))?")
+_REPAIR_WHERE: Final = re.compile(r"candidates\.(\w+)(?:\[(\d+)\](?:\.(\w+))?)?")
 
 
 def repair_path(where: str) -> Path:
@@ -173,13 +173,15 @@ def repair_path(where: str) -> Path:
         return ("produced_at",)
     match = _REPAIR_WHERE.fullmatch(where)
     assert match is not None, where
+    if match[2] is None:
+        return ("candidates", match[1])
     path: Path = ("candidates", match[1], int(match[2]))
     return (*path, match[3]) if match[3] else path
 
 
 def expected_after_repairs(doc: dict[str, Any], repairs: tuple[Repair, ...]) -> Any:
-    """``doc`` with exactly the values the R1/R3 repairs say they wrote, nothing else changed."""
-    edits = [(repair_path(r.where), r.wrote) for r in repairs if r.rule in ("R1", "R3")]
+    """``doc`` with exactly the values the R1/R3/R5 repairs say they wrote, nothing else changed."""
+    edits = [(repair_path(r.where), r.wrote) for r in repairs if r.rule in ("R1", "R3", "R5")]
     return patched(doc, *edits)
 
 

@@ -230,6 +230,9 @@ def decision(cid: str) -> dict[str, Any]:
 
 
 def doc(session: str, root: str, candidates: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A staging file; each category absent from ``candidates`` is ``[]`` (contract v2, 2.1)."""
+    if isinstance(candidates, dict):
+        candidates = {c: [] for c in ("lessons", "preferences", "decisions", "domain")} | candidates
     out: dict[str, Any] = {
         "schemaVersion": 1,
         "session_id": session,

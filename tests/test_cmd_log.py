@@ -133,7 +133,7 @@ def test_reasons_in_full(capsys: pytest.CaptureFixture[str], prepared: Path) -> 
     assert "more)" in short
     assert "repair R1" not in short
     _, full, _ = run(capsys, "log", "--reasons", "--path", "fixme.json")
-    assert "- produced_at: is not an ISO 8601 timestamp with an offset" in full
+    assert "- produced_at: is not a timestamp" in full
     assert "repair R3 at produced_at:" in full
     assert "repair R1 at candidates.lessons[0].triggers:" in full
     assert '"type":"topic"' in full

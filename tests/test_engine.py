@@ -36,6 +36,7 @@ from engine_support import (
 )
 
 from memstaged.repair import derive_topic, keyword_topic
+from memstaged.schema import CATEGORIES
 from memstaged.timestamps import EPOCH
 from memstaged.triage import BOM, Decision, Verdict, decide, decide_too_large
 
@@ -139,12 +140,17 @@ RULES = [
     row("produced_at-number", [(("produced_at",), 1767225600000)], Q, "produced_at"),
     row("produced_at-null", [(("produced_at",), None)], Q, "produced_at"),
     row("produced_at-garbage", [(("produced_at",), "last tuesday")], Q, "produced_at"),
-    row("produced_at-feb-29", [(("produced_at",), "2026-02-29T00:00Z")], Q, "produced_at"),
-    row("produced_at-hour-24", [(("produced_at",), "2026-01-01T24:00Z")], Q, "produced_at"),
+    # v2: whatever Date.parse reads is a timestamp (Feb 29 of 2026 is Mar 1; 24:00 the next day)
+    row("produced_at-feb-29", [(("produced_at",), "2026-02-29T00:00Z")], VALID),
+    row("produced_at-hour-24", [(("produced_at",), "2026-01-01T24:00Z")], VALID),
+    row("produced_at-rfc2822", [(("produced_at",), "Tue, 01 Jan 2026 00:00:00 GMT")], VALID),
+    row("produced_at-basic", [(("produced_at",), "20260101")], Q, "produced_at"),
     # 2.1 candidates
-    row("candidates-empty-object", [(("candidates",), {})], VALID),
-    row("candidates-unknown-only", [(("candidates",), {"notes": "x"})], VALID),
-    row("categories-empty", [(("candidates",), {c: [] for c in ("lessons", "domain")})], VALID),
+    # v2: all four categories are required; R5 adds an absent one
+    row("candidates-empty-object", [(("candidates",), {})], REPAIRED),
+    row("candidates-unknown-only", [(("candidates",), {"notes": "x"})], REPAIRED),
+    row("categories-empty", [(("candidates",), {c: [] for c in ("lessons", "domain")})], REPAIRED),
+    row("categories-all-empty", [(("candidates",), {c: [] for c in CATEGORIES})], VALID),
     row("candidates-missing", [(("candidates",), DELETE)], Q, "candidates"),
     row("candidates-array", [(("candidates",), [lesson()])], Q, "candidates"),
     row("candidates-null", [(("candidates",), None)], Q, "candidates"),
@@ -326,9 +332,14 @@ RULES = [
     ),
     row("r1-not-when-evidence-bad", [(T0, []), (EV, {})], Q, LEV),
     # R3
-    row("r3-space", [(("produced_at",), "2026-01-01 10:00:00Z")], REPAIRED),
-    row("r3-rfc2822", [(("produced_at",), "Tue, 01 Jan 2026 00:00:00 GMT")], REPAIRED),
-    row("r3-no-offset", [(("produced_at",), "2026-01-01T10:00:00")], REPAIRED),
+    # v2: R3 only for the basic format and the decimal comma; a timestamp is left as written
+    row("r3-basic", [(("produced_at",), "20260101T100000Z")], REPAIRED),
+    row("r3-basic-minutes", [(("produced_at",), "20260101T1000+0100")], REPAIRED),
+    row("r3-comma", [(("produced_at",), "2026-01-01T10:00:00,5Z")], REPAIRED),
+    row("r3-not-space", [(("produced_at",), "2026-01-01 10:00:00Z")], VALID),
+    row("r3-not-rfc2822", [(("produced_at",), "Tue, 01 Jan 2026 00:00:00 GMT")], VALID),
+    row("r3-not-no-offset", [(("produced_at",), "2026-01-01T10:00:00")], VALID),
+    row("r3-impossible", [(("produced_at",), "20260230T100000Z")], Q, "produced_at"),
     row("r3-plus-r1", [(("produced_at",), "2026-01-01 10:00"), (T0, [])], REPAIRED),
     row(
         "r3-cannot-fix-other-fault",
@@ -452,13 +463,14 @@ def _multi() -> dict[str, Any]:
     ("edits", "rules"),
     [
         pytest.param([], ["R1", "R1"], id="r1-two-lessons"),
+        pytest.param([(("produced_at",), "20260101T020000+02")], ["R3", "R1", "R1"], id="r3"),
         pytest.param(
-            [(("produced_at",), "2026-01-01 02:00:00+02:00")], ["R3", "R1", "R1"], id="r3"
+            [(("produced_at",), "2026-01-01T00:00:00,0z")], ["R3", "R1", "R1"], id="r3-comma"
         ),
         pytest.param(
-            [(("produced_at",), "Tue, 01 Jan 2026 00:00:00 GMT")], ["R3", "R1", "R1"], id="rfc"
+            [(("produced_at",), "Tue, 01 Jan 2026 00:00:00 GMT")], ["R1", "R1"], id="rfc-kept"
         ),
-        pytest.param([(("produced_at",), "2026-01-01T00:00:00")], ["R3", "R1", "R1"], id="local"),
+        pytest.param([(("produced_at",), "2026-01-01T00:00:00")], ["R1", "R1"], id="local-kept"),
     ],
 )
 def test_repairs_change_only_what_they_repair(edits: list[Edit], rules: list[str]) -> None:
@@ -494,7 +506,7 @@ def test_r2_bom_only_strips_three_bytes() -> None:
 @pytest.mark.usefixtures("utc")
 def test_r2_with_other_repairs() -> None:
     """R2 combines with R1 and R3; the result parses without the BOM and is valid."""
-    doc = patched(staging(), (T0, DELETE), (("produced_at",), "2026-01-01 00:00:00Z"))
+    doc = patched(staging(), (T0, DELETE), (("produced_at",), "20260101T000000Z"))
     verdict = decide(BOM + encode(doc), context())
     assert verdict.decision is REPAIRED
     assert [r.rule for r in verdict.repairs] == ["R2", "R3", "R1"]
@@ -827,11 +839,12 @@ def test_record_session_id(session_id: Any, file_name: str, expected: str) -> No
     [
         pytest.param("2026-01-01T01:00:00+01:00", "2026-01-01T00:00:00.000Z", id="as-written"),
         pytest.param("2026-03-04", "2026-03-04T00:00:00.000Z", id="date-only"),
-        pytest.param("2026-01-01 10:00:00Z", "2026-01-01T10:00:00.000Z", id="r3-space"),
-        pytest.param("2026-01-01T10:00:00", "2026-01-01T10:00:00.000Z", id="r3-local"),
-        pytest.param("Tue, 01 Jan 2026 00:00:00 GMT", "2026-01-01T00:00:00.000Z", id="r3-rfc"),
+        pytest.param("2026-01-01 10:00:00Z", "2026-01-01T10:00:00.000Z", id="space"),
+        pytest.param("2026-01-01T10:00:00", "2026-01-01T10:00:00.000Z", id="local"),
+        pytest.param("Tue, 01 Jan 2026 00:00:00 GMT", "2026-01-01T00:00:00.000Z", id="rfc"),
         pytest.param("whenever", EPOCH, id="garbage"),
-        pytest.param("2026-02-30", EPOCH, id="impossible"),
+        pytest.param("2026-02-30", "2026-03-02T00:00:00.000Z", id="day-overflow"),
+        pytest.param("20260101T100000Z", EPOCH, id="r3-shape"),
         pytest.param(17, EPOCH, id="number"),
         pytest.param(DELETE, EPOCH, id="missing"),
     ],
@@ -874,16 +887,17 @@ def test_record_attempts(attempts: Any, expected: Any) -> None:
         pytest.param(b"hello {", "hello {", id="text"),
         pytest.param(b"", "", id="empty-file"),
         pytest.param(b'{"session_id": "s", ', '{"session_id": "s", ', id="truncated-json"),
-        pytest.param(BOM + b"[1,]", "\ufeff[1,]", id="bom-text"),
+        pytest.param(BOM + b"[1,]", "[1,]", id="bom-text-after-r2"),
         pytest.param("caf\u00e9 \u2028".encode(), "caf\u00e9 \u2028", id="utf8-text"),
-        pytest.param(b"\xff\xfe\x00", None, id="not-utf8"),
-        pytest.param(b'{"a": "\xc0\xaf"}', None, id="overlong-utf8"),
+        pytest.param(b"\xff\xfe\x00", "\ufffd\ufffd\x00", id="not-utf8-as-read"),
+        pytest.param(b'{"a": "\xc0\xaf"}', {"a": "\ufffd\ufffd"}, id="overlong-utf8-parses"),
         pytest.param(b"[" * 50_000, "[" * 50_000, id="too-deep"),
     ],
 )
 def test_single_record_for_unparseable(data: bytes, candidate: Any) -> None:
-    """Text that is not JSON gives one record: ``candidate`` is the text, or null when the bytes
-    are not UTF-8; the session is ``malformed-<stem>``, the timestamp the epoch."""
+    """SPEC 4.3 v2: text that is not JSON gives one record whose ``candidate`` is the text as
+    Node reads it after R2 (v1 wrote null for bytes that are not UTF-8, and kept the BOM); the
+    session is ``malformed-<stem>``, the timestamp the epoch."""
     verdict = decide(data, context())
     assert verdict.decision is QUARANTINED
     assert verdict.original is not None

@@ -43,7 +43,7 @@ from helpers import (
 )
 
 from memstaged import fsio
-from memstaged.ecma import trim
+from memstaged.ecma import parse_json, trim
 from memstaged.locks import CANONICAL_LOCK
 from memstaged.pipeline import Options, Outcome, Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
@@ -92,7 +92,8 @@ def _put(path: Path, data: bytes) -> bytes:
 
 
 def _records(mdir: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_bytes()) for p in sorted((mdir / "deadletter").glob("*.json"))]
+    # parse_json, not json.loads: a record of a 10^6-deep file is that deep too.
+    return [parse_json(p.read_bytes()).value for p in sorted((mdir / "deadletter").glob("*.json"))]
 
 
 # -- links and special files --------------------------------------------------------------------
@@ -256,16 +257,22 @@ def test_a_lock_that_is_a_fifo_or_a_link_is_obeyed_without_blocking(tmp_path: Pa
 
 
 def test_empty_deep_and_badly_encoded_files_are_quarantined(tmp_path: Path) -> None:
-    """A 0-byte file, 10^6-deep nesting, non-UTF-8 bytes and UTF-16 text are quarantined with
-    their exact bytes and one record (``candidate`` the text, or null when it is not UTF-8)."""
+    """A 0-byte file, 10^6-deep nesting and UTF-16 text are quarantined with their exact bytes and
+    one record (``candidate`` the text as Node reads it, or the parsed value); a stray non-UTF-8
+    byte in a string is U+FFFD to Node, so that file is valid and left as it is (contract v2;
+    v1 quarantined it, and a deep file was quarantined as too deep, where it is now JSON)."""
     mdir = make_memory_dir(tmp_path)
     root = project_root_of(mdir)
     body = json.dumps(doc("s", root, {"lessons": [lesson("cid-e")]}))
+    latin1 = body.replace("keep", "k\xe9ep").encode("latin-1")
+    _put(mdir / "staging" / "latin1.json", latin1)
+    outcome, event, _log = _decide(mdir, "latin1.json")
+    assert outcome.decision is Decision.VALID, event
+    assert (mdir / "staging" / "latin1.json").read_bytes() == latin1
     files = {
         "empty.json": (b"", ""),
-        "deep.json": (b"[" * 10**6 + b"]" * 10**6, "too deep"),
-        "latin1.json": (body.replace("keep", "k\xe9ep").encode("latin-1"), "not UTF-8"),
-        "utf16.json": (body.encode("utf-16"), "not UTF-8"),
+        "deep.json": (b"[" * 10**6 + b"]" * 10**6, "not a JSON object"),
+        "utf16.json": (body.encode("utf-16"), "not JSON"),
     }
     for name, (data, reason) in files.items():
         _put(mdir / "staging" / name, data)
@@ -279,9 +286,12 @@ def test_empty_deep_and_badly_encoded_files_are_quarantined(tmp_path: Path) -> N
     by_file = {r["memstaged"]["source_file"]: r for r in _records(mdir)}
     assert by_file["empty.json"]["candidate"] == ""
     assert by_file["empty.json"]["session_id"] == "malformed-empty"
-    assert by_file["latin1.json"]["candidate"] is None
-    assert by_file["utf16.json"]["candidate"] is None
-    assert by_file["deep.json"]["candidate"] == files["deep.json"][0].decode()
+    assert by_file["utf16.json"]["candidate"] == body.encode("utf-16").decode("utf-8", "replace")
+    deep = by_file["deep.json"]["candidate"]
+    depth = 0
+    while isinstance(deep, list) and deep:
+        deep, depth = deep[0], depth + 1
+    assert depth == 10**6 - 1
 
 
 HOSTILE_SESSIONS = [

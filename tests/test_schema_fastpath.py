@@ -60,29 +60,31 @@ VALID_AT: Final = [
     "0000-01-01T00:00Z",
     "9999-12-31T23:59:59.9Z",
     " \u3000 2026-01-01T00:00:00Z\ufeff",
+    # contract v2: whatever Date.parse reads (v1 listed these as bad)
+    "2026-01-01 10:00Z",
+    "2026-01-01T10:00:00",
+    "Tue, 01 Jan 2026 00:00:00 GMT",
+    "2026-02-29",
+    "2026-04-31T00:00Z",
+    "2026-01-01T24:00Z",
+    "\x1c2026-01-01",
+    "\u0662\u0660\u0662\u0666-01-01",
+    "2026-1-01",
 ]
 BAD_AT: Final = [
     "",
     " ",
     "\u3000\ufeff",
-    "2026-01-01 10:00Z",
-    "2026-01-01T10:00:00",
-    "Tue, 01 Jan 2026 00:00:00 GMT",
-    "2026-02-29",
     "2026-13-01",
     "2026-00-10",
-    "2026-04-31T00:00Z",
-    "2026-01-01T24:00Z",
     "2026-01-01T23:60Z",
     "2026-01-01T23:59:60Z",
     "2026-01-01T00:00+24:00",
     "2026-01-01T00:00+00:60",
     "2026-01-01T00:00:00.Z",
-    "\x1c2026-01-01",
     "2026-01-01\x85",
-    "٢٠٢٦-01-01",
-    "2026-1-01",
     "26-01-01",
+    "20260101T100000Z",
 ]
 #: Values on the edge of some rule somewhere; each replaces a value, or goes into a list.
 EDGES: Final[list[Any]] = [
@@ -158,11 +160,14 @@ def candidate(rng: random.Random, category: str) -> dict[str, Any]:
 
 
 def document(rng: random.Random) -> dict[str, Any]:
-    """A valid staging file of random shape: categories absent, empty or full, unknown keys."""
+    """A valid staging file of random shape: categories empty or full, unknown keys.
+
+    Contract v2 requires all four categories (v1 let them be absent).
+    """
     candidates: dict[str, Any] = {}
     for category in ("lessons", "preferences", "decisions", "domain"):
-        if rng.random() < 0.75:
-            candidates[category] = [candidate(rng, category) for _ in range(rng.randint(0, 3))]
+        count = rng.randint(0, 3) if rng.random() < 0.75 else 0
+        candidates[category] = [candidate(rng, category) for _ in range(count)]
     if rng.random() < 0.2:
         candidates["unknown"] = rng.choice(EDGES)
     doc: dict[str, Any] = {
@@ -210,7 +215,7 @@ def rule_breaks(rng: random.Random, doc: dict[str, Any]) -> list[tuple[Path, Any
     out = list(top)
     candidates = doc["candidates"]
     for category in ("lessons", "preferences", "decisions", "domain"):
-        out.append((("candidates", category), rng.choice([None, {}, "x", 0, ()])))
+        out.append((("candidates", category), rng.choice([None, {}, "x", 0, (), DELETE])))
         for i, item in enumerate(candidates.get(category, [])):
             here: Path = ("candidates", category, i)
             out.append((here, rng.choice([None, [], "x", 1, ()])))

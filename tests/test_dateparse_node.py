@@ -1,0 +1,335 @@
+"""memstaged's ``Date.parse`` against V8's, run in Node.js itself (SPEC 2.3, issue 11 items 1, 3).
+
+One ``node`` process serves the module. A seeded generator builds date-like strings from date
+parts, separators, month and day names, zones, offsets, garbage words and whitespace; each is
+parsed by both sides in three time zones (UTC, America/New_York with its DST, Australia/Adelaide
+with a half-hour offset and southern DST) and any difference is printed with the input and both
+answers. ``make test`` runs 20,000 inputs per zone; ``make test-slow`` runs 200,000.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from node_oracle import Node, local_zone, mismatches
+
+from memstaged.dateparse import parse
+from memstaged.timestamps import format_epoch_ms
+
+ZONES = ("UTC", "America/New_York", "Australia/Adelaide")
+
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+ZONE_WORDS = [
+    "Z",
+    "z",
+    "UTC",
+    "utc",
+    "UT",
+    "GMT",
+    "gmt",
+    "EST",
+    "EDT",
+    "CST",
+    "CDT",
+    "MST",
+    "MDT",
+    "PST",
+    "PDT",
+    "est",
+    "pdt",
+    "UTCX",
+    "GMTX",
+]
+GARBAGE = ["foo", "x", "T", "t", "am", "PM", "a", "[", "_", "@", "é", "Ω", "(note)", "(a(b)c)", "("]
+GARBAGE += [
+    ")",
+    "de",
+    "le",
+    "at",
+    "on",
+    "the",
+    "sept",
+    "ma",
+    "ju",
+    "decembre",
+    "\u0085",
+    "\U0001f600",
+]
+SPACES = [" ", " ", " ", "  ", "\t", "\n", "\u00a0", "\u3000", "\ufeff", "\u2028", "\x0b", "\x1c"]
+SEPARATORS = ["-", "/", ".", " ", ",", ", ", "T", "t", "", ":", "+", "--", " - ", "_"]
+
+
+def _num(rng: random.Random) -> str:
+    kind = rng.random()
+    if kind < 0.25:
+        return f"{rng.randint(0, 12):0{rng.choice((1, 2))}d}"
+    if kind < 0.5:
+        return f"{rng.randint(0, 32):0{rng.choice((1, 2))}d}"
+    if kind < 0.7:
+        return str(rng.choice((rng.randint(1900, 2100), rng.randint(0, 9999))))
+    if kind < 0.8:
+        return f"{rng.randint(0, 99):02d}"
+    if kind < 0.9:
+        return str(rng.randint(0, 10 ** rng.randint(1, 12)))
+    return "0" * rng.randint(1, 4) + str(rng.randint(0, 999))
+
+
+def _time(rng: random.Random) -> str:
+    hour = rng.choice((rng.randint(0, 23), rng.randint(0, 25), 24, 12, 0))
+    text = f"{hour:0{rng.choice((1, 2))}d}:{rng.randint(0, 61):02d}"
+    if rng.random() < 0.6:
+        text += f":{rng.randint(0, 61):02d}"
+        if rng.random() < 0.4:
+            text += rng.choice((".", ",")) + "".join(
+                rng.choice("0123456789") for _ in range(rng.randint(0, 12))
+            )
+    elif rng.random() < 0.1:
+        text += rng.choice(("::", ":", "."))
+    if rng.random() < 0.2:
+        text += rng.choice(SPACES) + rng.choice(("am", "pm", "AM", "P.M.", "a.m."))
+    return text
+
+
+def _offset(rng: random.Random) -> str:
+    sign = rng.choice("+-")
+    hours, minutes = rng.choice((rng.randint(0, 14), rng.randint(0, 99))), rng.randint(0, 60)
+    return rng.choice(
+        (
+            f"{sign}{hours:02d}:{minutes:02d}",
+            f"{sign}{hours:02d}{minutes:02d}",
+            f"{sign}{hours}",
+            f"{sign}{hours:02d}",
+            f"{sign}{hours}{minutes:02d}",
+            f"{sign}{hours}:",
+            f"{sign}:{minutes:02d}",
+            f"{sign}{rng.randint(0, 99999)}",
+            sign,
+            f"GMT{sign}{hours:02d}{minutes:02d}",
+            f"UTC{sign}{hours}",
+        )
+    )
+
+
+def _iso(rng: random.Random) -> str:
+    """The ECMAScript format and its near misses."""
+    year = rng.choice(
+        (
+            f"{rng.randint(0, 9999):04d}",
+            f"{rng.choice('+-')}{rng.randint(0, 275761):06d}",
+            f"{rng.randint(0, 99999):05d}",
+            f"{rng.randint(0, 999):03d}",
+        )
+    )
+    text = year
+    if rng.random() < 0.85:
+        text += f"-{rng.randint(0, 13):0{rng.choice((2, 2, 1))}d}"
+        if rng.random() < 0.85:
+            text += f"-{rng.randint(0, 32):0{rng.choice((2, 2, 1))}d}"
+    if rng.random() < 0.7:
+        text += rng.choice(("T", "T", "t", " ", "", "  "))
+        text += (
+            _time(rng)
+            if rng.random() < 0.5
+            else f"{rng.randint(0, 25):02d}:{rng.randint(0, 60):02d}"
+        )
+        if rng.random() < 0.7:
+            text += rng.choice(("Z", "z", "", " ", " UTC", " GMT", " EST")) + (
+                _offset(rng) if rng.random() < 0.4 else ""
+            )
+    return text
+
+
+def _legacy(rng: random.Random) -> str:
+    """Free-form parts in random order, as people and programs write dates."""
+    parts: list[str] = []
+    for _ in range(rng.randint(1, 7)):
+        kind = rng.random()
+        if kind < 0.3:
+            parts.append(_num(rng))
+        elif kind < 0.45:
+            month = rng.choice(MONTHS)
+            parts.append(rng.choice((month, month[:3], month.upper(), month[: rng.randint(1, 6)])))
+        elif kind < 0.55:
+            day = rng.choice(DAYS)
+            parts.append(rng.choice((day, day[:3], day[:3] + ",")))
+        elif kind < 0.7:
+            parts.append(_time(rng))
+        elif kind < 0.8:
+            parts.append(rng.choice(ZONE_WORDS))
+        elif kind < 0.88:
+            parts.append(_offset(rng))
+        else:
+            parts.append(rng.choice(GARBAGE))
+    out = parts[0]
+    for part in parts[1:]:
+        out += rng.choice(SEPARATORS + SPACES) + part
+    return out
+
+
+def _mutate(rng: random.Random, text: str) -> str:
+    chars = list(text)
+    for _ in range(rng.randint(1, 3)):
+        where = rng.randint(0, len(chars))
+        choice = rng.random()
+        if choice < 0.4 and chars:
+            del chars[min(where, len(chars) - 1)]
+        elif choice < 0.8:
+            chars.insert(where, rng.choice("0123456789-:/.,+ TZ()az\0"))
+        elif chars:
+            chars[min(where, len(chars) - 1)] = rng.choice("0123456789-:T ")
+    return "".join(chars)
+
+
+def corpus(seed: int, count: int) -> list[str]:
+    """``count`` date-like strings, the same for the same seed."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    while len(out) < count:
+        kind = rng.random()
+        text = _iso(rng) if kind < 0.45 else _legacy(rng)
+        if rng.random() < 0.25:
+            text = _mutate(rng, text)
+        if rng.random() < 0.1:
+            text = rng.choice(SPACES) + text + rng.choice(SPACES)
+        out.append(text)
+    return out
+
+
+#: Local times next to each zone's changes of offset, before time zones, and at the range's ends.
+EDGES = {
+    "UTC": [],
+    "America/New_York": [
+        *(f"2026-03-08T{h:02d}:{m:02d}:00" for h in (1, 2, 3) for m in (0, 30, 59)),
+        *(f"2026-11-01T{h:02d}:{m:02d}:00" for h in (0, 1, 2) for m in (0, 30, 59)),
+        "Mar 8 2026 2:30",
+        "11/1/2026 1:30 am",
+        "1883-11-18T12:00",
+        "1883-11-18T11:59:59",
+    ],
+    "Australia/Adelaide": [
+        *(f"2026-04-05T{h:02d}:{m:02d}:00" for h in (1, 2, 3) for m in (0, 30, 59)),
+        *(f"2026-10-04T{h:02d}:{m:02d}:00" for h in (1, 2, 3) for m in (0, 30, 59)),
+        "1899-04-30T23:59",
+        "1899-05-01T00:10",
+        "1894-02-01T00:00",
+    ],
+}
+EDGES_ALL = [
+    "1800-01-01T00:00:00",
+    "1066-10-14T09:00",
+    "0001-01-01T00:00",
+    "2100-07-01T12:00",
+    "9999-12-31T23:59:59.999",
+    "+275760-09-13T00:00:00",
+    "+275760-09-12T12:00:00",
+    "-271821-04-20T00:00:00",
+    "-271821-04-20T12:00:00",
+    "-271821-04-19T23:00:00",
+    "+275760-09-13",
+    "+275760-09-13T00:00:00.001Z",
+    "-271821-04-20",
+    "-271821-04-19T23:59:59.999Z",
+    "Sep 13 275760",
+    "Sep 13 275760 00:00 GMT",
+    "Sep 14 275760 GMT-0100",
+    "Apr 19 -271821",
+]
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    """One Node.js for the whole module."""
+    js = Node()
+    yield js
+    js.close()
+
+
+def _ours(text: str) -> list[object] | None:
+    ms = parse(text)
+    return None if ms is None else [ms, format_epoch_ms(ms)]
+
+
+def _run(node: Node, inputs: list[str]) -> list[str]:
+    return mismatches(inputs, [_ours(s) for s in inputs], node.ask("date", inputs))
+
+
+SPEC_TIMESTAMPS = [
+    "2026-01-01 10:00:00",
+    "2026/06/10",
+    "12/31/2026",
+    "Tue, 01 Jan 2026 00:00:00 GMT",
+    "Wed, 10 Jun 26 10:00:00 GMT",
+    "2026-06-10T10:00:00+0200",
+    "2026-06-10 10:00:00 UTC",
+    "2026-06-10T24:00:00Z",
+    "2026-02-30",
+    "1",
+    "foo 2026",
+]
+SPEC_NOT_TIMESTAMPS = [
+    "20260101T100000Z",
+    "2026-01-01T10:00:00,5Z",
+    "2026-W01-1",
+    "2026-13-01",
+    "hello",
+]
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_spec_examples_agree_with_node(node: Node, zone: str) -> None:
+    """Issue 11 item 3: SPEC 2.3's examples are (not) timestamps in memstaged as in Node 20."""
+    with local_zone(node, zone):
+        assert _run(node, SPEC_TIMESTAMPS + SPEC_NOT_TIMESTAMPS) == []
+        assert all(parse(s) is not None for s in SPEC_TIMESTAMPS)
+        assert all(parse(s) is None for s in SPEC_NOT_TIMESTAMPS)
+
+
+def test_spec_examples_in_new_york(node: Node) -> None:
+    """SPEC 2.3, measured in America/New_York: the readings the contract names, exactly."""
+    with local_zone(node, "America/New_York"):
+        assert format_epoch_ms(parse("2026-02-30") or 0) == "2026-03-02T00:00:00.000Z"
+        assert format_epoch_ms(parse("1") or 0) == "2001-01-01T05:00:00.000Z"
+        assert format_epoch_ms(parse("foo 2026") or 0) == "2026-01-01T05:00:00.000Z"
+        assert format_epoch_ms(parse("Wed, 10 Jun 26 10:00:00 GMT") or 0) == (
+            "2026-06-10T10:00:00.000Z"
+        )
+        assert format_epoch_ms(parse("2026-06-10T24:00:00Z") or 0) == "2026-06-11T00:00:00.000Z"
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_generated_corpus_agrees_with_node(node: Node, zone: str) -> None:
+    """Issue 11 items 1, 3: 20,000 seeded date-like strings parse to the same time value (or NaN)
+    in memstaged as in V8, in each of three zones, with DST edges and range ends added."""
+    inputs = corpus(seed=11, count=20_000) + EDGES[zone] + EDGES_ALL
+    with local_zone(node, zone):
+        found = _run(node, inputs)
+    assert found == [], "\n".join(found)
+    accepted = sum(1 for s in inputs if parse(s) is not None)
+    print(f"{zone}: {len(inputs)} inputs, {accepted} timestamps, {len(inputs) - accepted} NaN")
+    assert accepted > len(inputs) // 5  # the corpus reaches both outcomes in earnest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zone", ZONES)
+def test_large_corpus_agrees_with_node(node: Node, zone: str) -> None:
+    """Issue 11 item 3 at scale: 200,000 more strings per zone, another seed."""
+    inputs = corpus(seed=2026, count=200_000)
+    with local_zone(node, zone):
+        found = _run(node, inputs)
+    assert found == [], "\n".join(found)

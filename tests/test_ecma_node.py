@@ -1,0 +1,232 @@
+"""memstaged's JavaScript semantics against Node.js itself (SPEC 2 and 3.1, issue 11 items 1, 3).
+
+One ``node`` process serves the module. Seeded random inputs: byte strings for
+``fs.readFileSync(path, "utf-8")``, strings for ``trim``, ``toLowerCase``, ``length`` and
+``path.posix.basename``, JSON texts for ``JSON.parse``, lesson texts for SPEC 3.1's keyword topic.
+Each mismatch is printed with the input and both answers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+
+import pytest
+from node_oracle import Node, compare
+
+from memstaged.ecma import (
+    JS_WHITESPACE,
+    basename,
+    decode_utf8,
+    parse_json,
+    to_lower,
+    trim,
+    utf16_length,
+)
+from memstaged.errors import NotJSON
+from memstaged.repair import keyword_topic
+
+#: Characters where JavaScript and Python part ways, or that the rules name.
+SPECIAL = (
+    JS_WHITESPACE
+    + "\x1c\x1d\x1e\x1f\x85\u180e\u200b"  # whitespace to Python only, or to neither
+    + "ΣσςΑἈᾼİIıiẞßŉǅǈﬃ"  # noqa: RUF001 - final sigma, dotted I, expansions, title case
+    + "\u1c89\ua7cb\ua7cc\ua7dc\U00010d50\U00016ea0"  # upper case letters newer than Python's
+    + "\U0001f600\U00010400\ud800\udc00\udbff"  # astral, lone surrogates
+    + "/.-_`*#>[](){}:;,!?\\|<=+~$%^&0123456789'\"@"
+    + "aZéÉÇçØøÆæΩ中文"
+)
+
+
+def _random_text(rng: random.Random, limit: int = 12) -> str:
+    out = []
+    for _ in range(rng.randint(0, limit)):
+        r = rng.random()
+        if r < 0.5:
+            out.append(rng.choice(SPECIAL))
+        elif r < 0.8:
+            out.append(rng.choice("abcdefghij ABCDEFG  "))
+        else:
+            cp = rng.randint(0, 0x10FFFF)
+            out.append(chr(cp))
+    # A high and a low surrogate side by side are one character in JavaScript; as JSON.parse
+    # gives them to Python, they are one character here too.
+    text: str = json.loads(json.dumps("".join(out)))
+    return text
+
+
+def _random_bytes(rng: random.Random) -> bytes:
+    pieces = []
+    for _ in range(rng.randint(0, 10)):
+        r = rng.random()
+        if r < 0.3:
+            pieces.append(bytes([rng.randint(0, 255)]))
+        elif r < 0.6:
+            encoded = chr(
+                rng.choice(
+                    (
+                        rng.randint(0x80, 0x7FF),
+                        rng.randint(0x800, 0xFFFF),
+                        rng.randint(0x10000, 0x10FFFF),
+                    )
+                )
+            ).encode("utf-8", "surrogatepass")
+            pieces.append(encoded[: rng.randint(0, len(encoded))])  # often truncated
+        elif r < 0.8:
+            pieces.append(
+                bytes(
+                    rng.choice(
+                        (
+                            b"\xed\xa0\x80",
+                            b"\xc0\x80",
+                            b"\xe0\x80\x80",
+                            b"\xf0\x80\x80\x80",
+                            b"\xf4\x90\x80",
+                            b"\xf5\x80",
+                            b"\xef\xbb\xbf",
+                            b"\xc2",
+                            b"\xe2\x82",
+                            b"\xf0\x9f\x98",
+                            b"\x80\x80",
+                        )
+                    )
+                )
+            )
+        else:
+            pieces.append(rng.choice((b"a", b"{", b'"', b"\x00", b"\x7f")))
+    return b"".join(pieces)
+
+
+def _mutated_json(rng: random.Random) -> bytes:
+    doc = {
+        "a": [1, -0.5, 1e300, "x\u2028", None, True, {"b": []}],
+        "s": "caf\u00e9 \\ud800",
+        "n": rng.choice((1, 10**30, 0)),
+    }
+    text = json.dumps(doc, ensure_ascii=rng.random() < 0.5)
+    text = text.replace('"\\\\ud800"', '"\\ud800"')
+    chars = list(text)
+    for _ in range(rng.randint(0, 3)):
+        where = rng.randint(0, len(chars))
+        choice = rng.random()
+        if choice < 0.4 and chars:
+            del chars[min(where, len(chars) - 1)]
+        else:
+            chars.insert(
+                where,
+                rng.choice(
+                    [
+                        *list(',:[]{}"\\ 0-1eE.tnf\t\n\r\x0b\x00'),
+                        "\ufeff",
+                        "NaN",
+                        "1e400",
+                        "//",
+                        "\\u",
+                    ]
+                ),
+            )
+    data = "".join(chars).encode("utf-8", "surrogatepass")
+    if rng.random() < 0.2:
+        data = data.replace(b"x", b"\xff", 1)
+    if rng.random() < 0.1:
+        data = b"[" * 3000 + data + b"]" * 3000
+    return data
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    """One Node.js for the whole module."""
+    js = Node()
+    yield js
+    js.close()
+
+
+def test_utf8_decoding_agrees_with_node(node: Node) -> None:
+    """Issue 11 item 1: 5,000 random byte strings (truncated, overlong, surrogate and out-of-range
+    sequences, BOMs) decode as Node's ``toString("utf-8")`` does: U+FFFD per maximal subpart."""
+    rng = random.Random(8)
+    inputs = [_random_bytes(rng) for _ in range(5000)]
+    inputs += [b"\xef\xbb\xbf{}", b"\xed\xa0\x80", b"\xf4\x8f\xbf\xbf\xf4\x90"]
+    found = compare(node, "utf8", inputs, decode_utf8, raw=True)
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("op", "ours"),
+    [("trim", trim), ("lower", to_lower), ("length", utf16_length), ("basename", basename)],
+)
+def test_string_functions_agree_with_node(node: Node, op: str, ours: object) -> None:
+    """Issue 11 item 1: 5,000 random strings (every ECMAScript whitespace, Python-only whitespace,
+    final sigma, newer Unicode letters, astral characters, lone surrogates, slashes) give the same
+    ``trim``, ``toLowerCase``, ``length`` and ``path.posix.basename`` on both sides."""
+    rng = random.Random(len(op))
+    inputs = [_random_text(rng) for _ in range(5000)]
+    inputs += ["", "/", "//", "a/", "/a//", "  /x/  ", "ΑΣ", "ΑΣ Σ", "İ", "\u1c89"]
+    assert callable(ours)
+    found = compare(node, op, inputs, ours)
+    assert found == [], "\n".join(found)
+
+
+def test_keyword_topic_agrees_with_node(node: Node) -> None:
+    """SPEC 3.1 step 3 computed in JavaScript and by memstaged on 3,000 random lesson texts."""
+    rng = random.Random(31)
+    words = [
+        "Use",
+        "the",
+        "Foo-bar",
+        "2things",
+        "ÇA",
+        "Σίσυφος",
+        "ΌΣ",
+        "İstanbul",
+        "x\U0001f600",
+        "\U0001f600\U0001f600",
+        "mustn't",
+        "_init_",
+        "HTTP/2",
+        "a.b.c",
+        "über",
+        "ﬃx",
+    ]
+    inputs = []
+    for _ in range(3000):
+        picked = [
+            rng.choice(words) if rng.random() < 0.6 else _random_text(rng, 6)
+            for _ in range(rng.randint(0, 8))
+        ]
+        inputs.append(rng.choice((" ", "\n", "\u3000", "\t")).join(picked))
+    found = compare(node, "keyword", inputs, keyword_topic)
+    assert found == [], "\n".join(found)
+
+
+def _parses(data: bytes) -> bool:
+    try:
+        parse_json(data)
+    except NotJSON:
+        return False
+    return True
+
+
+def test_json_parse_accepts_what_node_accepts(node: Node) -> None:
+    """Issue 11 item 1: 3,000 mutated JSON texts (BOM, NaN, comments, trailing commas, raw control
+    characters, lone surrogate escapes, invalid UTF-8, 3,000-deep nesting) parse in memstaged
+    exactly when ``JSON.parse(fs.readFileSync(path, "utf-8"))`` parses them."""
+    rng = random.Random(2)
+    inputs = [_mutated_json(rng) for _ in range(3000)]
+    found = compare(node, "parses", inputs, _parses, raw=True)
+    assert found == [], "\n".join(found)
+    assert 0 < sum(map(_parses, inputs)) < len(inputs)
+
+
+def test_json_parse_million_levels(node: Node) -> None:
+    """Issue 10 item 15, issue 11 item 1: a million nested arrays (2 MB) and a million nested
+    objects parse, as in Node, with no RecursionError; a deep one a bracket short fails on both."""
+    depth = 1_000_000
+    arrays = b"[" * depth + b"]" * depth
+    objects = b'{"a":' * depth + b"1" + b"}" * depth
+    short = b"[" * 100_000 + b"]" * (100_000 - 1)
+    inputs = [arrays, objects, short]
+    found = compare(node, "parses", inputs, _parses, raw=True)
+    assert found == [], "\n".join(found)
+    assert [_parses(x) for x in inputs] == [True, True, False]
