@@ -29,7 +29,7 @@ from memstaged import fsio
 from memstaged.ecma import is_nonempty_string, parse_json, trim
 from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
 from memstaged.fsio import Identity
-from memstaged.locks import LockHeld, LockInfo, canonical_lock
+from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock
 from memstaged.pipeline import DEADLETTER, MemoryDir
 from memstaged.quarantine import ORIGINALS_DIR, stem
 
@@ -327,6 +327,18 @@ def still_needed(original: str, names: set[str], hashes: set[str]) -> bool:
 # -- changes ------------------------------------------------------------------------------------
 
 
+#: The clock and the pause of a wait for the lock: seams, so that a test moves time instead of
+#: sleeping through it.
+_monotonic: Callable[[], float] = time.monotonic
+_sleep: Callable[[float], None] = time.sleep
+#: Without ``--wait``, a ``canonical-writer.lock`` another memstaged holds is still waited for this
+#: long: it holds it for one short transaction only (SPEC 5: about a second at most).
+MEMSTAGED_GRACE: Final = 3.0
+#: ``--wait`` without a number.
+DEFAULT_WAIT: Final = 30.0
+_LOCK_POLL: Final = 0.05
+
+
 class Waiter:
     """How long a change to a memory dir waits for ``canonical-writer.lock``, and saying so.
 
@@ -340,13 +352,13 @@ class Waiter:
         limit: float | None,
         say: Callable[[str], None],
         *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.limit = limit
         self.say = say
-        self.clock = clock
-        self.sleep = sleep
+        self.clock = clock or _monotonic
+        self.sleep = sleep or _sleep
         self._said: set[tuple[str, int | None]] = set()
 
     def patience(self, info: LockInfo) -> float:
@@ -362,14 +374,6 @@ class Waiter:
                 f"waiting up to {patience:g} s for canonical-writer.lock of {mdir.path}, "
                 f"held by {holder_text(info)}"
             )
-
-
-#: Without ``--wait``, a ``canonical-writer.lock`` another memstaged holds is still waited for this
-#: long: it holds it for one short transaction only (SPEC 5: about a second at most).
-MEMSTAGED_GRACE: Final = 3.0
-#: ``--wait`` without a number.
-DEFAULT_WAIT: Final = 30.0
-_LOCK_POLL: Final = 0.05
 
 
 def holder_text(info: LockInfo) -> str:
@@ -451,6 +455,15 @@ def exclusive(mdir: MemoryDir, mem_fd: int, waiter: Waiter, logger: Any) -> Iter
             )
         waiter.announce(mdir, info, patience)
         waiter.sleep(_LOCK_POLL)
+        # Only read the lock while its holder lives: taking it means writing and fsyncing a file.
+        while waiter.clock() - started < patience:
+            try:
+                now = read_lock(mem_fd)
+            except OSError:
+                break
+            if now is None or not now.alive or now.ino != info.ino:
+                break
+            waiter.sleep(_LOCK_POLL)
 
 
 def unchanged(mem_fd: int, records: Iterable[RecordFile]) -> dict[str, str]:
