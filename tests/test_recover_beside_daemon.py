@@ -344,8 +344,8 @@ def _race(rig: Rig, modes: list[str], seed: int) -> None:
         bad |= writer.bad
         rig.settle(writer.names)
         check(rig, good, bad)
-    code, out, err = rig.run("recover", "--all", "--json")
-    assert code == 1, err  # the invalid lessons stay
+    code, _out, last_err = rig.run("recover", "--all", "--json")
+    assert code == 1, last_err  # the invalid lessons stay
     rig.settle(set())
     rig.stop()
     rig.start_daemon()  # a memstaged starting deletes what killed recoveries left
