@@ -365,6 +365,7 @@ def test_recovery_races_a_writer_and_kills_of_either_side(rig: Rig) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_recovery_race_many_rounds(rig: Rig) -> None:
     """Issue 12 item 3, at length: 60 rounds of random disturbances (see MODES)."""
     rng = random.Random(1212)

@@ -3,7 +3,8 @@
 ``list`` and ``show`` only read. ``recover`` puts candidates back into ``staging/`` (see
 :mod:`memstaged.recover`); ``purge`` is the only way records are ever deleted without being
 recovered, and without ``--yes`` it only lists what it would delete. Both change the store only
-under the memory dir's locks, and log what they did to the decision log.
+under ``canonical-writer.lock`` (beside a running daemon), and log what they did to the decision
+log.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def register(sub: Any) -> None:
         description="Put the chosen records' candidates back into staging/ as new files "
         "<session>.recovered-<n>.json, keeping only candidates that are now valid (after "
         "repairs) and not already in staging/. Records are deleted only once the staging file "
-        "holding their candidate is durably written.",
+        "holding their candidate is durably written. Works while the daemon runs: changes are "
+        "made in short transactions under canonical-writer.lock, which the daemon obeys.",
     )
     recoverer.add_argument(
         "--session",
@@ -126,7 +128,8 @@ def register(sub: Any) -> None:
     purger = actions.add_parser(
         "purge",
         help="delete records older than --older-than (lists them without --yes)",
-        description="The only way records are deleted without being recovered.",
+        description="The only way records are deleted without being recovered. Works while "
+        "the daemon runs, in short transactions under canonical-writer.lock.",
     )
     purger.add_argument(
         "--older-than",
