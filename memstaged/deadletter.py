@@ -4,9 +4,11 @@ Records are read without following links and without trusting their content: a r
 ``memstaged.original`` names an original only when it is a plain name under ``originals/``, so a
 hand-edited record cannot make ``show`` read, or ``purge`` delete, anything outside the store.
 
-Changes (recovery, purge) happen only inside :func:`exclusive`: the memory dir's instance lock
-(no daemon or ``--once`` at work) and ``canonical-writer.lock`` (no reconciler at work), the lock
-the agent's own ``/memory recover`` takes too.
+Changes (recovery, purge) happen beside a running daemon, in short transactions under
+``canonical-writer.lock`` (:func:`exclusive`): the lock the daemon obeys, the reconciler holds while
+it works, and the agent's own ``/memory recover`` takes too. Never under the instance lock, which
+the daemon holds for its whole life. What a transaction depends on (a record still the very file
+that was read) is checked again under the lock.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any, Final
 
 import msgspec
@@ -26,7 +29,7 @@ from memstaged import fsio
 from memstaged.ecma import is_nonempty_string, parse_json, trim
 from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
 from memstaged.fsio import Identity
-from memstaged.locks import InstanceLock, LockHeld, LockInfo, canonical_lock
+from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock
 from memstaged.pipeline import DEADLETTER, MemoryDir
 from memstaged.quarantine import ORIGINALS_DIR, stem
 
@@ -324,17 +327,91 @@ def still_needed(original: str, names: set[str], hashes: set[str]) -> bool:
 # -- changes ------------------------------------------------------------------------------------
 
 
-@contextmanager
-def exclusive(mdir: MemoryDir, *, wait: bool, logger: Any) -> Iterator[int]:
-    """Hold the instance lock and ``canonical-writer.lock`` of ``mdir``; yields its descriptor.
+#: The clock and the pause of a wait for the lock: seams, so that a test moves time instead of
+#: sleeping through it.
+_monotonic: Callable[[], float] = time.monotonic
+_sleep: Callable[[float], None] = time.sleep
+#: Without ``--wait``, a ``canonical-writer.lock`` another memstaged holds is still waited for this
+#: long: it holds it for one short transaction only (SPEC 5: about a second at most).
+MEMSTAGED_GRACE: Final = 3.0
+#: ``--wait`` without a number.
+DEFAULT_WAIT: Final = 30.0
+_LOCK_POLL: Final = 0.05
 
-    Raises :class:`BusyError` (exit 1) when a memstaged or the reconciler is at work there.
+
+class Waiter:
+    """How long a change to a memory dir waits for ``canonical-writer.lock``, and saying so.
+
+    ``limit`` is ``--wait``'s: ``None`` waits for nobody but another memstaged, whose holds last
+    about a second at most (SPEC 5), for :data:`MEMSTAGED_GRACE`; a number waits up to that many
+    seconds for any live holder. What is waited for is said once per holder, through ``say``.
     """
-    lock = InstanceLock(mdir.path)
+
+    def __init__(
+        self,
+        limit: float | None,
+        say: Callable[[str], None],
+        *,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self.limit = limit
+        self.say = say
+        self.clock = clock or _monotonic
+        self.sleep = sleep or _sleep
+        self._said: set[tuple[str, int | None]] = set()
+
+    def patience(self, info: LockInfo) -> float:
+        """How long to wait for this holder."""
+        grace = MEMSTAGED_GRACE if info.ours else 0.0
+        return max(self.limit or 0.0, grace)
+
+    def announce(self, mdir: MemoryDir, info: LockInfo, patience: float) -> None:
+        key = (mdir.path, info.pid)
+        if key not in self._said:
+            self._said.add(key)
+            self.say(
+                f"waiting up to {patience:g} s for canonical-writer.lock of {mdir.path}, "
+                f"held by {holder_text(info)}"
+            )
+
+
+def holder_text(info: LockInfo) -> str:
+    """Who holds ``canonical-writer.lock``, in words: ``pid 12 (the memstaged daemon)``."""
+    if info.pid is None:
+        return "a process it does not name"
+    if info.ours:
+        return f"pid {info.pid} ({_memstaged_kind(info.pid)})"
+    owner = f"owner {info.owner!r}" if info.owner else "no owner named: the reconciler?"
+    return f"pid {info.pid} ({owner})"
+
+
+def _memstaged_kind(pid: int) -> str:
     try:
-        lock.acquire(wait=wait)
-    except OSError as err:
-        raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return "another memstaged"
+    if b"--once" in argv:
+        return "a memstaged --once run"
+    if b"deadletter" in argv:
+        return "another memstaged deadletter command"
+    return "the memstaged daemon"
+
+
+@contextmanager
+def exclusive(mdir: MemoryDir, mem_fd: int, waiter: Waiter, logger: Any) -> Iterator[None]:
+    """Hold ``canonical-writer.lock`` of ``mdir`` for one short transaction (SPEC 5).
+
+    The daemon obeys the lock (it defers every change in the memory dir while a live process
+    holds it), so what is done inside cannot interleave with its own changes, nor with the
+    reconciler's or the agent's ``/memory recover``. Callers take it per transaction, never for a
+    whole run, and re-check under it whatever the transaction depends on.
+
+    Raises :class:`BusyError` (exit 1) when a live process holds it for longer than ``waiter``
+    waits, or when a stale lock of another owner is in place: memstaged never deletes that one,
+    and without the lock it could not keep out of the daemon's way.
+    """
 
     def on_stale(info: LockInfo, removed: bool) -> None:
         action = "removed (memstaged's own, its process is gone)" if removed else "not obeyed"
@@ -348,15 +425,94 @@ def exclusive(mdir: MemoryDir, *, wait: bool, logger: Any) -> Iterator[int]:
             memory_dir=mdir.path,
         )
 
+    started = waiter.clock()
+    while True:
+        stack = ExitStack()
+        try:
+            stale = stack.enter_context(canonical_lock(mem_fd, on_stale))
+        except LockHeld as held:
+            info = held.info
+        except OSError as err:
+            raise ConfigError(f"{mdir.path}/canonical-writer.lock: {err.strerror}") from None
+        else:
+            with stack:
+                if stale is not None:
+                    raise BusyError(
+                        f"{mdir.path}: canonical-writer.lock names pid {stale.pid}, which is "
+                        "gone, and is not memstaged's: memstaged never deletes it, and cannot "
+                        "change the memory dir beside the daemon without it; remove it if no "
+                        "reconciler is running"
+                    )
+                yield
+            return
+        patience = waiter.patience(info)
+        if waiter.clock() - started >= patience:
+            waited = f" (waited {patience:g} s)" if patience > 0 else ""
+            hint = "" if waiter.limit is not None else "; --wait[=SECONDS] waits for it"
+            raise BusyError(
+                f"{mdir.path}: busy: canonical-writer.lock is held by {holder_text(info)}"
+                f"{waited}; nothing more was changed there{hint}"
+            )
+        waiter.announce(mdir, info, patience)
+        waiter.sleep(_LOCK_POLL)
+        # Only read the lock while its holder lives: taking it means writing and fsyncing a file.
+        while waiter.clock() - started < patience:
+            try:
+                now = read_lock(mem_fd)
+            except OSError:
+                break
+            if now is None or not now.alive or now.ino != info.ino:
+                break
+            waiter.sleep(_LOCK_POLL)
+
+
+def unchanged(mem_fd: int, records: Iterable[RecordFile]) -> dict[str, str]:
+    """``{name: why}`` for the records that are no longer the very files that were read.
+
+    ``why`` is ``gone`` for a record that vanished (another recovery or a purge took it) and
+    ``changed`` for one replaced or edited meanwhile. Called under the lock, before anything
+    that depends on them is done.
+    """
+    out: dict[str, str] = {}
+    with fsio.opened_dir(DEADLETTER, mem_fd) as dl_fd:
+        for record in records:
+            st = fsio.lstat_at(dl_fd, record.name)
+            if st is None:
+                out[record.name] = "gone"
+            elif record.identity is None or Identity.of(st) != record.identity:
+                out[record.name] = "changed"
+    return out
+
+
+def references_now(
+    mdir: MemoryDir, mem_fd: int, known: Mapping[str, RecordFile]
+) -> tuple[set[str], set[str]]:
+    """:func:`referenced` for the records in ``deadletter/`` now, under the lock.
+
+    Only the records that are not in ``known`` as the very same file are read again (those the
+    daemon wrote meanwhile, say), so that the lock is held for a listing and a stat per record,
+    not for reading the whole store.
+    """
+    current: list[RecordFile] = []
     try:
-        with fsio.opened_dir(mdir.path) as mem_fd, canonical_lock(mem_fd, on_stale):
-            yield mem_fd
-    except LockHeld as held:
-        raise BusyError(
-            f"{mdir.path}: {held} (the reconciler is at work); try again when it has finished"
-        ) from None
+        dl_fd = fsio.open_dir(DEADLETTER, mem_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return set(), set()
+    try:
+        for name in sorted(n for n in os.listdir(dl_fd) if is_record_name(n)):
+            st = fsio.lstat_at(dl_fd, name)
+            if st is None:
+                continue
+            seen = known.get(name)
+            if seen is not None and seen.identity is not None and Identity.of(st) == seen.identity:
+                current.append(seen)
+                continue
+            record = _read_record(mdir, dl_fd, name)
+            if record is not None:
+                current.append(record)
     finally:
-        lock.release()
+        os.close(dl_fd)
+    return referenced(current)
 
 
 def delete_records(mem_fd: int, records: Iterable[RecordFile]) -> dict[str, str]:
@@ -446,3 +602,67 @@ def plan_purge(
         and (o.name in named_by_old or dt.datetime.fromtimestamp(o.mtime, dt.UTC) < cutoff)
     ]
     return old, drop
+
+
+class Purged(msgspec.Struct, kw_only=True):
+    """What :func:`purge` did in one memory dir."""
+
+    deleted: list[RecordFile]
+    originals: list[str]
+    #: record name -> why it is still there (changed meanwhile, could not be deleted)
+    left: dict[str, str]
+    #: records not looked at again because the memory dir was busy, and why
+    not_tried: list[RecordFile]
+    busy: str | None = None
+
+
+#: Records deleted in one transaction: a few milliseconds of unlinks under the lock.
+PURGE_CHUNK: Final = 256
+
+
+def purge(mdir: MemoryDir, *, cutoff: dt.datetime, waiter: Waiter, logger: Any) -> Purged:
+    """Delete the records dead-lettered before ``cutoff`` and the originals that go with them.
+
+    Planned without the lock (:func:`plan_purge` on a listing), carried out under it in short
+    transactions, each deleting only records that are still the very files that were read (one
+    the daemon quarantined again meanwhile has changed, and stays). Originals go last, once no
+    record present then needs them, the daemon's newest included.
+    """
+    records = list_records(mdir)
+    old, originals = plan_purge(records, list_originals(mdir), cutoff=cutoff)
+    done = Purged(deleted=[], originals=[], left={}, not_tried=[])
+    if not old and not originals:
+        return done
+    try:
+        with fsio.opened_dir(mdir.path) as mem_fd:
+            for start in range(0, len(old), PURGE_CHUNK):
+                chunk = old[start : start + PURGE_CHUNK]
+                try:
+                    with exclusive(mdir, mem_fd, waiter, logger):
+                        logger.info(
+                            "deadletter_purging",
+                            memory_dir=mdir.path,
+                            records=[r.name for r in chunk],
+                        )
+                        left = delete_records(mem_fd, chunk)
+                except BusyError as err:
+                    done.busy, done.not_tried = str(err), old[start:]
+                    return done
+                done.left.update(left)
+                done.deleted += [r for r in chunk if r.name not in left]
+            if not originals:
+                return done
+            gone = {r.name for r in done.deleted}
+            try:
+                with exclusive(mdir, mem_fd, waiter, logger):
+                    keep = {r.name: r for r in records if r.name not in gone}
+                    names, hashes = references_now(mdir, mem_fd, keep)
+                    done.originals = delete_originals(
+                        mem_fd,
+                        [o.name for o in originals if not still_needed(o.name, names, hashes)],
+                    )
+            except BusyError as err:
+                done.busy = f"{err} (the originals of the deleted records are still there)"
+    except OSError as err:
+        raise ConfigError(f"{mdir.path}: {err.strerror}") from None
+    return done

@@ -7,17 +7,21 @@ the triage engine decide that document, and keeps a candidate only if the engine
 repairs it to valid. A candidate already in ``staging/`` (or recovered twice in one run) is a
 duplicate and is not written again.
 
-The file layer, :func:`recover`, carries a plan out under the memory dir's locks, in the order
-that loses nothing: the new staging file is written to a temp file, fsynced, renamed to a name no
-other file has (``<session>.recovered-<n>.json``) and its directory fsynced; only then are the
-records it holds deleted, and then the originals no record needs any more. A candidate that cannot
-be made valid stays in the dead-letter store untouched, so recovery never loops.
+The file layer, :func:`recover`, works beside a running daemon (SPEC 5, as ``postsuper -r`` beside
+Postfix's queue manager). The plan is made without any lock; it is carried out in short
+transactions under ``canonical-writer.lock``, which the daemon obeys, each re-checking what it
+depends on and keeping the order that loses nothing: the new staging file is written to a temp
+file and fsynced (before the lock is taken), renamed to a name no other file has
+(``<session>.recovered-<n>.json``) and its directory fsynced; only then are the records it holds
+deleted, and then the originals no record needs any more. A candidate that cannot be made valid
+stays in the dead-letter store untouched, so recovery never loops.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final
@@ -27,19 +31,22 @@ import msgspec
 from memstaged import fsio
 from memstaged.deadletter import (
     RecordFile,
+    Waiter,
     delete_originals,
     delete_records,
     exclusive,
     list_records,
-    referenced,
+    references_now,
     still_needed,
+    unchanged,
 )
 from memstaged.ecma import encode_json, is_finite_number, parse_json
-from memstaged.errors import ConfigError, NotJSON
+from memstaged.errors import BusyError, ConfigError, NotJSON
+from memstaged.fsio import Identity
 from memstaged.pipeline import STAGING, MemoryDir, Options, is_staging_name
 from memstaged.quarantine import safe_component
 from memstaged.schema import CATEGORIES
-from memstaged.survey import decide_entry, iter_staging
+from memstaged.survey import decide_entry
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide
 
@@ -52,6 +59,10 @@ class Action(StrEnum):
     RECOVERED = "recovered"
     DUPLICATE = "duplicate"
     LEFT = "left"
+    #: Not looked at again: the memory dir was busy (its lock held); still in the store.
+    BUSY = "busy"
+    #: No longer in the store when its turn came: another recovery, or a purge, took it.
+    GONE = "gone"
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,6 +90,8 @@ class Group(msgspec.Struct, kw_only=True):
     records: list[str] = []
     #: Records whose candidate is the same as one this file holds: deleted with it.
     duplicates: list[str] = []
+    #: The fingerprints of its candidates, as they were and as written.
+    fingerprints: list[str] = []
     data: bytes | None = None
     failure: str | None = None
 
@@ -234,6 +247,7 @@ def plan(
         group.exotic = group.exotic or record.exotic
         group.candidates.setdefault(category, []).append(fixed)
         group.records.append(record.name)
+        group.fingerprints.extend(sorted(prints))
         seen.update(dict.fromkeys(prints, group))
     for group in groups.values():
         _finish(group, project_root)
@@ -266,6 +280,8 @@ def _finish(group: Group, project_root: str) -> None:
 class Report(msgspec.Struct, kw_only=True):
     outcomes: list[Outcome]
     originals_deleted: list[str] = []
+    #: Why the memory dir was busy, when some records were not looked at again; else ``None``.
+    busy: str | None = None
 
 
 def _outcome(
@@ -339,21 +355,70 @@ def _staged_outcome(
     )
 
 
+class _Staging(msgspec.Struct):
+    """What recovery knows of ``staging/``: each file it looked at, by the identity it had just
+    before it was read, and the fingerprint of every candidate that will reach the reconciler."""
+
+    identities: dict[str, Identity]
+    index: dict[str, str]
+
+
+def _look(
+    mdir: MemoryDir, staging_fd: int, options: Options, clock: float, staged: _Staging
+) -> dict[str, str]:
+    """Index the staging files that are new or changed since ``staged`` last looked.
+
+    Returns the fingerprints found in them (fingerprint -> file). Unchanged files cost a stat,
+    so that this can run again under the lock, where it sees what writers (or a recovery killed
+    halfway) put in place since the plan was made.
+    """
+    found: dict[str, str] = {}
+    for name in sorted(n for n in os.listdir(staging_fd) if is_staging_name(n)):
+        st = fsio.lstat_at(staging_fd, name)
+        if st is None:
+            continue
+        identity = Identity.of(st)
+        if staged.identities.get(name) == identity:
+            continue
+        staged.identities[name] = (
+            identity  # taken before the read: a later change is seen next time
+        )
+        entry = decide_entry(mdir, staging_fd, name, options, clock)
+        if entry is None:
+            continue
+        for fp in index_staging([(name, entry[1], entry[2])]):
+            found.setdefault(fp, name)
+            staged.index.setdefault(fp, name)
+    return found
+
+
 def _gather(
     mdir: MemoryDir, wanted: set[str] | None, options: Options, clock: float
-) -> tuple[dict[str, RecordFile], Plan]:
-    records = {r.name: r for r in list_records(mdir) if wanted is None or r.name in wanted}
+) -> tuple[dict[str, RecordFile], dict[str, RecordFile], Plan, _Staging]:
+    """The chosen records, every record, the plan and what ``staging/`` holds; no lock taken."""
+    every = {r.name: r for r in list_records(mdir)}
+    records = {n: r for n, r in every.items() if wanted is None or n in wanted}
+    staged = _Staging(identities={}, index={})
     try:
-        entries = [(e.name, v, d) for e, v, d in iter_staging(mdir, options, clock)]
+        with fsio.opened_dir(mdir.path) as mem_fd:
+            try:
+                staging_fd = fsio.open_dir(STAGING, mem_fd)
+            except (FileNotFoundError, NotADirectoryError):
+                staging_fd = None
+            if staging_fd is not None:
+                try:
+                    _look(mdir, staging_fd, options, clock, staged)
+                finally:
+                    os.close(staging_fd)
     except OSError as err:
         raise ConfigError(f"{mdir.staging}: {err.strerror}") from None
     found = plan(
         list(records.values()),
-        index_staging(entries),
+        staged.index,
         project_root=mdir.project_root,
         clock_ms=int(clock * 1000),
     )
-    return records, found
+    return records, every, found, staged
 
 
 def _free_names(existing: set[str], groups: Sequence[Group]) -> list[str]:
@@ -380,7 +445,7 @@ def _left_outcomes(
 
 def preview(mdir: MemoryDir, wanted: set[str] | None, options: Options, clock: float) -> Report:
     """What :func:`recover` would do, changing nothing."""
-    records, found = _gather(mdir, wanted, options, clock)
+    records, _every, found, _staged = _gather(mdir, wanted, options, clock)
     try:
         existing = {n for n in os.listdir(mdir.staging) if is_staging_name(n)}
     except OSError:
@@ -391,24 +456,6 @@ def preview(mdir: MemoryDir, wanted: set[str] | None, options: Options, clock: f
     for rec, (holder, _fp) in found.in_staging.items():
         outcomes.append(_staged_outcome(mdir, records[rec], holder, dry_run=True))
     return Report(outcomes=outcomes)
-
-
-def _write_group(staging_fd: int, group: Group) -> str:
-    """Write the group's file durably under a new name; never replaces an existing file."""
-    assert group.data is not None
-    tmp = fsio.write_temp(staging_fd, group.data, "recover", f"{group.base}.recovered.json")
-    try:
-        for n in range(1, _MAX_NAMES):
-            name = f"{group.base}.recovered-{n}.json"
-            try:
-                fsio.rename_noreplace(staging_fd, tmp, staging_fd, name)
-            except FileExistsError:
-                continue
-            fsio.fsync_dir(staging_fd)
-            return name
-        raise OSError(f"no free name for {group.base}.recovered-<n>.json in staging/")
-    finally:
-        fsio.unlink_quietly(staging_fd, tmp)  # gone after the rename; left only on failure
 
 
 def _still_holds(
@@ -424,92 +471,322 @@ def _still_holds(
     return True
 
 
+#: Groups whose staging files are written (outside the lock) ahead of one transaction.
+_CHUNK: Final = 32
+#: A transaction takes no more work once it has held the lock this long: SPEC 5 wants no
+#: memstaged operation to hold it for longer than about a second, and the daemon waits meanwhile.
+_BUDGET: Final = 0.25
+
+
 def recover(
     mdir: MemoryDir,
     wanted: set[str] | None,
     *,
     options: Options,
     clock: float,
-    wait: bool,
+    waiter: Waiter,
     logger: Any,
 ) -> Report:
-    """Recover the records named in ``wanted`` (``None``: all) of ``mdir``; see the module doc."""
-    with exclusive(mdir, wait=wait, logger=logger) as mem_fd:
-        records, found = _gather(mdir, wanted, options, clock)
-        outcomes = _left_outcomes(mdir, records, found, False)
-        gone: list[RecordFile] = []
-        with fsio.opened_dir(STAGING, mem_fd, create=True) as staging_fd:
-            for group in found.groups:
-                outcomes.extend(
-                    _apply_group(mdir, mem_fd, staging_fd, group, records, gone, logger)
-                )
-            for rec, (holder, fp) in found.in_staging.items():
-                record = records[rec]
-                if _still_holds(mdir, staging_fd, holder, fp, options, clock):
-                    why_left = delete_records(mem_fd, [record]).get(rec)
-                else:
-                    why_left = f"staging/{holder} changed meanwhile; run recover again"
-                if why_left is None:
-                    gone.append(record)
-                outcomes.append(
-                    _staged_outcome(mdir, record, holder, dry_run=False, why_left=why_left)
-                )
-        deleted = _drop_originals(mdir, mem_fd, gone)
+    """Recover the records named in ``wanted`` (``None``: all) of ``mdir``; see the module doc.
+
+    Works beside a running daemon: the plan is made without any lock, and carried out in short
+    transactions under ``canonical-writer.lock``, each re-checking what it depends on.
+    """
+    records, every, found, staged = _gather(mdir, wanted, options, clock)
+    try:
+        with (
+            fsio.opened_dir(mdir.path) as mem_fd,
+            fsio.opened_dir(STAGING, mem_fd, create=True) as staging_fd,
+        ):
+            run = _Recovery(mdir, records, staged, options, clock, waiter, logger)
+            run.outcomes += _left_outcomes(mdir, records, found, False)
+            run.carry_out(mem_fd, staging_fd, found)
+            deleted = run.drop_originals(mem_fd, every)
+    except OSError as err:
+        raise ConfigError(f"memory dir {mdir.path}: {err.strerror or err}") from None
+    outcomes = run.outcomes
     logger.info(
         "deadletter_recovery",
         memory_dir=mdir.path,
         recovered=sum(o.action == Action.RECOVERED for o in outcomes),
         duplicates=sum(o.action == Action.DUPLICATE for o in outcomes),
         left=sum(o.action == Action.LEFT for o in outcomes),
+        gone=sum(o.action == Action.GONE for o in outcomes),
+        not_tried=sum(o.action == Action.BUSY for o in outcomes),
+        busy=run.busy,
         originals_deleted=deleted,
     )
-    return Report(outcomes=outcomes, originals_deleted=deleted)
+    return Report(outcomes=outcomes, originals_deleted=deleted, busy=run.busy)
 
 
-def _apply_group(
-    mdir: MemoryDir,
-    mem_fd: int,
-    staging_fd: int,
-    group: Group,
-    records: Mapping[str, RecordFile],
-    gone: list[RecordFile],
-    logger: Any,
-) -> list[Outcome]:
-    members = [records[n] for n in (*group.records, *group.duplicates)]
-    failure = group.failure
-    name: str | None = None
-    if failure is None:
+class _Recovery:
+    """One recovery of one memory dir, carried out transaction by transaction.
+
+    Each transaction, under ``canonical-writer.lock``: looks again at the staging files that
+    are new or changed since the plan (a candidate there now is not written again), checks that
+    every record of a group is still the very file that was read (another recovery or a purge
+    may have taken it), renames the group's complete, fsynced temp file to a new name
+    (``RENAME_NOREPLACE``), fsyncs ``staging/``, and only then deletes the group's records. The
+    daemon obeys the lock, so it decides the recovered file (``valid``) only once the records it
+    holds are gone, and never quarantines anything into the store while they are being deleted.
+    """
+
+    def __init__(
+        self,
+        mdir: MemoryDir,
+        records: Mapping[str, RecordFile],
+        staged: _Staging,
+        options: Options,
+        clock: float,
+        waiter: Waiter,
+        logger: Any,
+    ) -> None:
+        self.mdir = mdir
+        self.records = records
+        self.staged = staged
+        self.options = options
+        self.clock = clock
+        self.waiter = waiter
+        self.log = logger
+        self.outcomes: list[Outcome] = []
+        self.gone: list[RecordFile] = []
+        self.busy: str | None = None
+
+    def carry_out(self, mem_fd: int, staging_fd: int, found: Plan) -> None:
+        pending: list[tuple[Group, str | None]] = []
+        for group in found.groups:
+            if group.failure is not None:
+                self.outcomes += self._group(group, None, failure=group.failure)
+            else:
+                pending.append((group, None))
+        staged = list(found.in_staging.items())
         try:
-            name = _write_group(staging_fd, group)
-        except OSError as err:
-            failure = f"could not write the staging file: {err.strerror or err}; nothing deleted"
-            logger.error(
-                "deadletter_recover_failed",
-                memory_dir=mdir.path,
-                session_id=group.session_id,
-                records=[r.name for r in members],
-                reason=failure,
+            while pending or staged:
+                pending = self._write_ahead(staging_fd, pending)
+                if not pending and not staged:
+                    break
+                try:
+                    with exclusive(self.mdir, mem_fd, self.waiter, self.log):
+                        pending, staged = self._transaction(mem_fd, staging_fd, pending, staged)
+                except BusyError as err:
+                    self.busy = str(err)
+                    break
+        finally:
+            for _group, tmp in pending:
+                if tmp is not None:
+                    fsio.unlink_quietly(staging_fd, tmp)
+        for group, _tmp in pending:
+            self.outcomes += self._group(group, None, action=Action.BUSY, failure=self.busy)
+        for rec, _held in staged:
+            self.outcomes.append(
+                _outcome(self.mdir, self.records[rec], Action.BUSY, dry_run=False, reason=self.busy)
             )
-    if failure is not None or name is None:
-        return _group_outcomes(mdir, group, records, None, dry_run=False, failure=failure)
-    left = delete_records(mem_fd, members)
-    gone.extend(r for r in members if r.name not in left)
-    logger.info(
-        "deadletter_recovered",
-        memory_dir=mdir.path,
-        session_id=group.session_id,
-        staging_file=f"{STAGING}/{name}",
-        records=list(group.records),
-        duplicates=list(group.duplicates),
-        left=left,
-    )
-    return _group_outcomes(mdir, group, records, name, dry_run=False, not_deleted=left)
 
+    def _write_ahead(
+        self, staging_fd: int, pending: list[tuple[Group, str | None]]
+    ) -> list[tuple[Group, str | None]]:
+        """Write the next groups' files to fsynced temp files, outside the lock.
 
-def _drop_originals(mdir: MemoryDir, mem_fd: int, gone: Sequence[RecordFile]) -> list[str]:
-    """Delete the originals of deleted records that no remaining record needs."""
-    maybe = {r.original for r in gone if r.original is not None}
-    if not maybe:
-        return []
-    names, hashes = referenced(list_records(mdir))
-    return delete_originals(mem_fd, sorted(o for o in maybe if not still_needed(o, names, hashes)))
+        A temp file is never anyone's version: it is named as a partial write, so a memstaged
+        starting after a crash deletes it (the records are all still there) instead of keeping
+        it as a staging file, which would put its candidates in staging/ a second time.
+        """
+        out: list[tuple[Group, str | None]] = []
+        for i, (group, written) in enumerate(pending):
+            tmp = written
+            if tmp is None and i < _CHUNK:
+                assert group.data is not None
+                try:
+                    tmp = fsio.write_temp(
+                        staging_fd, group.data, fsio.PARTIAL, f"{group.base}.recovered.json"
+                    )
+                except OSError as err:
+                    self._failed(group, f"could not write the staging file: {err.strerror or err}")
+                    continue
+            out.append((group, tmp))
+        return out
+
+    def _failed(self, group: Group, why: str) -> None:
+        failure = f"{why}; nothing deleted"
+        self.log.error(
+            "deadletter_recover_failed",
+            memory_dir=self.mdir.path,
+            session_id=group.session_id,
+            records=[*group.records, *group.duplicates],
+            reason=failure,
+        )
+        self.outcomes += self._group(group, None, failure=failure)
+
+    def _transaction(
+        self,
+        mem_fd: int,
+        staging_fd: int,
+        pending: list[tuple[Group, str | None]],
+        staged: list[tuple[str, tuple[str, str]]],
+    ) -> tuple[list[tuple[Group, str | None]], list[tuple[str, tuple[str, str]]]]:
+        """One transaction under the lock; returns the work left for the next one."""
+        started = time.monotonic()
+
+        def more(done: int) -> bool:
+            return done == 0 or time.monotonic() - started < _BUDGET
+
+        appeared = _look(self.mdir, staging_fd, self.options, self.clock, self.staged)
+        installed: list[tuple[Group, str]] = []
+        taken = 0
+        for group, tmp in pending:
+            if tmp is None or not more(taken):
+                break
+            taken += 1
+            name = self._install(mem_fd, staging_fd, group, tmp, appeared)
+            if name is not None:
+                installed.append((group, name))
+        if installed:
+            fsio.fsync_dir(staging_fd)
+            fsio.crash_point("recover-staged")
+        held: list[tuple[RecordFile, str]] = []
+        checked = 0
+        for rec, (holder, fp) in staged:
+            if not more(taken + checked):
+                break
+            checked += 1
+            record = self.records[rec]
+            if _still_holds(self.mdir, staging_fd, holder, fp, self.options, self.clock):
+                held.append((record, holder))
+            else:
+                why = f"staging/{holder} changed meanwhile; run recover again"
+                self.outcomes.append(
+                    _staged_outcome(self.mdir, record, holder, dry_run=False, why_left=why)
+                )
+        members = [self.records[n] for g, _ in installed for n in (*g.records, *g.duplicates)]
+        doomed = members + [r for r, _ in held]
+        left = delete_records(mem_fd, doomed) if doomed else {}
+        fsio.crash_point("recover-deleted")
+        self.gone += [r for r in doomed if r.name not in left]
+        for group, name in installed:
+            not_deleted = {n: left[n] for n in (*group.records, *group.duplicates) if n in left}
+            self.log.info(
+                "deadletter_recovered",
+                memory_dir=self.mdir.path,
+                session_id=group.session_id,
+                staging_file=f"{STAGING}/{name}",
+                records=list(group.records),
+                duplicates=list(group.duplicates),
+                left=not_deleted,
+            )
+            self.outcomes += self._group(group, name, not_deleted=not_deleted)
+        for record, holder in held:
+            self.outcomes.append(
+                _staged_outcome(
+                    self.mdir, record, holder, dry_run=False, why_left=left.get(record.name)
+                )
+            )
+        return pending[taken:], staged[checked:]
+
+    def _install(
+        self, mem_fd: int, staging_fd: int, group: Group, tmp: str, appeared: Mapping[str, str]
+    ) -> str | None:
+        """Rename the group's temp file to a new name, if what it depends on still holds."""
+        members = [self.records[n] for n in (*group.records, *group.duplicates)]
+        changes = unchanged(mem_fd, members)
+        clash = next((appeared[fp] for fp in group.fingerprints if fp in appeared), None)
+        if changes or clash is not None:
+            fsio.unlink_quietly(staging_fd, tmp)
+            self.outcomes += self._not_written(group, changes, clash)
+            return None
+        for n in range(1, _MAX_NAMES):
+            name = f"{group.base}.recovered-{n}.json"
+            if fsio.lstat_at(staging_fd, name) is not None:
+                continue
+            # Logged before it is carried out: a crash right after the rename is on record.
+            self.log.info(
+                "deadletter_recovering",
+                memory_dir=self.mdir.path,
+                session_id=group.session_id,
+                staging_file=f"{STAGING}/{name}",
+                records=[*group.records, *group.duplicates],
+            )
+            try:
+                fsio.rename_noreplace(staging_fd, tmp, staging_fd, name)
+            except FileExistsError:
+                continue  # a writer took the name in between
+            except OSError as err:
+                fsio.unlink_quietly(staging_fd, tmp)
+                self._failed(group, f"could not write the staging file: {err.strerror or err}")
+                return None
+            fsio.crash_point("recover-renamed")
+            st = fsio.lstat_at(staging_fd, name)
+            if st is not None:  # known already: the next look need not decide it again
+                self.staged.identities[name] = Identity.of(st)
+                for fp in group.fingerprints:
+                    self.staged.index.setdefault(fp, name)
+            return name
+        fsio.unlink_quietly(staging_fd, tmp)
+        self._failed(group, f"no free name for {group.base}.recovered-<n>.json in staging/")
+        return None
+
+    def _not_written(
+        self, group: Group, changes: Mapping[str, str], clash: str | None
+    ) -> list[Outcome]:
+        out = []
+        for rec in (*group.records, *group.duplicates):
+            record = self.records[rec]
+            change = changes.get(rec)
+            if change == "gone":
+                why = "no longer in the store: recovered or purged meanwhile by another process"
+                out.append(_outcome(self.mdir, record, Action.GONE, dry_run=False, reason=why))
+                continue
+            if change == "changed":
+                why = "the record changed while this ran; run recover again"
+            elif clash is not None:
+                why = (
+                    f"staging/{clash} got a candidate of its group while this ran; "
+                    "run recover again"
+                )
+            else:
+                why = (
+                    "another record of its group changed or vanished while this ran; "
+                    "run recover again"
+                )
+            out.append(_outcome(self.mdir, record, Action.LEFT, dry_run=False, reason=why))
+        return out
+
+    def _group(
+        self,
+        group: Group,
+        name: str | None,
+        *,
+        action: Action = Action.LEFT,
+        failure: str | None = None,
+        not_deleted: Mapping[str, str] | None = None,
+    ) -> list[Outcome]:
+        if action is Action.BUSY:
+            return [
+                _outcome(self.mdir, self.records[n], action, dry_run=False, reason=failure)
+                for n in (*group.records, *group.duplicates)
+            ]
+        return _group_outcomes(
+            self.mdir,
+            group,
+            self.records,
+            name,
+            dry_run=False,
+            failure=failure,
+            not_deleted=not_deleted,
+        )
+
+    def drop_originals(self, mem_fd: int, every: Mapping[str, RecordFile]) -> list[str]:
+        """Delete the originals of deleted records that no record present now needs."""
+        maybe = {r.original for r in self.gone if r.original is not None}
+        if not maybe or self.busy is not None:
+            return []
+        gone = {r.name for r in self.gone}
+        try:
+            with exclusive(self.mdir, mem_fd, self.waiter, self.log):
+                keep = {n: r for n, r in every.items() if n not in gone}
+                names, hashes = references_now(self.mdir, mem_fd, keep)
+                return delete_originals(
+                    mem_fd, sorted(o for o in maybe if not still_needed(o, names, hashes))
+                )
+        except BusyError as err:
+            self.busy = f"{err} (the originals of the recovered records are kept)"
+            return []

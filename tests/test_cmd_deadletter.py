@@ -6,6 +6,9 @@ import base64
 import errno
 import json
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -23,6 +26,7 @@ from cmd_support import (
 from conftest import EVIDENCE, write
 
 from memstaged import deadletter, fsio
+from memstaged import recover as recover_module
 from memstaged.cli import main
 from memstaged.commands import _common
 from memstaged.locks import InstanceLock
@@ -284,6 +288,86 @@ def test_nothing_is_lost_when_the_staging_write_fails(
     assert (record_files(store), original_files(store), staging_files(store)) == before
 
 
+def _after_the_plan(monkeypatch: pytest.MonkeyPatch, meanwhile: Any) -> None:
+    """Run ``meanwhile()`` between recovery's plan (made without a lock) and its transactions."""
+    real = recover_module._gather
+
+    def gather(*args: Any, **kwargs: Any) -> Any:
+        found = real(*args, **kwargs)
+        meanwhile()
+        return found
+
+    monkeypatch.setattr(recover_module, "_gather", gather)
+
+
+def test_a_candidate_staged_after_the_plan_is_not_written_again(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    store: Path,
+    project: Path,
+) -> None:
+    """Issue 12 item 2: a staging file holding one of a group's candidates that appears after
+    the plan (a recovery killed after its rename, a writer) is seen under the lock: the group
+    is not written, its records stay; the next recovery removes that record as a duplicate and
+    writes the rest. The candidate ends in exactly one staging file."""
+    [pref] = _ids(store, "preferences")
+    record = json.loads((store / "deadletter" / f"{pref}.json").read_bytes())
+    envelope = {k: v for k, v in record["candidate"]["original_staging_file"].items()}
+    envelope["candidates"] = {
+        "lessons": [],
+        "preferences": [record["candidate"]["candidate"]],
+        "decisions": [],
+        "domain": [],
+    }
+    killed = store / "staging" / "mixed.recovered-1.json"
+    _after_the_plan(monkeypatch, lambda: write(killed, envelope))
+    before = record_files(store)
+    code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
+    assert code == 1
+    outcomes = json_lines(out)
+    assert not [o for o in outcomes if o["action"] == "recovered"]
+    assert any(
+        "got a candidate of its group while this ran" in (o["reason"] or "") for o in outcomes
+    )
+    assert record_files(store) == before
+    assert sorted(staging_files(store)) == [
+        "fixme.json",
+        "good.json",
+        "mixed.recovered-1.json",
+        "other.json",
+    ]
+
+    monkeypatch.undo()
+    code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
+    actions = {o["id"]: o["action"] for o in json_lines(out)}
+    assert actions[pref] == "duplicate"
+    assert sum(a == "recovered" for a in actions.values()) == 2
+    texts = [
+        p["text"]
+        for data in staging_files(store).values()
+        for p in json.loads(data).get("candidates", {}).get("preferences", [])
+    ]
+    assert texts.count("Prefer small commits") == 1
+
+
+def test_records_taken_after_the_plan_are_not_recovered_twice(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, store: Path
+) -> None:
+    """Issue 12 item 2: a record that another recovery (or a purge) took between the plan and
+    the transaction is reported `gone`, and nothing is written for its group, whose other
+    records stay for the next run; no staging file appears."""
+    [pref] = _ids(store, "preferences")
+    _after_the_plan(monkeypatch, (store / "deadletter" / f"{pref}.json").unlink)
+    staged = staging_files(store)
+    code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
+    assert code == 1
+    actions = {o["id"]: o["action"] for o in json_lines(out)}
+    assert actions[pref] == "gone"
+    assert "recovered" not in actions.values()
+    assert staging_files(store) == staged
+    assert len(_ids(store, "mixed")) == 3
+
+
 def test_recovered_names_never_overwrite(capsys: pytest.CaptureFixture[str], store: Path) -> None:
     """A staging file already named <session>.recovered-1.json (some writer's) is kept; the
     recovered file takes the next free number."""
@@ -362,24 +446,172 @@ def test_records_of_the_agents_own_tools(
 def test_recover_waits_for_nobody_by_default(
     capsys: pytest.CaptureFixture[str], store: Path
 ) -> None:
-    """With a memstaged (here: this test) holding the instance lock, or the reconciler holding
-    canonical-writer.lock, recovery exits 1 with a clear message and changes nothing."""
+    """Issue 12 item 1: with the reconciler holding canonical-writer.lock, recovery exits 1 with
+    one line naming the holder, changes nothing, and its summary does not claim "0 left" as if
+    it had looked; with a memstaged holding only the instance lock (the daemon's), it works."""
     before = record_files(store), staging_files(store)
+    lock = store / "canonical-writer.lock"
+    lock.write_text(json.dumps({"pid": os.getpid(), "owner": "reconciler"}))
+    code, out, err = _dl(capsys, store, "recover", "--all")
+    assert code == 1
+    line = one_line_error(err)
+    assert f"canonical-writer.lock is held by pid {os.getpid()} (owner 'reconciler')" in line
+    assert "--wait" in line
+    assert "0 left" not in out
+    assert "2 left in the dead-letter store; 3 not tried because 1 memory dir(s) were busy" in out
+    assert (record_files(store), staging_files(store)) == before
+    assert lock.exists()
+    lock.unlink()
+
     held = InstanceLock(str(store))
     held.acquire(wait=False)
     try:
-        code, _, err = _dl(capsys, store, "recover", "--all")
+        code, out, err = _dl(capsys, store, "recover", "--all")
     finally:
         held.release()
+    assert (code, err) == (1, "")  # two records cannot be recovered; no busy memory dir
+    assert "3 recovered" in out
+    assert (store / "staging" / "mixed.recovered-1.json").exists()
+
+
+_HOLDER = r"""
+import json, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, json.dumps({"pid": os.getpid(), "owner": "reconciler"}).encode())
+os.close(fd)
+print("held", flush=True)
+sys.stdin.readline()
+os.unlink(sys.argv[1])
+print("released", flush=True)
+"""
+
+
+class _Holder:
+    """A reconciler stand-in: a live process holding canonical-writer.lock until told to let go."""
+
+    def __init__(self, memory_dir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, str(memory_dir / "canonical-writer.lock")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == "held\n"
+
+    def release(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline() == "released\n"
+        self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+class _Time:
+    """The wait's clock and pause: time moves only when the command pauses (never slept)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 0.0
+        self.pauses = 0
+        self.hook: Any = None
+        monkeypatch.setattr(deadletter, "_monotonic", lambda: self.now)
+        monkeypatch.setattr(deadletter, "_sleep", self.sleep)
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses += 1
+        self.now += seconds
+        if self.hook is not None:
+            self.hook(self)
+
+
+@pytest.fixture
+def holder(store: Path) -> Iterator[_Holder]:
+    held = _Holder(store)
+    yield held
+    held.kill()
+
+
+def test_wait_has_a_limit_and_says_what_it_waits_for(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    store: Path,
+    holder: _Holder,
+) -> None:
+    """Issue 12 item 3: with a live reconciler stand-in holding canonical-writer.lock for good,
+    `recover --wait=5` says once what it waits for, gives up when 5 s (of its clock) have passed
+    with one clear line, and changes nothing; so does `purge --yes --wait=5`, whose summary says
+    the records were not tried rather than "deleted 0"."""
+    clock = _Time(monkeypatch)
+    before = record_files(store), staging_files(store), original_files(store)
+    code, out, err = _dl(capsys, store, "recover", "--all", "--wait=5")
     assert code == 1
-    assert "another memstaged" in err
-    lock = store / "canonical-writer.lock"
-    lock.write_text(json.dumps({"pid": os.getpid(), "owner": "reconciler"}))
-    code, _, err = _dl(capsys, store, "recover", "--all")
+    lines = err.splitlines()
+    assert lines == [
+        f"memstaged: waiting up to 5 s for canonical-writer.lock of {store}, held by pid "
+        f"{holder.proc.pid} (owner 'reconciler')",
+        f"memstaged: {store}: busy: canonical-writer.lock is held by pid {holder.proc.pid} "
+        "(owner 'reconciler') (waited 5 s); nothing more was changed there",
+    ]
+    assert 5 <= clock.now < 5.1
+    assert "3 not tried because 1 memory dir(s) were busy" in out
+    assert (record_files(store), staging_files(store), original_files(store)) == before
+
+    later = _common.now() + 31 * 86_400
+    monkeypatch.setattr(_common, "now", lambda: later)
+    clock.now = 0.0
+    code, out, err = _dl(capsys, store, "purge", "--older-than", "30d", "--yes", "--wait=5")
     assert code == 1
-    assert "canonical-writer.lock is held" in err
-    assert (record_files(store), staging_files(store)) == before
-    assert lock.exists()
+    assert len(err.splitlines()) == 2
+    assert "waiting up to 5 s for canonical-writer.lock" in err
+    assert out.splitlines()[-1] == (
+        "deleted 0 record(s) and 0 original(s); 5 record(s) not tried: the memory dir was busy "
+        "(canonical-writer.lock held; see above)"
+    )
+    assert (record_files(store), staging_files(store), original_files(store)) == before
+
+
+def test_wait_proceeds_once_the_lock_is_released(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    store: Path,
+    holder: _Holder,
+) -> None:
+    """Issue 12 item 3: when the reconciler stand-in lets go of canonical-writer.lock while
+    `recover --wait` (30 s by default) waits, recovery proceeds at once: the good candidates
+    are back in staging/, the message said once what it waited for, and the wait was short."""
+    clock = _Time(monkeypatch)
+
+    def release_on_third(time_: _Time) -> None:
+        if time_.pauses == 3:
+            holder.release()
+
+    clock.hook = release_on_third
+    code, out, err = _dl(capsys, store, "recover", "--all", "--wait")
+    assert code == 1  # the two records that cannot be recovered stay
+    assert err.splitlines() == [
+        f"memstaged: waiting up to 30 s for canonical-writer.lock of {store}, held by pid "
+        f"{holder.proc.pid} (owner 'reconciler')"
+    ]
+    assert clock.pauses == 3
+    assert "3 recovered, 0 removed as duplicates, 2 left in the dead-letter store" in out
+    assert "not tried" not in out
+    assert (store / "staging" / "mixed.recovered-1.json").exists()
+    assert not (store / "canonical-writer.lock").exists()
+
+
+def test_wait_rejects_a_bad_limit(capsys: pytest.CaptureFixture[str], store: Path) -> None:
+    """`--wait=soon` is a usage error (exit 2, one line), not a wait for ever."""
+    code, _, err = _dl(capsys, store, "recover", "--all", "--wait=soon")
+    assert code == 2
+    assert "--wait" in one_line_error(err)
 
 
 # -- purge -----------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 ``list`` and ``show`` only read. ``recover`` puts candidates back into ``staging/`` (see
 :mod:`memstaged.recover`); ``purge`` is the only way records are ever deleted without being
 recovered, and without ``--yes`` it only lists what it would delete. Both change the store only
-under the memory dir's locks, and log what they did to the decision log.
+under ``canonical-writer.lock`` (beside a running daemon), and log what they did to the decision
+log.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import base64
 import datetime as dt
 import fnmatch
+import math
 import sys
 from typing import Any, Final
 
@@ -37,22 +39,20 @@ from memstaged.commands._common import (
 )
 from memstaged.config import Settings
 from memstaged.deadletter import (
+    DEFAULT_WAIT,
     RecordFile,
-    delete_originals,
-    delete_records,
-    exclusive,
+    Waiter,
     hexdump,
     list_originals,
     list_records,
     plan_purge,
+    purge,
     read_original,
-    referenced,
     resolve_ids,
-    still_needed,
     text_or_none,
 )
 from memstaged.ecma import encode_json, pretty
-from memstaged.errors import BusyError, ConfigError, UsageError
+from memstaged.errors import ConfigError, UsageError
 from memstaged.pipeline import MemoryDir
 from memstaged.recover import Action, Outcome, Report, preview, recover
 
@@ -98,7 +98,8 @@ def register(sub: Any) -> None:
         description="Put the chosen records' candidates back into staging/ as new files "
         "<session>.recovered-<n>.json, keeping only candidates that are now valid (after "
         "repairs) and not already in staging/. Records are deleted only once the staging file "
-        "holding their candidate is durably written.",
+        "holding their candidate is durably written. Works while the daemon runs: changes are "
+        "made in short transactions under canonical-writer.lock, which the daemon obeys.",
     )
     recoverer.add_argument(
         "--session",
@@ -119,12 +120,7 @@ def register(sub: Any) -> None:
         default=argparse.SUPPRESS,
         help="show what would happen, change nothing",
     )
-    recoverer.add_argument(
-        "--wait",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="wait for a memstaged working on the memory dir instead of exiting 1",
-    )
+    _add_wait_option(recoverer)
     add_memory_dir_options(recoverer, triage=True)
     add_json_option(recoverer)
     recoverer.set_defaults(func=run_recover)
@@ -132,7 +128,8 @@ def register(sub: Any) -> None:
     purger = actions.add_parser(
         "purge",
         help="delete records older than --older-than (lists them without --yes)",
-        description="The only way records are deleted without being recovered.",
+        description="The only way records are deleted without being recovered. Works while "
+        "the daemon runs, in short transactions under canonical-writer.lock.",
     )
     purger.add_argument(
         "--older-than",
@@ -141,12 +138,7 @@ def register(sub: Any) -> None:
         help="records dead-lettered longer ago than this, e.g. 30d",
     )
     purger.add_argument("--yes", action="store_true", help="really delete them")
-    purger.add_argument(
-        "--wait",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="wait for a memstaged working on the memory dir",
-    )
+    _add_wait_option(purger)
     add_memory_dir_options(purger)
     add_json_option(purger)
     purger.set_defaults(func=run_purge)
@@ -370,6 +362,37 @@ def _emit(out: Any, lines: list[str], *, syntax: bool = False) -> None:
 # -- recover --------------------------------------------------------------------------------------
 
 
+def _add_wait_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        nargs="?",
+        const=DEFAULT_WAIT,
+        type=_wait_seconds,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help=f"when canonical-writer.lock is held (the reconciler at work), wait up to SECONDS "
+        f"(default {DEFAULT_WAIT:g}) for it instead of exiting 1",
+    )
+
+
+def _wait_seconds(text: str) -> float:
+    """``--wait=60``, ``--wait=2m``: how long to wait for ``canonical-writer.lock``."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = parse_duration(text, "--wait")
+    if not 0 <= seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}")
+    return seconds
+
+
+def _waiter(args: argparse.Namespace) -> Waiter:
+    """``--wait`` as given here, or before the command (``memstaged --wait deadletter ...``)."""
+    value = getattr(args, "wait", None)
+    limit = DEFAULT_WAIT if value is True else value if isinstance(value, float) else None
+    return Waiter(limit, lambda text: print(f"memstaged: {text}", file=sys.stderr, flush=True))
+
+
 @guard_output
 def run_recover(args: argparse.Namespace) -> int:
     if not (args.all or args.session or args.id):
@@ -379,32 +402,30 @@ def run_recover(args: argparse.Namespace) -> int:
     mdirs = memory_dirs(settings, writable=not dry_run)
     wanted = _selection(args, mdirs)
     logger = None if dry_run else _logger(settings)
+    waiter = _waiter(args)
     reports: list[Report] = []
-    busy = False
     for mdir in mdirs:
         chosen = wanted.get(mdir.path) if wanted is not None else None
         if wanted is not None and not chosen:
             continue
-        try:
-            if dry_run:
-                reports.append(preview(mdir, chosen, settings.options, _common.now()))
-            else:
-                reports.append(
-                    recover(
-                        mdir,
-                        chosen,
-                        options=settings.options,
-                        clock=_common.now(),
-                        wait=getattr(args, "wait", False),
-                        logger=logger,
-                    )
-                )
-        except BusyError as err:
-            print(f"memstaged: {err}", file=sys.stderr)
-            busy = True
+        if dry_run:
+            reports.append(preview(mdir, chosen, settings.options, _common.now()))
+            continue
+        report = recover(
+            mdir,
+            chosen,
+            options=settings.options,
+            clock=_common.now(),
+            waiter=waiter,
+            logger=logger,
+        )
+        if report.busy is not None:
+            print(f"memstaged: {report.busy}", file=sys.stderr)
+        reports.append(report)
     _show_recovery(reports, args.json, dry_run)
-    left = any(o.action == Action.LEFT for r in reports for o in r.outcomes)
-    return 1 if left or busy else 0
+    stays = (Action.LEFT, Action.BUSY)
+    left = any(o.action in stays for r in reports for o in r.outcomes)
+    return 1 if left or any(r.busy is not None for r in reports) else 0
 
 
 def _selection(args: argparse.Namespace, mdirs: list[MemoryDir]) -> dict[str, set[str]] | None:
@@ -453,6 +474,15 @@ def _show_recovery(reports: list[Report], as_json: bool, dry_run: bool) -> None:
         f"{counts['recovered']} {verb}recovered, {counts['duplicate']} {verb}removed as "
         f"duplicates, {counts['left']} left in the dead-letter store"
     )
+    if counts["gone"]:
+        summary += f", {counts['gone']} already gone (taken meanwhile by another process)"
+    busy = [r for r in reports if r.busy is not None]
+    if busy:
+        # Never a bare "0 left": those records were not looked at again, and are still there.
+        summary += (
+            f"; {counts['busy']} not tried because {len(busy)} memory dir(s) were busy "
+            "(canonical-writer.lock held; see above): still in the dead-letter store"
+        )
     if deleted:
         summary += f"; {len(deleted)} original(s) no record needs were deleted"
     sys.stdout.write(summary + "\n")
@@ -469,6 +499,7 @@ def run_purge(args: argparse.Namespace) -> int:
     clock = _common.now()
     cutoff = dt.datetime.fromtimestamp(clock - age, dt.UTC)
     logger = _logger(settings) if args.yes else None
+    waiter = _waiter(args)
     rows: list[dict[str, Any]] = []
     busy = False
     for mdir in mdirs:
@@ -476,29 +507,22 @@ def run_purge(args: argparse.Namespace) -> int:
             old, originals = plan_purge(list_records(mdir), list_originals(mdir), cutoff=cutoff)
             rows.extend(_purge_rows(mdir, old, [o.name for o in originals], clock, done=False))
             continue
-        try:
-            with exclusive(mdir, wait=getattr(args, "wait", False), logger=logger) as mem_fd:
-                old, originals = plan_purge(list_records(mdir), list_originals(mdir), cutoff=cutoff)
-                left = delete_records(mem_fd, old)
-                gone = [r for r in old if r.name not in left]
-                names, hashes = referenced(list_records(mdir))  # a record left may need one
-                dropped = delete_originals(
-                    mem_fd, [o.name for o in originals if not still_needed(o.name, names, hashes)]
-                )
-        except BusyError as err:
-            print(f"memstaged: {err}", file=sys.stderr)
-            busy = True
-            continue
+        done = purge(mdir, cutoff=cutoff, waiter=waiter, logger=logger)
         assert logger is not None
         logger.info(
             "deadletter_purged",
             memory_dir=mdir.path,
             older_than=args.older_than,
-            records=[r.name for r in gone],
-            originals=dropped,
-            left=left,
+            records=[r.name for r in done.deleted],
+            originals=done.originals,
+            left=done.left,
+            not_tried=[r.name for r in done.not_tried],
+            busy=done.busy,
         )
-        rows.extend(_purge_rows(mdir, gone, dropped, clock, done=True))
+        if done.busy is not None:
+            print(f"memstaged: {done.busy}", file=sys.stderr)
+            busy = True
+        rows.extend(_purge_rows(mdir, done.deleted, done.originals, clock, done=True))
         rows.extend(
             {
                 "memory_dir": mdir.path,
@@ -507,10 +531,21 @@ def run_purge(args: argparse.Namespace) -> int:
                 "action": "left",
                 "reason": why,
             }
-            for name, why in left.items()
+            for name, why in done.left.items()
+        )
+        rows.extend(
+            {
+                "memory_dir": mdir.path,
+                "kind": "record",
+                "name": r.name,
+                "id": r.id,
+                "action": "not tried",
+                "reason": "the memory dir was busy: canonical-writer.lock held",
+            }
+            for r in done.not_tried
         )
     _show_purge(rows, args.json, args.yes)
-    return 1 if busy or any(r["action"] == "left" for r in rows) else 0
+    return 1 if busy or any(r["action"] in ("left", "not tried") for r in rows) else 0
 
 
 def _purge_rows(
@@ -560,10 +595,23 @@ def _show_purge(rows: list[dict[str, Any]], as_json: bool, really: bool) -> None
         ["action", "kind", "name", "session", "age", "memory dir"],
         table,
     )
-    records = sum(r["kind"] == "record" and r["action"] != "left" for r in rows)
+    records = sum(
+        r["kind"] == "record" and r["action"].endswith("delete" + "d"[:really]) for r in rows
+    )
     originals = sum(r["kind"] == "original" for r in rows)
     if really:
-        sys.stdout.write(f"deleted {records} record(s) and {originals} original(s)\n")
+        summary = f"deleted {records} record(s) and {originals} original(s)"
+        left = sum(r["action"] == "left" for r in rows)
+        not_tried = sum(r["action"] == "not tried" for r in rows)
+        if left:
+            summary += f"; {left} record(s) left: they changed while this ran"
+        if not_tried:
+            # Never a bare "deleted 0": those records were not looked at again.
+            summary += (
+                f"; {not_tried} record(s) not tried: the memory dir was busy "
+                "(canonical-writer.lock held; see above)"
+            )
+        sys.stdout.write(summary + "\n")
     else:
         sys.stdout.write(
             f"would delete {records} record(s) and {originals} original(s); "
