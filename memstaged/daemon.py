@@ -17,7 +17,6 @@ only the pipeline looks at wall-clock time, to compare it with a file's mtime.
 
 from __future__ import annotations
 
-import heapq
 import os
 import queue
 import signal
@@ -33,17 +32,14 @@ from memstaged.errors import BusyError, ConfigError, MemstagedError
 from memstaged.fsio import Identity
 from memstaged.locks import InstanceLock, read_lock
 from memstaged.pipeline import MemoryDir, Outcome, Pipeline
+from memstaged.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, settings_key, split_unchanged
 from memstaged.service import Notifier
 from memstaged.triage import Decision
 from memstaged.watcher import Kind, Signal, Watcher
 
-Key = tuple[str, str]  # (memory dir, file name)
-
 #: How often a memory dir blocked by a lock whose holder may die silently is looked at again.
 LOCK_POLL: Final = 5.0
-#: Longest wait before a deferred file is looked at again (I/O errors back off up to this).
-MAX_BACKOFF: Final = 60.0
 #: Shortest interval between two periodic rescans, whatever the config says.
 MIN_RESCAN: Final = 1.0
 #: How often STATUS= is refreshed while there is work, and how often ``--wait`` retries a lock.
@@ -106,8 +102,7 @@ class Daemon:
         self.instance_locks: dict[str, InstanceLock] = {}
         #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
         self.dir_ids: dict[str, tuple[int, int]] = {}
-        self.pending: dict[Key, float] = {}
-        self._heap: list[tuple[float, Key]] = []
+        self.due = Schedule()
         #: The version of each file last given a final decision: a rescan skips it.
         self.identities: dict[Key, Identity] = {}
         #: The seen cache of each memory dir, saved now and then (see :meth:`save_seen`).
@@ -129,6 +124,11 @@ class Daemon:
         self.next_extend = now
         self._status_sent = ""
         self.busy_logged: set[str] = set()
+
+    @property
+    def pending(self) -> dict[Key, float]:
+        """The files waiting to be decided, and when each falls due."""
+        return self.due.due
 
     @property
     def rescan_interval(self) -> float:
@@ -253,8 +253,7 @@ class Daemon:
         self.log.info("memory_dir_removed", memory_dir=path, why=why)
 
     def _forget(self, which: Callable[[Key], bool]) -> None:
-        for key in [k for k in self.pending if which(k)]:
-            del self.pending[key]  # the heap entry becomes stale and is skipped
+        self.due.forget(which)
         for key in [k for k in self.identities if which(k)]:
             del self.identities[key]
         for key in [k for k in self.failures if which(k)]:
@@ -275,37 +274,13 @@ class Daemon:
 
     # -- scheduling -----------------------------------------------------------------------------
 
-    def schedule(self, key: Key, due: float) -> None:
-        """Decide ``key`` at ``due``, or earlier if it is already due earlier (events collapse)."""
-        current = self.pending.get(key)
-        if current is not None and current <= due:
-            return
-        self.pending[key] = due
-        heapq.heappush(self._heap, (due, key))
-
-    def next_due(self) -> float | None:
-        while self._heap:
-            due, key = self._heap[0]
-            if self.pending.get(key) == due:
-                return due
-            heapq.heappop(self._heap)
-        return None
-
-    def pop_due(self, now: float) -> Key | None:
-        due = self.next_due()
-        if due is None or due > now:
-            return None
-        _, key = heapq.heappop(self._heap)
-        del self.pending[key]
-        return key
-
     def handle(self, sig: Signal) -> None:
         """React to one signal from the watcher (or a signal handler)."""
         now = self.clock()
         if sig.kind is Kind.COMPLETE:
-            self.schedule((sig.memory_dir, sig.name), now)
+            self.due.at((sig.memory_dir, sig.name), now)
         elif sig.kind is Kind.CHANGED:
-            self.schedule((sig.memory_dir, sig.name), now + self.settings.options.settle)
+            self.due.at((sig.memory_dir, sig.name), now + self.settings.options.settle)
         elif sig.kind is Kind.LOCK_RELEASED:
             self.release_waiting(sig.memory_dir)
         elif sig.kind is Kind.DIR_CHANGED:
@@ -349,7 +324,7 @@ class Daemon:
         if names:
             now = self.clock()
             for name in names:
-                self.schedule((path, name), now)
+                self.due.at((path, name), now)
 
     def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a signal, then take every signal already queued."""
@@ -394,15 +369,13 @@ class Daemon:
                 st = os.stat(os.path.join(mdir.staging, name), follow_symlinks=False)
             except OSError:
                 continue
-            if self.identities.get(key) != Identity.of(st) and key not in self.pending:
+            if self.identities.get(key) != Identity.of(st) and key not in self.due:
                 if waiting is not None:
                     waiting.add(name)
                 else:
-                    self.schedule(key, now)
+                    self.due.at(key, now)
                     scheduled += 1
-        self._forget(
-            lambda key: key[0] == mdir.path and key[1] not in seen and key not in self.pending
-        )
+        self._forget(lambda key: key[0] == mdir.path and key[1] not in seen and key not in self.due)
         return scheduled
 
     def _seed(self, mdir: MemoryDir, names: list[str], cache: SeenCache) -> list[str]:
@@ -454,40 +427,19 @@ class Daemon:
                 cache.forget(key[1])  # not decided yet: looked at again once it is
         now = self.clock()
         if outcome.changed:
-            # Decide the newer version soon, but not at once: a file rewritten without pause
-            # would otherwise be decided over and over while every other file waits.
             self.failures[key] += 1
-            self.schedule(key, now + min(0.02 * 2.0 ** min(self.failures[key], 6), 1.0))
+            self.due.at(key, now + changed_delay(self.failures[key]))
         elif outcome.blocked_by_lock:
             self.lock_waiting.setdefault(key[0], set()).add(key[1])
             self.next_lock_poll = min(self.next_lock_poll, now + LOCK_POLL)
         elif outcome.decision is Decision.DEFERRED:
             self.failures[key] += 1
-            self.schedule(key, now + self._retry_delay(outcome, self.failures[key]))
+            self.due.at(key, now + retry_delay(outcome, self.failures[key]))
         elif outcome.decision in _FINAL:
             self.failures.pop(key, None)
             if outcome.identity is not None:
                 self.identities[key] = outcome.identity
         return outcome
-
-    @staticmethod
-    def _retry_delay(outcome: Outcome, failures: int) -> float:
-        """When to look again at a deferred file.
-
-        A file still being written (the pipeline read it: ``identity`` is set) is looked at when
-        its settle interval has passed. A file that could not be read at all (an I/O error,
-        permission denied: no ``identity``) backs off exponentially, so that one bad file does
-        not fill the log. Neither waits longer than :data:`MAX_BACKOFF` (an mtime in the future
-        would otherwise mean waiting for years).
-        """
-        backoff = min(0.25 * 2.0 ** min(failures, 16), MAX_BACKOFF)
-        if outcome.retry_at is None:
-            delay = backoff
-        else:
-            delay = outcome.retry_at - time.time()
-            if outcome.identity is None:
-                delay = max(delay, backoff)
-        return min(max(delay, 0.05), MAX_BACKOFF)
 
     def work(self, limit: int | None = None) -> int:
         """Decide due files, keeping the watchdog fed; stops early on a stop or reload request."""
@@ -495,7 +447,7 @@ class Daemon:
         while not self.stopping and not self.reload_requested:
             if limit is not None and done >= limit:
                 break
-            key = self.pop_due(self.clock())
+            key = self.due.pop_due(self.clock())
             if key is None:
                 break
             self.process(key)
@@ -565,7 +517,7 @@ class Daemon:
     def status_text(self) -> str:
         c = self.counts
         decided = sum(v for k, v in c.items() if k != Decision.DEFERRED.value)
-        waiting = len(self.pending) + sum(len(v) for v in self.lock_waiting.values())
+        waiting = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
         return (
             f"watching {len(self.mdirs)} memory dirs; {decided} decided, "
             f"{c[Decision.QUARANTINED.value]} quarantined, {c[Decision.REPAIRED.value]} repaired, "
@@ -582,7 +534,7 @@ class Daemon:
             deadlines.append(self.next_ping)
         if self.lock_waiting:
             deadlines.append(self.next_lock_poll)
-        due = self.next_due()
+        due = self.due.next_due()
         if due is not None:
             deadlines.append(due)
         return max(min(deadlines) - now, 0.0)
@@ -651,7 +603,7 @@ class Daemon:
                 memory_dirs=len(self.mdirs),
                 decided=sum(self.counts.values()),
                 unchanged=self.unchanged,
-                waiting=len(self.pending),
+                waiting=len(self.due),
             )
         while not self.stopping:
             self.drain(self.timeout())
@@ -675,7 +627,7 @@ class Daemon:
         for lock in self.instance_locks.values():
             lock.release()
         self.instance_locks.clear()
-        pending = len(self.pending) + sum(len(v) for v in self.lock_waiting.values())
+        pending = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
         if error is None:
             self.log.info("stop", decided=sum(self.counts.values()), pending=pending)
         else:

@@ -22,10 +22,11 @@ from conftest import lesson, staging_doc, write
 from daemon_support import Notes, Rig, settings, settings_from_file
 
 from memstaged.config import Settings
-from memstaged.daemon import LOCK_POLL, MAX_BACKOFF, Daemon
+from memstaged.daemon import LOCK_POLL, Daemon
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
 from memstaged.pipeline import MemoryDir
+from memstaged.schedule import MAX_BACKOFF
 from memstaged.seen import seen_cache
 from memstaged.service import Notifier
 from memstaged.watcher import Kind, Signal
