@@ -31,10 +31,10 @@ from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError, MemstagedError
 from memstaged.fsio import Identity
 from memstaged.locks import InstanceLock, read_lock
+from memstaged.notify import Heartbeat, Notifier
 from memstaged.pipeline import MemoryDir, Outcome, Pipeline
 from memstaged.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, settings_key, split_unchanged
-from memstaged.service import Notifier
 from memstaged.triage import Decision
 from memstaged.watcher import Kind, Signal, Watcher
 
@@ -42,12 +42,8 @@ from memstaged.watcher import Kind, Signal, Watcher
 LOCK_POLL: Final = 5.0
 #: Shortest interval between two periodic rescans, whatever the config says.
 MIN_RESCAN: Final = 1.0
-#: How often STATUS= is refreshed while there is work, and how often ``--wait`` retries a lock.
-STATUS_EVERY: Final = 1.0
+#: How often ``--wait`` retries a lock.
 WAIT_POLL: Final = 0.25
-#: While the start-up backlog is decided (before READY=1), systemd is asked for this much more
-#: start-up time, again every third of it: a large backlog must not hit TimeoutStartSec=.
-START_EXTENSION: Final = 60.0
 #: Take new signals every so many files of a long backlog, so that events collapse.
 DRAIN_EVERY: Final = 64
 _FINAL: Final = frozenset(
@@ -119,10 +115,7 @@ class Daemon:
         now = clock()
         self.next_rescan = now + self.rescan_interval
         self.next_lock_poll = now + LOCK_POLL
-        self.next_ping = now
-        self.next_status = now
-        self.next_extend = now
-        self._status_sent = ""
+        self.heartbeat = Heartbeat(self.notifier, clock, self.status_text)
         self.busy_logged: set[str] = set()
 
     @property
@@ -458,21 +451,8 @@ class Daemon:
         return done
 
     def keepalive(self) -> None:
-        """Ping the watchdog and refresh STATUS= when due; cheap enough to call per file."""
-        now = self.clock()
-        interval = self.notifier.watchdog_interval
-        if interval is not None and now >= self.next_ping:
-            self.notifier.ping()
-            self.next_ping = now + interval
-        if not self.ready and self.notifier.enabled and now >= self.next_extend:
-            self.notifier.extend_timeout(START_EXTENSION)
-            self.next_extend = now + START_EXTENSION / 3
-        if now >= self.next_status:
-            text = self.status_text()
-            if text != self._status_sent:
-                self.notifier.status(text)
-                self._status_sent = text
-            self.next_status = now + STATUS_EVERY
+        """Watchdog ping, start-up extension and STATUS= when due (see :class:`Heartbeat`)."""
+        self.heartbeat.beat(ready=self.ready)
 
     def maintain(self) -> None:
         """Watchdog and status, a dead observer, the periodic rescan, and lock polls when due."""
@@ -527,11 +507,7 @@ class Daemon:
     def timeout(self) -> float:
         """How long the loop may sleep: until the next file, ping, rescan, poll or status."""
         now = self.clock()
-        deadlines = [self.next_rescan]
-        if self.status_text() != self._status_sent:
-            deadlines.append(self.next_status)
-        if self.notifier.watchdog_interval is not None:
-            deadlines.append(self.next_ping)
+        deadlines = [self.next_rescan, *self.heartbeat.deadlines()]
         if self.lock_waiting:
             deadlines.append(self.next_lock_poll)
         due = self.due.next_due()

@@ -17,8 +17,8 @@ from typing import Any
 from memstaged import config
 from memstaged.config import Settings
 from memstaged.daemon import Daemon
+from memstaged.notify import Notifier
 from memstaged.pipeline import MemoryDir
-from memstaged.service import Notifier
 from memstaged.watcher import Signal
 
 

@@ -25,10 +25,10 @@ from memstaged.config import Settings
 from memstaged.daemon import LOCK_POLL, Daemon
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
+from memstaged.notify import Notifier
 from memstaged.pipeline import MemoryDir
 from memstaged.schedule import MAX_BACKOFF
 from memstaged.seen import seen_cache
-from memstaged.service import Notifier
 from memstaged.watcher import Kind, Signal
 
 VALID_NAME = "s1.json"
