@@ -20,17 +20,17 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import stat
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from memstaged.config import Settings, check_memory_dir
-from memstaged.errors import BusyError, ConfigError, MemstagedError
+from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike
+from memstaged.errors import ConfigError, MemstagedError
 from memstaged.fsio import Identity
-from memstaged.locks import InstanceLock, read_lock
+from memstaged.locks import read_lock
 from memstaged.notify import Heartbeat, Notifier
 from memstaged.pipeline import MemoryDir, Outcome, Pipeline
 from memstaged.schedule import Key, Schedule, changed_delay, retry_delay
@@ -49,23 +49,6 @@ DRAIN_EVERY: Final = 64
 _FINAL: Final = frozenset(
     {Decision.VALID, Decision.FOREIGN, Decision.SKIPPED, Decision.REPAIRED, Decision.QUARANTINED}
 )
-
-
-class WatcherLike(Protocol):
-    """What the daemon needs of :class:`Watcher` (tests pass a fake)."""
-
-    def watch(self, mdir: MemoryDir) -> str: ...
-    def unwatch(self, mdir: str) -> None: ...
-    def staging_watched(self, mdir: str) -> bool: ...
-    def alive(self) -> bool: ...
-    def stop(self) -> None: ...
-
-
-WatcherFactory = Callable[["queue.SimpleQueue[Signal]", str], WatcherLike]
-
-
-class Stopped(Exception):
-    """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
 
 
 class Daemon:
@@ -88,16 +71,11 @@ class Daemon:
         self.reload_settings = reload_settings
         self.notifier = notifier or Notifier()
         self.queue: queue.SimpleQueue[Signal] = queue.SimpleQueue()
-        self.watcher_factory = watcher_factory
-        self.watcher = watcher_factory(self.queue, settings.observer)
         self.clock = clock
         self.sleep = sleep
         self.wait = wait
         self.pipeline = Pipeline(settings.options, logger)
-        self.mdirs: dict[str, MemoryDir] = {}
-        self.instance_locks: dict[str, InstanceLock] = {}
-        #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
-        self.dir_ids: dict[str, tuple[int, int]] = {}
+        self.dirs = MemoryDirs(self, logger, self.queue, watcher_factory, settings.observer)
         self.due = Schedule()
         #: The version of each file last given a final decision: a rescan skips it.
         self.identities: dict[Key, Identity] = {}
@@ -116,7 +94,15 @@ class Daemon:
         self.next_rescan = now + self.rescan_interval
         self.next_lock_poll = now + LOCK_POLL
         self.heartbeat = Heartbeat(self.notifier, clock, self.status_text)
-        self.busy_logged: set[str] = set()
+
+    @property
+    def mdirs(self) -> dict[str, MemoryDir]:
+        """The memory dirs worked on (locked and watched), by path."""
+        return self.dirs.mdirs
+
+    @property
+    def watcher(self) -> WatcherLike:
+        return self.dirs.watcher
 
     @property
     def pending(self) -> dict[Key, float]:
@@ -149,101 +135,32 @@ class Daemon:
             settle=self.settings.options.settle,
             dry_run=self.settings.options.dry_run,
         )
+        strict = self.settings.explicit_dirs
         for mdir in mdirs:
-            self.add(mdir, strict=self.settings.explicit_dirs)
+            self.dirs.add(mdir, strict=strict, waiting=self._wait_a_little if self.wait else None)
 
-    def _lock(self, mdir: MemoryDir, *, strict: bool) -> InstanceLock | None:
-        """The instance lock of ``mdir``, or None when another memstaged has it (and we go on).
+    def _wait_a_little(self) -> bool:
+        """``--wait``: feed the watchdog, wait, and say whether SIGTERM arrived meanwhile."""
+        self.keepalive()
+        self.sleep(WAIT_POLL)
+        return self.stopping
 
-        ``--wait`` polls (rather than blocking in ``flock``) so that SIGTERM still stops us and
-        the systemd watchdog is still fed while we wait.
-        """
-        lock = InstanceLock(mdir.path)
-        waiting_logged = False
-        while True:
-            try:
-                lock.acquire(wait=False)
-            except BusyError as err:
-                if strict and self.wait:
-                    if not waiting_logged:
-                        self.log.info("memory_dir_busy", memory_dir=mdir.path, action="waiting")
-                        waiting_logged = True
-                    self.keepalive()
-                    self.sleep(WAIT_POLL)
-                    if self.stopping:
-                        raise Stopped(str(err)) from None
-                    continue
-                if strict:
-                    raise
-                if mdir.path not in self.busy_logged:
-                    self.busy_logged.add(mdir.path)
-                    self.log.warning(
-                        "memory_dir_busy", memory_dir=mdir.path, action="retried on each rescan"
-                    )
-                return None
-            except OSError as err:
-                if strict:
-                    raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
-                self.log.error("memory_dir_error", memory_dir=mdir.path, error=str(err))
-                return None
-            return lock
-
-    def add(self, mdir: MemoryDir, *, strict: bool = False) -> bool:
-        """Start working on a memory dir: lock, clean up after a crash, watch, scan."""
-        if mdir.path in self.mdirs or not Path(mdir.path).is_dir():
-            return False
-        lock = self._lock(mdir, strict=strict)
-        if lock is None:
-            return False
-        dir_id = _dir_id(mdir.path)
-        if dir_id is None:
-            lock.release()
-            return False
-        self.busy_logged.discard(mdir.path)
-        self.instance_locks[mdir.path] = lock
-        self.mdirs[mdir.path] = mdir
-        self.dir_ids[mdir.path] = dir_id
+    def prepare(self, mdir: MemoryDir) -> None:
+        """A memory dir was just locked: clean up what a killed memstaged left there."""
         if not self.settings.options.dry_run:
             self.pipeline.recover_temps(mdir)
-        observer = self._watch(mdir)
-        self.log.info(
-            "memory_dir_added",
-            memory_dir=mdir.path,
-            observer=observer,
-            project_root=mdir.project_root,
-        )
+
+    def added(self, mdir: MemoryDir) -> None:
+        """A memory dir is locked and watched: decide what is in it."""
         self.seen[mdir.path] = seen_cache(self.settings, mdir)
         self.rescan(mdir, seed=True)
-        return True
 
-    def _watch(self, mdir: MemoryDir) -> str:
-        try:
-            return self.watcher.watch(mdir)
-        except OSError as err:
-            # Missing events are covered by the periodic rescan; say so once, not per file.
-            self.log.error(
-                "watch_failed",
-                memory_dir=mdir.path,
-                error=str(err),
-                action="relying on rescans for this memory dir",
-            )
-            return "none (rescans only)"
-
-    def drop(self, path: str, why: str) -> None:
-        """Stop working on a memory dir; its queued files are forgotten quietly."""
-        if path not in self.mdirs:
-            return
-        self.watcher.unwatch(path)
-        self.save_seen(path)  # while the lock is held: a --once may take over the file at once
+    def dropped(self, path: str) -> None:
+        """A memory dir is let go: save its seen cache (under its lock), forget its files."""
+        self.save_seen(path)
         self.seen.pop(path, None)
-        lock = self.instance_locks.pop(path, None)
-        if lock is not None:
-            lock.release()
-        self.mdirs.pop(path, None)
-        self.dir_ids.pop(path, None)
         self.lock_waiting.pop(path, None)
         self._forget(lambda key: key[0] == path)
-        self.log.info("memory_dir_removed", memory_dir=path, why=why)
 
     def _forget(self, which: Callable[[Key], bool]) -> None:
         self.due.forget(which)
@@ -254,16 +171,7 @@ class Daemon:
 
     def sync_memory_dirs(self) -> None:
         """Re-expand the configured globs: add new memory dirs, drop vanished ones."""
-        wanted = {m.path: m for m in self.settings.memory_dirs()}
-        for path in list(self.mdirs):
-            if path not in wanted:
-                self.drop(path, "no longer configured")
-            elif not self._still_there(path):
-                continue
-            elif wanted[path] != self.mdirs[path]:
-                self.drop(path, "project root changed")
-        for mdir in wanted.values():
-            self.add(mdir)
+        self.dirs.sync(self.settings.memory_dirs())
 
     # -- scheduling -----------------------------------------------------------------------------
 
@@ -284,27 +192,14 @@ class Daemon:
                 "overflow_recovered", action="rescanned every memory dir", scheduled=total
             )
 
-    def _still_there(self, path: str) -> bool:
-        """Drop a memory dir that is gone; re-add one that was replaced (new watches, lock)."""
-        current = _dir_id(path)
-        if current is None:
-            self.drop(path, "memory dir no longer exists")
-            return False
-        if current != self.dir_ids.get(path):
-            mdir = self.mdirs[path]
-            self.drop(path, "memory dir was replaced by a new directory")
-            self.add(mdir)
-            return False
-        return True
-
     def _dir_changed(self, path: str) -> None:
         mdir = self.mdirs.get(path)
-        if mdir is None or not self._still_there(path):
+        if mdir is None or not self.dirs.still_there(path):
             return
         staging_ok = Path(mdir.staging).is_dir()
         was_watched = self.watcher.staging_watched(mdir.path)
         # Watch anew in any case: a staging/ replaced by another directory needs a new watch.
-        self._watch(mdir)
+        self.dirs.watch(mdir)
         if staging_ok != was_watched:
             self.log.info("staging_changed", memory_dir=mdir.path, exists=staging_ok)
         if staging_ok:
@@ -405,7 +300,7 @@ class Daemon:
             self.lock_waiting[key[0]].add(key[1])
             return None
         if not Path(mdir.path).is_dir():
-            self._still_there(mdir.path)
+            self.dirs.still_there(mdir.path)
             return None
         if not Path(mdir.staging).is_dir():
             self._forget(lambda k: k[0] == mdir.path)  # gone with staging/: nothing to decide
@@ -473,10 +368,8 @@ class Daemon:
                 self._poll_lock(path)
 
     def _new_watcher(self, mode: str) -> None:
-        self.watcher.stop()
-        self.watcher = self.watcher_factory(self.queue, mode)
+        self.dirs.new_watcher(mode)
         for mdir in list(self.mdirs.values()):
-            self._watch(mdir)
             self.rescan(mdir)
 
     def _poll_lock(self, path: str) -> None:
@@ -600,9 +493,7 @@ class Daemon:
         self.watcher.stop()
         if error is None:
             self.save_seen()
-        for lock in self.instance_locks.values():
-            lock.release()
-        self.instance_locks.clear()
+        self.dirs.release_all()
         pending = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
         if error is None:
             self.log.info("stop", decided=sum(self.counts.values()), pending=pending)
@@ -656,12 +547,3 @@ def _reconfigure_logging(old: Settings, new: Settings) -> None:
     except OSError as err:
         configure(old.log_file, max_bytes=old.log_max_bytes, backups=old.log_backups)
         raise ConfigError(f"log file {new.log_file}: {err.strerror}") from None
-
-
-def _dir_id(path: str) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of a directory, or None when it is not (or no longer) one."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None

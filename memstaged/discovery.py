@@ -1,0 +1,221 @@
+"""Which memory dirs the daemon works on: each one locked, watched, and dropped when it goes.
+
+:class:`MemoryDirs` holds, for every memory dir the daemon works on, its instance lock (one
+descriptor, SPEC 5 and 6), its watches, and the identity of its directory (a memory dir replaced
+by a new directory is dropped and added again). It knows nothing of the files in a memory dir:
+what is done with them when a dir is added or dropped is the :class:`Owner`'s (the daemon's).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from memstaged.errors import BusyError, ConfigError
+from memstaged.locks import InstanceLock
+from memstaged.pipeline import MemoryDir
+from memstaged.watcher import Signal
+
+
+class WatcherLike(Protocol):
+    """What the daemon needs of :class:`memstaged.watcher.Watcher` (tests pass a fake)."""
+
+    def watch(self, mdir: MemoryDir) -> str: ...
+    def unwatch(self, mdir: str) -> None: ...
+    def staging_watched(self, mdir: str) -> bool: ...
+    def alive(self) -> bool: ...
+    def stop(self) -> None: ...
+
+
+WatcherFactory = Callable[["queue.SimpleQueue[Signal]", str], WatcherLike]
+
+
+class Owner(Protocol):
+    """What happens to a memory dir's files when it is added or dropped (the daemon)."""
+
+    def prepare(self, mdir: MemoryDir) -> None:
+        """Locked, not yet watched: clean up after a crash."""
+
+    def added(self, mdir: MemoryDir) -> None:
+        """Locked and watched: scan it."""
+
+    def dropped(self, path: str) -> None:
+        """Still locked, no longer watched: save and forget what is known of its files."""
+
+
+#: ``--wait``: called between two tries of a busy lock; waits a little (feeding the systemd
+#: watchdog meanwhile) and says whether to give up (SIGTERM arrived).
+Waiting = Callable[[], bool]
+
+
+class Stopped(Exception):
+    """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
+
+
+class MemoryDirs:
+    """The memory dirs held: lock, watches, directory identity."""
+
+    def __init__(
+        self,
+        owner: Owner,
+        logger: Any,
+        out: queue.SimpleQueue[Signal],
+        watcher_factory: WatcherFactory,
+        observer: str,
+    ) -> None:
+        self.owner = owner
+        self.log = logger
+        self.out = out
+        self.watcher_factory = watcher_factory
+        self.watcher = watcher_factory(out, observer)
+        self.mdirs: dict[str, MemoryDir] = {}
+        self.locks: dict[str, InstanceLock] = {}
+        #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
+        self.dir_ids: dict[str, tuple[int, int]] = {}
+        self.busy_logged: set[str] = set()
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.mdirs
+
+    def __len__(self) -> int:
+        return len(self.mdirs)
+
+    def _lock(
+        self, mdir: MemoryDir, *, strict: bool, waiting: Waiting | None
+    ) -> InstanceLock | None:
+        """The instance lock of ``mdir``, or None when another memstaged has it (and we go on).
+
+        ``--wait`` polls (rather than blocking in ``flock``) so that SIGTERM still stops us and
+        the systemd watchdog is still fed while we wait.
+        """
+        lock = InstanceLock(mdir.path)
+        waiting_logged = False
+        while True:
+            try:
+                lock.acquire(wait=False)
+            except BusyError as err:
+                if strict and waiting is not None:
+                    if not waiting_logged:
+                        self.log.info("memory_dir_busy", memory_dir=mdir.path, action="waiting")
+                        waiting_logged = True
+                    if waiting():
+                        raise Stopped(str(err)) from None
+                    continue
+                if strict:
+                    raise
+                if mdir.path not in self.busy_logged:
+                    self.busy_logged.add(mdir.path)
+                    self.log.warning(
+                        "memory_dir_busy", memory_dir=mdir.path, action="retried on each rescan"
+                    )
+                return None
+            except OSError as err:
+                if strict:
+                    raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
+                self.log.error("memory_dir_error", memory_dir=mdir.path, error=str(err))
+                return None
+            return lock
+
+    def add(self, mdir: MemoryDir, *, strict: bool = False, waiting: Waiting | None = None) -> bool:
+        """Start working on a memory dir: lock, clean up after a crash, watch, scan."""
+        if mdir.path in self.mdirs or not Path(mdir.path).is_dir():
+            return False
+        lock = self._lock(mdir, strict=strict, waiting=waiting)
+        if lock is None:
+            return False
+        dir_id = _dir_id(mdir.path)
+        if dir_id is None:
+            lock.release()
+            return False
+        self.busy_logged.discard(mdir.path)
+        self.locks[mdir.path] = lock
+        self.mdirs[mdir.path] = mdir
+        self.dir_ids[mdir.path] = dir_id
+        self.owner.prepare(mdir)
+        observer = self.watch(mdir)
+        self.log.info(
+            "memory_dir_added",
+            memory_dir=mdir.path,
+            observer=observer,
+            project_root=mdir.project_root,
+        )
+        self.owner.added(mdir)
+        return True
+
+    def watch(self, mdir: MemoryDir) -> str:
+        """Watch a memory dir (anew); a failure is logged once, and rescans cover for it."""
+        try:
+            return self.watcher.watch(mdir)
+        except OSError as err:
+            self.log.error(
+                "watch_failed",
+                memory_dir=mdir.path,
+                error=str(err),
+                action="relying on rescans for this memory dir",
+            )
+            return "none (rescans only)"
+
+    def drop(self, path: str, why: str) -> None:
+        """Stop working on a memory dir; its queued files are forgotten quietly."""
+        if path not in self.mdirs:
+            return
+        self.watcher.unwatch(path)
+        self.owner.dropped(path)  # while the lock is held: a --once may take over at once
+        lock = self.locks.pop(path, None)
+        if lock is not None:
+            lock.release()
+        self.mdirs.pop(path, None)
+        self.dir_ids.pop(path, None)
+        self.log.info("memory_dir_removed", memory_dir=path, why=why)
+
+    def sync(self, wanted_dirs: list[MemoryDir]) -> None:
+        """Make the memory dirs held those configured: add new ones, drop vanished ones."""
+        wanted = {m.path: m for m in wanted_dirs}
+        for path in list(self.mdirs):
+            if path not in wanted:
+                self.drop(path, "no longer configured")
+            elif not self.still_there(path):
+                continue
+            elif wanted[path] != self.mdirs[path]:
+                self.drop(path, "project root changed")
+        for mdir in wanted.values():
+            self.add(mdir)
+
+    def still_there(self, path: str) -> bool:
+        """Drop a memory dir that is gone; re-add one that was replaced (new watches, lock)."""
+        current = _dir_id(path)
+        if current is None:
+            self.drop(path, "memory dir no longer exists")
+            return False
+        if current != self.dir_ids.get(path):
+            mdir = self.mdirs[path]
+            self.drop(path, "memory dir was replaced by a new directory")
+            self.add(mdir)
+            return False
+        return True
+
+    def new_watcher(self, mode: str) -> None:
+        """Stop the watcher and watch every memory dir anew with one of kind ``mode``."""
+        self.watcher.stop()
+        self.watcher = self.watcher_factory(self.out, mode)
+        for mdir in list(self.mdirs.values()):
+            self.watch(mdir)
+
+    def release_all(self) -> None:
+        """Release every instance lock (at stop; the memory dirs are no longer worked on)."""
+        for lock in self.locks.values():
+            lock.release()
+        self.locks.clear()
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of a directory, or None when it is not (or no longer) one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
