@@ -116,7 +116,11 @@ class Daemon:
     # -- memory dirs ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Lock, clean up, watch and scan every memory dir; raises for a bad explicit one."""
+        """Lock, clean up, watch and scan every memory dir; raises for a bad explicit one.
+
+        The parent directories of the globs are watched before the globs are expanded, so a
+        project created meanwhile is either expanded now or signalled."""
+        self.dirs.watch_globs(self.settings.memory_dir_patterns, observer=self.settings.observer)
         mdirs = self.settings.memory_dirs()
         if self.settings.explicit_dirs:
             for mdir in mdirs:
@@ -171,6 +175,7 @@ class Daemon:
 
     def sync_memory_dirs(self) -> None:
         """Re-expand the configured globs: add new memory dirs, drop vanished ones."""
+        self.dirs.tree_changed_since_sync = False
         self.dirs.sync(self.settings.memory_dirs())
 
     # -- scheduling -----------------------------------------------------------------------------
@@ -186,6 +191,8 @@ class Daemon:
             self.release_waiting(sig.memory_dir)
         elif sig.kind is Kind.DIR_CHANGED:
             self._dir_changed(sig.memory_dir)
+        elif sig.kind is Kind.TREE_CHANGED:
+            self.dirs.tree_changed(sig.memory_dir, sig.name)
         elif sig.kind is Kind.OVERFLOW:
             total = sum(self.rescan(m) for m in list(self.mdirs.values()))
             self.log.warning(
@@ -230,7 +237,9 @@ class Daemon:
             try:
                 sig = self.queue.get_nowait()
             except queue.Empty:
-                return
+                break
+        if self.dirs.tree_changed_since_sync:
+            self.sync_memory_dirs()  # once for every project created or removed meanwhile
 
     # -- work -----------------------------------------------------------------------------------
 
@@ -358,6 +367,7 @@ class Daemon:
             self._new_watcher(self.settings.observer)
         if now >= self.next_rescan:
             self.next_rescan = now + self.rescan_interval
+            self.dirs.refresh_levels()
             self.sync_memory_dirs()
             total = sum(self.rescan(m) for m in list(self.mdirs.values()))
             self.save_seen()
@@ -442,6 +452,7 @@ class Daemon:
             self.next_rescan = self.clock() + self.rescan_interval
             if new.observer != old.observer:
                 self._new_watcher(new.observer)
+            self.dirs.watch_globs(new.memory_dir_patterns, observer=new.observer)
             self.sync_memory_dirs()
             self.log.info(
                 "reload",

@@ -4,21 +4,34 @@
 descriptor, SPEC 5 and 6), its watches, and the identity of its directory (a memory dir replaced
 by a new directory is dropped and added again). It knows nothing of the files in a memory dir:
 what is done with them when a dir is added or dropped is the :class:`Owner`'s (the daemon's).
+
+New projects are seen at once (issue 12): for a configured glob such as
+``~/src/*/.pi/memory/project``, the directories on the way to its memory dirs are watched, and
+only while they exist and match: ``~/src`` (the glob's literal prefix), each ``~/src/X``, each
+``X/.pi`` and each ``X/.pi/memory``. An entry appearing or going in one of them that matches the
+glob's next component (a ``TREE_CHANGED`` signal) gets its own watch, or loses it with
+everything below, and the globs are expanded again, so a memory dir created by ``mkdir -p`` or
+by ``git clone`` is added (locked, watched, scanned) within the time of one event. A directory
+that appeared with a subtree already in it (``mkdir -p``, a clone) is listed once its watch is
+in place, so nothing created before the watch is missed. The periodic rescan still expands the
+globs and walks the levels again (a parent directory that did not exist yet, a watch limit hit).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import queue
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
 from memstaged.pipeline import MemoryDir
-from memstaged.watcher import Signal
+from memstaged.project import normalize
+from memstaged.watcher import Signal, component_matches
 
 
 class WatcherLike(Protocol):
@@ -27,6 +40,8 @@ class WatcherLike(Protocol):
     def watch(self, mdir: MemoryDir) -> str: ...
     def unwatch(self, mdir: str) -> None: ...
     def staging_watched(self, mdir: str) -> bool: ...
+    def watch_level(self, path: str, patterns: frozenset[str]) -> None: ...
+    def unwatch_level(self, path: str) -> None: ...
     def alive(self) -> bool: ...
     def stop(self) -> None: ...
 
@@ -56,6 +71,24 @@ class Stopped(Exception):
     """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
 
 
+class Glob(NamedTuple):
+    """A configured memory-dir pattern, split for watching: the directory ``root`` (its literal
+    prefix), then the path components below it; the last one names the memory dirs."""
+
+    root: str
+    parts: tuple[str, ...]
+
+
+def split_glob(pattern: str) -> Glob:
+    """``~/src/*/.pi/memory/project`` -> ``Glob("/home/u/src", ("*", ".pi", "memory",
+    "project"))``; a pattern without magic is watched from its memory dir's parent."""
+    absolute = normalize(os.path.abspath(os.path.expanduser(pattern)))
+    components = [c for c in absolute.split("/") if c]
+    first = next((i for i, c in enumerate(components) if glob.has_magic(c)), None)
+    cut = len(components) - 1 if first is None else first
+    return Glob("/" + "/".join(components[:cut]), tuple(components[cut:]))
+
+
 class MemoryDirs:
     """The memory dirs held: lock, watches, directory identity."""
 
@@ -77,6 +110,12 @@ class MemoryDirs:
         #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
         self.dir_ids: dict[str, tuple[int, int]] = {}
         self.busy_logged: set[str] = set()
+        self.globs: list[Glob] = []
+        #: Each watched parent directory of a glob: (glob index, depth) of every use of it,
+        #: depth being how many of the glob's components below its root lead there.
+        self.levels: dict[str, set[tuple[int, int]]] = {}
+        #: Set when a watched parent directory changed: the globs are to be expanded again.
+        self.tree_changed_since_sync = False
 
     def __contains__(self, path: str) -> bool:
         return path in self.mdirs
@@ -199,11 +238,90 @@ class MemoryDirs:
         return True
 
     def new_watcher(self, mode: str) -> None:
-        """Stop the watcher and watch every memory dir anew with one of kind ``mode``."""
+        """Stop the watcher and watch every memory dir (and glob level) anew with one of kind
+        ``mode``."""
         self.watcher.stop()
         self.watcher = self.watcher_factory(self.out, mode)
         for mdir in list(self.mdirs.values()):
             self.watch(mdir)
+        levels, self.levels = self.levels, {}
+        if mode != "polling":
+            for path, uses in levels.items():
+                for index, depth in uses:
+                    self._watch_level(path, index, depth, walk=False)
+
+    # -- the parent directories of the globs ------------------------------------------------------
+
+    def watch_globs(self, patterns: tuple[str, ...], *, observer: str) -> None:
+        """Watch the parent directories of ``patterns`` (replacing those of earlier ones).
+
+        With ``observer = "polling"`` (network file systems) nothing is watched: new projects
+        are then found by the periodic rescan.
+        """
+        for path in list(self.levels):
+            self.watcher.unwatch_level(path)
+        self.levels = {}
+        self.globs = [] if observer == "polling" else [split_glob(p) for p in patterns]
+        self.refresh_levels()
+
+    def refresh_levels(self) -> None:
+        """Walk every glob from its root again, watching what is missing (at each rescan)."""
+        for index, pattern in enumerate(self.globs):
+            self._watch_level(pattern.root, index, 0, walk=True)
+
+    def _watch_level(self, path: str, index: int, depth: int, *, walk: bool) -> None:
+        """Watch ``path`` as the directory reached by ``depth`` components of glob ``index``,
+        then (``walk``) the matching directories already in it, down to the memory dirs'
+        parent."""
+        pattern = self.globs[index]
+        uses = self.levels.setdefault(path, set())
+        uses.add((index, depth))
+        wanted = frozenset(self.globs[i].parts[d] for i, d in uses)
+        try:
+            self.watcher.watch_level(path, wanted)
+        except OSError:
+            # Not there (yet), not a directory, a link, or no watch left: rescans cover it.
+            self._unwatch_below(path, including=True)
+            return
+        if not walk or depth + 1 >= len(pattern.parts):
+            return
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return
+        for name in names:
+            if component_matches(name, pattern.parts[depth]):
+                child = os.path.join(path, name)
+                if os.path.isdir(child):
+                    self._watch_level(child, index, depth + 1, walk=True)
+
+    def _unwatch_below(self, path: str, *, including: bool) -> None:
+        prefix = path.rstrip("/") + "/"
+        for level in [p for p in self.levels if p.startswith(prefix) or (including and p == path)]:
+            self.watcher.unwatch_level(level)
+            del self.levels[level]
+
+    def tree_changed(self, path: str, name: str) -> None:
+        """An entry of a watched parent directory came or went (``name`` empty: the directory
+        itself went): watch what appeared, unwatch what went; the globs are expanded again at
+        the end of the batch of signals (:attr:`tree_changed_since_sync`)."""
+        self.tree_changed_since_sync = True
+        if not name:
+            if not os.path.isdir(path):
+                self._unwatch_below(path, including=True)
+            return
+        child = os.path.join(path, os.fsdecode(name))
+        for index, depth in list(self.levels.get(path, ())):
+            parts = self.globs[index].parts
+            if depth + 1 < len(parts) and component_matches(name, parts[depth]):
+                if os.path.isdir(child):
+                    self._watch_level(child, index, depth + 1, walk=True)
+                else:
+                    self._unwatch_below(child, including=True)
+
+    def level_count(self) -> int:
+        """How many parent directories of the globs are watched."""
+        return len(self.levels)
 
     def release_all(self) -> None:
         """Release every instance lock (at stop; the memory dirs are no longer worked on)."""

@@ -308,9 +308,10 @@ class _Callback:
 class _Inotify:
     """One watched directory on the shared inotify descriptor: its roles and their callbacks."""
 
-    def __init__(self, wd: WatchDescriptor, mask: int) -> None:
+    def __init__(self, wd: WatchDescriptor, mask: int, dir_id: tuple[int, int]) -> None:
         self.wd = wd
         self.mask = mask
+        self.dir_id = dir_id
         self.callbacks: dict[str, _Callback] = {}
 
 
@@ -352,7 +353,20 @@ class Watcher:
         return self._fd
 
     def _add(self, role: str, path: str, mdir: str) -> _Callback:
-        """Watch ``path`` in ``role`` (raises OSError: gone, not a directory, a link, limit)."""
+        """Watch ``path`` in ``role`` (raises OSError: gone, not a directory, a link, limit).
+
+        Idempotent: the same directory already watched in this role keeps its watch; a new
+        directory at the same path (the old one was replaced) is watched anew.
+        """
+        st = os.stat(path, follow_symlinks=False)
+        dir_id = (st.st_dev, st.st_ino)
+        with self._lock:
+            current = self._dirs.get(path)
+            existing = current.callbacks.get(role) if current is not None else None
+            if current is not None and existing is not None and current.dir_id == dir_id:
+                return existing
+        if existing is not None:
+            self._remove(role, path)
         fd = self._inotify()
         callback = _Callback(self, role, path, mdir)
         with self._lock:
@@ -362,9 +376,10 @@ class Watcher:
             if wd < 0:  # watchdog returns -1 instead of raising for EACCES
                 raise PermissionError(13, "Permission denied", path)
             if current is None or current.wd != wd:
-                current = _Inotify(wd, mask)
+                current = _Inotify(wd, mask, dir_id)
                 self._dirs[path] = current
             current.mask = mask
+            current.dir_id = dir_id
             current.callbacks[role] = callback
         return callback
 
@@ -437,7 +452,8 @@ class Watcher:
     # -- the parent directories of the configured globs -------------------------------------------
 
     def watch_level(self, path: str, patterns: frozenset[str]) -> None:
-        """Watch a glob's parent directory for entries matching ``patterns`` (raises OSError)."""
+        """Watch a glob's parent directory for entries matching ``patterns`` (raises OSError;
+        a directory already watched keeps its watch and gets the new ``patterns``)."""
         callback = self._add("level", path, "")
         callback.patterns = patterns
 

@@ -257,6 +257,59 @@ def test_glob_is_reexpanded_on_rescan(tmp_path: Path) -> None:
     assert rig.log.errors() == []
 
 
+def test_glob_parents_are_watched_while_they_exist_and_match(tmp_path: Path) -> None:
+    """issue 12: for ``src/*/.pi/memory/project`` the daemon watches ``src``, each project
+    dir, its ``.pi`` and ``.pi/memory``, and nothing else: not a project without ``.pi``'s
+    subtree below what exists, not a dot dir, not the files; a project that goes loses its
+    watches."""
+    src = tmp_path / "src"
+    (src / "one" / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
+    (src / "bare").mkdir()  # a project dir without .pi: watched for a .pi to come
+    (src / ".cache" / ".pi").mkdir(parents=True)  # glob's * skips dot names
+    (src / "one" / "notes.txt").write_text("not a dir")
+    rig = Rig(settings(str(src / "*" / ".pi" / "memory" / "project")))
+    rig.daemon.start()
+    one = src / "one"
+    assert rig.watcher.levels == {
+        str(src): frozenset({"*"}),
+        str(one): frozenset({".pi"}),
+        str(src / "bare"): frozenset({".pi"}),
+        str(one / ".pi"): frozenset({"memory"}),
+        str(one / ".pi" / "memory"): frozenset({"project"}),
+    }
+    assert list(rig.daemon.mdirs) == [str(one / ".pi" / "memory" / "project")]
+    shutil.rmtree(one)
+    rig.send(Signal(Kind.TREE_CHANGED, str(src), "one"))
+    assert sorted(rig.watcher.levels) == [str(src), str(src / "bare")]
+    assert rig.daemon.mdirs == {}
+
+
+def test_new_project_under_a_glob_is_added_at_once_not_at_the_next_rescan(
+    tmp_path: Path,
+) -> None:
+    """issue 12: a project created under a watched glob (``mkdir -p``: the whole tree exists
+    when the first event is handled) is added and its file decided as soon as the event for
+    its top directory arrives, with no time passing and no rescan; removing it drops it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rig = Rig(settings(str(src / "*" / ".pi" / "memory" / "project")))
+    rig.daemon.start()
+    assert rig.daemon.mdirs == {}
+    mdir = src / "new" / ".pi" / "memory" / "project"
+    (mdir / "staging").mkdir(parents=True)
+    data = write(mdir / "staging" / VALID_NAME, staging_doc(src / "new"))
+    assert rig.send(Signal(Kind.TREE_CHANGED, str(src), "new")) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+    assert (mdir / "staging" / VALID_NAME).read_bytes() == data
+    assert rig.log.named("rescan") == []
+    assert str(src / "new" / ".pi" / "memory") in rig.watcher.levels
+    shutil.rmtree(src / "new")
+    rig.send(Signal(Kind.TREE_CHANGED, str(src), "new"))
+    assert rig.daemon.mdirs == {}
+    assert [e["why"] for e in rig.log.named("memory_dir_removed")] == ["no longer configured"]
+    assert rig.watcher.levels == {str(src): frozenset({"*"})}
+
+
 # -- the reconciler's lock -----------------------------------------------------------------------
 
 
@@ -394,6 +447,12 @@ class _NullWatcher:
 
     def staging_watched(self, mdir: str) -> bool:
         return True
+
+    def watch_level(self, path: str, patterns: frozenset[str]) -> None:
+        return None
+
+    def unwatch_level(self, path: str) -> None:
+        return None
 
     def alive(self) -> bool:
         return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -343,6 +344,65 @@ def test_sighup_reload_bad_config_keeps_running_good_config_adds_memory_dir(
     assert daemon.wait_decided("b.json")["b.json"]["decision"] == "valid"
     assert [e["ok"] for e in daemon.events() if e["event"] == "reload"] == [False, True]
     assert daemon.proc.poll() is None
+    assert daemon.stop() == 0
+
+
+# -- new projects under a glob -------------------------------------------------------------------
+
+
+def _git(*args: str, cwd: Path) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull},
+    )
+
+
+def test_new_projects_under_a_glob_are_seen_at_once_without_a_rescan(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """issue 12: with `src/*/.pi/memory/project` configured and rescans an hour apart, a
+    project made with `mkdir -p` and one made by `git clone` (the whole tree at once) each have
+    their staging file decided from the watches of the glob's parent directories alone (no
+    `rescan` event ever happens); a project removed is dropped. Timings are printed."""
+    src = tmp_path / "src"
+    src.mkdir()
+    conf = tmp_path / "config.toml"
+    pattern = str(src / "*" / ".pi" / "memory" / "project")
+    conf.write_text(
+        f"memory_dirs = [{json.dumps(pattern)}]\nsettle = 0.5\nrescan_interval = 3600\n"
+    )
+    daemon = spawn("--config", str(conf))
+
+    made = src / "made" / ".pi" / "memory" / "project"
+    started = time.monotonic()
+    (made / "staging").mkdir(parents=True)
+    (made / "staging" / "m.json").write_bytes(_doc_bytes(src / "made"))
+    assert daemon.wait_decided("m.json")["m.json"]["decision"] == "valid"
+    print(f"mkdir -p: first file decided {time.monotonic() - started:.3f} s after the mkdir")
+
+    origin = tmp_path / "origin"
+    (origin / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
+    clone_doc = json.dumps(staging_doc(src / "cloned", "c"), indent=2).encode()
+    (origin / ".pi" / "memory" / "project" / "staging" / "c.json").write_bytes(clone_doc)
+    _git("init", "-q", cwd=origin)
+    _git("add", ".", cwd=origin)
+    _git("commit", "-qm", "memory", cwd=origin)
+    started = time.monotonic()
+    _git("clone", "-q", str(origin), str(src / "cloned"), cwd=tmp_path)
+    final = daemon.wait_decided("c.json")["c.json"]
+    print(f"git clone: first file decided {time.monotonic() - started:.3f} s after the clone began")
+    assert final["decision"] == "valid"
+    assert final["sha256"] == _sha(clone_doc)
+
+    shutil.rmtree(src / "made")
+    removed = daemon.wait_for(
+        lambda ev: any(e["event"] == "memory_dir_removed" for e in ev), "the project to be dropped"
+    )
+    assert [e["memory_dir"] for e in removed if e["event"] == "memory_dir_removed"] == [str(made)]
+    assert [e for e in daemon.events() if e["event"] == "rescan"] == []
     assert daemon.stop() == 0
 
 
