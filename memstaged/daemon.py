@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from memstaged.config import Settings, check_memory_dir
-from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike
+from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike, raise_fd_limit
 from memstaged.errors import ConfigError, MemstagedError
 from memstaged.fsio import Identity
 from memstaged.locks import read_lock
@@ -120,6 +120,7 @@ class Daemon:
 
         The parent directories of the globs are watched before the globs are expanded, so a
         project created meanwhile is either expanded now or signalled."""
+        limit = raise_fd_limit()
         self.dirs.watch_globs(self.settings.memory_dir_patterns, observer=self.settings.observer)
         mdirs = self.settings.memory_dirs()
         if self.settings.explicit_dirs:
@@ -138,6 +139,9 @@ class Daemon:
             observer=self.settings.observer,
             settle=self.settings.options.settle,
             dry_run=self.settings.options.dry_run,
+            nofile=limit.soft,
+            nofile_raised_from=limit.found if limit.found != limit.soft else None,
+            nofile_hard=limit.hard,
         )
         strict = self.settings.explicit_dirs
         for mdir in mdirs:

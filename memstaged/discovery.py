@@ -22,10 +22,11 @@ from __future__ import annotations
 import glob
 import os
 import queue
+import resource
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
@@ -69,6 +70,34 @@ Waiting = Callable[[], bool]
 
 class Stopped(Exception):
     """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
+
+
+#: Descriptors kept free for the work itself (the file in hand, its directories, temp files,
+#: the log, the seen cache, the inotify descriptor): a memory dir whose instance lock would eat
+#: into them is not added, so the dirs already held are still decided (issue 10 item 11).
+FD_RESERVE: Final = 64
+
+
+class FdLimit(NamedTuple):
+    """``RLIMIT_NOFILE`` at start: the soft limit found, the one in force, the hard limit."""
+
+    found: int
+    soft: int
+    hard: int
+
+
+def raise_fd_limit() -> FdLimit:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (SPEC 6: a service manager's soft
+    limit is 1,024, its hard limit far higher; each memory dir holds one descriptor)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    if soft == infinite or (hard != infinite and soft >= hard):
+        return FdLimit(soft, soft, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        return FdLimit(soft, soft, hard)
+    return FdLimit(soft, hard, hard)
 
 
 class Glob(NamedTuple):
@@ -116,6 +145,8 @@ class MemoryDirs:
         self.levels: dict[str, set[tuple[int, int]]] = {}
         #: Set when a watched parent directory changed: the globs are to be expanded again.
         self.tree_changed_since_sync = False
+        #: Memory dirs not added for want of descriptors (logged once each).
+        self.over_limit: set[str] = set()
 
     def __contains__(self, path: str) -> bool:
         return path in self.mdirs
@@ -159,9 +190,33 @@ class MemoryDirs:
                 return None
             return lock
 
+    def _room_for_one_more(self, mdir: MemoryDir, *, strict: bool) -> bool:
+        """Whether one more instance lock leaves :data:`FD_RESERVE` descriptors free."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY or len(self.locks) + FD_RESERVE < soft:
+            self.over_limit.discard(mdir.path)
+            return True
+        error = (
+            f"descriptor limit {soft} reached with {len(self.locks)} memory dirs held "
+            "(raise LimitNOFILE= of the unit)"
+        )
+        if strict:
+            raise ConfigError(f"memory dir {mdir.path}: {error}")
+        if mdir.path not in self.over_limit:
+            self.over_limit.add(mdir.path)
+            self.log.error(
+                "memory_dir_error",
+                memory_dir=mdir.path,
+                error=error,
+                action="not watched; retried on each rescan",
+            )
+        return False
+
     def add(self, mdir: MemoryDir, *, strict: bool = False, waiting: Waiting | None = None) -> bool:
         """Start working on a memory dir: lock, clean up after a crash, watch, scan."""
         if mdir.path in self.mdirs or not Path(mdir.path).is_dir():
+            return False
+        if not self._room_for_one_more(mdir, strict=strict):
             return False
         lock = self._lock(mdir, strict=strict, waiting=waiting)
         if lock is None:

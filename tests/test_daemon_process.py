@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,13 @@ FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
 class DaemonProcess:
     """One ``memstaged`` daemon in a subprocess, and its decision log."""
 
-    def __init__(self, tmp_path: Path, *args: str, name: str = "daemon") -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *args: str,
+        name: str = "daemon",
+        nofile: tuple[int, int] | None = None,
+    ) -> None:
         self.log_file = tmp_path / f"{name}.jsonl"
         self.stderr_file = tmp_path / f"{name}.stderr"
         env = {
@@ -42,6 +49,11 @@ class DaemonProcess:
             XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
             XDG_STATE_HOME=str(tmp_path / "xdg-state"),
         )
+
+        def limit_descriptors() -> None:  # in the child, before exec: as a service manager would
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
         with self.stderr_file.open("wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "memstaged", *args],
@@ -50,6 +62,7 @@ class DaemonProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=err,
+                preexec_fn=limit_descriptors if nofile is not None else None,  # noqa: PLW1509
             )
         self._events: list[dict[str, Any]] = []
         self._offset = 0
@@ -79,8 +92,8 @@ class DaemonProcess:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             time.sleep(0.02)
 
-    def wait_ready(self) -> None:
-        self.wait_for(lambda ev: any(e["event"] == "ready" for e in ev), "ready")
+    def wait_ready(self, timeout: float = 15) -> None:
+        self.wait_for(lambda ev: any(e["event"] == "ready" for e in ev), "ready", timeout)
 
     def decisions(self, name: str) -> list[str]:
         return [
@@ -120,11 +133,17 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Starts daemons; any still running at the end of the test is killed."""
     started: list[DaemonProcess] = []
 
-    def start(*args: str, name: str = "daemon", ready: bool = True) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, name=name)
+    def start(
+        *args: str,
+        name: str = "daemon",
+        ready: bool = True,
+        nofile: tuple[int, int] | None = None,
+        ready_timeout: float = 15,
+    ) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, *args, name=name, nofile=nofile)
         started.append(daemon)
         if ready:
-            daemon.wait_ready()
+            daemon.wait_ready(ready_timeout)
         return daemon
 
     yield start
@@ -403,6 +422,104 @@ def test_new_projects_under_a_glob_are_seen_at_once_without_a_rescan(
     )
     assert [e["memory_dir"] for e in removed if e["event"] == "memory_dir_removed"] == [str(made)]
     assert [e for e in daemon.events() if e["event"] == "rescan"] == []
+    assert daemon.stop() == 0
+
+
+# -- bounded resources: 1,100 memory dirs under a service manager's limits ----------------------
+
+
+def _many_projects(src: Path, count: int) -> list[Path]:
+    mdirs = []
+    for i in range(count):
+        mdir = src / f"p{i:04}" / ".pi" / "memory" / "project"
+        (mdir / "staging").mkdir(parents=True)
+        mdirs.append(mdir)
+    return mdirs
+
+
+def _glob_config(tmp_path: Path, src: Path) -> Path:
+    conf = tmp_path / "config.toml"
+    pattern = json.dumps(str(src / "*" / ".pi" / "memory" / "project"))
+    conf.write_text(f"memory_dirs = [{pattern}]\nsettle = 0.5\nrescan_interval = 3600\n")
+    return conf
+
+
+def _process_figures(pid: int) -> dict[str, int]:
+    """Descriptors, inotify instances and watches, threads and RSS (KiB) of a process."""
+    fds = os.listdir(f"/proc/{pid}/fd")
+    inotify = watches = 0
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify":
+                inotify += 1
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+                watches += info.count("inotify wd:")
+        except OSError:
+            continue
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return {
+        "fds": len(fds),
+        "inotify_instances": inotify,
+        "inotify_watches": watches,
+        "threads": int(status["Threads"]),
+        "rss_kib": int(status["VmRSS"].split()[0]),
+    }
+
+
+def test_1100_memory_dirs_under_a_soft_limit_of_1024_descriptors(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """issue 10 item 11, SPEC 6: with systemd's default soft limit of 1,024 descriptors (the
+    hard limit above it) and 1,100 projects under a glob, the daemon raises its soft limit to
+    the hard one and says so in `start`, holds every memory dir, and a file dropped in the last
+    one is decided. It holds one descriptor per memory dir plus a constant, one inotify
+    instance, and a constant number of threads (figures printed)."""
+    src = tmp_path / "src"
+    mdirs = _many_projects(src, 1100)
+    daemon = spawn(
+        "--config", str(_glob_config(tmp_path, src)), nofile=(1024, 4096), ready_timeout=120
+    )
+    start = _event(daemon, "start")
+    assert (start["nofile"], start["nofile_raised_from"], start["nofile_hard"]) == (
+        4096,
+        1024,
+        4096,
+    )
+    assert _event(daemon, "ready")["memory_dirs"] == 1100
+    data = _doc_bytes(mdirs[-1].parents[2], "last")
+    (mdirs[-1] / "staging" / "last.json").write_bytes(data)
+    final = daemon.wait_decided("last.json", timeout=30)["last.json"]
+    assert final["decision"] == "valid"
+    assert final["sha256"] == _sha(data)
+    figures = _process_figures(daemon.proc.pid)
+    print(f"1,100 memory dirs: {figures}")
+    assert figures["fds"] <= 1100 + 32
+    assert figures["inotify_instances"] == 1
+    assert figures["threads"] <= 4
+    assert [e for e in daemon.events() if e.get("level") == "error"] == []
+    assert daemon.stop() == 0
+
+
+def test_memory_dirs_beyond_a_hard_descriptor_limit_leave_the_others_working(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """issue 10 item 11: when even the hard limit is too low for every memory dir (here 256
+    descriptors for 300 projects), the daemon is not wedged by EMFILE: it holds as many as
+    leave a reserve of descriptors for the work, says once for each of the others why it is
+    not watched, and still decides files in the dirs it holds."""
+    src = tmp_path / "src"
+    mdirs = _many_projects(src, 300)
+    daemon = spawn("--config", str(_glob_config(tmp_path, src)), nofile=(256, 256))
+    held = _event(daemon, "ready")["memory_dirs"]
+    refused = [e for e in daemon.events() if e["event"] == "memory_dir_error"]
+    assert held == 256 - 64
+    assert len(refused) == 300 - held
+    assert all("descriptor limit 256" in e["error"] for e in refused)
+    data = _doc_bytes(mdirs[0].parents[2], "first")
+    (mdirs[0] / "staging" / "first.json").write_bytes(data)
+    assert daemon.wait_decided("first.json")["first.json"]["decision"] == "valid"
     assert daemon.stop() == 0
 
 
