@@ -32,7 +32,7 @@ from memstaged.errors import ConfigError, MemstagedError
 from memstaged.fsio import Identity
 from memstaged.locks import read_lock
 from memstaged.notify import Heartbeat, Notifier
-from memstaged.pipeline import MemoryDir, Outcome, Pipeline
+from memstaged.pipeline import STAGING, MemoryDir, Outcome, Pipeline
 from memstaged.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, settings_key, split_unchanged
 from memstaged.triage import Decision
@@ -46,9 +46,22 @@ MIN_RESCAN: Final = 1.0
 WAIT_POLL: Final = 0.25
 #: Take new signals every so many files of a long backlog, so that events collapse.
 DRAIN_EVERY: Final = 64
+#: SIGTERM: the file in hand is finished if that takes at most this long; otherwise its work
+#: is abandoned (SPEC 6: SIGTERM is acted on within a second whatever file is in hand).
+STOP_GRACE: Final = 0.5
 _FINAL: Final = frozenset(
     {Decision.VALID, Decision.FOREIGN, Decision.SKIPPED, Decision.REPAIRED, Decision.QUARANTINED}
 )
+
+
+class Abandoned(BaseException):
+    """Raised (by the SIGALRM handler) into the file in hand when SIGTERM's grace is over.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` in the pipeline
+    turns it into a decision: the file layer's cleanup (``finally``, re-raising handlers) runs,
+    and what is left is what a kill at that moment would leave, minus the temp files and the
+    lock: the file is decided again by the next start (SPEC 5's invariant holds across kills).
+    """
 
 
 class Daemon:
@@ -88,6 +101,9 @@ class Daemon:
         self.lock_waiting: dict[str, set[str]] = {}
         self.counts: Counter[str] = Counter()
         self.stopping = False
+        #: The file being decided, and the one whose work a stop abandoned (if any).
+        self.in_hand: Key | None = None
+        self.abandoned: Key | None = None
         self.reload_requested = False
         self.ready = False
         now = clock()
@@ -145,6 +161,8 @@ class Daemon:
         )
         strict = self.settings.explicit_dirs
         for mdir in mdirs:
+            if self.stopping:
+                break  # SIGTERM while thousands of memory dirs are added: stop now
             self.dirs.add(mdir, strict=strict, waiting=self._wait_a_little if self.wait else None)
 
     def _wait_a_little(self) -> bool:
@@ -318,7 +336,9 @@ class Daemon:
         if not Path(mdir.staging).is_dir():
             self._forget(lambda k: k[0] == mdir.path)  # gone with staging/: nothing to decide
             return None
+        self.in_hand = key
         outcome = self.pipeline.process(mdir, key[1])
+        self.in_hand = None
         self.counts[outcome.decision.value] += 1
         cache = self.seen.get(key[0])
         if cache is not None:
@@ -351,7 +371,12 @@ class Daemon:
             key = self.due.pop_due(self.clock())
             if key is None:
                 break
-            self.process(key)
+            try:
+                self.process(key)
+            except Abandoned:
+                self.in_hand = None
+                self.abandoned = key
+                break
             done += 1
             if done % DRAIN_EVERY == 0:
                 self.drain(0)  # collapse new signals in a long backlog
@@ -428,6 +453,18 @@ class Daemon:
         """SIGTERM/SIGINT: finish the file in hand, then stop (safe in a signal handler)."""
         self.stopping = True
         self.queue.put(Signal(Kind.WAKE))
+
+    def request_stop_soon(self, *_: object) -> None:
+        """SIGTERM/SIGINT from the process's handler: stop, and give the file in hand
+        :data:`STOP_GRACE` to finish (then SIGALRM runs :meth:`abandon_in_hand`)."""
+        self.request_stop()
+        if self.in_hand is not None:
+            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
+
+    def abandon_in_hand(self, *_: object) -> None:
+        """SIGALRM after a stop request: abandon the file still in hand (main thread only)."""
+        if self.stopping and self.in_hand is not None:
+            raise Abandoned
 
     def request_reload(self, *_: object) -> None:
         """SIGHUP: reload between two files (safe in a signal handler)."""
@@ -510,8 +547,15 @@ class Daemon:
             self.save_seen()
         self.dirs.release_all()
         pending = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
+        if self.abandoned is not None:
+            pending += 1
         if error is None:
-            self.log.info("stop", decided=sum(self.counts.values()), pending=pending)
+            abandoned = None
+            if self.abandoned is not None:
+                abandoned = os.path.join(self.abandoned[0], STAGING, self.abandoned[1])
+            self.log.info(
+                "stop", decided=sum(self.counts.values()), pending=pending, abandoned=abandoned
+            )
         else:
             self.log.error("stop", decided=sum(self.counts.values()), pending=pending, error=error)
 
@@ -532,9 +576,7 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
     def settings_now() -> Settings:
         return daemon.settings
 
-    signal.signal(signal.SIGTERM, daemon.request_stop)
-    signal.signal(signal.SIGINT, daemon.request_stop)
-    signal.signal(signal.SIGHUP, daemon.request_reload)
+    install_signal_handlers(daemon)
     try:
         return daemon.run()
     except MemstagedError:
@@ -545,6 +587,16 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
     finally:
         if not daemon.stopping:  # a crash: stop the watcher threads too
             daemon.watcher.stop()
+
+
+def install_signal_handlers(daemon: Daemon) -> None:
+    """SIGTERM/SIGINT stop (within :data:`STOP_GRACE` whatever file is in hand), SIGHUP
+    reloads. Python runs the handlers in the main thread, between two bytecodes or when a
+    system call is interrupted, so a stop is seen at once even in the middle of a file."""
+    signal.signal(signal.SIGTERM, daemon.request_stop_soon)
+    signal.signal(signal.SIGINT, daemon.request_stop_soon)
+    signal.signal(signal.SIGHUP, daemon.request_reload)
+    signal.signal(signal.SIGALRM, daemon.abandon_in_hand)
 
 
 def _reconfigure_logging(old: Settings, new: Settings) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -22,7 +23,7 @@ from conftest import lesson, staging_doc, write
 from daemon_support import Notes, Rig, settings, settings_from_file
 
 from memstaged.config import Settings
-from memstaged.daemon import LOCK_POLL, Daemon
+from memstaged.daemon import LOCK_POLL, Daemon, install_signal_handlers
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
 from memstaged.notify import Notifier
@@ -436,6 +437,59 @@ def test_run_says_ready_after_the_startup_scan_and_exits_0_on_stop(
     assert firsts.index("WATCHDOG=1") < firsts.index("READY=1")
     assert any(m[0].startswith("EXTEND_TIMEOUT_USEC=") for m in notes.messages)
     assert firsts[-1] == "STOPPING=1"
+
+
+class _EndlessPipeline:
+    """A pipeline whose decision of a file takes for ever (Python code, as the validator of a
+    huge file would be), unless something stops it."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.finished = False
+
+    def process(self, mdir: MemoryDir, name: str) -> None:
+        self.started.set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.finished = True
+
+
+def test_sigterm_abandons_a_file_that_takes_too_long(project: Path, memory_dir: Path) -> None:
+    """SPEC 6 (issue 10 item 9's SIGTERM ignored for minutes): a real SIGTERM while a file's
+    decision would take a minute stops the loop after the grace period: the file's work is
+    abandoned (not finished), it is counted pending and named in `stop`, and run's signal
+    handlers are the real ones (install_signal_handlers)."""
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    rig = Rig(settings(memory_dir))
+    rig.daemon.start()
+    slow = _EndlessPipeline()
+    rig.daemon.pipeline = slow  # type: ignore[assignment]
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    old_alarm = signal.getsignal(signal.SIGALRM)
+    install_signal_handlers(rig.daemon)
+
+    def terminate_once_started() -> None:
+        if slow.started.wait(10):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=terminate_once_started)
+    killer.start()
+    try:
+        started = time.monotonic()
+        assert rig.daemon.work() == 0
+        print(f"SIGTERM acted on {time.monotonic() - started:.3f} s after the file was taken")
+    finally:
+        killer.join()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in {**old, signal.SIGALRM: old_alarm}.items():
+            signal.signal(sig, handler)
+    assert not slow.finished
+    assert rig.daemon.abandoned == (str(memory_dir), VALID_NAME)
+    rig.daemon.shutdown()
+    stop = rig.log.named("stop")[0]
+    assert stop["abandoned"] == str(memory_dir / "staging" / VALID_NAME)
+    assert stop["pending"] == 1
 
 
 class _NullWatcher:

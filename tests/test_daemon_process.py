@@ -324,6 +324,52 @@ def test_sigterm_mid_burst_exits_0_quickly_and_leaves_nothing_half_done(
         assert (path.exists() and path.read_bytes() == data) or data in originals, name
 
 
+def _holds_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open (the pipeline keeps the file it decides open)."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_sigterm_is_acted_on_within_a_second_whatever_file_is_in_hand(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """SPEC 6 (issue 10 item 9: a large file made the daemon ignore SIGTERM for minutes): a
+    SIGTERM that arrives while the daemon is deciding a 30 MB file of 120,000 lessons to repair
+    (seconds of work) stops it at once: exit 0, a `stop` naming the abandoned file, the file
+    untouched in staging/ (it is decided by the next start) and no temp file left. The time
+    from SIGTERM to exit is printed."""
+    conf = tmp_path / "config.toml"
+    conf.write_text(
+        f"memory_dirs = [{json.dumps(str(memory_dir))}]\nmax_file_size = {64 * 1024 * 1024}\n"
+    )
+    daemon = spawn("--config", str(conf))
+    doc = staging_doc(project, "huge")
+    doc["candidates"]["lessons"] = [dict(doc["candidates"]["lessons"][0], triggers=[])] * 120_000
+    data = json.dumps(doc).encode()
+    path = memory_dir / "staging" / "huge.json"
+    tmp = memory_dir / "staging" / ".huge.json.tmp"
+    tmp.write_bytes(data)
+    os.rename(tmp, path)
+    deadline = time.monotonic() + 30
+    while not _holds_open(daemon.proc.pid, path):
+        assert time.monotonic() < deadline, "the daemon never opened the file"
+        time.sleep(0.005)
+    started = time.monotonic()
+    assert daemon.stop(signal.SIGTERM, timeout=20) == 0
+    print(f"SIGTERM with a 30 MB file in hand: exited {time.monotonic() - started:.3f} s later")
+    stop = daemon.events()[-1]
+    assert stop["event"] == "stop"
+    assert stop["abandoned"] == str(path)
+    assert daemon.decisions("huge.json") == []
+    assert path.read_bytes() == data
+    assert _no_temp_files(memory_dir)
+
+
 def test_sigint_exits_0(memory_dir: Path, spawn: Callable[..., DaemonProcess]) -> None:
     """Ctrl-C in a terminal stops the daemon like SIGTERM: exit code 0, no traceback."""
     daemon = spawn("--memory-dir", str(memory_dir))
