@@ -332,8 +332,9 @@ class Watcher:
         self._fd: InotifyFD | None = None
         self._polling: PollingObserver | None = None
         self._lock = threading.Lock()
-        #: Watched directory path -> its inotify watch (``None`` values never stored).
+        #: Watched directory path -> its inotify watch, and the paths of each watch descriptor.
         self._dirs: dict[str, _Inotify] = {}
+        self._paths: dict[WatchDescriptor, set[str]] = {}
         self._polled: dict[str, list[ObservedWatch]] = {}
         self._detector = OverflowDetector(out)
         logging.getLogger(_OVERFLOW_LOGGER).addHandler(self._detector)
@@ -378,6 +379,7 @@ class Watcher:
             if current is None or current.wd != wd:
                 current = _Inotify(wd, mask, dir_id)
                 self._dirs[path] = current
+                self._paths.setdefault(wd, set()).add(path)
             current.mask = mask
             current.dir_id = dir_id
             current.callbacks[role] = callback
@@ -390,6 +392,7 @@ class Watcher:
                 return
             if not current.callbacks:
                 del self._dirs[path]
+                self._paths.get(current.wd, set()).discard(path)
             fd = self._fd
         if fd is not None:
             try:
@@ -400,8 +403,9 @@ class Watcher:
     def forget_wd(self, wd: WatchDescriptor) -> None:
         """The kernel dropped a watch (its directory is gone): forget it (reader thread)."""
         with self._lock:
-            for path in [p for p, d in self._dirs.items() if d.wd == wd]:
-                del self._dirs[path]
+            for path in self._paths.pop(wd, ()):
+                if path in self._dirs and self._dirs[path].wd == wd:
+                    del self._dirs[path]
 
     def _has(self, role: str, path: str) -> bool:
         with self._lock:
@@ -498,12 +502,13 @@ class Watcher:
     def stop(self) -> None:
         """Stop the reader and polling threads and wait for them (a few seconds at most)."""
         logging.getLogger(_OVERFLOW_LOGGER).removeHandler(self._detector)
+        with self._lock:  # first: closing the descriptor reports every watch as deleted
+            self._dirs.clear()
+            self._paths.clear()
         threads = [t for t in (self._fd, self._polling) if t is not None]
         for thread in threads:
             thread.stop()
         for thread in threads:
             thread.join(timeout=5)
         self._fd = self._polling = None
-        with self._lock:
-            self._dirs.clear()
         self._polled.clear()

@@ -545,7 +545,9 @@ def test_1100_memory_dirs_under_a_soft_limit_of_1024_descriptors(
     assert figures["inotify_instances"] == 1
     assert figures["threads"] <= 4
     assert [e for e in daemon.events() if e.get("level") == "error"] == []
+    started = time.monotonic()
     assert daemon.stop() == 0
+    print(f"1,100 memory dirs: SIGTERM to exit {time.monotonic() - started:.3f} s")
 
 
 def test_memory_dirs_beyond_a_hard_descriptor_limit_leave_the_others_working(
