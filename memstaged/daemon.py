@@ -1,11 +1,15 @@
 """``memstaged`` without ``--once``: watch every memory dir and decide files as they arrive.
 
-One thread does all the work (this module's loop); watchdog's threads only enqueue signals. The
-loop collapses signals per file into one due time, decides due files through the same
-:meth:`Pipeline.process` as ``--once``, and between files pings the systemd watchdog, rescans, and
-reacts to SIGHUP/SIGTERM flags. Missed events are expected: a start-up scan before ``READY=1``, a
-rescan after an inotify overflow, and a periodic rescan that reads only files whose identity
-changed since they were decided.
+One thread does all the work (this module's loop, :meth:`Daemon.run`); the watcher's one reader
+thread only enqueues signals. The loop collapses signals per file into one due time, decides due
+files through the same :meth:`Pipeline.process` as ``--once``, and between files pings the
+systemd watchdog, rescans, and reacts to SIGHUP/SIGTERM flags. Missed events are expected: a
+start-up scan before ``READY=1``, a rescan after an inotify overflow, and a periodic rescan that
+reads only files whose identity changed since they were decided.
+
+The rest is elsewhere: which memory dirs are held (locks, watches, new projects under a glob)
+in :mod:`memstaged.discovery`, due times in :mod:`memstaged.schedule`, sd_notify and when each
+notification is due in :mod:`memstaged.notify`, events to signals in :mod:`memstaged.watcher`.
 
 What was decided survives a restart: the start-up scan of a memory dir takes the files that the
 seen cache (shared with ``--once``, see :mod:`memstaged.seen`) holds as decided ``valid`` or
