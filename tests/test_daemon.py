@@ -24,6 +24,7 @@ from daemon_support import Notes, Rig, settings, settings_from_file
 
 from memstaged.config import Settings
 from memstaged.daemon import LOCK_POLL, Daemon, install_signal_handlers
+from memstaged.discovery import Glob, split_glob
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
 from memstaged.notify import Notifier
@@ -309,6 +310,34 @@ def test_new_project_under_a_glob_is_added_at_once_not_at_the_next_rescan(
     assert rig.daemon.mdirs == {}
     assert [e["why"] for e in rig.log.named("memory_dir_removed")] == ["no longer configured"]
     assert rig.watcher.levels == {str(src): frozenset({"*"})}
+
+
+def test_glob_is_split_at_its_first_magic_component() -> None:
+    """issue 12: what is watched for a pattern: its literal prefix, then one level per
+    component; a literal memory dir is watched from its parent."""
+    assert split_glob("/home/u/src/*/.pi/memory/project") == Glob(
+        "/home/u/src", ("*", ".pi", "memory", "project")
+    )
+    assert split_glob("/home/u/src/a/.pi/memory/project") == Glob(
+        "/home/u/src/a/.pi/memory", ("project",)
+    )
+    assert split_glob("/srv/proj-[ab]/mem/") == Glob("/srv", ("proj-[ab]", "mem"))
+
+
+def test_named_memory_dir_that_comes_back_is_added_at_once(project: Path, memory_dir: Path) -> None:
+    """issue 12: a memory dir named on the command line that is removed and made again (a
+    re-clone) is dropped, then added again from the event of its parent directory, without
+    waiting for the rescan."""
+    rig = _started(memory_dir)
+    assert rig.watcher.levels == {str(memory_dir.parent): frozenset({"project"})}
+    shutil.rmtree(memory_dir)
+    rig.send(Signal(Kind.TREE_CHANGED, str(memory_dir.parent), "project"))
+    assert rig.daemon.mdirs == {}
+    (memory_dir / "staging").mkdir(parents=True)
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    assert rig.send(Signal(Kind.TREE_CHANGED, str(memory_dir.parent), "project")) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+    assert rig.log.named("rescan") == []
 
 
 # -- the reconciler's lock -----------------------------------------------------------------------
