@@ -1,11 +1,15 @@
 """``memstaged`` without ``--once``: watch every memory dir and decide files as they arrive.
 
-One thread does all the work (this module's loop); watchdog's threads only enqueue signals. The
-loop collapses signals per file into one due time, decides due files through the same
-:meth:`Pipeline.process` as ``--once``, and between files pings the systemd watchdog, rescans, and
-reacts to SIGHUP/SIGTERM flags. Missed events are expected: a start-up scan before ``READY=1``, a
-rescan after an inotify overflow, and a periodic rescan that reads only files whose identity
-changed since they were decided.
+One thread does all the work (this module's loop, :meth:`Daemon.run`); the watcher's one reader
+thread only enqueues signals. The loop collapses signals per file into one due time, decides due
+files through the same :meth:`Pipeline.process` as ``--once``, and between files pings the
+systemd watchdog, rescans, and reacts to SIGHUP/SIGTERM flags. Missed events are expected: a
+start-up scan before ``READY=1``, a rescan after an inotify overflow, and a periodic rescan that
+reads only files whose identity changed since they were decided.
+
+The rest is elsewhere: which memory dirs are held (locks, watches, new projects under a glob)
+in :mod:`memstaged.discovery`, due times in :mod:`memstaged.schedule`, sd_notify and when each
+notification is due in :mod:`memstaged.notify`, events to signals in :mod:`memstaged.watcher`.
 
 What was decided survives a restart: the start-up scan of a memory dir takes the files that the
 seen cache (shared with ``--once``, see :mod:`memstaged.seen`) holds as decided ``valid`` or
@@ -17,63 +21,51 @@ only the pipeline looks at wall-clock time, to compare it with a file's mtime.
 
 from __future__ import annotations
 
-import heapq
 import os
 import queue
 import signal
-import stat
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from memstaged.config import Settings, check_memory_dir
-from memstaged.errors import BusyError, ConfigError, MemstagedError
+from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike, raise_fd_limit
+from memstaged.errors import ConfigError, MemstagedError
 from memstaged.fsio import Identity
-from memstaged.locks import InstanceLock, read_lock
-from memstaged.pipeline import MemoryDir, Outcome, Pipeline
+from memstaged.locks import read_lock
+from memstaged.notify import Heartbeat, Notifier
+from memstaged.pipeline import STAGING, MemoryDir, Outcome, Pipeline
+from memstaged.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, settings_key, split_unchanged
-from memstaged.service import Notifier
 from memstaged.triage import Decision
 from memstaged.watcher import Kind, Signal, Watcher
 
-Key = tuple[str, str]  # (memory dir, file name)
-
 #: How often a memory dir blocked by a lock whose holder may die silently is looked at again.
 LOCK_POLL: Final = 5.0
-#: Longest wait before a deferred file is looked at again (I/O errors back off up to this).
-MAX_BACKOFF: Final = 60.0
 #: Shortest interval between two periodic rescans, whatever the config says.
 MIN_RESCAN: Final = 1.0
-#: How often STATUS= is refreshed while there is work, and how often ``--wait`` retries a lock.
-STATUS_EVERY: Final = 1.0
+#: How often ``--wait`` retries a lock.
 WAIT_POLL: Final = 0.25
-#: While the start-up backlog is decided (before READY=1), systemd is asked for this much more
-#: start-up time, again every third of it: a large backlog must not hit TimeoutStartSec=.
-START_EXTENSION: Final = 60.0
 #: Take new signals every so many files of a long backlog, so that events collapse.
 DRAIN_EVERY: Final = 64
+#: SIGTERM: the file in hand is finished if that takes at most this long; otherwise its work
+#: is abandoned (SPEC 6: SIGTERM is acted on within a second whatever file is in hand).
+STOP_GRACE: Final = 0.5
 _FINAL: Final = frozenset(
     {Decision.VALID, Decision.FOREIGN, Decision.SKIPPED, Decision.REPAIRED, Decision.QUARANTINED}
 )
 
 
-class WatcherLike(Protocol):
-    """What the daemon needs of :class:`Watcher` (tests pass a fake)."""
+class Abandoned(BaseException):
+    """Raised (by the SIGALRM handler) into the file in hand when SIGTERM's grace is over.
 
-    def watch(self, mdir: MemoryDir) -> str: ...
-    def unwatch(self, mdir: str) -> None: ...
-    def staging_watched(self, mdir: str) -> bool: ...
-    def alive(self) -> bool: ...
-    def stop(self) -> None: ...
-
-
-WatcherFactory = Callable[["queue.SimpleQueue[Signal]", str], WatcherLike]
-
-
-class Stopped(Exception):
-    """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` in the pipeline
+    turns it into a decision: the file layer's cleanup (``finally``, re-raising handlers) runs,
+    and what is left is what a kill at that moment would leave, minus the temp files and the
+    lock: the file is decided again by the next start (SPEC 5's invariant holds across kills).
+    """
 
 
 class Daemon:
@@ -96,18 +88,12 @@ class Daemon:
         self.reload_settings = reload_settings
         self.notifier = notifier or Notifier()
         self.queue: queue.SimpleQueue[Signal] = queue.SimpleQueue()
-        self.watcher_factory = watcher_factory
-        self.watcher = watcher_factory(self.queue, settings.observer)
         self.clock = clock
         self.sleep = sleep
         self.wait = wait
         self.pipeline = Pipeline(settings.options, logger)
-        self.mdirs: dict[str, MemoryDir] = {}
-        self.instance_locks: dict[str, InstanceLock] = {}
-        #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
-        self.dir_ids: dict[str, tuple[int, int]] = {}
-        self.pending: dict[Key, float] = {}
-        self._heap: list[tuple[float, Key]] = []
+        self.dirs = MemoryDirs(self, logger, self.queue, watcher_factory, settings.observer)
+        self.due = Schedule()
         #: The version of each file last given a final decision: a rescan skips it.
         self.identities: dict[Key, Identity] = {}
         #: The seen cache of each memory dir, saved now and then (see :meth:`save_seen`).
@@ -119,16 +105,29 @@ class Daemon:
         self.lock_waiting: dict[str, set[str]] = {}
         self.counts: Counter[str] = Counter()
         self.stopping = False
+        #: The file being decided, and the one whose work a stop abandoned (if any).
+        self.in_hand: Key | None = None
+        self.abandoned: Key | None = None
         self.reload_requested = False
         self.ready = False
         now = clock()
         self.next_rescan = now + self.rescan_interval
         self.next_lock_poll = now + LOCK_POLL
-        self.next_ping = now
-        self.next_status = now
-        self.next_extend = now
-        self._status_sent = ""
-        self.busy_logged: set[str] = set()
+        self.heartbeat = Heartbeat(self.notifier, clock, self.status_text)
+
+    @property
+    def mdirs(self) -> dict[str, MemoryDir]:
+        """The memory dirs worked on (locked and watched), by path."""
+        return self.dirs.mdirs
+
+    @property
+    def watcher(self) -> WatcherLike:
+        return self.dirs.watcher
+
+    @property
+    def pending(self) -> dict[Key, float]:
+        """The files waiting to be decided, and when each falls due."""
+        return self.due.due
 
     @property
     def rescan_interval(self) -> float:
@@ -137,7 +136,12 @@ class Daemon:
     # -- memory dirs ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Lock, clean up, watch and scan every memory dir; raises for a bad explicit one."""
+        """Lock, clean up, watch and scan every memory dir; raises for a bad explicit one.
+
+        The parent directories of the globs are watched before the globs are expanded, so a
+        project created meanwhile is either expanded now or signalled."""
+        limit = raise_fd_limit()
+        self.dirs.watch_globs(self.settings.memory_dir_patterns, observer=self.settings.observer)
         mdirs = self.settings.memory_dirs()
         if self.settings.explicit_dirs:
             for mdir in mdirs:
@@ -155,106 +159,41 @@ class Daemon:
             observer=self.settings.observer,
             settle=self.settings.options.settle,
             dry_run=self.settings.options.dry_run,
+            nofile=limit.soft,
+            nofile_raised_from=limit.found if limit.found != limit.soft else None,
+            nofile_hard=limit.hard,
         )
+        strict = self.settings.explicit_dirs
         for mdir in mdirs:
-            self.add(mdir, strict=self.settings.explicit_dirs)
+            if self.stopping:
+                break  # SIGTERM while thousands of memory dirs are added: stop now
+            self.dirs.add(mdir, strict=strict, waiting=self._wait_a_little if self.wait else None)
 
-    def _lock(self, mdir: MemoryDir, *, strict: bool) -> InstanceLock | None:
-        """The instance lock of ``mdir``, or None when another memstaged has it (and we go on).
+    def _wait_a_little(self) -> bool:
+        """``--wait``: feed the watchdog, wait, and say whether SIGTERM arrived meanwhile."""
+        self.keepalive()
+        self.sleep(WAIT_POLL)
+        return self.stopping
 
-        ``--wait`` polls (rather than blocking in ``flock``) so that SIGTERM still stops us and
-        the systemd watchdog is still fed while we wait.
-        """
-        lock = InstanceLock(mdir.path)
-        waiting_logged = False
-        while True:
-            try:
-                lock.acquire(wait=False)
-            except BusyError as err:
-                if strict and self.wait:
-                    if not waiting_logged:
-                        self.log.info("memory_dir_busy", memory_dir=mdir.path, action="waiting")
-                        waiting_logged = True
-                    self.keepalive()
-                    self.sleep(WAIT_POLL)
-                    if self.stopping:
-                        raise Stopped(str(err)) from None
-                    continue
-                if strict:
-                    raise
-                if mdir.path not in self.busy_logged:
-                    self.busy_logged.add(mdir.path)
-                    self.log.warning(
-                        "memory_dir_busy", memory_dir=mdir.path, action="retried on each rescan"
-                    )
-                return None
-            except OSError as err:
-                if strict:
-                    raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
-                self.log.error("memory_dir_error", memory_dir=mdir.path, error=str(err))
-                return None
-            return lock
-
-    def add(self, mdir: MemoryDir, *, strict: bool = False) -> bool:
-        """Start working on a memory dir: lock, clean up after a crash, watch, scan."""
-        if mdir.path in self.mdirs or not Path(mdir.path).is_dir():
-            return False
-        lock = self._lock(mdir, strict=strict)
-        if lock is None:
-            return False
-        dir_id = _dir_id(mdir.path)
-        if dir_id is None:
-            lock.release()
-            return False
-        self.busy_logged.discard(mdir.path)
-        self.instance_locks[mdir.path] = lock
-        self.mdirs[mdir.path] = mdir
-        self.dir_ids[mdir.path] = dir_id
+    def prepare(self, mdir: MemoryDir) -> None:
+        """A memory dir was just locked: clean up what a killed memstaged left there."""
         if not self.settings.options.dry_run:
             self.pipeline.recover_temps(mdir)
-        observer = self._watch(mdir)
-        self.log.info(
-            "memory_dir_added",
-            memory_dir=mdir.path,
-            observer=observer,
-            project_root=mdir.project_root,
-        )
+
+    def added(self, mdir: MemoryDir) -> None:
+        """A memory dir is locked and watched: decide what is in it."""
         self.seen[mdir.path] = seen_cache(self.settings, mdir)
         self.rescan(mdir, seed=True)
-        return True
 
-    def _watch(self, mdir: MemoryDir) -> str:
-        try:
-            return self.watcher.watch(mdir)
-        except OSError as err:
-            # Missing events are covered by the periodic rescan; say so once, not per file.
-            self.log.error(
-                "watch_failed",
-                memory_dir=mdir.path,
-                error=str(err),
-                action="relying on rescans for this memory dir",
-            )
-            return "none (rescans only)"
-
-    def drop(self, path: str, why: str) -> None:
-        """Stop working on a memory dir; its queued files are forgotten quietly."""
-        if path not in self.mdirs:
-            return
-        self.watcher.unwatch(path)
-        self.save_seen(path)  # while the lock is held: a --once may take over the file at once
+    def dropped(self, path: str) -> None:
+        """A memory dir is let go: save its seen cache (under its lock), forget its files."""
+        self.save_seen(path)
         self.seen.pop(path, None)
-        lock = self.instance_locks.pop(path, None)
-        if lock is not None:
-            lock.release()
-        self.mdirs.pop(path, None)
-        self.dir_ids.pop(path, None)
         self.lock_waiting.pop(path, None)
         self._forget(lambda key: key[0] == path)
-        self.log.info("memory_dir_removed", memory_dir=path, why=why)
 
     def _forget(self, which: Callable[[Key], bool]) -> None:
-        for key in [k for k in self.pending if which(k)]:
-            del self.pending[key]  # the heap entry becomes stale and is skipped
+        self.due.forget(which)
         for key in [k for k in self.identities if which(k)]:
             del self.identities[key]
         for key in [k for k in self.failures if which(k)]:
@@ -262,81 +201,38 @@ class Daemon:
 
     def sync_memory_dirs(self) -> None:
         """Re-expand the configured globs: add new memory dirs, drop vanished ones."""
-        wanted = {m.path: m for m in self.settings.memory_dirs()}
-        for path in list(self.mdirs):
-            if path not in wanted:
-                self.drop(path, "no longer configured")
-            elif not self._still_there(path):
-                continue
-            elif wanted[path] != self.mdirs[path]:
-                self.drop(path, "project root changed")
-        for mdir in wanted.values():
-            self.add(mdir)
+        self.dirs.tree_changed_since_sync = False
+        self.dirs.sync(self.settings.memory_dirs())
 
     # -- scheduling -----------------------------------------------------------------------------
-
-    def schedule(self, key: Key, due: float) -> None:
-        """Decide ``key`` at ``due``, or earlier if it is already due earlier (events collapse)."""
-        current = self.pending.get(key)
-        if current is not None and current <= due:
-            return
-        self.pending[key] = due
-        heapq.heappush(self._heap, (due, key))
-
-    def next_due(self) -> float | None:
-        while self._heap:
-            due, key = self._heap[0]
-            if self.pending.get(key) == due:
-                return due
-            heapq.heappop(self._heap)
-        return None
-
-    def pop_due(self, now: float) -> Key | None:
-        due = self.next_due()
-        if due is None or due > now:
-            return None
-        _, key = heapq.heappop(self._heap)
-        del self.pending[key]
-        return key
 
     def handle(self, sig: Signal) -> None:
         """React to one signal from the watcher (or a signal handler)."""
         now = self.clock()
         if sig.kind is Kind.COMPLETE:
-            self.schedule((sig.memory_dir, sig.name), now)
+            self.due.at((sig.memory_dir, sig.name), now)
         elif sig.kind is Kind.CHANGED:
-            self.schedule((sig.memory_dir, sig.name), now + self.settings.options.settle)
+            self.due.at((sig.memory_dir, sig.name), now + self.settings.options.settle)
         elif sig.kind is Kind.LOCK_RELEASED:
             self.release_waiting(sig.memory_dir)
         elif sig.kind is Kind.DIR_CHANGED:
             self._dir_changed(sig.memory_dir)
+        elif sig.kind is Kind.TREE_CHANGED:
+            self.dirs.tree_changed(sig.memory_dir, sig.name)
         elif sig.kind is Kind.OVERFLOW:
             total = sum(self.rescan(m) for m in list(self.mdirs.values()))
             self.log.warning(
                 "overflow_recovered", action="rescanned every memory dir", scheduled=total
             )
 
-    def _still_there(self, path: str) -> bool:
-        """Drop a memory dir that is gone; re-add one that was replaced (new watches, lock)."""
-        current = _dir_id(path)
-        if current is None:
-            self.drop(path, "memory dir no longer exists")
-            return False
-        if current != self.dir_ids.get(path):
-            mdir = self.mdirs[path]
-            self.drop(path, "memory dir was replaced by a new directory")
-            self.add(mdir)
-            return False
-        return True
-
     def _dir_changed(self, path: str) -> None:
         mdir = self.mdirs.get(path)
-        if mdir is None or not self._still_there(path):
+        if mdir is None or not self.dirs.still_there(path):
             return
         staging_ok = Path(mdir.staging).is_dir()
         was_watched = self.watcher.staging_watched(mdir.path)
         # Watch anew in any case: a staging/ replaced by another directory needs a new watch.
-        self._watch(mdir)
+        self.dirs.watch(mdir)
         if staging_ok != was_watched:
             self.log.info("staging_changed", memory_dir=mdir.path, exists=staging_ok)
         if staging_ok:
@@ -349,7 +245,7 @@ class Daemon:
         if names:
             now = self.clock()
             for name in names:
-                self.schedule((path, name), now)
+                self.due.at((path, name), now)
 
     def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a signal, then take every signal already queued."""
@@ -367,7 +263,9 @@ class Daemon:
             try:
                 sig = self.queue.get_nowait()
             except queue.Empty:
-                return
+                break
+        if self.dirs.tree_changed_since_sync:
+            self.sync_memory_dirs()  # once for every project created or removed meanwhile
 
     # -- work -----------------------------------------------------------------------------------
 
@@ -394,15 +292,13 @@ class Daemon:
                 st = os.stat(os.path.join(mdir.staging, name), follow_symlinks=False)
             except OSError:
                 continue
-            if self.identities.get(key) != Identity.of(st) and key not in self.pending:
+            if self.identities.get(key) != Identity.of(st) and key not in self.due:
                 if waiting is not None:
                     waiting.add(name)
                 else:
-                    self.schedule(key, now)
+                    self.due.at(key, now)
                     scheduled += 1
-        self._forget(
-            lambda key: key[0] == mdir.path and key[1] not in seen and key not in self.pending
-        )
+        self._forget(lambda key: key[0] == mdir.path and key[1] not in seen and key not in self.due)
         return scheduled
 
     def _seed(self, mdir: MemoryDir, names: list[str], cache: SeenCache) -> list[str]:
@@ -438,12 +334,14 @@ class Daemon:
             self.lock_waiting[key[0]].add(key[1])
             return None
         if not Path(mdir.path).is_dir():
-            self._still_there(mdir.path)
+            self.dirs.still_there(mdir.path)
             return None
         if not Path(mdir.staging).is_dir():
             self._forget(lambda k: k[0] == mdir.path)  # gone with staging/: nothing to decide
             return None
+        self.in_hand = key
         outcome = self.pipeline.process(mdir, key[1])
+        self.in_hand = None
         self.counts[outcome.decision.value] += 1
         cache = self.seen.get(key[0])
         if cache is not None:
@@ -453,40 +351,19 @@ class Daemon:
                 cache.forget(key[1])  # not decided yet: looked at again once it is
         now = self.clock()
         if outcome.changed:
-            # Decide the newer version soon, but not at once: a file rewritten without pause
-            # would otherwise be decided over and over while every other file waits.
             self.failures[key] += 1
-            self.schedule(key, now + min(0.02 * 2.0 ** min(self.failures[key], 6), 1.0))
+            self.due.at(key, now + changed_delay(self.failures[key]))
         elif outcome.blocked_by_lock:
             self.lock_waiting.setdefault(key[0], set()).add(key[1])
             self.next_lock_poll = min(self.next_lock_poll, now + LOCK_POLL)
         elif outcome.decision is Decision.DEFERRED:
             self.failures[key] += 1
-            self.schedule(key, now + self._retry_delay(outcome, self.failures[key]))
+            self.due.at(key, now + retry_delay(outcome, self.failures[key]))
         elif outcome.decision in _FINAL:
             self.failures.pop(key, None)
             if outcome.identity is not None:
                 self.identities[key] = outcome.identity
         return outcome
-
-    @staticmethod
-    def _retry_delay(outcome: Outcome, failures: int) -> float:
-        """When to look again at a deferred file.
-
-        A file still being written (the pipeline read it: ``identity`` is set) is looked at when
-        its settle interval has passed. A file that could not be read at all (an I/O error,
-        permission denied: no ``identity``) backs off exponentially, so that one bad file does
-        not fill the log. Neither waits longer than :data:`MAX_BACKOFF` (an mtime in the future
-        would otherwise mean waiting for years).
-        """
-        backoff = min(0.25 * 2.0 ** min(failures, 16), MAX_BACKOFF)
-        if outcome.retry_at is None:
-            delay = backoff
-        else:
-            delay = outcome.retry_at - time.time()
-            if outcome.identity is None:
-                delay = max(delay, backoff)
-        return min(max(delay, 0.05), MAX_BACKOFF)
 
     def work(self, limit: int | None = None) -> int:
         """Decide due files, keeping the watchdog fed; stops early on a stop or reload request."""
@@ -494,10 +371,15 @@ class Daemon:
         while not self.stopping and not self.reload_requested:
             if limit is not None and done >= limit:
                 break
-            key = self.pop_due(self.clock())
+            key = self.due.pop_due(self.clock())
             if key is None:
                 break
-            self.process(key)
+            try:
+                self.process(key)
+            except Abandoned:
+                self.in_hand = None
+                self.abandoned = key
+                break
             done += 1
             if done % DRAIN_EVERY == 0:
                 self.drain(0)  # collapse new signals in a long backlog
@@ -505,21 +387,8 @@ class Daemon:
         return done
 
     def keepalive(self) -> None:
-        """Ping the watchdog and refresh STATUS= when due; cheap enough to call per file."""
-        now = self.clock()
-        interval = self.notifier.watchdog_interval
-        if interval is not None and now >= self.next_ping:
-            self.notifier.ping()
-            self.next_ping = now + interval
-        if not self.ready and self.notifier.enabled and now >= self.next_extend:
-            self.notifier.extend_timeout(START_EXTENSION)
-            self.next_extend = now + START_EXTENSION / 3
-        if now >= self.next_status:
-            text = self.status_text()
-            if text != self._status_sent:
-                self.notifier.status(text)
-                self._status_sent = text
-            self.next_status = now + STATUS_EVERY
+        """Watchdog ping, start-up extension and STATUS= when due (see :class:`Heartbeat`)."""
+        self.heartbeat.beat(ready=self.ready)
 
     def maintain(self) -> None:
         """Watchdog and status, a dead observer, the periodic rescan, and lock polls when due."""
@@ -530,6 +399,7 @@ class Daemon:
             self._new_watcher(self.settings.observer)
         if now >= self.next_rescan:
             self.next_rescan = now + self.rescan_interval
+            self.dirs.refresh_levels()
             self.sync_memory_dirs()
             total = sum(self.rescan(m) for m in list(self.mdirs.values()))
             self.save_seen()
@@ -540,10 +410,8 @@ class Daemon:
                 self._poll_lock(path)
 
     def _new_watcher(self, mode: str) -> None:
-        self.watcher.stop()
-        self.watcher = self.watcher_factory(self.queue, mode)
+        self.dirs.new_watcher(mode)
         for mdir in list(self.mdirs.values()):
-            self._watch(mdir)
             self.rescan(mdir)
 
     def _poll_lock(self, path: str) -> None:
@@ -564,7 +432,7 @@ class Daemon:
     def status_text(self) -> str:
         c = self.counts
         decided = sum(v for k, v in c.items() if k != Decision.DEFERRED.value)
-        waiting = len(self.pending) + sum(len(v) for v in self.lock_waiting.values())
+        waiting = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
         return (
             f"watching {len(self.mdirs)} memory dirs; {decided} decided, "
             f"{c[Decision.QUARANTINED.value]} quarantined, {c[Decision.REPAIRED.value]} repaired, "
@@ -574,14 +442,10 @@ class Daemon:
     def timeout(self) -> float:
         """How long the loop may sleep: until the next file, ping, rescan, poll or status."""
         now = self.clock()
-        deadlines = [self.next_rescan]
-        if self.status_text() != self._status_sent:
-            deadlines.append(self.next_status)
-        if self.notifier.watchdog_interval is not None:
-            deadlines.append(self.next_ping)
+        deadlines = [self.next_rescan, *self.heartbeat.deadlines()]
         if self.lock_waiting:
             deadlines.append(self.next_lock_poll)
-        due = self.next_due()
+        due = self.due.next_due()
         if due is not None:
             deadlines.append(due)
         return max(min(deadlines) - now, 0.0)
@@ -592,6 +456,18 @@ class Daemon:
         """SIGTERM/SIGINT: finish the file in hand, then stop (safe in a signal handler)."""
         self.stopping = True
         self.queue.put(Signal(Kind.WAKE))
+
+    def request_stop_soon(self, *_: object) -> None:
+        """SIGTERM/SIGINT from the process's handler: stop, and give the file in hand
+        :data:`STOP_GRACE` to finish (then SIGALRM runs :meth:`abandon_in_hand`)."""
+        self.request_stop()
+        if self.in_hand is not None:
+            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
+
+    def abandon_in_hand(self, *_: object) -> None:
+        """SIGALRM after a stop request: abandon the file still in hand (main thread only)."""
+        if self.stopping and self.in_hand is not None:
+            raise Abandoned
 
     def request_reload(self, *_: object) -> None:
         """SIGHUP: reload between two files (safe in a signal handler)."""
@@ -620,6 +496,7 @@ class Daemon:
             self.next_rescan = self.clock() + self.rescan_interval
             if new.observer != old.observer:
                 self._new_watcher(new.observer)
+            self.dirs.watch_globs(new.memory_dir_patterns, observer=new.observer)
             self.sync_memory_dirs()
             self.log.info(
                 "reload",
@@ -650,7 +527,7 @@ class Daemon:
                 memory_dirs=len(self.mdirs),
                 decided=sum(self.counts.values()),
                 unchanged=self.unchanged,
-                waiting=len(self.pending),
+                waiting=len(self.due),
             )
         while not self.stopping:
             self.drain(self.timeout())
@@ -671,12 +548,17 @@ class Daemon:
         self.watcher.stop()
         if error is None:
             self.save_seen()
-        for lock in self.instance_locks.values():
-            lock.release()
-        self.instance_locks.clear()
-        pending = len(self.pending) + sum(len(v) for v in self.lock_waiting.values())
+        self.dirs.release_all()
+        pending = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
+        if self.abandoned is not None:
+            pending += 1
         if error is None:
-            self.log.info("stop", decided=sum(self.counts.values()), pending=pending)
+            abandoned = None
+            if self.abandoned is not None:
+                abandoned = os.path.join(self.abandoned[0], STAGING, self.abandoned[1])
+            self.log.info(
+                "stop", decided=sum(self.counts.values()), pending=pending, abandoned=abandoned
+            )
         else:
             self.log.error("stop", decided=sum(self.counts.values()), pending=pending, error=error)
 
@@ -697,9 +579,7 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
     def settings_now() -> Settings:
         return daemon.settings
 
-    signal.signal(signal.SIGTERM, daemon.request_stop)
-    signal.signal(signal.SIGINT, daemon.request_stop)
-    signal.signal(signal.SIGHUP, daemon.request_reload)
+    install_signal_handlers(daemon)
     try:
         return daemon.run()
     except MemstagedError:
@@ -710,6 +590,16 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
     finally:
         if not daemon.stopping:  # a crash: stop the watcher threads too
             daemon.watcher.stop()
+
+
+def install_signal_handlers(daemon: Daemon) -> None:
+    """SIGTERM/SIGINT stop (within :data:`STOP_GRACE` whatever file is in hand), SIGHUP
+    reloads. Python runs the handlers in the main thread, between two bytecodes or when a
+    system call is interrupted, so a stop is seen at once even in the middle of a file."""
+    signal.signal(signal.SIGTERM, daemon.request_stop_soon)
+    signal.signal(signal.SIGINT, daemon.request_stop_soon)
+    signal.signal(signal.SIGHUP, daemon.request_reload)
+    signal.signal(signal.SIGALRM, daemon.abandon_in_hand)
 
 
 def _reconfigure_logging(old: Settings, new: Settings) -> None:
@@ -727,12 +617,3 @@ def _reconfigure_logging(old: Settings, new: Settings) -> None:
     except OSError as err:
         configure(old.log_file, max_bytes=old.log_max_bytes, backups=old.log_backups)
         raise ConfigError(f"log file {new.log_file}: {err.strerror}") from None
-
-
-def _dir_id(path: str) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of a directory, or None when it is not (or no longer) one."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None

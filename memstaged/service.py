@@ -1,7 +1,7 @@
-"""systemd integration: readiness, status and watchdog notifications, and the user unit.
+"""systemd integration: the user unit (``memstaged service install/uninstall``).
 
-Notifications go through ``systemd.daemon.notify`` (systemd-python); outside systemd (no
-``NOTIFY_SOCKET``) they are no-ops, so the daemon runs the same in a terminal.
+The notifications (readiness, status, watchdog) live in :mod:`memstaged.notify`; ``Notifier`` is
+re-exported here for the callers that import it from this module.
 """
 
 from __future__ import annotations
@@ -21,6 +21,19 @@ from typing import Final
 
 from memstaged import config
 from memstaged.errors import ConfigError
+from memstaged.notify import Notifier
+
+__all__ = [  # Notifier is re-exported: it lived here before memstaged.notify
+    "UNIT_NAME",
+    "Notifier",
+    "exec_quote",
+    "install",
+    "installed_executable",
+    "systemctl",
+    "uninstall",
+    "unit_dir",
+    "unit_text",
+]
 
 UNIT_NAME: Final = "memstaged.service"
 #: What to run once memory dirs are configured (said when ``install --enable`` does not start).
@@ -43,53 +56,6 @@ SANDBOX_OPTIONS: Final = (
     "ProtectHostname=yes",
     "ProtectSystem=strict",
 )
-
-
-class Notifier:
-    """sd_notify, and the watchdog interval systemd asked for (half of ``WATCHDOG_USEC``)."""
-
-    def __init__(
-        self,
-        environ: dict[str, str] | None = None,
-        send: Callable[[str], object] | None = None,
-    ) -> None:
-        env = dict(os.environ) if environ is None else environ
-        self.enabled = bool(env.get("NOTIFY_SOCKET"))
-        self._notify = send
-        if self._notify is None and self.enabled:
-            from systemd import daemon
-
-            self._notify = daemon.notify
-        usec = env.get("WATCHDOG_USEC", "")
-        pid = env.get("WATCHDOG_PID", "")
-        wanted = usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid()))
-        #: Seconds between WATCHDOG=1 pings, or None when systemd does not watch us.
-        self.watchdog_interval: float | None = int(usec) / 2e6 if wanted else None
-
-    def send(self, *lines: str) -> None:
-        if self._notify is not None:
-            self._notify("\n".join(lines))
-
-    def ready(self, status: str) -> None:
-        self.send("READY=1", f"STATUS={status}")
-
-    def reloading(self) -> None:
-        # MONOTONIC_USEC lets systemd >= 253 match the reload to this notification.
-        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", "STATUS=reloading configuration")
-
-    def stopping(self) -> None:
-        self.send("STOPPING=1", "STATUS=stopping")
-
-    def status(self, text: str) -> None:
-        self.send(f"STATUS={text}")
-
-    def ping(self) -> None:
-        self.send("WATCHDOG=1")
-
-    def extend_timeout(self, seconds: float) -> None:
-        """Ask for more start-up time (a large backlog is decided before ``READY=1``)."""
-        self.send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}")
 
 
 def exec_quote(path: str) -> str:

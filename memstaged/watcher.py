@@ -1,30 +1,34 @@
-"""The thin watcher: watchdog observers whose handlers only turn events into :class:`Signal`\\ s.
+"""The thin watcher: one inotify instance for every watch, whose callbacks only enqueue signals.
 
-Handlers run on watchdog's dispatch thread under its lock, so they decide nothing: they put a
-small value on a queue and return. Which events mean "complete" follows SPEC section 5: a close
-after writing and a rename into ``staging/`` say a write is complete; a bare create or modify may
-be the middle of one.
+Everything the daemon watches with inotify (each memory dir, its ``staging/``, and the parent
+directories of the configured globs, see :mod:`memstaged.discovery`) shares one inotify
+descriptor and one reader thread: watchdog's :class:`~watchdog.observers.inotify_c.InotifyFD`.
+Its callbacks run on that thread, so they decide nothing: they turn a raw inotify event into a
+small :class:`Signal`, put it on a queue and return. watchdog's observer, which would add one
+emitter thread per watched directory (two per memory dir: 2,000 memory dirs gave 4,003
+threads), is used only for the polling fallback on network file systems.
 
-Two details of watchdog matter here:
+Which events mean "complete" follows SPEC section 5: a close after writing and a rename into
+``staging/`` say a write is complete; a bare create or modify may be the middle of one. A raw
+``IN_MOVED_TO`` is a rename in, whether its source was in ``staging/`` (a temp name) or in
+another directory, so no move pairing is needed.
 
-* Without ``generate_full_events``, a file renamed into ``staging/`` from another directory (the
-  usual "write a temp file elsewhere, rename it in") is reported as a plain *created* event, which
-  would make it wait for the settle interval. The inotify observer is built with full events, so
-  such a rename arrives as a move with an empty source, and counts as complete.
-* inotify drops events when its queue overflows; watchdog then only logs a warning. That warning
-  is caught here (a logging handler on watchdog's logger) and turned into an ``OVERFLOW`` signal,
-  so the daemon rescans at once instead of waiting for the periodic rescan.
+inotify drops events when its queue overflows; watchdog then logs a warning once (and calls
+every callback). The warning is caught here (a logging handler on watchdog's logger) and turned
+into one ``OVERFLOW`` signal, so the daemon rescans at once instead of at the periodic rescan.
 
-Each watch asks the kernel only for the events used here (``event_filter``): memstaged's own reads
-of every file would otherwise put an open and a close-without-write event per file on the same
+Each watch asks the kernel only for the events used here (its mask): memstaged's own reads of
+every file would otherwise put an open and a close-without-write event per file on the same
 inotify queue, and make an overflow during a burst twice as likely.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import queue
+import threading
 from enum import Enum
 from pathlib import Path
 from typing import Final, NamedTuple
@@ -41,8 +45,15 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
-from watchdog.observers.api import BaseObserver, ObservedWatch
-from watchdog.observers.inotify import InotifyObserver
+from watchdog.observers.api import ObservedWatch
+from watchdog.observers.inotify_c import (
+    CallbackId,
+    InotifyConstants,
+    InotifyEvent,
+    InotifyFD,
+    Mask,
+    WatchDescriptor,
+)
 from watchdog.observers.polling import PollingObserver
 
 from memstaged.locks import CANONICAL_LOCK
@@ -95,12 +106,17 @@ class Kind(Enum):
     CHANGED = "changed"  # created or modified: decide once it settles (or on COMPLETE)
     LOCK_RELEASED = "lock_released"  # canonical-writer.lock went away
     DIR_CHANGED = "dir_changed"  # staging/ (or the memory dir itself) appeared or disappeared
+    TREE_CHANGED = "tree_changed"  # an entry of a glob's parent directory came or went
     OVERFLOW = "overflow"  # events were lost: rescan everything
     WAKE = "wake"  # a signal handler wants the loop to look at its flags
 
 
 class Signal(NamedTuple):
-    """One thing the daemon must look at: a file (``name``) or a whole memory dir."""
+    """One thing the daemon must look at: a file (``name``) or a whole memory dir.
+
+    For ``TREE_CHANGED``, ``memory_dir`` is the watched parent directory and ``name`` the entry
+    that came or went (empty: the watched directory itself went).
+    """
 
     kind: Kind
     memory_dir: str = ""
@@ -194,8 +210,118 @@ def fs_type(path: str) -> str:
     return kind
 
 
+# -- inotify: raw events, one descriptor --------------------------------------------------------
+
+_IN = InotifyConstants
+#: Every watch: directories only, never through a link, no events of already-unlinked files.
+_FLAGS: Final = _IN.IN_ONLYDIR | _IN.IN_DONT_FOLLOW | _IN.IN_EXCL_UNLINK
+_SELF: Final = _IN.IN_DELETE_SELF | _IN.IN_MOVE_SELF
+#: What each role of a watch asks the kernel for (no opens, no reads, no attribute changes).
+_MASKS: Final[dict[str, int]] = {
+    "staging": _IN.IN_CLOSE_WRITE | _IN.IN_MOVED_TO | _IN.IN_CREATE | _IN.IN_MODIFY | _SELF,
+    "memory": _IN.IN_DELETE | _IN.IN_MOVE | _IN.IN_CREATE | _SELF,
+    "level": _IN.IN_DELETE | _IN.IN_MOVE | _IN.IN_CREATE | _SELF,
+}
+#: The callback id of each role: a directory watched in two roles keeps one inotify watch.
+_ROLE_IDS: Final = {"staging": CallbackId(1), "memory": CallbackId(2), "level": CallbackId(3)}
+
+
+def staging_signal(mdir: str, event: InotifyEvent) -> Signal | None:
+    """The signal for a raw event of ``<mdir>/staging/`` (None: nothing to look at)."""
+    mask = event.mask
+    if mask & _SELF:
+        return Signal(Kind.DIR_CHANGED, mdir)
+    if mask & _IN.IN_ISDIR or not event.name:
+        return None
+    name = os.fsdecode(event.name)
+    if not is_staging_name(name):
+        return None
+    if mask & (_IN.IN_CLOSE_WRITE | _IN.IN_MOVED_TO):
+        return Signal(Kind.COMPLETE, mdir, name)
+    if mask & (_IN.IN_CREATE | _IN.IN_MODIFY):
+        return Signal(Kind.CHANGED, mdir, name)
+    return None
+
+
+def memory_dir_signal(mdir: str, event: InotifyEvent) -> Signal | None:
+    """The signal for a raw event of the memory dir itself."""
+    mask = event.mask
+    if mask & _SELF:
+        return Signal(Kind.DIR_CHANGED, mdir)
+    name = os.fsdecode(event.name)
+    if name == CANONICAL_LOCK and mask & (_IN.IN_DELETE | _IN.IN_MOVED_FROM):
+        return Signal(Kind.LOCK_RELEASED, mdir)
+    if name == STAGING and mask & _IN.IN_ISDIR:
+        return Signal(Kind.DIR_CHANGED, mdir)
+    return None
+
+
+def level_signal(path: str, patterns: frozenset[str], event: InotifyEvent) -> Signal | None:
+    """The signal for a raw event of a glob's parent directory: an entry that matches the next
+    component of a pattern came or went (or the directory itself went)."""
+    mask = event.mask
+    if mask & _SELF:
+        return Signal(Kind.TREE_CHANGED, path)
+    if not mask & _IN.IN_ISDIR:
+        return None  # the levels and the memory dir are directories
+    name = os.fsdecode(event.name)
+    if any(component_matches(name, pattern) for pattern in patterns):
+        return Signal(Kind.TREE_CHANGED, path, name)
+    return None
+
+
+def component_matches(name: str, pattern: str) -> bool:
+    """Whether ``name`` matches one path component of a glob, as :func:`glob.glob` reads it
+    (a name starting with ``.`` matches only a pattern that does)."""
+    if name.startswith(".") and not pattern.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+class _Callback:
+    """One role of one watched directory: raw events in, at most one signal out."""
+
+    def __init__(self, watcher: Watcher, role: str, path: str, mdir: str) -> None:
+        self.watcher = watcher
+        self.role = role
+        self.path = path
+        self.mdir = mdir
+        self.patterns: frozenset[str] = frozenset()
+
+    def on_event(self, event: InotifyEvent) -> None:
+        if self.role == "staging":
+            sig = staging_signal(self.mdir, event)
+        elif self.role == "memory":
+            sig = memory_dir_signal(self.mdir, event)
+        else:
+            sig = level_signal(self.path, self.patterns, event)
+        if sig is not None:
+            self.watcher.out.put(sig)
+
+    def on_watch_deleted(self, wd: WatchDescriptor) -> None:
+        self.watcher.forget_wd(wd)
+
+    def on_queue_overflow(self) -> None:
+        return None  # the one warning watchdog logs is turned into one OVERFLOW signal
+
+
+class _Inotify:
+    """One watched directory on the shared inotify descriptor: its roles and their callbacks."""
+
+    def __init__(self, wd: WatchDescriptor, mask: int, dir_id: tuple[int, int]) -> None:
+        self.wd = wd
+        self.mask = mask
+        self.dir_id = dir_id
+        self.callbacks: dict[str, _Callback] = {}
+
+
 class Watcher:
-    """Keeps one watch on each memory dir and one on its ``staging/`` when that exists."""
+    """Keeps one watch on each memory dir, one on its ``staging/`` when that exists, and one on
+    each parent directory of a configured glob that :mod:`memstaged.discovery` asks for.
+
+    With inotify, every watch is on one shared descriptor read by one thread; with the polling
+    observer (network file systems), watchdog polls each watched directory.
+    """
 
     def __init__(
         self, out: queue.SimpleQueue[Signal], mode: str, poll_interval: float = 1.0
@@ -203,8 +329,13 @@ class Watcher:
         self.out = out
         self.mode = mode
         self.poll_interval = poll_interval
-        self._observers: dict[str, BaseObserver] = {}
-        self._watches: dict[str, list[tuple[str, str, ObservedWatch]]] = {}
+        self._fd: InotifyFD | None = None
+        self._polling: PollingObserver | None = None
+        self._lock = threading.Lock()
+        #: Watched directory path -> its inotify watch, and the paths of each watch descriptor.
+        self._dirs: dict[str, _Inotify] = {}
+        self._paths: dict[WatchDescriptor, set[str]] = {}
+        self._polled: dict[str, list[ObservedWatch]] = {}
         self._detector = OverflowDetector(out)
         logging.getLogger(_OVERFLOW_LOGGER).addHandler(self._detector)
 
@@ -214,24 +345,82 @@ class Watcher:
             return self.mode
         return "polling" if fs_type(path) in NETWORK_FS else "inotify"
 
-    def _observer(self, kind: str) -> BaseObserver:
-        observer = self._observers.get(kind)
-        if observer is None:
-            observer = (
-                PollingObserver(timeout=self.poll_interval)
-                if kind == "polling"
-                else InotifyObserver(generate_full_events=True)
-            )
-            observer.daemon = True
-            observer.start()
-            self._observers[kind] = observer
-        return observer
+    # -- the shared inotify descriptor -----------------------------------------------------------
+
+    def _inotify(self) -> InotifyFD:
+        if self._fd is None:
+            self._fd = InotifyFD()
+            self._fd.start()
+        return self._fd
+
+    def _add(self, role: str, path: str, mdir: str) -> _Callback:
+        """Watch ``path`` in ``role`` (raises OSError: gone, not a directory, a link, limit).
+
+        Idempotent: the same directory already watched in this role keeps its watch; a new
+        directory at the same path (the old one was replaced) is watched anew.
+        """
+        st = os.stat(path, follow_symlinks=False)
+        dir_id = (st.st_dev, st.st_ino)
+        with self._lock:
+            current = self._dirs.get(path)
+            existing = current.callbacks.get(role) if current is not None else None
+            if current is not None and existing is not None and current.dir_id == dir_id:
+                return existing
+        if existing is not None:
+            self._remove(role, path)
+        fd = self._inotify()
+        callback = _Callback(self, role, path, mdir)
+        with self._lock:
+            current = self._dirs.get(path)
+            mask = _MASKS[role] | (current.mask if current is not None else 0)
+            wd = fd.add_callback(os.fsencode(path), Mask(mask | _FLAGS), callback, _ROLE_IDS[role])
+            if wd < 0:  # watchdog returns -1 instead of raising for EACCES
+                raise PermissionError(13, "Permission denied", path)
+            if current is None or current.wd != wd:
+                current = _Inotify(wd, mask, dir_id)
+                self._dirs[path] = current
+                self._paths.setdefault(wd, set()).add(path)
+            current.mask = mask
+            current.dir_id = dir_id
+            current.callbacks[role] = callback
+        return callback
+
+    def _remove(self, role: str, path: str) -> None:
+        with self._lock:
+            current = self._dirs.get(path)
+            if current is None or current.callbacks.pop(role, None) is None:
+                return
+            if not current.callbacks:
+                del self._dirs[path]
+                self._paths.get(current.wd, set()).discard(path)
+            fd = self._fd
+        if fd is not None:
+            try:
+                fd.remove_callbacks([(current.wd, _ROLE_IDS[role])])
+            except OSError:
+                return  # already gone with its directory
+
+    def forget_wd(self, wd: WatchDescriptor) -> None:
+        """The kernel dropped a watch (its directory is gone): forget it (reader thread)."""
+        with self._lock:
+            for path in self._paths.pop(wd, ()):
+                if path in self._dirs and self._dirs[path].wd == wd:
+                    del self._dirs[path]
+
+    def _has(self, role: str, path: str) -> bool:
+        with self._lock:
+            current = self._dirs.get(path)
+            return current is not None and role in current.callbacks
+
+    # -- memory dirs -----------------------------------------------------------------------------
 
     def watched(self, mdir: str) -> bool:
-        return mdir in self._watches
+        return self._has("memory", mdir) or mdir in self._polled
 
     def staging_watched(self, mdir: str) -> bool:
-        return any(role == "staging" for role, _, _ in self._watches.get(mdir, []))
+        if mdir in self._polled:
+            return len(self._polled[mdir]) > 1
+        return self._has("staging", os.path.join(mdir, STAGING))
 
     def watch(self, mdir: MemoryDir) -> str:
         """Watch a memory dir (and its ``staging/`` if present); returns the observer kind.
@@ -242,46 +431,84 @@ class Watcher:
         """
         self.unwatch(mdir.path)
         kind = self.kind_for(mdir.path)
-        observer = self._observer(kind)
-        watches: list[tuple[str, str, ObservedWatch]] = []
-        handler = MemoryDirHandler(self.out, mdir.path)
-        watch = observer.schedule(handler, mdir.path, event_filter=_MEMORY_DIR_EVENTS)
-        watches.append(("memory", kind, watch))
-        self._watches[mdir.path] = watches
+        if kind == "polling":
+            self._watch_polling(mdir)
+            return kind
+        self._add("memory", mdir.path, mdir.path)
         staging = Path(mdir.staging)
         if staging.is_dir() and not staging.is_symlink():
-            staging_handler = StagingHandler(
-                self.out, mdir.path, complete_on_change=kind == "polling"
-            )
             try:
-                watch = observer.schedule(
-                    staging_handler, mdir.staging, event_filter=_STAGING_EVENTS
-                )
+                self._add("staging", mdir.staging, mdir.path)
             except FileNotFoundError:
                 return kind
-            watches.append(("staging", kind, watch))
         return kind
 
     def unwatch(self, mdir: str) -> None:
-        for _role, kind, watch in self._watches.pop(mdir, []):
-            observer = self._observers.get(kind)
-            if observer is None:
-                continue
+        self._remove("staging", os.path.join(mdir, STAGING))
+        self._remove("memory", mdir)
+        for watch in self._polled.pop(mdir, []):
+            if self._polling is not None:
+                try:
+                    self._polling.unschedule(watch)
+                except (KeyError, OSError):
+                    continue  # already gone with its directory
+
+    # -- the parent directories of the configured globs -------------------------------------------
+
+    def watch_level(self, path: str, patterns: frozenset[str]) -> None:
+        """Watch a glob's parent directory for entries matching ``patterns`` (raises OSError;
+        a directory already watched keeps its watch and gets the new ``patterns``)."""
+        callback = self._add("level", path, "")
+        callback.patterns = patterns
+
+    def unwatch_level(self, path: str) -> None:
+        self._remove("level", path)
+
+    def watch_count(self) -> int:
+        """How many directories are watched (inotify watches, plus polled directories)."""
+        with self._lock:
+            count = len(self._dirs)
+        return count + sum(len(w) for w in self._polled.values())
+
+    # -- polling (network file systems) ----------------------------------------------------------
+
+    def _watch_polling(self, mdir: MemoryDir) -> None:
+        if self._polling is None:
+            self._polling = PollingObserver(timeout=self.poll_interval)
+            self._polling.daemon = True
+            self._polling.start()
+        watches = [
+            self._polling.schedule(
+                MemoryDirHandler(self.out, mdir.path), mdir.path, event_filter=_MEMORY_DIR_EVENTS
+            )
+        ]
+        self._polled[mdir.path] = watches
+        staging = Path(mdir.staging)
+        if staging.is_dir() and not staging.is_symlink():
+            handler = StagingHandler(self.out, mdir.path, complete_on_change=True)
             try:
-                observer.unschedule(watch)
-            except (KeyError, OSError):
-                continue  # already gone with its directory
+                watches.append(
+                    self._polling.schedule(handler, mdir.staging, event_filter=_STAGING_EVENTS)
+                )
+            except FileNotFoundError:
+                return
+
+    # -- lifecycle -------------------------------------------------------------------------------
 
     def alive(self) -> bool:
-        """False when an observer thread died: the daemon must not go on blind."""
-        return all(o.is_alive() for o in self._observers.values())
+        """False when a watcher thread died: the daemon must not go on blind."""
+        return all(t.is_alive() for t in (self._fd, self._polling) if t is not None)
 
     def stop(self) -> None:
-        """Stop every observer thread and wait for it (a few seconds at most)."""
+        """Stop the reader and polling threads and wait for them (a few seconds at most)."""
         logging.getLogger(_OVERFLOW_LOGGER).removeHandler(self._detector)
-        for observer in self._observers.values():
-            observer.stop()
-        for observer in self._observers.values():
-            observer.join(timeout=5)
-        self._observers.clear()
-        self._watches.clear()
+        with self._lock:  # first: closing the descriptor reports every watch as deleted
+            self._dirs.clear()
+            self._paths.clear()
+        threads = [t for t in (self._fd, self._polling) if t is not None]
+        for thread in threads:
+            thread.stop()
+        for thread in threads:
+            thread.join(timeout=5)
+        self._fd = self._polling = None
+        self._polled.clear()

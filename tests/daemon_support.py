@@ -17,8 +17,8 @@ from typing import Any
 from memstaged import config
 from memstaged.config import Settings
 from memstaged.daemon import Daemon
+from memstaged.notify import Notifier
 from memstaged.pipeline import MemoryDir
-from memstaged.service import Notifier
 from memstaged.watcher import Signal
 
 
@@ -85,6 +85,7 @@ class FakeWatcher:
         self.out = out
         self.mode = mode
         self.watching: dict[str, bool] = {}  # memory dir -> staging/ watched
+        self.levels: dict[str, frozenset[str]] = {}  # glob parent dir -> patterns of entries
         self.watch_calls: list[str] = []
         self.is_alive = True
         self.stopped = False
@@ -101,6 +102,14 @@ class FakeWatcher:
 
     def staging_watched(self, mdir: str) -> bool:
         return self.watching.get(mdir, False)
+
+    def watch_level(self, path: str, patterns: frozenset[str]) -> None:
+        if not Path(path).is_dir():
+            raise FileNotFoundError(2, "No such file or directory", path)
+        self.levels[path] = patterns
+
+    def unwatch_level(self, path: str) -> None:
+        self.levels.pop(path, None)
 
     def alive(self) -> bool:
         return self.is_alive

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -22,12 +23,14 @@ from conftest import lesson, staging_doc, write
 from daemon_support import Notes, Rig, settings, settings_from_file
 
 from memstaged.config import Settings
-from memstaged.daemon import LOCK_POLL, MAX_BACKOFF, Daemon
+from memstaged.daemon import LOCK_POLL, Daemon, install_signal_handlers
+from memstaged.discovery import Glob, split_glob
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
+from memstaged.notify import Notifier
 from memstaged.pipeline import MemoryDir
+from memstaged.schedule import MAX_BACKOFF
 from memstaged.seen import seen_cache
-from memstaged.service import Notifier
 from memstaged.watcher import Kind, Signal
 
 VALID_NAME = "s1.json"
@@ -256,6 +259,87 @@ def test_glob_is_reexpanded_on_rescan(tmp_path: Path) -> None:
     assert rig.log.errors() == []
 
 
+def test_glob_parents_are_watched_while_they_exist_and_match(tmp_path: Path) -> None:
+    """issue 12: for ``src/*/.pi/memory/project`` the daemon watches ``src``, each project
+    dir, its ``.pi`` and ``.pi/memory``, and nothing else: not a project without ``.pi``'s
+    subtree below what exists, not a dot dir, not the files; a project that goes loses its
+    watches."""
+    src = tmp_path / "src"
+    (src / "one" / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
+    (src / "bare").mkdir()  # a project dir without .pi: watched for a .pi to come
+    (src / ".cache" / ".pi").mkdir(parents=True)  # glob's * skips dot names
+    (src / "one" / "notes.txt").write_text("not a dir")
+    rig = Rig(settings(str(src / "*" / ".pi" / "memory" / "project")))
+    rig.daemon.start()
+    one = src / "one"
+    assert rig.watcher.levels == {
+        str(src): frozenset({"*"}),
+        str(one): frozenset({".pi"}),
+        str(src / "bare"): frozenset({".pi"}),
+        str(one / ".pi"): frozenset({"memory"}),
+        str(one / ".pi" / "memory"): frozenset({"project"}),
+    }
+    assert list(rig.daemon.mdirs) == [str(one / ".pi" / "memory" / "project")]
+    shutil.rmtree(one)
+    rig.send(Signal(Kind.TREE_CHANGED, str(src), "one"))
+    assert sorted(rig.watcher.levels) == [str(src), str(src / "bare")]
+    assert rig.daemon.mdirs == {}
+
+
+def test_new_project_under_a_glob_is_added_at_once_not_at_the_next_rescan(
+    tmp_path: Path,
+) -> None:
+    """issue 12: a project created under a watched glob (``mkdir -p``: the whole tree exists
+    when the first event is handled) is added and its file decided as soon as the event for
+    its top directory arrives, with no time passing and no rescan; removing it drops it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rig = Rig(settings(str(src / "*" / ".pi" / "memory" / "project")))
+    rig.daemon.start()
+    assert rig.daemon.mdirs == {}
+    mdir = src / "new" / ".pi" / "memory" / "project"
+    (mdir / "staging").mkdir(parents=True)
+    data = write(mdir / "staging" / VALID_NAME, staging_doc(src / "new"))
+    assert rig.send(Signal(Kind.TREE_CHANGED, str(src), "new")) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+    assert (mdir / "staging" / VALID_NAME).read_bytes() == data
+    assert rig.log.named("rescan") == []
+    assert str(src / "new" / ".pi" / "memory") in rig.watcher.levels
+    shutil.rmtree(src / "new")
+    rig.send(Signal(Kind.TREE_CHANGED, str(src), "new"))
+    assert rig.daemon.mdirs == {}
+    assert [e["why"] for e in rig.log.named("memory_dir_removed")] == ["no longer configured"]
+    assert rig.watcher.levels == {str(src): frozenset({"*"})}
+
+
+def test_glob_is_split_at_its_first_magic_component() -> None:
+    """issue 12: what is watched for a pattern: its literal prefix, then one level per
+    component; a literal memory dir is watched from its parent."""
+    assert split_glob("/home/u/src/*/.pi/memory/project") == Glob(
+        "/home/u/src", ("*", ".pi", "memory", "project")
+    )
+    assert split_glob("/home/u/src/a/.pi/memory/project") == Glob(
+        "/home/u/src/a/.pi/memory", ("project",)
+    )
+    assert split_glob("/srv/proj-[ab]/mem/") == Glob("/srv", ("proj-[ab]", "mem"))
+
+
+def test_named_memory_dir_that_comes_back_is_added_at_once(project: Path, memory_dir: Path) -> None:
+    """issue 12: a memory dir named on the command line that is removed and made again (a
+    re-clone) is dropped, then added again from the event of its parent directory, without
+    waiting for the rescan."""
+    rig = _started(memory_dir)
+    assert rig.watcher.levels == {str(memory_dir.parent): frozenset({"project"})}
+    shutil.rmtree(memory_dir)
+    rig.send(Signal(Kind.TREE_CHANGED, str(memory_dir.parent), "project"))
+    assert rig.daemon.mdirs == {}
+    (memory_dir / "staging").mkdir(parents=True)
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    assert rig.send(Signal(Kind.TREE_CHANGED, str(memory_dir.parent), "project")) == 1
+    assert rig.log.decisions(VALID_NAME) == ["valid"]
+    assert rig.log.named("rescan") == []
+
+
 # -- the reconciler's lock -----------------------------------------------------------------------
 
 
@@ -384,6 +468,59 @@ def test_run_says_ready_after_the_startup_scan_and_exits_0_on_stop(
     assert firsts[-1] == "STOPPING=1"
 
 
+class _EndlessPipeline:
+    """A pipeline whose decision of a file takes for ever (Python code, as the validator of a
+    huge file would be), unless something stops it."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.finished = False
+
+    def process(self, mdir: MemoryDir, name: str) -> None:
+        self.started.set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.finished = True
+
+
+def test_sigterm_abandons_a_file_that_takes_too_long(project: Path, memory_dir: Path) -> None:
+    """SPEC 6 (issue 10 item 9's SIGTERM ignored for minutes): a real SIGTERM while a file's
+    decision would take a minute stops the loop after the grace period: the file's work is
+    abandoned (not finished), it is counted pending and named in `stop`, and run's signal
+    handlers are the real ones (install_signal_handlers)."""
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    rig = Rig(settings(memory_dir))
+    rig.daemon.start()
+    slow = _EndlessPipeline()
+    rig.daemon.pipeline = slow  # type: ignore[assignment]
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    old_alarm = signal.getsignal(signal.SIGALRM)
+    install_signal_handlers(rig.daemon)
+
+    def terminate_once_started() -> None:
+        if slow.started.wait(10):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=terminate_once_started)
+    killer.start()
+    try:
+        started = time.monotonic()
+        assert rig.daemon.work() == 0
+        print(f"SIGTERM acted on {time.monotonic() - started:.3f} s after the file was taken")
+    finally:
+        killer.join()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in {**old, signal.SIGALRM: old_alarm}.items():
+            signal.signal(sig, handler)
+    assert not slow.finished
+    assert rig.daemon.abandoned == (str(memory_dir), VALID_NAME)
+    rig.daemon.shutdown()
+    stop = rig.log.named("stop")[0]
+    assert stop["abandoned"] == str(memory_dir / "staging" / VALID_NAME)
+    assert stop["pending"] == 1
+
+
 class _NullWatcher:
     def watch(self, mdir: object) -> str:
         return "none"
@@ -393,6 +530,12 @@ class _NullWatcher:
 
     def staging_watched(self, mdir: str) -> bool:
         return True
+
+    def watch_level(self, path: str, patterns: frozenset[str]) -> None:
+        return None
+
+    def unwatch_level(self, path: str) -> None:
+        return None
 
     def alive(self) -> bool:
         return True

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +29,13 @@ FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
 class DaemonProcess:
     """One ``memstaged`` daemon in a subprocess, and its decision log."""
 
-    def __init__(self, tmp_path: Path, *args: str, name: str = "daemon") -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *args: str,
+        name: str = "daemon",
+        nofile: tuple[int, int] | None = None,
+    ) -> None:
         self.log_file = tmp_path / f"{name}.jsonl"
         self.stderr_file = tmp_path / f"{name}.stderr"
         env = {
@@ -41,6 +49,11 @@ class DaemonProcess:
             XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
             XDG_STATE_HOME=str(tmp_path / "xdg-state"),
         )
+
+        def limit_descriptors() -> None:  # in the child, before exec: as a service manager would
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
         with self.stderr_file.open("wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "memstaged", *args],
@@ -49,6 +62,7 @@ class DaemonProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=err,
+                preexec_fn=limit_descriptors if nofile is not None else None,  # noqa: PLW1509
             )
         self._events: list[dict[str, Any]] = []
         self._offset = 0
@@ -78,8 +92,8 @@ class DaemonProcess:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             time.sleep(0.02)
 
-    def wait_ready(self) -> None:
-        self.wait_for(lambda ev: any(e["event"] == "ready" for e in ev), "ready")
+    def wait_ready(self, timeout: float = 15) -> None:
+        self.wait_for(lambda ev: any(e["event"] == "ready" for e in ev), "ready", timeout)
 
     def decisions(self, name: str) -> list[str]:
         return [
@@ -119,11 +133,17 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Starts daemons; any still running at the end of the test is killed."""
     started: list[DaemonProcess] = []
 
-    def start(*args: str, name: str = "daemon", ready: bool = True) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, name=name)
+    def start(
+        *args: str,
+        name: str = "daemon",
+        ready: bool = True,
+        nofile: tuple[int, int] | None = None,
+        ready_timeout: float = 15,
+    ) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, *args, name=name, nofile=nofile)
         started.append(daemon)
         if ready:
-            daemon.wait_ready()
+            daemon.wait_ready(ready_timeout)
         return daemon
 
     yield start
@@ -304,6 +324,52 @@ def test_sigterm_mid_burst_exits_0_quickly_and_leaves_nothing_half_done(
         assert (path.exists() and path.read_bytes() == data) or data in originals, name
 
 
+def _holds_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open (the pipeline keeps the file it decides open)."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_sigterm_is_acted_on_within_a_second_whatever_file_is_in_hand(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """SPEC 6 (issue 10 item 9: a large file made the daemon ignore SIGTERM for minutes): a
+    SIGTERM that arrives while the daemon is deciding a 30 MB file of 120,000 lessons to repair
+    (seconds of work) stops it at once: exit 0, a `stop` naming the abandoned file, the file
+    untouched in staging/ (it is decided by the next start) and no temp file left. The time
+    from SIGTERM to exit is printed."""
+    conf = tmp_path / "config.toml"
+    conf.write_text(
+        f"memory_dirs = [{json.dumps(str(memory_dir))}]\nmax_file_size = {64 * 1024 * 1024}\n"
+    )
+    daemon = spawn("--config", str(conf))
+    doc = staging_doc(project, "huge")
+    doc["candidates"]["lessons"] = [dict(doc["candidates"]["lessons"][0], triggers=[])] * 120_000
+    data = json.dumps(doc).encode()
+    path = memory_dir / "staging" / "huge.json"
+    tmp = memory_dir / "staging" / ".huge.json.tmp"
+    tmp.write_bytes(data)
+    os.rename(tmp, path)
+    deadline = time.monotonic() + 30
+    while not _holds_open(daemon.proc.pid, path):
+        assert time.monotonic() < deadline, "the daemon never opened the file"
+        time.sleep(0.005)
+    started = time.monotonic()
+    assert daemon.stop(signal.SIGTERM, timeout=20) == 0
+    print(f"SIGTERM with a 30 MB file in hand: exited {time.monotonic() - started:.3f} s later")
+    stop = daemon.events()[-1]
+    assert stop["event"] == "stop"
+    assert stop["abandoned"] == str(path)
+    assert daemon.decisions("huge.json") == []
+    assert path.read_bytes() == data
+    assert _no_temp_files(memory_dir)
+
+
 def test_sigint_exits_0(memory_dir: Path, spawn: Callable[..., DaemonProcess]) -> None:
     """Ctrl-C in a terminal stops the daemon like SIGTERM: exit code 0, no traceback."""
     daemon = spawn("--memory-dir", str(memory_dir))
@@ -343,6 +409,165 @@ def test_sighup_reload_bad_config_keeps_running_good_config_adds_memory_dir(
     assert daemon.wait_decided("b.json")["b.json"]["decision"] == "valid"
     assert [e["ok"] for e in daemon.events() if e["event"] == "reload"] == [False, True]
     assert daemon.proc.poll() is None
+    assert daemon.stop() == 0
+
+
+# -- new projects under a glob -------------------------------------------------------------------
+
+
+def _git(*args: str, cwd: Path) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull},
+    )
+
+
+def test_new_projects_under_a_glob_are_seen_at_once_without_a_rescan(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """issue 12: with `src/*/.pi/memory/project` configured and rescans an hour apart, a
+    project made with `mkdir -p` and one made by `git clone` (the whole tree at once) each have
+    their staging file decided from the watches of the glob's parent directories alone (no
+    `rescan` event ever happens); a project removed is dropped. Timings are printed."""
+    src = tmp_path / "src"
+    src.mkdir()
+    conf = tmp_path / "config.toml"
+    pattern = str(src / "*" / ".pi" / "memory" / "project")
+    conf.write_text(
+        f"memory_dirs = [{json.dumps(pattern)}]\nsettle = 0.5\nrescan_interval = 3600\n"
+    )
+    daemon = spawn("--config", str(conf))
+
+    made = src / "made" / ".pi" / "memory" / "project"
+    started = time.monotonic()
+    (made / "staging").mkdir(parents=True)
+    (made / "staging" / "m.json").write_bytes(_doc_bytes(src / "made"))
+    assert daemon.wait_decided("m.json")["m.json"]["decision"] == "valid"
+    print(f"mkdir -p: first file decided {time.monotonic() - started:.3f} s after the mkdir")
+
+    origin = tmp_path / "origin"
+    (origin / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
+    clone_doc = json.dumps(staging_doc(src / "cloned", "c"), indent=2).encode()
+    (origin / ".pi" / "memory" / "project" / "staging" / "c.json").write_bytes(clone_doc)
+    _git("init", "-q", cwd=origin)
+    _git("add", ".", cwd=origin)
+    _git("commit", "-qm", "memory", cwd=origin)
+    started = time.monotonic()
+    _git("clone", "-q", str(origin), str(src / "cloned"), cwd=tmp_path)
+    final = daemon.wait_decided("c.json")["c.json"]
+    print(f"git clone: first file decided {time.monotonic() - started:.3f} s after the clone began")
+    assert final["decision"] == "valid"
+    assert final["sha256"] == _sha(clone_doc)
+
+    shutil.rmtree(src / "made")
+    removed = daemon.wait_for(
+        lambda ev: any(e["event"] == "memory_dir_removed" for e in ev), "the project to be dropped"
+    )
+    assert [e["memory_dir"] for e in removed if e["event"] == "memory_dir_removed"] == [str(made)]
+    assert [e for e in daemon.events() if e["event"] == "rescan"] == []
+    assert daemon.stop() == 0
+
+
+# -- bounded resources: 1,100 memory dirs under a service manager's limits ----------------------
+
+
+def _many_projects(src: Path, count: int) -> list[Path]:
+    mdirs = []
+    for i in range(count):
+        mdir = src / f"p{i:04}" / ".pi" / "memory" / "project"
+        (mdir / "staging").mkdir(parents=True)
+        mdirs.append(mdir)
+    return mdirs
+
+
+def _glob_config(tmp_path: Path, src: Path) -> Path:
+    conf = tmp_path / "config.toml"
+    pattern = json.dumps(str(src / "*" / ".pi" / "memory" / "project"))
+    conf.write_text(f"memory_dirs = [{pattern}]\nsettle = 0.5\nrescan_interval = 3600\n")
+    return conf
+
+
+def _process_figures(pid: int) -> dict[str, int]:
+    """Descriptors, inotify instances and watches, threads and RSS (KiB) of a process."""
+    fds = os.listdir(f"/proc/{pid}/fd")
+    inotify = watches = 0
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:inotify":
+                inotify += 1
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+                watches += info.count("inotify wd:")
+        except OSError:
+            continue
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return {
+        "fds": len(fds),
+        "inotify_instances": inotify,
+        "inotify_watches": watches,
+        "threads": int(status["Threads"]),
+        "rss_kib": int(status["VmRSS"].split()[0]),
+    }
+
+
+def test_1100_memory_dirs_under_a_soft_limit_of_1024_descriptors(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """issue 10 item 11, SPEC 6: with systemd's default soft limit of 1,024 descriptors (the
+    hard limit above it) and 1,100 projects under a glob, the daemon raises its soft limit to
+    the hard one and says so in `start`, holds every memory dir, and a file dropped in the last
+    one is decided. It holds one descriptor per memory dir plus a constant, one inotify
+    instance, and a constant number of threads (figures printed)."""
+    src = tmp_path / "src"
+    mdirs = _many_projects(src, 1100)
+    daemon = spawn(
+        "--config", str(_glob_config(tmp_path, src)), nofile=(1024, 4096), ready_timeout=120
+    )
+    start = _event(daemon, "start")
+    assert (start["nofile"], start["nofile_raised_from"], start["nofile_hard"]) == (
+        4096,
+        1024,
+        4096,
+    )
+    assert _event(daemon, "ready")["memory_dirs"] == 1100
+    data = _doc_bytes(mdirs[-1].parents[2], "last")
+    (mdirs[-1] / "staging" / "last.json").write_bytes(data)
+    final = daemon.wait_decided("last.json", timeout=30)["last.json"]
+    assert final["decision"] == "valid"
+    assert final["sha256"] == _sha(data)
+    figures = _process_figures(daemon.proc.pid)
+    print(f"1,100 memory dirs: {figures}")
+    assert figures["fds"] <= 1100 + 32
+    assert figures["inotify_instances"] == 1
+    assert figures["threads"] <= 4
+    assert [e for e in daemon.events() if e.get("level") == "error"] == []
+    started = time.monotonic()
+    assert daemon.stop() == 0
+    print(f"1,100 memory dirs: SIGTERM to exit {time.monotonic() - started:.3f} s")
+
+
+def test_memory_dirs_beyond_a_hard_descriptor_limit_leave_the_others_working(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """issue 10 item 11: when even the hard limit is too low for every memory dir (here 256
+    descriptors for 300 projects), the daemon is not wedged by EMFILE: it holds as many as
+    leave a reserve of descriptors for the work, says once for each of the others why it is
+    not watched, and still decides files in the dirs it holds."""
+    src = tmp_path / "src"
+    mdirs = _many_projects(src, 300)
+    daemon = spawn("--config", str(_glob_config(tmp_path, src)), nofile=(256, 256))
+    held = _event(daemon, "ready")["memory_dirs"]
+    refused = [e for e in daemon.events() if e["event"] == "memory_dir_error"]
+    assert held == 256 - 64
+    assert len(refused) == 300 - held
+    assert all("descriptor limit 256" in e["error"] for e in refused)
+    data = _doc_bytes(mdirs[0].parents[2], "first")
+    (mdirs[0] / "staging" / "first.json").write_bytes(data)
+    assert daemon.wait_decided("first.json")["first.json"]["decision"] == "valid"
     assert daemon.stop() == 0
 
 

@@ -27,6 +27,7 @@ from watchdog.events import (
     FileOpenedEvent,
     FileSystemEvent,
 )
+from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent, Mask, WatchDescriptor
 
 from memstaged import watcher as watcher_module
 from memstaged.pipeline import MemoryDir
@@ -36,8 +37,12 @@ from memstaged.watcher import (
     Signal,
     StagingHandler,
     Watcher,
+    level_signal,
+    memory_dir_signal,
+    staging_signal,
 )
 
+IN = InotifyConstants
 M = "/p/.pi/memory/project"
 S = f"{M}/staging"
 
@@ -110,6 +115,75 @@ def test_memory_dir_events_become_signals(event: FileSystemEvent, expected: Kind
     MemoryDirHandler(out, M).dispatch(event)
     got = [out.get_nowait().kind] if not out.empty() else []
     assert got == ([] if expected is None else [expected])
+
+
+def _raw(mask: int, name: bytes = b"") -> InotifyEvent:
+    return InotifyEvent(WatchDescriptor(1), Mask(mask), 0, name)
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (_raw(IN.IN_CLOSE_WRITE, b"a.json"), Signal(Kind.COMPLETE, M, "a.json")),
+        (_raw(IN.IN_MOVED_TO, b"a.json"), Signal(Kind.COMPLETE, M, "a.json")),
+        (_raw(IN.IN_CREATE, b"a.json"), Signal(Kind.CHANGED, M, "a.json")),
+        (_raw(IN.IN_MODIFY, b"a.json"), Signal(Kind.CHANGED, M, "a.json")),
+        (_raw(IN.IN_DELETE_SELF), Signal(Kind.DIR_CHANGED, M)),
+        (_raw(IN.IN_MOVE_SELF), Signal(Kind.DIR_CHANGED, M)),
+        (_raw(IN.IN_CLOSE_WRITE, b".a.json.swp"), None),
+        (_raw(IN.IN_CLOSE_WRITE, b"notes.txt"), None),
+        (_raw(IN.IN_MOVED_FROM, b"a.json"), None),
+        (_raw(IN.IN_DELETE, b"a.json"), None),
+        (_raw(IN.IN_CREATE | IN.IN_ISDIR, b"sub.json"), None),
+    ],
+)
+def test_raw_staging_events_become_signals(event: InotifyEvent, expected: Signal | None) -> None:
+    """issue 10 item 11: the shared inotify descriptor's raw events of staging/ give the same
+    signals as watchdog's events did: a close after writing or any rename in (no move pairing
+    is needed) is complete, a create or modify waits, temp names, other files, renames away,
+    deletions and directories say nothing, and staging/ going away is a DIR_CHANGED."""
+    assert staging_signal(M, event) == expected
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (_raw(IN.IN_DELETE, b"canonical-writer.lock"), Signal(Kind.LOCK_RELEASED, M)),
+        (_raw(IN.IN_MOVED_FROM, b"canonical-writer.lock"), Signal(Kind.LOCK_RELEASED, M)),
+        (_raw(IN.IN_CREATE | IN.IN_ISDIR, b"staging"), Signal(Kind.DIR_CHANGED, M)),
+        (_raw(IN.IN_DELETE | IN.IN_ISDIR, b"staging"), Signal(Kind.DIR_CHANGED, M)),
+        (_raw(IN.IN_MOVED_TO | IN.IN_ISDIR, b"staging"), Signal(Kind.DIR_CHANGED, M)),
+        (_raw(IN.IN_DELETE_SELF), Signal(Kind.DIR_CHANGED, M)),
+        (_raw(IN.IN_CREATE, b"canonical-writer.lock"), None),
+        (_raw(IN.IN_DELETE, b"other.lock"), None),
+        (_raw(IN.IN_CREATE | IN.IN_ISDIR, b"deadletter"), None),
+        (_raw(IN.IN_CREATE, b"staging"), None),  # a file or link named staging is no staging/
+    ],
+)
+def test_raw_memory_dir_events_become_signals(event: InotifyEvent, expected: Signal | None) -> None:
+    """issue 10 item 11: the memory dir's raw events: the reconciler's lock going away,
+    staging/ appearing or going (as a directory), the memory dir itself going; nothing else."""
+    assert memory_dir_signal(M, event) == expected
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (_raw(IN.IN_CREATE | IN.IN_ISDIR, b"proj"), Signal(Kind.TREE_CHANGED, "/src", "proj")),
+        (_raw(IN.IN_MOVED_TO | IN.IN_ISDIR, b"proj"), Signal(Kind.TREE_CHANGED, "/src", "proj")),
+        (_raw(IN.IN_DELETE | IN.IN_ISDIR, b"proj"), Signal(Kind.TREE_CHANGED, "/src", "proj")),
+        (_raw(IN.IN_DELETE_SELF), Signal(Kind.TREE_CHANGED, "/src")),
+        (_raw(IN.IN_CREATE, b"proj"), None),  # a file is never a level or a memory dir
+        (_raw(IN.IN_CREATE | IN.IN_ISDIR, b".hidden"), None),  # glob's * skips dot names
+    ],
+)
+def test_raw_glob_parent_events_become_signals(
+    event: InotifyEvent, expected: Signal | None
+) -> None:
+    """issue 12: a watched parent directory of a glob (``/src`` for ``/src/*/...``) reports a
+    directory entry that matches the glob's next component coming or going, as glob.glob
+    reads the component (``*`` matches no dot name); files say nothing."""
+    assert level_signal("/src", frozenset({"*"}), event) == expected
 
 
 # -- with a real observer ----------------------------------------------------------------------
@@ -221,6 +295,46 @@ def test_auto_mode_polls_on_network_file_systems(
         assert _next_file_signal(out) == Signal(Kind.COMPLETE, str(memory_dir), "p.json")
     finally:
         watcher.stop()
+
+
+def _inotify_fds() -> int:
+    """How many inotify instances this process holds (from /proc/self/fd)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+        except OSError:
+            continue  # the descriptor listdir itself used
+    return count
+
+
+def test_many_memory_dirs_share_one_thread_and_one_inotify_descriptor(
+    tmp_path: Path, no_thread_leak: None
+) -> None:
+    """issue 10 item 11: 200 memory dirs (400 watches) cost one reader thread and one inotify
+    descriptor, not two watchdog emitter threads per memory dir; a file written in the last
+    one is still signalled, and stopping leaves no thread behind."""
+    threads_before, fds_before = threading.active_count(), _inotify_fds()
+    out: queue.SimpleQueue[Signal] = queue.SimpleQueue()
+    watcher = Watcher(out, "inotify")
+    try:
+        mdirs = []
+        for i in range(200):
+            mdir = tmp_path / f"p{i}" / ".pi" / "memory" / "project"
+            (mdir / "staging").mkdir(parents=True)
+            watcher.watch(MemoryDir(str(mdir), str(tmp_path / f"p{i}")))
+            mdirs.append(mdir)
+        assert watcher.watch_count() == 400
+        assert threading.active_count() - threads_before == 1
+        assert _inotify_fds() - fds_before == 1
+        (mdirs[-1] / "staging" / "last.json").write_bytes(b"{}")
+        signals = [_next_file_signal(out)]
+        while signals[-1].kind is not Kind.COMPLETE:
+            signals.append(_next_file_signal(out))
+        assert signals[-1] == Signal(Kind.COMPLETE, str(mdirs[-1]), "last.json")
+    finally:
+        watcher.stop()
+    assert _inotify_fds() == fds_before
 
 
 def test_fs_type_reads_the_mount_table() -> None:
