@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="memstaged",
         description="Validate, repair or quarantine agent-memory staging files as they arrive.",
+        epilog="Without a command memstaged runs as a daemon, or with --once decides every "
+        "staging file now and exits: 0 when every file got a decision (a quarantine is one), "
+        "1 when some file could not be decided (still being written, an I/O error, another "
+        "memstaged busy on the memory dir), 2 for a usage or configuration error (one line "
+        "on stderr). A memory dir is <project>/.pi/memory/project, a directory with a "
+        "staging/ subdirectory; anything else is refused. 'memstaged COMMAND --help' says "
+        "more about each command.",
     )
     parser.add_argument("--version", action="version", version=f"memstaged {__version__}")
     parser.add_argument(
