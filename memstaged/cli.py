@@ -129,6 +129,7 @@ def _configure_logging(settings: object, *, console: str = "auto") -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from memstaged import config
+    from memstaged.config import check_memory_dir
 
     settings = config.load(
         config=args.config,
@@ -139,6 +140,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.json and not args.once:
         raise UsageError("--json is for --once (and the commands): the daemon logs JSON lines")
+    if settings.explicit_dirs:  # before any log is opened: a wrong path is one line, exit 2
+        for mdir in settings.memory_dirs():
+            check_memory_dir(mdir, writable=not settings.options.dry_run)
     _configure_logging(settings)
     if args.once:
         from memstaged.once import run_once

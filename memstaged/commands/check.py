@@ -166,10 +166,13 @@ def run(args: argparse.Namespace) -> int:
             print(dumps(_json_line(path, decision, reason, verdict)))
             continue
         _print_text(path, decision, reason, verdict, data, diff=args.diff)
-    if decided and all(d == Decision.FOREIGN.value for d in decided) and not args.project_root:
+    # Foreign files and none valid or repairable: most likely the project root is not the one
+    # the files name (the shipped examples checked where the clone is), not a foreign batch.
+    settled = {Decision.VALID.value, Decision.REPAIRED.value}
+    if Decision.FOREIGN.value in decided and not settled & set(decided) and not args.project_root:
         roots = {_root_for(p, None, settings) for p in args.files}
         print(
-            f"memstaged check: every file names another project than "
+            f"memstaged check: the files name another project than "
             f"{display.name(', '.join(sorted(roots)))} (its project root, derived from where "
             "the file is): if that is not the project, pass --project-root DIR",
             file=sys.stderr,

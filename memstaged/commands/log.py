@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--lines {args.lines}: must be 0 or more")
     filt = build_filter(args)
     source, where = open_source(args, filt)
+    shown = -1  # unknown: the reader quit the pager before the end
     try:
         with Output(args, paged=not args.follow) as out:
             shown = _history(source, filt, args, out)
