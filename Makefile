@@ -2,37 +2,76 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# memstaged alone (what `make demo` and `make install` need), then the dev and bench extras.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
-# Debian packages: systemd-python builds against libsystemd; the real-service tests need systemd.
-APT_PACKAGES := libsystemd-dev pkg-config systemd dbus-user-session
+DEMO := demo
+DEMO_MDIR := $(DEMO)/example-project/.pi/memory/project
+PREFIX ?= $(HOME)/.local
+# Debian packages: a C compiler, Python's headers and venv, and libsystemd to build
+# systemd-python; systemd and the user D-Bus for the real-service tests; Node.js (20 on Debian
+# 13) for the differential tests that compare memstaged's JavaScript semantics with Node's.
+APT_PACKAGES := python3-venv python3-dev gcc libsystemd-dev pkg-config systemd \
+	dbus-user-session nodejs
 
-.PHONY: setup sysdeps demo test test-slow lint bench clean
+.PHONY: setup sysdeps demo install completions test test-slow lint bench clean
 
 setup: $(STAMP)
 
 sysdeps:
 	@if ! pkg-config --exists libsystemd 2>/dev/null || ! command -v systemctl >/dev/null \
+		|| ! command -v gcc >/dev/null || ! command -v node >/dev/null \
+		|| ! $(PYTHON) -c 'import ensurepip, sysconfig, os.path as p; \
+			assert p.exists(p.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \
 		|| [ ! -e /usr/lib/systemd/user/dbus.socket ]; then \
 		echo "installing Debian packages: $(APT_PACKAGES)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
 	fi
 
-$(STAMP): pyproject.toml | sysdeps
+$(RUNTIME_STAMP): pyproject.toml | sysdeps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(STAMP): $(RUNTIME_STAMP)
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
-demo: setup
-	@rm -rf demo && mkdir -p demo/example-project/.pi/memory
-	@cp -rp examples/memory-dir demo/example-project/.pi/memory/project
-	@echo "--- staging/ before:"; ls demo/example-project/.pi/memory/project/staging
-	MEMSTAGED_LOG_FILE=$(CURDIR)/demo/decisions.jsonl \
-		$(BIN)/memstaged --once --memory-dir demo/example-project/.pi/memory/project
-	@echo "--- staging/ after:"; ls demo/example-project/.pi/memory/project/staging
-	@echo "--- deadletter/ after:"; ls demo/example-project/.pi/memory/project/deadletter
-	@echo "--- decision log: demo/decisions.jsonl"
+# The demo: a copy of examples/memory-dir, a config naming it and its own decision log, and one
+# `memstaged --once`. Then `export MEMSTAGED_CONFIG=$PWD/demo/config.toml` (README) makes every
+# command (log, stats, status, deadletter) find the demo's memory dir and log.
+demo: $(RUNTIME_STAMP)
+	@rm -rf $(DEMO) && mkdir -p $(DEMO)/example-project/.pi/memory
+	@cp -rp examples/memory-dir $(DEMO_MDIR)
+	@printf 'memory_dirs = ["%s"]\nlog_file = "%s"\n' \
+		"$(CURDIR)/$(DEMO_MDIR)" "$(CURDIR)/$(DEMO)/decisions.jsonl" > $(DEMO)/config.toml
+	@echo "--- staging/ before:"; ls $(DEMO_MDIR)/staging
+	MEMSTAGED_CONFIG=$(CURDIR)/$(DEMO)/config.toml $(BIN)/memstaged --once
+	@echo "--- staging/ after:"; ls $(DEMO_MDIR)/staging
+	@echo "--- deadletter/ after:"; ls $(DEMO_MDIR)/deadletter
+	@echo "--- decision log: $(DEMO)/decisions.jsonl; config: $(DEMO)/config.toml"
+	@echo "--- next: export PATH=\"$$PWD/.venv/bin:\$$PATH\" MEMSTAGED_CONFIG=\"$$PWD/$(DEMO)/config.toml\"; memstaged log"
+
+# memstaged on PATH ($(PREFIX)/bin, ~/.local/bin by default) as a link to this clone's venv,
+# with its shell completions and man page where bash-completion, zsh, fish and man look.
+install: $(RUNTIME_STAMP)
+	mkdir -p $(PREFIX)/bin
+	ln -sf $(CURDIR)/$(BIN)/memstaged $(PREFIX)/bin/memstaged
+	install -D -m 0644 memstaged/data/completions/bash/memstaged \
+		$(PREFIX)/share/bash-completion/completions/memstaged
+	install -D -m 0644 memstaged/data/completions/zsh/_memstaged \
+		$(PREFIX)/share/zsh/site-functions/_memstaged
+	install -D -m 0644 memstaged/data/completions/fish/memstaged.fish \
+		$(PREFIX)/share/fish/vendor_completions.d/memstaged.fish
+	install -D -m 0644 memstaged/data/man/memstaged.1 $(PREFIX)/share/man/man1/memstaged.1
+	@echo "memstaged is $(PREFIX)/bin/memstaged (is $(PREFIX)/bin on your PATH?)"
+
+# Shell completions and the man page, generated from the argparse parser by shtab and
+# argparse-manpage (tests/test_completions.py fails when the committed files are stale).
+completions: $(STAMP)
+	$(BIN)/python -m memstaged.generated
 
 test: setup
 	$(BIN)/pytest -m "not slow"
@@ -49,4 +88,4 @@ bench: setup
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) demo build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

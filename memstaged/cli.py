@@ -31,8 +31,22 @@ _SUBCOMMANDS: Final = (
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse's errors as one line (``memstaged log: argument -n: ...``) and exit 2, not its
+    usage block: ``main`` prints the message as it is, with no second ``memstaged:``."""
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def settle_seconds(text: str) -> float:
+    """``--settle``: a finite number of seconds in range; ``inf``, ``nan`` and ``1e308`` are
+    refused here rather than overflowing a timer later."""
+    from memstaged.config import interval
+
+    try:
+        return interval(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--settle ")) from None
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +67,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--settle",
-        type=float,
+        type=settle_seconds,
         metavar="SECONDS",
         help="how long an unparseable file must stay unchanged (default 2)",
     )
@@ -63,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="memstaged",
         description="Validate, repair or quarantine agent-memory staging files as they arrive.",
+        epilog="Without a command memstaged runs as a daemon, or with --once decides every "
+        "staging file now and exits: 0 when every file got a decision (a quarantine is one), "
+        "1 when some file could not be decided (still being written, an I/O error, another "
+        "memstaged busy on the memory dir), 2 for a usage or configuration error (one line "
+        "on stderr). A memory dir is <project>/.pi/memory/project, a directory with a "
+        "staging/ subdirectory; anything else is refused. 'memstaged COMMAND --help' says "
+        "more about each command.",
     )
     parser.add_argument("--version", action="version", version=f"memstaged {__version__}")
     parser.add_argument(
@@ -76,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait",
         action="store_true",
         help="wait for another memstaged on the same memory dir instead of exiting 1",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with --once: the summary as one JSON object per memory dir",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     import importlib
@@ -103,6 +129,7 @@ def _configure_logging(settings: object, *, console: str = "auto") -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from memstaged import config
+    from memstaged.config import check_memory_dir
 
     settings = config.load(
         config=args.config,
@@ -111,11 +138,16 @@ def _run(args: argparse.Namespace) -> int:
         settle=args.settle,
         dry_run=args.dry_run,
     )
+    if args.json and not args.once:
+        raise UsageError("--json is for --once (and the commands): the daemon logs JSON lines")
+    if settings.explicit_dirs:  # before any log is opened: a wrong path is one line, exit 2
+        for mdir in settings.memory_dirs():
+            check_memory_dir(mdir, writable=not settings.options.dry_run)
     _configure_logging(settings)
     if args.once:
         from memstaged.once import run_once
 
-        return run_once(settings, wait=args.wait)
+        return run_once(settings, wait=args.wait, as_json=args.json)
     from memstaged.daemon import run_daemon
 
     def reload() -> object:
@@ -130,6 +162,21 @@ def _run(args: argparse.Namespace) -> int:
     return run_daemon(settings, wait=args.wait, reload=reload)  # type: ignore[arg-type]
 
 
+def _error_line(message: str) -> None:
+    """The one line of an error, prefixed ``memstaged:`` once, control characters escaped (a
+    file name in it comes from whoever wrote the file)."""
+    from memstaged.display import text
+
+    line = text(message)
+    if not line.startswith("memstaged"):
+        line = f"memstaged: {line}"
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return  # stderr is gone: the exit code still says it
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run memstaged; returns the exit code."""
     try:
@@ -138,10 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         func: Callable[[argparse.Namespace], int] = getattr(args, "func", _run)
         return func(args)
     except BusyError as err:
-        print(f"memstaged: {err}", file=sys.stderr)
+        _error_line(str(err))
         return EXIT_ATTENTION
     except MemstagedError as err:
-        print(f"memstaged: {err}", file=sys.stderr)
+        _error_line(str(err))
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("memstaged: interrupted", file=sys.stderr)

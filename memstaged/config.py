@@ -8,7 +8,9 @@ daemon's config must not silently fall back to a default.
 from __future__ import annotations
 
 import glob
+import math
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +24,39 @@ from memstaged.project import default_project_root, normalize
 
 DEFAULT_MEMORY_DIR: Final = "./.pi/memory/project"
 ENV_PREFIX: Final = "MEMSTAGED_"
+#: The longest settle interval or rescan interval taken: a week. Longer ones (``1e308``,
+#: ``inf``) overflow the timers, and mean a setting mistyped rather than wanted.
+MAX_INTERVAL: Final = 7 * 86_400.0
+
+
+def is_memory_dir(path: str) -> bool:
+    """SPEC 5: a directory with a ``staging/`` subdirectory.
+
+    A ``staging`` that is a symbolic link counts too: it is never followed, but the memory dir
+    is watched so that the pipeline reports the link (SPEC 6) instead of it going unnoticed.
+    """
+    try:
+        st = os.lstat(os.path.join(path, "staging"))
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        return False
+    return (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)) and os.path.isdir(path)
+
+
+def interval(text: str, what: str = "--settle") -> float:
+    """A number of seconds from the command line: finite, from 0 to :data:`MAX_INTERVAL`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r}: expected a number of seconds") from None
+    return checked_interval(value, what)
+
+
+def checked_interval(value: float, what: str) -> float:
+    if not math.isfinite(value) or not 0 <= value <= MAX_INTERVAL:
+        raise ConfigError(
+            f"{what} must be a number of seconds from 0 to {MAX_INTERVAL:.0f}, got {value}"
+        )
+    return value
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -61,7 +96,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         found: dict[str, MemoryDir] = {}
         for pattern in self.memory_dir_patterns:
             expanded = os.path.expanduser(pattern)
-            paths = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
+            if glob.has_magic(expanded):  # a match that is not a memory dir is just not one
+                paths = [p for p in sorted(glob.glob(expanded)) if is_memory_dir(p)]
+            else:
+                paths = [expanded]
             anchor = _literal_prefix(expanded, derived=pattern == DEFAULT_MEMORY_DIR)
             for path in paths:
                 absolute = normalize(os.path.abspath(path))  # abspath: links are not resolved
@@ -110,6 +148,8 @@ def read_config(path: Path) -> FileConfig:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 (byte {err.start}), as TOML must be") from None
     roots = raw.get("project_roots")
     if isinstance(roots, dict):  # msgspec would say only `project_roots[...]`: name the entry
         for key, value in roots.items():
@@ -139,11 +179,14 @@ def _env_value(env: Mapping[str, str], name: str, kind: type, option: str) -> An
             return False
         raise ConfigError(f"{ENV_PREFIX}{name}={raw!r}: expected true or false ({option})")
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
         raise ConfigError(
             f"{ENV_PREFIX}{name}={raw!r}: expected a {kind.__name__} ({option})"
         ) from None
+    if kind is float:
+        checked_interval(value, f"{ENV_PREFIX}{name}")
+    return value
 
 
 def _pick(cli: Any, env: Any, file_value: Any) -> Any:
@@ -170,12 +213,13 @@ def load(
     else:
         file_config, used_config = FileConfig(), None
     patterns = list(memory_dirs or [])
+    check_patterns(tuple(patterns))
     explicit = bool(patterns)
     if not patterns:
         env_dirs = env.get(ENV_PREFIX + "MEMORY_DIRS")
         patterns = env_dirs.split(os.pathsep) if env_dirs else list(file_config.memory_dirs)
         explicit = bool(env_dirs)
-    if not patterns and Path(DEFAULT_MEMORY_DIR).is_dir():
+    if not patterns and is_memory_dir(DEFAULT_MEMORY_DIR):
         patterns = [DEFAULT_MEMORY_DIR]
     roots = {
         normalize(os.path.abspath(os.path.expanduser(k))): normalize(
@@ -188,9 +232,11 @@ def load(
             raise ConfigError("--project-root needs exactly one memory dir (--memory-dir DIR)")
         key = normalize(os.path.abspath(os.path.expanduser(patterns[0])))
         roots[key] = normalize(os.path.abspath(os.path.expanduser(project_root)))
-    settle_value = _pick(settle, _env_value(env, "SETTLE", float, "--settle"), file_config.settle)
-    if settle_value < 0:
-        raise ConfigError(f"settle must be 0 or more seconds, got {settle_value}")
+    settle_value = _pick(settle, _env_value(env, "SETTLE", float, "--settle"), None)
+    if settle_value is None:
+        settle_value = checked_interval(file_config.settle, f"{config_path}: key 'settle'")
+    checked_interval(settle_value, "--settle")
+    checked_interval(file_config.rescan_interval, f"{config_path}: key 'rescan_interval'")
     if file_config.max_file_size <= 0:
         raise ConfigError(f"{config_path}: key 'max_file_size': must be positive")
     if file_config.max_quarantine_copy < 0:
@@ -230,12 +276,33 @@ def load(
     )
 
 
+def check_patterns(patterns: tuple[str, ...]) -> None:
+    """An empty ``--memory-dir ''`` would mean the current directory: refused, not guessed."""
+    for pattern in patterns:
+        if not pattern.strip():
+            raise ConfigError("memory dir '': empty; a memory dir is <project>/.pi/memory/project")
+
+
 def check_memory_dir(mdir: MemoryDir, *, writable: bool) -> None:
-    """A memory dir named on the command line must exist, be a directory, and be writable."""
+    """A memory dir named on the command line must be one (SPEC 5: a directory with a
+    ``staging/`` subdirectory), and writable when memstaged is to change it.
+
+    A project root, ``/`` or a typo is refused rather than watched as an empty memory dir: a
+    silent ``total=0`` looks like success.
+    """
     path = Path(mdir.path)
     if not path.exists():
         raise ConfigError(f"memory dir {mdir.path} does not exist")
     if not path.is_dir():
         raise ConfigError(f"memory dir {mdir.path} is not a directory")
+    if not is_memory_dir(mdir.path):
+        hint = ""
+        nested = os.path.join(mdir.path, ".pi", "memory", "project")
+        if is_memory_dir(nested):
+            hint = f"; did you mean {nested}?"
+        raise ConfigError(
+            f"{mdir.path} is not a memory dir: it has no staging/ subdirectory "
+            f"(a memory dir is <project>/.pi/memory/project){hint}"
+        )
     if writable and not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"memory dir {mdir.path} is not writable")

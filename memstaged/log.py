@@ -33,6 +33,8 @@ from typing import Any, Final, Protocol, TextIO
 import msgspec
 import structlog
 
+from memstaged import display
+
 LOGGER_NAME: Final = "memstaged"
 JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
 
@@ -91,16 +93,33 @@ def dumps(event: Any) -> str:
 
 
 def message(event: MutableMapping[str, Any]) -> str:
-    """The one readable line for a person (journal ``MESSAGE``, the console)."""
+    """The one readable line for a person (journal ``MESSAGE``, the console).
+
+    Names and reasons come from whoever writes to ``staging/``: every control character is
+    escaped (:mod:`memstaged.display`), so a file name with a newline or an ESC can neither
+    fake a log line nor drive the terminal (issue 10 item 16). A repair says which.
+    """
     kind = event.get("event", "")
     if kind == "decision":
-        text = f"{event.get('decision')} {event.get('path')}"
+        decision = event.get("decision")
+        text = f"{decision} {display.name(event.get('path'))}"
+        if event.get("dry_run"):
+            text = f"{decision} (dry run) {display.name(event.get('path'))}"
+        repairs = [r for r in event.get("repairs") or [] if isinstance(r, dict)]
         reasons = event.get("reasons") or []
-        if reasons:
-            text += f": {reasons[0]}" + (f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else "")
+        if repairs:
+            named = ", ".join(f"{r.get('rule')} at {r.get('where')}" for r in repairs[:3])
+            more = f" (+{len(repairs) - 3} more)" if len(repairs) > 3 else ""
+            text += f": repaired by {display.text(named)}{more}"
+        elif reasons:
+            text += f": {display.text(reasons[0])}" + (
+                f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+            )
         return text
     extras = ", ".join(
-        f"{k}={v}" for k, v in event.items() if k not in ("event", "timestamp", "level")
+        f"{k}={display.text(v)}"
+        for k, v in event.items()
+        if k not in ("event", "timestamp", "level")
     )
     return f"{kind}: {extras}" if extras else str(kind)
 
@@ -160,6 +179,25 @@ def _say(text: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         return  # stderr itself is closed or broken: there is nobody left to tell
+
+
+def private_dirs(path: Path) -> None:
+    """``mkdir -p`` with every directory it creates 0700, parents included (SPEC 6).
+
+    ``Path.mkdir(parents=True, mode=0o700)`` gives the mode to the last one only: the parents
+    get the umask's default (0755), and ``$XDG_STATE_HOME/memstaged`` was world-readable.
+    Directories that exist already are left as they are: they are not memstaged's.
+    """
+    missing: list[Path] = []
+    here = path
+    while not here.exists() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by another process
 
 
 class _Trouble:
@@ -237,7 +275,7 @@ class FileSink:
         self._writing = _Trouble(f"decision log file {path}")
         self._rotating = _Trouble(f"rotating the decision log file {path}")
         self._following = _Trouble(f"checking the decision log file {path} for a rotation")
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dirs(path.parent)
         self._open()
 
     def _open(self) -> None:

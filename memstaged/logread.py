@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import json
 import os
 import posixpath
 import re
@@ -162,6 +163,10 @@ class Source(Protocol):
 
     def history(self) -> list[Event]: ...
 
+    def iter_history(self) -> Iterator[Event]: ...
+
+    def iter_reverse(self) -> Iterator[Event]: ...
+
     def follow(self, stop: Callable[[], bool]) -> Iterator[Event]: ...
 
     def close(self) -> None: ...
@@ -183,11 +188,22 @@ def rotated_files(path: Path) -> list[Path]:
 
 
 def parse_line(line: bytes) -> Event | None:
-    """One log line as an event, or ``None`` for a line that is not a JSON object."""
+    """One log line as an event, or ``None`` for a line that is not a JSON object.
+
+    A file name that is not UTF-8 is logged as a ``\\udcNN`` escape (what the standard
+    library's encoder writes for ``os.fsdecode``'s lone surrogates): valid JSON, which msgspec
+    refuses to decode, so such a line is read again by the standard library and gives back the
+    very string (and so, through ``os.fsencode``, the very bytes) that was logged.
+    """
     try:
         value = _decoder.decode(line)
     except msgspec.DecodeError:
-        return None
+        if b"\\ud" not in line and b"\\uD" not in line:
+            return None
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
     return value if isinstance(value, dict) else None
 
 
@@ -208,18 +224,59 @@ class FileSource:
         self._partial = b""
 
     def history(self) -> list[Event]:
-        events: list[Event] = []
+        return list(self.iter_history())
+
+    def iter_history(self) -> Iterator[Event]:
+        """What is there now, oldest first, read a chunk at a time: the first events are
+        printed before the last are read. :meth:`follow` goes on from where this ends."""
         for older in rotated_files(self.path):
             try:
                 with older.open("rb") as fh:
-                    events.extend(self._parse(fh.read()))
+                    yield from self._chunks(fh, complete=True)
             except FileNotFoundError:
                 continue  # rotated away meanwhile
             except OSError as err:
                 raise ConfigError(f"log file {older}: {err.strerror}") from None
         if self._open():
-            events.extend(self._read_new(complete=False))
-        return events
+            assert self._fh is not None
+            yield from self._chunks(self._fh, complete=False)
+
+    def iter_reverse(self) -> Iterator[Event]:
+        """What is there now, newest first (``--reverse``): the current file, then ``.1``,
+        ``.2`` …, each read whole (a file is at most ``log_max_bytes``) and walked backwards."""
+        for path in [self.path, *reversed(rotated_files(self.path))]:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise ConfigError(f"log file {path}: {err.strerror}") from None
+            if path == self.path and data and not data.endswith(b"\n"):
+                data = data.rpartition(b"\n")[0]  # a last line still being written
+            for line in reversed(data.split(b"\n")):
+                if not line.strip():
+                    continue
+                event = parse_line(line)
+                if event is None:
+                    self.bad_lines += 1
+                else:
+                    yield event
+
+    def _chunks(self, fh: IO[bytes], *, complete: bool) -> Iterator[Event]:
+        """The events of ``fh`` from where it is, 1 MiB at a time; an incomplete last line is
+        kept back in ``_partial`` for :meth:`follow` unless the file is ``complete``."""
+        rest = b""
+        while True:
+            chunk = fh.read(1 << 20)
+            if not chunk:
+                break
+            data = rest + chunk
+            data, _, rest = data.rpartition(b"\n")
+            yield from self._parse(data)
+        if complete:
+            yield from self._parse(rest)
+        else:
+            self._partial = rest
 
     def follow(self, stop: Callable[[], bool]) -> Iterator[Event]:
         while not stop():
@@ -306,8 +363,8 @@ def event_from_journal(entry: Mapping[str, Any]) -> Event | None:
 
 
 def _field_value(key: str, raw: object) -> Any:
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8", "replace")
+    if isinstance(raw, bytes):  # not UTF-8 (a file name): kept losslessly, as os.fsdecode does
+        raw = raw.decode("utf-8", "surrogateescape")
     if not isinstance(raw, str):
         return raw
     if key in _STRING_KEYS:
@@ -360,6 +417,12 @@ class JournalSource:
 
     def history(self) -> list[Event]:
         return self._drain()
+
+    def iter_history(self) -> Iterator[Event]:
+        yield from self._drain()
+
+    def iter_reverse(self) -> Iterator[Event]:
+        yield from reversed(self._drain())
 
     def follow(self, stop: Callable[[], bool]) -> Iterator[Event]:
         while not stop():

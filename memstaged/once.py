@@ -1,23 +1,28 @@
 """``memstaged --once``: decide every staging file of the memory dirs, print a summary, exit.
 
 Files still being written (deferred for the settle interval) are looked at once more when their
-interval has passed, so a run started while a writer is busy still decides them. A file that
-changed while being decided is decided again at once (a bounded number of times).
+interval has passed, so a run started while a writer is busy still decides them (and a wait of a
+second or more says on stderr what it waits for). A file that changed while being decided is
+decided again at once (a bounded number of times).
+
+The summary is one line per memory dir (``path: valid=1 ... total=7 unchanged=0``) when stdout is
+not a terminal, an aligned table on one, and one JSON object per memory dir with ``--json``. A
+reader that goes away (``memstaged --once | head -1``) does not change the exit code: every file
+was decided whether or not the summary was read. rich is imported only for the progress bar.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Iterator
+from typing import IO, Any, Final
 
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
-
+from memstaged import display
 from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import raise_fd_limit
@@ -70,7 +75,10 @@ def _decide_all(
             advance()
     for batch in pipeline.batches(mdir, todo):
         _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance)
-    for retry_at, name in sorted(waiting):
+    waiting.sort()
+    if waiting:
+        _say_waiting(mdir, waiting, pipeline.options.settle)
+    for retry_at, name in waiting:
         delay = retry_at - time.time()
         if delay > 0:
             time.sleep(min(delay, pipeline.options.settle))
@@ -81,9 +89,50 @@ def _decide_all(
     return counts, len(held)
 
 
-def run_once(settings: Settings, *, wait: bool = False, console: Console | None = None) -> int:
+#: A settle wait from this long on is said on stderr: a silent pause looks like a hang.
+SAY_WAIT_FROM: Final = 1.0
+
+
+def _say_waiting(mdir: MemoryDir, waiting: list[tuple[float, str]], settle: float) -> None:
+    """One stderr line before a wait for files still being written to stay unchanged."""
+    longest = waiting[-1][0] - time.time()
+    if longest < SAY_WAIT_FROM:
+        return
+    names = ", ".join(display.name(n) for _, n in waiting[:3])
+    more = f" and {len(waiting) - 3} more" if len(waiting) > 3 else ""
+    _stderr(
+        f"memstaged: waiting up to {longest:.0f}s for {len(waiting)} file(s) of "
+        f"{display.name(mdir.path)} still being written to stay unchanged for the settle "
+        f"interval ({settle:g}s): {names}{more}"
+    )
+
+
+def _stderr(text: str) -> None:
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return  # nobody reads stderr any more: the decisions are logged all the same
+
+
+@contextlib.contextmanager
+def _progress(show: bool) -> Iterator[Any]:
+    """rich's progress bar on a terminal's stderr (imported only then), or nothing."""
+    if not show:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        yield bar
+
+
+def run_once(
+    settings: Settings, *, wait: bool = False, as_json: bool = False, out: IO[str] | None = None
+) -> int:
     """Exit 0 when every file got a decision; 1 when some file is still deferred or busy."""
-    out = console or Console()
+    stream = out if out is not None else sys.stdout
     mdirs = settings.memory_dirs()
     for mdir in mdirs:
         if settings.explicit_dirs:
@@ -97,9 +146,9 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
     pipeline = Pipeline(settings.options, _logger())
     results: dict[str, Counter[str]] = {}
     unchanged: dict[str, int] = {}
-    busy = False
+    busy: dict[str, str] = {}
     show_progress = sys.stderr.isatty()
-    with Progress(console=Console(stderr=True), transient=True, disable=not show_progress) as bar:
+    with _progress(show_progress) as bar:
         for mdir in mdirs:
             lock = InstanceLock(mdir.path)
             try:
@@ -107,8 +156,8 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
                     wait=wait, on_wait=lambda what: print(f"memstaged: {what}", file=sys.stderr)
                 )
             except BusyError as err:
-                out.print(f"memstaged: {err}", highlight=False)
-                busy = True
+                _stderr(f"memstaged: {err}")  # one line, never wrapped: a script greps it
+                busy[mdir.path] = str(err)
                 continue
             except OSError as err:
                 raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
@@ -118,14 +167,12 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
                     listing = pipeline.recover_temps(mdir)
                 names = pipeline.scan(mdir, listing, sort=False)
                 if mdir.path in pipeline.unlisted:  # issue 13 item 3: no silent success
-                    print(f"memstaged: {pipeline.unlisted[mdir.path]}", file=sys.stderr)
-                    busy = True
-                task = bar.add_task(
-                    mdir.path, total=len(names), visible=len(names) >= PROGRESS_FROM
-                )
+                    _stderr(f"memstaged: {pipeline.unlisted[mdir.path]}")
+                    busy[mdir.path] = pipeline.unlisted[mdir.path]
                 cache = seen_cache(settings, mdir)
                 advance: Callable[[], None] = _nothing
-                if show_progress and len(names) >= PROGRESS_FROM:
+                if bar is not None and len(names) >= PROGRESS_FROM:
+                    task = bar.add_task(display.name(mdir.path), total=len(names))
                     advance = functools.partial(bar.advance, task)
                 results[mdir.path], unchanged[mdir.path] = _decide_all(
                     pipeline, mdir, names, advance, cache
@@ -134,9 +181,24 @@ def run_once(settings: Settings, *, wait: bool = False, console: Console | None 
                     cache.save()
             finally:
                 lock.release()
-    _summary(out, results, settings.options.dry_run, unchanged)
     deferred = sum(c.get(Decision.DEFERRED.value, 0) for c in results.values())
-    return 1 if deferred or busy else 0
+    code = 1 if deferred or busy else 0
+    try:
+        _summary(stream, results, settings.options.dry_run, unchanged, busy, as_json)
+        stream.flush()
+    except BrokenPipeError:
+        _silence(stream)  # `| head -1`: the reader had what it wanted; the decisions stand
+    return code
+
+
+def _silence(stream: IO[str]) -> None:
+    """Point a closed pipe's descriptor at /dev/null, so the final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        return  # not a real file (a test's capture): nothing will flush it
 
 
 def _nothing() -> None:
@@ -144,30 +206,57 @@ def _nothing() -> None:
 
 
 def _summary(
-    out: Console, results: dict[str, Counter[str]], dry_run: bool, unchanged: dict[str, int]
+    out: IO[str],
+    results: dict[str, Counter[str]],
+    dry_run: bool,
+    unchanged: dict[str, int],
+    busy: dict[str, str],
+    as_json: bool,
 ) -> None:
-    if not out.is_terminal:  # one greppable line per memory dir for scripts and CI logs
+    if as_json:
+        from memstaged.log import dumps
+
+        for path, counts in results.items():
+            summary: dict[str, Any] = {"memory_dir": path}
+            summary.update((d, counts.get(d, 0)) for d in _ORDER)
+            summary.update(
+                total=sum(counts.values()), unchanged=unchanged.get(path, 0), dry_run=dry_run
+            )
+            out.write(dumps(summary) + "\n")
+        for path, why in busy.items():
+            out.write(dumps({"memory_dir": path, "busy": why, "dry_run": dry_run}) + "\n")
+        return
+    suffix = " (dry run: nothing written)" if dry_run else ""
+    if not _is_terminal(out):  # one greppable line per memory dir for scripts and CI logs
         for path, counts in results.items():
             parts = " ".join(f"{d}={counts.get(d, 0)}" for d in _ORDER)
-            suffix = " (dry run: nothing written)" if dry_run else ""
-            out.print(
-                f"{path}: {parts} total={sum(counts.values())} "
-                f"unchanged={unchanged.get(path, 0)}{suffix}",
-                highlight=False,
-                soft_wrap=True,
+            out.write(
+                f"{display.name(path)}: {parts} total={sum(counts.values())} "
+                f"unchanged={unchanged.get(path, 0)}{suffix}\n"
             )
         return
-    table = Table(title="memstaged --once" + (" (dry run: nothing written)" if dry_run else ""))
-    table.add_column("memory dir")
-    for decision in _ORDER:
-        table.add_column(decision, justify="right")
-    table.add_column("total", justify="right")
-    for path, counts in results.items():
-        table.add_row(path, *(str(counts.get(d, 0)) for d in _ORDER), str(sum(counts.values())))
-    out.print(table)
+    header = ["memory dir", *_ORDER, "total"]
+    rows = [
+        [display.name(path), *(str(counts.get(d, 0)) for d in _ORDER), str(sum(counts.values()))]
+        for path, counts in results.items()
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out.write(f"memstaged --once{suffix}\n")
+    for row in [header, *rows]:
+        cells = [row[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+        ]
+        out.write("  ".join(cells).rstrip() + "\n")
     skipped = sum(unchanged.values())
     if skipped:
-        out.print(f"{skipped} files unchanged since they were decided were not read again.")
+        out.write(f"{skipped} files unchanged since they were decided were not read again.\n")
+
+
+def _is_terminal(out: IO[str]) -> bool:
+    try:
+        return out.isatty()
+    except (OSError, ValueError):
+        return False
 
 
 def _logger() -> Any:

@@ -30,6 +30,7 @@ import msgspec
 
 from memstaged import __version__
 from memstaged.fsio import Identity
+from memstaged.log import private_dirs
 from memstaged.triage import Decision
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class _Stored(msgspec.Struct, frozen=True):
     fingerprint: str
     entries: dict[str, tuple[Key, str]]
+    #: Names that are not UTF-8 (SPEC 6: any name), by their bytes: msgpack strings must be
+    #: UTF-8, and ``os.fsdecode`` gives such a name as a string with lone surrogates.
+    raw_entries: dict[bytes, tuple[Key, str]] = {}
 
 
 _decoder: Final = msgspec.msgpack.Decoder(_Stored)
@@ -112,6 +116,8 @@ class SeenCache:
             return cache  # none yet, or unreadable: start afresh
         if stored.fingerprint == fingerprint:
             cache.entries = dict(stored.entries)
+            for raw_name, entry in stored.raw_entries.items():
+                cache.entries[os.fsdecode(raw_name)] = entry
         return cache
 
     def split(self, staging_fd: int, names: list[str]) -> tuple[list[str], list[str]]:
@@ -169,10 +175,10 @@ class SeenCache:
         a cache that cannot be written only means files are read again next time."""
         if self.path is None or not self.dirty:
             return
-        data = msgspec.msgpack.encode(_Stored(self.fingerprint, self.entries))
+        data = _encode(self.fingerprint, self.entries)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dirs(self.path.parent)
             tmp.write_bytes(data)
             tmp.chmod(0o600)
             tmp.replace(self.path)
@@ -181,6 +187,24 @@ class SeenCache:
                 tmp.unlink(missing_ok=True)
             return
         self.dirty = False
+
+
+def _encode(fingerprint: str, entries: dict[str, tuple[Key, str]]) -> bytes:
+    """The cache's bytes; names that are not UTF-8 go by their bytes, losslessly."""
+    try:
+        return msgspec.msgpack.encode(_Stored(fingerprint, entries))
+    except UnicodeEncodeError:
+        pass  # some name holds a byte that is not UTF-8: rare, so only then split them off
+    plain: dict[str, tuple[Key, str]] = {}
+    raw: dict[bytes, tuple[Key, str]] = {}
+    for name, entry in entries.items():
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            raw[os.fsencode(name)] = entry
+        else:
+            plain[name] = entry
+    return msgspec.msgpack.encode(_Stored(fingerprint, plain, raw))
 
 
 def settings_key(options: Options) -> str:

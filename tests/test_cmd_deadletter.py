@@ -88,11 +88,12 @@ def test_list_groups_records_by_source_file(
 
 
 def test_list_plain_output(capsys: pytest.CaptureFixture[str], store: Path) -> None:
-    """Without --json: a titled block, one tab-separated row per record, IDs in full."""
+    """Without --json: one line per record, its full ID first, so that it can be copied into
+    ``show`` (issue 13: IDs were wrapped over six lines)."""
     code, out, _ = _dl(capsys, store, "list")
     assert code == 0
-    for record_id in _ids(store, ""):
-        assert f"\t{record_id}\t" in out
+    lines = out.splitlines()
+    assert sorted(line.split("  ")[0] for line in lines) == sorted(_ids(store, ""))
 
 
 def test_show_a_record_by_unique_prefix(

@@ -127,11 +127,13 @@ def test_bad_time_is_a_usage_error(capsys: pytest.CaptureFixture[str], option: s
 
 
 def test_reasons_in_full(capsys: pytest.CaptureFixture[str], prepared: Path) -> None:
-    """Without --reasons a decision shows its first reason and how many more; with it, every
-    validation error and every repair, with what it wrote."""
+    """Without --reasons a repaired decision names its repairs on its one line (issue 13: a
+    repaired line says which repair), not what they wrote; with it, every validation error and
+    every repair, with what it wrote."""
     _, short, _ = run(capsys, "log", "--path", "fixme.json")
-    assert "more)" in short
-    assert "repair R1" not in short
+    assert "repaired by R3 at produced_at, R1 at candidates.lessons[0].triggers" in short
+    assert short.count("\n") == 1
+    assert '"type":"topic"' not in short
     _, full, _ = run(capsys, "log", "--reasons", "--path", "fixme.json")
     assert "- produced_at: is not a timestamp" in full
     assert "repair R3 at produced_at:" in full

@@ -81,7 +81,7 @@ def test_globs_are_expanded_when_asked(tmp_path: Path) -> None:
     """A glob is expanded at each call, so memory dirs created later are found."""
     settings = config.load(env={}, memory_dirs=[f"{tmp_path}/*/.pi/memory/project"])
     assert settings.memory_dirs() == []
-    (tmp_path / "new" / ".pi" / "memory" / "project").mkdir(parents=True)
+    (tmp_path / "new" / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
     assert [m.path for m in settings.memory_dirs()] == [
         str(tmp_path / "new" / ".pi" / "memory" / "project")
     ]

@@ -154,7 +154,7 @@ def test_project_root_option_makes_a_file_foreign(memory_dir: Path, log_file: Pa
             ["--once", "--memory-dir", "/nonexistent/mem"],
             "memory dir /nonexistent/mem does not exist",
         ),
-        (["--once", "--settle", "soon"], "--settle: invalid float value"),
+        (["--once", "--settle", "soon"], "--settle: 'soon': expected a number of seconds"),
         (["--once", "--bogus"], "unrecognized arguments: --bogus"),
         (
             ["--once", "--memory-dir", "a", "--memory-dir", "b", "--project-root", "/x"],

@@ -1,9 +1,17 @@
 """What the inspection and recovery commands share: options, memory dirs, time, output.
 
-Every command prints either rows a person reads (a rich table on a terminal, tab-separated lines
-otherwise, so that ``grep`` and ``cut`` work) or, with ``--json``, one JSON object per line for
-scripts. Bad input raises :class:`~memstaged.errors.UsageError`, which ``cli.main`` turns into one
-line on stderr and exit code 2.
+Every command prints either lines a person reads or, with ``--json``, one JSON object per line
+for scripts. ``log`` and ``deadletter list`` print one line per event or record, IDs in full, as
+journalctl and git do; on a terminal through a pager (``$MEMSTAGED_PAGER``, ``$PAGER``, else
+``less -FRSX``; ``--no-pager``), written line by line as they are read, never built whole. The
+small summaries (``stats``, ``status``) are aligned columns on a terminal and a ``# title`` line
+with tab-separated rows otherwise, so that ``grep`` and ``cut`` work. Colour only on a terminal,
+never with ``NO_COLOR`` set, and as ``--color=auto|always|never`` says. Every text that came from
+a file (names, reasons, content) goes through :mod:`memstaged.display` first. Plain writes, no
+rich: its import alone cost more than printing a thousand lines.
+
+Bad input raises :class:`~memstaged.errors.UsageError`, which ``cli.main`` turns into one line on
+stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -11,18 +19,20 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import io
+import math
 import os
 import re
+import shlex
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final, ParamSpec
+from types import TracebackType
+from typing import IO, Any, Final, ParamSpec
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
-from memstaged import config
+from memstaged import config, display
 from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import ConfigError, UsageError
 from memstaged.pipeline import MemoryDir
@@ -30,15 +40,16 @@ from memstaged.pipeline import MemoryDir
 _DURATION: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*", re.IGNORECASE)
 _UNIT_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
-#: Decision colours on a terminal; the log's own words, never a second vocabulary.
+#: Decision colours on a terminal (SGR codes); the log's own words, never a second vocabulary.
 DECISION_STYLES: Final = {
-    "valid": "green",
-    "repaired": "cyan",
-    "quarantined": "bold red",
-    "foreign": "magenta",
-    "deferred": "yellow",
-    "skipped": "dim",
+    "valid": "32",
+    "repaired": "36",
+    "quarantined": "1;31",
+    "foreign": "35",
+    "deferred": "33",
+    "skipped": "2",
 }
+STYLES: Final = {"bold": "1", "dim": "2", "green": "32", "yellow": "1;33", "red": "31"}
 
 
 def now() -> float:
@@ -78,9 +89,11 @@ def add_memory_dir_options(parser: argparse.ArgumentParser, *, triage: bool = Fa
             default=quiet,
             help="the project root of the single --memory-dir",
         )
+        from memstaged.cli import settle_seconds
+
         parser.add_argument(
             "--settle",
-            type=float,
+            type=settle_seconds,
             metavar="SECONDS",
             default=quiet,
             help="how long an unparseable file must stay unchanged (default 2)",
@@ -91,6 +104,22 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per line, for scripts")
 
 
+def add_output_options(parser: argparse.ArgumentParser, *, pager: bool = False) -> None:
+    """``--color`` (and, for the commands whose output can be long, ``--no-pager``)."""
+    parser.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="colour the output: auto (on a terminal, unless NO_COLOR is set), always, never",
+    )
+    if pager:
+        parser.add_argument(
+            "--no-pager",
+            action="store_true",
+            help="on a terminal, print straight to it instead of through $PAGER (less -FRSX)",
+        )
+
+
 def load_settings(args: argparse.Namespace) -> Settings:
     """Settings as ``--once`` resolves them: option, ``MEMSTAGED_*``, file, default."""
     return config.load(
@@ -98,6 +127,7 @@ def load_settings(args: argparse.Namespace) -> Settings:
         memory_dirs=getattr(args, "memory_dir", None),
         project_root=getattr(args, "project_root", None),
         settle=getattr(args, "settle", None),
+        split_invalid_candidates=getattr(args, "split_invalid_candidates", None) or None,
     )
 
 
@@ -117,35 +147,72 @@ def memory_dirs(settings: Settings, *, writable: bool) -> list[MemoryDir]:
 
 # -- time -------------------------------------------------------------------------------------
 
+#: The longest duration taken: ten thousand years; longer is a typo, and overflows dates.
+MAX_DURATION: Final = 10_000 * 365.25 * 86_400
+_EARLIEST: Final = dt.datetime.min.replace(tzinfo=dt.UTC)
+_LATEST: Final = dt.datetime.max.replace(tzinfo=dt.UTC)
+
 
 def parse_duration(text: str, option: str) -> float:
     """``30s``, ``10m``, ``2h``, ``3d``, ``1w`` in seconds."""
     match = _DURATION.fullmatch(text)
     if match is None:
         raise UsageError(f"{option} {text!r}: expected a duration such as 30s, 10m, 2h or 3d")
-    return float(match[1]) * _UNIT_SECONDS[match[2].lower()]
+    seconds = float(match[1]) * _UNIT_SECONDS[match[2].lower()]
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+        raise UsageError(f"{option} {text!r}: longer than 10,000 years")
+    return seconds
+
+
+def at(epoch: float) -> dt.datetime:
+    """An epoch time as an aware UTC datetime, clamped to the dates Python has: "3,000,000 days
+    ago" is before anything logged, not a ``ValueError``."""
+    try:
+        return dt.datetime.fromtimestamp(epoch, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return _EARLIEST if epoch < 0 else _LATEST
+
+
+def _local_midnight(clock: float, days: int) -> dt.datetime:
+    today = dt.datetime.fromtimestamp(clock).astimezone().date() + dt.timedelta(days=days)
+    return dt.datetime.combine(today, dt.time()).astimezone().astimezone(dt.UTC)
+
+
+#: journalctl's words for a point in time: midnight of a local day, and now.
+_DAYS: Final = {"today": 0, "yesterday": -1, "tomorrow": 1}
 
 
 def parse_when(text: str, option: str, *, clock: Callable[[], float] = now) -> dt.datetime:
-    """A point in time: a duration ago (``10m``, ``2h``, ``3d``) or an ISO 8601 date or time.
+    """A point in time: ``today``, ``yesterday``, ``tomorrow`` (local midnight, as journalctl
+    takes them), ``now``, a duration ago (``10m``, ``2h``, ``3d``) or an ISO 8601 date or time.
 
     An ISO time without an offset is local time, as an operator at a terminal means it.
     """
+    word = text.strip().lower()
+    if word in _DAYS:
+        return _local_midnight(clock(), _DAYS[word])
+    if word == "now":
+        return at(clock())
     if _DURATION.fullmatch(text):
-        seconds = parse_duration(text, option)
-        return dt.datetime.fromtimestamp(clock() - seconds, dt.UTC)
+        return at(clock() - parse_duration(text, option))
     try:
         when = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
+        return when.astimezone(dt.UTC)
+    except (ValueError, OverflowError, OSError):
         raise UsageError(
-            f"{option} {text!r}: expected 10m, 2h, 3d or an ISO time such as 2026-01-31T14:00"
+            f"{option} {text!r}: expected today, yesterday, 10m, 2h, 3d "
+            "or an ISO time such as 2026-01-31T14:00"
         ) from None
-    return when.astimezone(dt.UTC)
 
 
 def local_time(when: dt.datetime | None) -> str:
     """A timestamp the way a person at this machine reads it."""
-    return when.astimezone().strftime("%Y-%m-%d %H:%M:%S") if when is not None else "-"
+    if when is None:
+        return "-"
+    try:
+        return when.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, ValueError, OSError):
+        return when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def iso_utc(when: dt.datetime | float | None) -> str | None:
@@ -153,7 +220,7 @@ def iso_utc(when: dt.datetime | float | None) -> str | None:
     if when is None:
         return None
     if not isinstance(when, dt.datetime):
-        when = dt.datetime.fromtimestamp(when, dt.UTC)
+        when = at(when)
     return when.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -174,60 +241,157 @@ def human_age(seconds: float | None) -> str:
 # -- output -----------------------------------------------------------------------------------
 
 
-def console() -> Console:
-    """stdout as rich sees it now (tests swap ``sys.stdout``, so it is never cached)."""
-    return Console(file=sys.stdout, highlight=False)
+def is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):
+        return False
 
 
-def print_json(obj: Any) -> None:
+def use_color(choice: str, terminal: bool, env: dict[str, str] | None = None) -> bool:
+    """``--color``: ``always``/``never`` as said; ``auto`` on a terminal that is not ``dumb``
+    and with no ``NO_COLOR`` (https://no-color.org: any non-empty value)."""
+    environ = os.environ if env is None else env
+    if choice == "always":
+        return True
+    if choice == "never":
+        return False
+    return terminal and not environ.get("NO_COLOR") and environ.get("TERM") != "dumb"
+
+
+def pager_command(env: dict[str, str] | None = None) -> list[str] | None:
+    """``$MEMSTAGED_PAGER``, then ``$PAGER``, else ``less -FRSX`` if there is one; ``None``
+    for no pager (set to empty or ``cat``, or nothing found)."""
+    environ = os.environ if env is None else env
+    for name in ("MEMSTAGED_PAGER", "PAGER"):
+        if name in environ:
+            value = environ[name].strip()
+            if not value or value == "cat":
+                return None
+            try:
+                return shlex.split(value)
+            except ValueError:
+                return None  # an unbalanced quote: print straight to the terminal
+    return ["less", "-FRSX"] if shutil.which("less") else None
+
+
+class Output:
+    """Where a command's lines go, and whether they are coloured.
+
+    On a terminal, with ``paged``, lines go through the pager as they are written: the first
+    screen shows while the rest is still being read. A reader who quits the pager (``q``) or a
+    closed pipe (``| head``) ends the output quietly: exit 0, no traceback.
+    """
+
+    def __init__(self, args: argparse.Namespace, *, paged: bool = False) -> None:
+        self.terminal = is_terminal(sys.stdout)
+        self.color = use_color(getattr(args, "color", "auto"), self.terminal)
+        self.stream: IO[str] = sys.stdout
+        self._pager: subprocess.Popen[bytes] | None = None
+        if paged and self.terminal and not getattr(args, "no_pager", False):
+            self._start_pager()
+
+    def _start_pager(self) -> None:
+        command = pager_command()
+        if command is None:
+            return
+        env = dict(os.environ)
+        env.setdefault("LESS", "FRSX")  # as git and journalctl do, for a bare PAGER=less
+        try:
+            sys.stdout.flush()
+            self._pager = subprocess.Popen(command, stdin=subprocess.PIPE, env=env)
+        except OSError:
+            return  # no such pager: print straight to the terminal
+        assert self._pager.stdin is not None
+        self.stream = io.TextIOWrapper(
+            self._pager.stdin,
+            encoding=sys.stdout.encoding or "utf-8",
+            errors="backslashreplace",
+            line_buffering=False,
+        )
+
+    def write(self, text: str) -> None:
+        self.stream.write(text)
+
+    def paint(self, text: str, style: str | None) -> str:
+        """``text`` in an SGR style (a code of :data:`DECISION_STYLES` or a name of
+        :data:`STYLES`) when colour is on."""
+        if not self.color or not style:
+            return text
+        code = STYLES.get(style, style)
+        return f"\x1b[{code}m{text}\x1b[0m"
+
+    def __enter__(self) -> Output:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        reader_gone = kind is not None and issubclass(kind, (BrokenPipeError, KeyboardInterrupt))
+        if self._pager is None:
+            if kind is None:
+                self.stream.flush()
+            return False
+        try:
+            self.stream.close()
+        except (BrokenPipeError, ValueError):
+            reader_gone = True
+        while True:
+            try:
+                self._pager.wait()
+                break
+            except KeyboardInterrupt:
+                continue  # Ctrl-C is the pager's to handle; wait for it to end
+        return reader_gone
+
+
+def print_json(obj: Any, out: IO[str] | None = None) -> None:
     """One JSON line; values msgspec refuses (lone surrogates, ...) fall back to the stdlib."""
     from memstaged.log import dumps
 
-    sys.stdout.write(dumps(obj) + "\n")
-
-
-def styled(value: str, style: str | None = None) -> Text:
-    """A table cell that is never read as rich markup (paths may hold ``[`` and ``]``)."""
-    return Text(value, style=style or "")
-
-
-def decision_text(decision: str) -> Text:
-    return styled(decision, DECISION_STYLES.get(decision))
+    (out or sys.stdout).write(dumps(obj) + "\n")
 
 
 def render_table(
-    out: Console,
+    out: Output,
     title: str,
     columns: Sequence[str],
-    rows: Sequence[Sequence[str | Text]],
+    rows: Sequence[Sequence[str]],
     *,
     right: Sequence[str] = (),
+    styles: Sequence[Sequence[str | None]] | None = None,
 ) -> None:
-    """A rich table on a terminal; elsewhere a ``# title`` line and one tab-separated line a row."""
-    if out.is_terminal:
-        table = Table(title=title, title_justify="left")
-        for column in columns:
-            # fold, never cut: an ID or a path must stay copyable from the table
-            table.add_column(
-                column, justify="right" if column in right else "left", overflow="fold"
-            )
-        for row in rows:
-            table.add_row(*(cell if isinstance(cell, Text) else styled(cell) for cell in row))
-        out.print(table)
+    """Aligned columns under a title on a terminal; elsewhere a ``# title`` line and one
+    tab-separated line a row. Cells are escaped here: a name with a tab or an ESC cannot shift
+    or colour a column. For the short summaries only: it needs every row to align them."""
+    cells = [[display.text(cell) for cell in row] for row in rows]
+    if not out.terminal:
+        lines = [f"# {display.text(title)}", "\t".join(columns)]
+        lines.extend("\t".join(row) for row in cells)
+        out.write("\n".join(lines) + "\n")
         return
-    lines = [f"# {title}", "\t".join(columns)]
-    lines.extend("\t".join(_plain(cell) for cell in row) for row in rows)
-    sys.stdout.write("\n".join(lines) + "\n")
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
 
+    def line(row: Sequence[str], row_styles: Sequence[str | None] | None) -> str:
+        parts = []
+        for i, cell in enumerate(row):
+            padded = cell.rjust(widths[i]) if columns[i] in right else cell.ljust(widths[i])
+            parts.append(out.paint(padded, row_styles[i] if row_styles else None))
+        return "  ".join(parts).rstrip()
 
-def _plain(cell: str | Text) -> str:
-    text = cell.plain if isinstance(cell, Text) else cell
-    return text.replace("\t", " ").replace("\n", " | ")
+    out.write(out.paint(display.text(title), "bold") + "\n")
+    out.write(line(list(columns), ["bold"] * len(columns)) + "\n")
+    for i, row in enumerate(cells):
+        out.write(line(row, styles[i] if styles else None) + "\n")
+    out.write("\n")
 
 
 def one_line(text: str, limit: int | None = None) -> str:
-    """Collapse whitespace (and cut at ``limit``), for table cells."""
-    flat = " ".join(text.split())
+    """Collapse whitespace (and cut at ``limit``), escape the rest: a cell or a line's tail."""
+    flat = display.text(" ".join(text.split()))
     return flat if limit is None or len(flat) <= limit else flat[: limit - 1] + "…"
 
 
@@ -248,7 +412,8 @@ def guard_output(func: Callable[P, int]) -> Callable[P, int]:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
         try:
-            return func(*args, **kwargs)
+            code = func(*args, **kwargs)
+            sys.stdout.flush()
         except BrokenPipeError:
             # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
             try:
@@ -258,5 +423,6 @@ def guard_output(func: Callable[P, int]) -> Callable[P, int]:
             except (OSError, ValueError):
                 pass  # stdout is not a real file (a test's capture): nothing will flush it
             return 0
+        return code
 
     return wrapper

@@ -1,7 +1,10 @@
-"""``memstaged check FILE...``: decide files without touching anything.
+"""``memstaged check FILE...``: decide files as ``--once`` would, without touching anything.
 
-Exit codes (the worst over all files): 0 valid, 3 repairable, 4 would be quarantined, 5 foreign,
-2 usage error or unreadable file.
+A file is read and decided by the same code as ``memstaged status`` (:mod:`memstaged.survey`),
+which is the daemon's: the same size limit (a file over ``max_file_size`` would be quarantined
+unread), the same settle interval (a fresh file that does not parse would be deferred), links and
+FIFOs skipped (opened with ``O_NOFOLLOW | O_NONBLOCK``: a FIFO never blocks it), and the same
+settings (``--config``, ``MEMSTAGED_*``, the project roots of the config file).
 """
 
 from __future__ import annotations
@@ -10,32 +13,76 @@ import argparse
 import difflib
 import os
 import sys
+import time
 from typing import Any, Final
 
 import msgspec
 
-from memstaged.commands._common import guard_output
+from memstaged import config, display
+from memstaged.commands._common import add_output_options, guard_output
+from memstaged.config import Settings
 from memstaged.log import dumps
-from memstaged.project import normalize
+from memstaged.pipeline import MemoryDir, is_staging_name
+from memstaged.project import default_project_root, normalize
+from memstaged.survey import UNREADABLE, decide_entry
 from memstaged.timestamps import format_epoch_ms
-from memstaged.triage import Context, Decision, decide
+from memstaged.triage import Context, Decision, Verdict, decide
 
 EXIT_CODES: Final = {
-    Decision.VALID: 0,
-    Decision.REPAIRED: 3,
-    Decision.QUARANTINED: 4,
-    Decision.FOREIGN: 5,
+    Decision.VALID.value: 0,
+    Decision.DEFERRED.value: 1,
+    UNREADABLE: 2,
+    Decision.REPAIRED.value: 3,
+    Decision.QUARANTINED.value: 4,
+    Decision.FOREIGN.value: 5,
+    Decision.SKIPPED.value: 6,
 }
+#: Worst first: the exit code of several files is the worst of theirs.
+_SEVERITY: Final = {0: 0, 5: 1, 3: 2, 1: 3, 4: 4, 6: 5, 2: 6}
+_EPILOG: Final = """\
+check decides exactly as --once (and the daemon) would with the same settings, and changes
+nothing: the size limit (max_file_size), the settle interval, links and FIFOs (skipped, never
+opened for reading), the project root (--project-root, the config file's project_roots, else
+three levels up from the file's memory dir <project>/.pi/memory/project/staging/FILE).
+
+exit codes (the worst over all files):
+  0  valid
+  1  deferred: it does not parse and changed within the settle interval (still being written?)
+  2  usage error, or a file that cannot be read
+  3  repairable: --once would rewrite it (--diff shows how)
+  4  would be quarantined
+  5  foreign: it names another project root (see --project-root)
+  6  skipped: not a staging file (a link, a FIFO, a directory, a name not ending in .json)
+"""
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("check", help="decide files without touching anything")
+    parser = sub.add_parser(
+        "check",
+        help="decide files as --once would, without touching anything",
+        description="Decide staging files as --once would, and change nothing.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("files", nargs="+", metavar="FILE", help="staging files, or - for stdin")
     parser.add_argument(
         "--project-root",
         metavar="DIR",
         help="the project root files must name (default: the one of the file's "
         "memory dir, or the current directory for stdin)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)",
+    )
+    from memstaged.cli import settle_seconds
+
+    parser.add_argument(
+        "--settle",
+        type=settle_seconds,
+        metavar="SECONDS",
+        help="how long an unparseable file must stay unchanged (default 2)",
     )
     parser.add_argument("--diff", action="store_true", help="show a repair as a diff")
     parser.add_argument("--json", action="store_true", help="one JSON line per file")
@@ -44,72 +91,141 @@ def register(sub: Any) -> None:
         action="store_true",
         help="decide as with split_invalid_candidates = true (repair R4)",
     )
-    parser.set_defaults(func=run)
+    add_output_options(parser)
+    parser.set_defaults(func=run, memory_dir=None)
 
 
-def _root_for(path: str, explicit: str | None) -> str:
+def _root_for(path: str, explicit: str | None, settings: Settings) -> str:
     if explicit:
         return normalize(os.path.abspath(explicit))
     if path == "-":
         return normalize(os.getcwd())
-    # <project>/.pi/memory/project/staging/<file>: four levels up from the file's directory.
-    staging = os.path.dirname(os.path.abspath(path))
-    return normalize(os.path.join(staging, "..", "..", "..", ".."))
+    # <project>/.pi/memory/project/staging/<file>: the memory dir is the file's dir's parent.
+    mdir = normalize(os.path.join(os.path.dirname(os.path.abspath(path)), ".."))
+    return settings.project_roots.get(mdir) or default_project_root(mdir)
+
+
+def _decide_path(
+    path: str, root: str, settings: Settings, clock: float
+) -> tuple[str, str | None, Verdict | None, bytes | None]:
+    """(decision, reason, verdict, bytes) of ``path`` as the pipeline would decide it."""
+    options = settings.options
+    if path == "-":
+        data = sys.stdin.buffer.read()
+        ctx = Context(
+            project_root=root,
+            file_name="stdin.json",
+            source_path="-",
+            split_invalid_candidates=options.split_invalid_candidates,
+            decided_at=format_epoch_ms(0),
+        )
+        from_stdin = decide(data, ctx)
+        return from_stdin.decision.value, None, from_stdin, data
+    name = os.path.basename(path)
+    if not is_staging_name(name):
+        return Decision.SKIPPED.value, "not a staging file name (*.json, not .*)", None, None
+    directory = os.path.dirname(os.path.abspath(path))
+    mdir = MemoryDir(os.path.dirname(directory), root)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        found = decide_entry(mdir, dir_fd, name, options, clock)
+    finally:
+        os.close(dir_fd)
+    if found is None:
+        raise FileNotFoundError(2, "No such file or directory", path)
+    entry, verdict, data = found
+    return entry.decision, entry.reason, verdict, data
 
 
 @guard_output
 def run(args: argparse.Namespace) -> int:
+    settings = config.load(  # as --once resolves them; --project-root is check's own here
+        config=args.config,
+        settle=args.settle,
+        split_invalid_candidates=args.split_invalid_candidates or None,
+    )
+    clock = time.time()
     worst = 0
+    decided: list[str] = []
     for path in args.files:
+        root = _root_for(path, args.project_root, settings)
         try:
-            if path == "-":
-                data, name = sys.stdin.buffer.read(), "stdin.json"
-            else:
-                with open(path, "rb") as fh:
-                    data, name = fh.read(), os.path.basename(path)
+            decision, reason, verdict, data = _decide_path(path, root, settings, clock)
         except OSError as err:
-            print(f"memstaged check: {path}: {err.strerror}", file=sys.stderr)
-            worst = max(worst, 2, key=_SEVERITY_KEY)
+            print(
+                f"memstaged check: {display.name(path)}: {display.text(err.strerror)}",
+                file=sys.stderr,
+            )
+            worst = max(worst, 2, key=_SEVERITY.__getitem__)
             continue
-        ctx = Context(
-            project_root=_root_for(path, args.project_root),
-            file_name=name,
-            source_path=path,
-            split_invalid_candidates=args.split_invalid_candidates,
-            decided_at=format_epoch_ms(0),
-        )
-        verdict = decide(data, ctx)
-        code = EXIT_CODES.get(verdict.decision, 4)
-        worst = max(worst, code, key=_SEVERITY_KEY)
+        decided.append(decision)
+        if decision == UNREADABLE:
+            print(f"memstaged check: {display.name(path)}: {display.text(reason)}", file=sys.stderr)
+        worst = max(worst, EXIT_CODES.get(decision, 4), key=_SEVERITY.__getitem__)
         if args.json:
-            line = {
-                "path": path,
-                "decision": verdict.decision.value,
-                "session_id": verdict.session_id,
-                "sha256": verdict.sha256,
-                "size": verdict.size,
-                "reasons": list(verdict.reasons),
-                "repairs": [msgspec.to_builtins(r) for r in verdict.repairs],
-            }
-            print(dumps(line))  # lone surrogates (JSON.parse accepts them) stay escapes
+            print(dumps(_json_line(path, decision, reason, verdict)))
             continue
-        print(f"{path}: {verdict.decision.value}")
-        for reason in verdict.reasons:
-            print(f"  - {reason}")
-        for repair in verdict.repairs:
-            wrote = msgspec.json.encode(repair.wrote).decode()
-            print(f"  repair {repair.rule} at {repair.where}: {wrote}")
-        if verdict.new_bytes is not None:
-            if args.diff:
-                before = _lines(data)
-                after = _lines(verdict.new_bytes)
-                sys.stdout.writelines(
-                    difflib.unified_diff(before, after, path, f"{path} (repaired)")
-                )
-            else:
-                print("  repaired file:")
-                print(verdict.new_bytes.decode("utf-8", "replace"), end="")
+        _print_text(path, decision, reason, verdict, data, diff=args.diff)
+    # Foreign files and none valid or repairable: most likely the project root is not the one
+    # the files name (the shipped examples checked where the clone is), not a foreign batch.
+    settled = {Decision.VALID.value, Decision.REPAIRED.value}
+    if Decision.FOREIGN.value in decided and not settled & set(decided) and not args.project_root:
+        roots = {_root_for(p, None, settings) for p in args.files}
+        print(
+            f"memstaged check: the files name another project than "
+            f"{display.name(', '.join(sorted(roots)))} (its project root, derived from where "
+            "the file is): if that is not the project, pass --project-root DIR",
+            file=sys.stderr,
+        )
     return worst
+
+
+def _json_line(
+    path: str, decision: str, reason: str | None, verdict: Verdict | None
+) -> dict[str, Any]:
+    if verdict is None:
+        return {"path": path, "decision": decision, "reasons": [reason] if reason else []}
+    return {
+        "path": path,
+        "decision": decision,
+        "session_id": verdict.session_id,
+        "sha256": verdict.sha256,
+        "size": verdict.size,
+        "reasons": list(verdict.reasons),
+        "repairs": [msgspec.to_builtins(r) for r in verdict.repairs],
+    }
+
+
+def _print_text(
+    path: str,
+    decision: str,
+    reason: str | None,
+    verdict: Verdict | None,
+    data: bytes | None,
+    *,
+    diff: bool,
+) -> None:
+    shown = display.name(path)
+    print(f"{shown}: {decision}")
+    if verdict is None:
+        if reason:
+            print(f"  - {display.text(reason)}")
+        return
+    for why in verdict.reasons:
+        print(f"  - {display.text(why)}")
+    for repair in verdict.repairs:
+        wrote = dumps(repair.wrote)
+        print(f"  repair {repair.rule} at {display.text(repair.where)}: {display.text(wrote)}")
+    if verdict.new_bytes is not None and data is not None:
+        if diff:
+            before = _lines(data)
+            after = _lines(verdict.new_bytes)
+            for line in difflib.unified_diff(before, after, shown, f"{shown} (repaired)"):
+                sys.stdout.write(display.text(line.rstrip("\n")) + "\n")
+        else:
+            print("  repaired file:")
+            text = verdict.new_bytes.decode("utf-8", "replace")
+            sys.stdout.write("".join(display.text(line) + "\n" for line in text.splitlines()))
 
 
 def _lines(data: bytes) -> list[str]:
@@ -121,11 +237,3 @@ def _lines(data: bytes) -> list[str]:
         body = data  # not plain JSON (exotic values): show it as it is
     text = body.decode("utf-8", "replace")
     return [line if line.endswith("\n") else line + "\n" for line in text.splitlines()]
-
-
-def _severity(code: int) -> int:
-    order = {0: 0, 3: 1, 5: 2, 4: 3, 2: 4}
-    return order.get(code, 4)
-
-
-_SEVERITY_KEY: Final = _severity

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import argparse
 import base64
-import datetime as dt
 import fnmatch
 import math
 import sys
 from typing import Any, Final
 
 import msgspec
-from rich.text import Text
 
+from memstaged import display
 from memstaged.commands import _common
 from memstaged.commands._common import (
+    Output,
     add_json_option,
     add_memory_dir_options,
-    console,
+    add_output_options,
     guard_output,
     human_age,
     iso_utc,
@@ -35,7 +35,6 @@ from memstaged.commands._common import (
     parse_duration,
     print_json,
     render_table,
-    styled,
 )
 from memstaged.config import Settings
 from memstaged.deadletter import (
@@ -70,11 +69,16 @@ def register(sub: Any) -> None:
     actions = parser.add_subparsers(dest="deadletter_action", metavar="ACTION", required=True)
 
     lister = actions.add_parser(
-        "list", help="the records, grouped by the staging file they came from"
+        "list",
+        help="the records, one line each, grouped by the staging file they came from",
+        description="One line per record: its full ID (what show and recover take), when it "
+        "was dead-lettered, its category, session, source file, summary and reason. Through a "
+        "pager on a terminal.",
     )
     add_memory_dir_options(lister)
     lister.add_argument("--session", metavar="GLOB", help="only records of this session_id")
     add_json_option(lister)
+    add_output_options(lister, pager=True)
     lister.set_defaults(func=run_list)
 
     shower = actions.add_parser("show", help="one record, its errors and its original's bytes")
@@ -90,6 +94,7 @@ def register(sub: Any) -> None:
         help=f"show at most N bytes of the original (default {SHOW_BYTES}; 0: all)",
     )
     add_json_option(shower)
+    add_output_options(shower, pager=True)
     shower.set_defaults(func=run_show)
 
     recoverer = actions.add_parser(
@@ -123,6 +128,7 @@ def register(sub: Any) -> None:
     _add_wait_option(recoverer)
     add_memory_dir_options(recoverer, triage=True)
     add_json_option(recoverer)
+    add_output_options(recoverer)
     recoverer.set_defaults(func=run_recover)
 
     purger = actions.add_parser(
@@ -141,6 +147,7 @@ def register(sub: Any) -> None:
     _add_wait_option(purger)
     add_memory_dir_options(purger)
     add_json_option(purger)
+    add_output_options(purger)
     purger.set_defaults(func=run_purge)
 
 
@@ -197,50 +204,34 @@ def run_list(args: argparse.Namespace) -> int:
     if args.session:
         records = [r for r in records if fnmatch.fnmatchcase(r.session_id or "", args.session)]
     records.sort(key=lambda r: (r.memory_dir, r.source_file or "", r.when, r.name))
-    if args.json:
-        for record in records:
-            print_json(record_summary(record))
-        return 0
-    out = console()
-    for mdir in sorted({r.memory_dir for r in records}):
-        rows = []
-        previous = None
-        for r in (r for r in records if r.memory_dir == mdir):
-            source = r.source_file or "(no source recorded)"
-            shown = source if source != previous or not out.is_terminal else ""
-            previous = source
-            reason = r.reason + (f": {r.errors[0]}" if r.errors else "")
-            rows.append(
-                [
-                    shown,
-                    r.id,
-                    r.category or "?",
-                    one_line(r.text, 60),
-                    str(r.attempts),
-                    one_line(reason),
-                    r.session_id or "-",
-                    local_time(r.when),
-                ]
-            )
-        render_table(
-            out,
-            f"{mdir}/deadletter ({len(rows)} records)",
-            [
-                "source file",
-                "id",
-                "category",
-                "summary or text",
-                "attempts",
-                "reason",
-                "session",
-                "when",
-            ],
-            rows,
-            right=["attempts"],
-        )
+    with Output(args, paged=True) as out:
+        if args.json:
+            for record in records:
+                print_json(record_summary(record), out.stream)
+        else:
+            write = out.write
+            for record in records:
+                write(record_line(record, out))
     if not records:
         print("no dead-letter records", file=sys.stderr)
     return 0
+
+
+def record_line(record: RecordFile, out: Output | None = None) -> str:
+    """One record on one line, ID first and in full (postqueue's and git's shape): the ID is
+    what ``show`` and ``recover --id`` take, so it must be copyable as it is."""
+    reason = record.reason + (f": {record.errors[0]}" if record.errors else "")
+    ident = display.name(record.id)
+    if out is not None:
+        ident = out.paint(ident, "bold")
+    return (
+        f"{ident}  {local_time(record.when)}  {record.category or '?'}"
+        f"  session={display.name(record.session_id or '-')}"
+        f"  from={display.name(record.source_file or '-')}"
+        f"  {one_line(record.text, 60)}  [{one_line(reason)}]"
+        + (f"  attempts={record.attempts}" if record.attempts else "")
+        + "\n"
+    )
 
 
 # -- show -----------------------------------------------------------------------------------------
@@ -261,7 +252,8 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(_show_json(record, outcome, original))
         return 0
-    _show_text(record, outcome, original)
+    with Output(args, paged=True) as out:
+        _show_text(record, outcome, original, out)
     return 0
 
 
@@ -315,48 +307,42 @@ def _recovery_line(outcome: Outcome | None) -> str:
 
 
 def _show_text(
-    record: RecordFile, outcome: Outcome | None, original: tuple[bytes, int] | None
+    record: RecordFile, outcome: Outcome | None, original: tuple[bytes, int] | None, out: Output
 ) -> None:
-    out = console()
     lines = [
-        f"record {record.id}  ({record.memory_dir}/deadletter/{record.name})",
-        f"category: {record.category}   session: {record.session_id}   attempts: "
-        f"{record.attempts}   when: {local_time(record.when)}   kind: {record.kind}",
-        f"reason: {record.reason or '-'}",
-        f"source: {record.source_path or record.source_file or '-'}",
-        f"recovery now: {_recovery_line(outcome)}",
+        f"record {display.name(record.id)}  "
+        f"({display.name(record.memory_dir + '/deadletter/' + record.name)})",
+        f"category: {display.text(record.category)}   session: "
+        f"{display.name(record.session_id or '-')}   attempts: {record.attempts}   when: "
+        f"{local_time(record.when)}   kind: {record.kind}",
+        f"reason: {display.text(record.reason or '-')}",
+        f"source: {display.name(record.source_path or record.source_file or '-')}",
+        f"recovery now: {display.text(_recovery_line(outcome))}",
     ]
     if record.errors:
         lines.append("validation errors when it was dead-lettered:")
-        lines.extend(f"  - {e}" for e in record.errors)
-    lines.append("record:" if record.error is None else f"record: unreadable: {record.error}")
-    _emit(out, lines)
+        lines.extend(f"  - {display.text(e)}" for e in record.errors)
     if record.error is None:
-        _emit(out, [_pretty(record)], syntax=True)
+        lines.append("record:")
+        lines.extend(display.text(line) for line in _pretty(record).splitlines())
+    else:
+        lines.append(f"record: unreadable: {display.text(record.error)}")
     info = _original_info(record, original)
     if info is None:
-        _emit(out, ["original: none recorded"])
+        lines.append("original: none recorded")
     elif info.get("missing"):
-        _emit(out, [f"original: originals/{info['name']} is missing"])
+        lines.append(f"original: originals/{display.name(info['name'])} is missing")
     else:
         cut = f", first {info['shown']} shown" if info["truncated"] else ""
         form = "text" if "text" in info else "hex dump"
-        _emit(out, [f"original: originals/{info['name']} ({info['size']} bytes{cut}), as {form}:"])
+        lines.append(
+            f"original: originals/{display.name(info['name'])} ({info['size']} bytes{cut}), "
+            f"as {form}:"
+        )
         assert original is not None
-        _emit(out, [info["text"] if "text" in info else hexdump(original[0])])
-
-
-def _emit(out: Any, lines: list[str], *, syntax: bool = False) -> None:
-    if out.is_terminal and syntax:
-        from rich.syntax import Syntax
-
-        out.print(Syntax("\n".join(lines), "json", word_wrap=True))
-        return
-    if out.is_terminal:
-        for line in lines:
-            out.print(styled(line))
-        return
-    sys.stdout.write("\n".join(lines) + "\n")
+        body = info["text"] if "text" in info else hexdump(original[0])
+        lines.extend(display.text(line) for line in body.splitlines())
+    out.write("\n".join(lines) + "\n")
 
 
 # -- recover --------------------------------------------------------------------------------------
@@ -422,7 +408,7 @@ def run_recover(args: argparse.Namespace) -> int:
         if report.busy is not None:
             print(f"memstaged: {report.busy}", file=sys.stderr)
         reports.append(report)
-    _show_recovery(reports, args.json, dry_run)
+    _show_recovery(reports, args.json, dry_run, args)
     stays = (Action.LEFT, Action.BUSY)
     left = any(o.action in stays for r in reports for o in r.outcomes)
     return 1 if left or any(r.busy is not None for r in reports) else 0
@@ -445,7 +431,9 @@ def _selection(args: argparse.Namespace, mdirs: list[MemoryDir]) -> dict[str, se
     return out
 
 
-def _show_recovery(reports: list[Report], as_json: bool, dry_run: bool) -> None:
+def _show_recovery(
+    reports: list[Report], as_json: bool, dry_run: bool, args: argparse.Namespace
+) -> None:
     outcomes = sorted((o for r in reports for o in r.outcomes), key=lambda o: (o.memory_dir, o.id))
     deleted = [o for r in reports for o in r.originals_deleted]
     if as_json:
@@ -454,20 +442,27 @@ def _show_recovery(reports: list[Report], as_json: bool, dry_run: bool) -> None:
         for name in deleted:
             print_json({"action": "original_deleted", "original": name})
         return
-    out = console()
-    rows: list[list[str | Text]] = [
+    out = Output(args)
+    rows = [
         [
-            o.id,
-            o.session_id or "-",
+            display.name(o.id),
+            display.name(o.session_id or "-"),
             o.category or "?",
-            styled(o.action, _ACTION_STYLES.get(o.action)),
-            o.staging_file or "-",
+            o.action,
+            display.name(o.staging_file or "-"),
             one_line(o.reason or ""),
         ]
         for o in outcomes
     ]
+    styles = [[None, None, None, _ACTION_STYLES.get(o.action), None, None] for o in outcomes]
     title = "deadletter recover" + (" (dry run: nothing changed)" if dry_run else "")
-    render_table(out, title, ["id", "session", "category", "outcome", "staging file", "why"], rows)
+    render_table(
+        out,
+        title,
+        ["id", "session", "category", "outcome", "staging file", "why"],
+        rows,
+        styles=styles,
+    )
     counts = {a.value: sum(o.action == a.value for o in outcomes) for a in Action}
     verb = "would be " if dry_run else ""
     summary = (
@@ -497,7 +492,7 @@ def run_purge(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     mdirs = memory_dirs(settings, writable=args.yes)
     clock = _common.now()
-    cutoff = dt.datetime.fromtimestamp(clock - age, dt.UTC)
+    cutoff = _common.at(clock - age)
     logger = _logger(settings) if args.yes else None
     waiter = _waiter(args)
     rows: list[dict[str, Any]] = []
@@ -544,7 +539,7 @@ def run_purge(args: argparse.Namespace) -> int:
             }
             for r in done.not_tried
         )
-    _show_purge(rows, args.json, args.yes)
+    _show_purge(rows, args.json, args.yes, args)
     return 1 if busy or any(r["action"] in ("left", "not tried") for r in rows) else 0
 
 
@@ -573,7 +568,9 @@ def _purge_rows(
     return rows
 
 
-def _show_purge(rows: list[dict[str, Any]], as_json: bool, really: bool) -> None:
+def _show_purge(
+    rows: list[dict[str, Any]], as_json: bool, really: bool, args: argparse.Namespace
+) -> None:
     if as_json:
         for row in rows:
             print_json(row)
@@ -582,15 +579,15 @@ def _show_purge(rows: list[dict[str, Any]], as_json: bool, really: bool) -> None
         [
             r["action"],
             r["kind"],
-            r["name"],
-            r.get("session_id") or "-",
+            display.name(r["name"]),
+            display.name(r.get("session_id") or "-"),
             human_age(r.get("age_seconds")),
-            r["memory_dir"],
+            display.name(r["memory_dir"]),
         ]
         for r in rows
     ]
     render_table(
-        console(),
+        Output(args),
         "deadletter purge" + ("" if really else " (listing only: --yes deletes)"),
         ["action", "kind", "name", "session", "age", "memory dir"],
         table,

@@ -9,24 +9,24 @@ decisions only.
 from __future__ import annotations
 
 import argparse
+import collections
+import itertools
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from rich.text import Text
-
+from memstaged import display
 from memstaged.commands._common import (
+    DECISION_STYLES,
+    Output,
     add_json_option,
     add_memory_dir_options,
-    console,
-    decision_text,
+    add_output_options,
     guard_output,
     load_settings,
     local_time,
     one_line,
     parse_when,
-    print_json,
-    render_table,
-    styled,
 )
 from memstaged.errors import UsageError
 from memstaged.log import dumps
@@ -45,14 +45,21 @@ from memstaged.triage import Decision
 
 #: ``--follow`` starts with this many past events, as ``tail -f`` and ``journalctl -f`` do.
 FOLLOW_HISTORY = 10
-_SHOWN_ELSEWHERE = frozenset({"timestamp", "level", "event", "path", "memory_dir", "session_id"})
+#: How many repairs the one-line form names before "(+N more)".
+SHOWN_REPAIRS = 3
+_SHOWN_ELSEWHERE = frozenset(
+    {"timestamp", "level", "event", "path", "memory_dir", "session_id", "dry_run"}
+)
+_WHEN_HELP = "today, yesterday, 10m, 2h, 3d or an ISO time (local unless it has an offset)"
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "log",
         help="query the decision log",
-        description="Show the decisions (and lifecycle events) memstaged logged, newest last.",
+        description="Show the decisions (and lifecycle events) memstaged logged, one line "
+        "each, oldest first (newest first with --reverse), through a pager on a terminal. "
+        "Decisions of a --dry-run are marked (dry run): they were not carried out.",
     )
     parser.add_argument(
         "--decision",
@@ -61,8 +68,8 @@ def register(sub: Any) -> None:
         choices=[d.value for d in Decision],
         help="only these decisions (repeatable): " + ", ".join(d.value for d in Decision),
     )
-    parser.add_argument("--since", metavar="WHEN", help="from this time on: 10m, 2h, 3d or ISO")
-    parser.add_argument("--until", metavar="WHEN", help="up to this time: 10m, 2h, 3d or ISO")
+    parser.add_argument("-S", "--since", metavar="WHEN", help=f"from this time on: {_WHEN_HELP}")
+    parser.add_argument("-U", "--until", metavar="WHEN", help=f"up to this time: {_WHEN_HELP}")
     parser.add_argument(
         "--path", metavar="GLOB", help="staging files whose path or file name matches"
     )
@@ -82,6 +89,12 @@ def register(sub: Any) -> None:
         help=f"only the last N matching events (--follow: {FOLLOW_HISTORY})",
     )
     parser.add_argument(
+        "-r",
+        "--reverse",
+        action="store_true",
+        help="newest first (not with --follow)",
+    )
+    parser.add_argument(
         "--reasons", action="store_true", help="show every validation error and repair in full"
     )
     parser.add_argument(
@@ -95,6 +108,7 @@ def register(sub: Any) -> None:
         help="with --journal: read the journal files in DIR (journalctl -D)",
     )
     add_json_option(parser)
+    add_output_options(parser, pager=True)
     parser.set_defaults(func=run)
 
 
@@ -125,34 +139,56 @@ def open_source(args: argparse.Namespace, filt: EventFilter) -> tuple[Source, st
 def run(args: argparse.Namespace) -> int:
     if args.follow and args.until:
         raise UsageError("--follow and --until exclude each other")
+    if args.follow and args.reverse:
+        raise UsageError("--follow and --reverse exclude each other")
     if args.lines is not None and args.lines < 0:
         raise UsageError(f"--lines {args.lines}: must be 0 or more")
     filt = build_filter(args)
     source, where = open_source(args, filt)
+    shown = -1  # unknown: the reader quit the pager before the end
     try:
-        events = [e for e in source.history() if filt.matches(e)]
-        limit = args.lines if args.lines is not None else FOLLOW_HISTORY if args.follow else None
-        if limit is not None:
-            events = events[len(events) - limit :] if limit else []
+        with Output(args, paged=not args.follow) as out:
+            shown = _history(source, filt, args, out)
+        _warn_bad_lines(source, where)
         if not args.follow:
-            _show(events, args)
-            _warn_bad_lines(source, where)
-            if not events and isinstance(source, FileSource) and not source.path.exists():
+            if not shown and isinstance(source, FileSource) and not source.path.exists():
                 print(f"memstaged log: no decision log at {where} yet", file=sys.stderr)
             return 0
-        for event in events:
-            _print_event(event, args)
-        sys.stdout.flush()
+        render = Renderer(out, full=args.reasons, as_json=args.json)
         try:
             for event in source.follow(stop=lambda: False):
                 if filt.matches(event):
-                    _print_event(event, args)
-                    sys.stdout.flush()
+                    out.write(render(event))
+                    out.stream.flush()
         except KeyboardInterrupt:
             return 0  # the normal way to end --follow
         return 0
     finally:
         source.close()
+
+
+def _history(source: Source, filt: EventFilter, args: argparse.Namespace, out: Output) -> int:
+    """Print the matching events there are now, one at a time as they are read; their count."""
+    events = source.iter_reverse() if args.reverse else source.iter_history()
+    matching: Iterator[Event] = (e for e in events if filt.matches(e))
+    limit = args.lines if args.lines is not None else FOLLOW_HISTORY if args.follow else None
+    if limit is not None:
+        if args.reverse:
+            matching = itertools.islice(matching, limit)
+        else:  # the last N: every event is read, N are kept
+            kept = collections.deque(matching, maxlen=limit) if limit else ()
+            matching = iter(kept)
+    render = Renderer(out, full=args.reasons, as_json=args.json)
+    count = 0
+    write = out.write
+    for event in matching:
+        write(render(event))
+        count += 1
+    if args.follow:
+        for _ in matching:
+            pass  # reach the end of the file, where follow() goes on
+        out.stream.flush()
+    return count
 
 
 def _warn_bad_lines(source: Source, where: str) -> None:
@@ -167,57 +203,67 @@ def _warn_bad_lines(source: Source, where: str) -> None:
 # -- rendering ----------------------------------------------------------------------------------
 
 
-def _show(events: list[Event], args: argparse.Namespace) -> None:
-    if args.json:
-        for event in events:
-            print_json(ordered(event))
-        return
-    out = console()
-    if not out.is_terminal:
-        for event in events:
-            _print_event(event, args)
-        return
-    rows = [
-        [
-            styled(local_time(event_time(e))),
-            _kind_text(e),
-            styled(str(e.get("session_id") or "")),
-            styled(str(e.get("path") or "")),
-            styled("\n".join(why_lines(e, full=args.reasons))),
-        ]
-        for e in events
-    ]
-    render_table(
-        out,
-        f"memstaged log ({len(events)} events)",
-        ["time", "decision", "session", "file", "why"],
-        rows,
-    )
+class Renderer:
+    """One event as its line (or lines, with ``--reasons``), newline included.
+
+    journalctl's shape: time, what, the file, the session, then why. The local time of a
+    timestamp is worked out once per second of the log, not per event (the log's hot loop).
+    """
+
+    def __init__(self, out: Output, *, full: bool = False, as_json: bool = False) -> None:
+        self.out = out
+        self.full = full
+        self.as_json = as_json
+        self._times: dict[str, str] = {}
+
+    def __call__(self, event: Event) -> str:
+        if self.as_json:
+            return dumps(ordered(event)) + "\n"
+        return event_line(event, full=self.full, out=self.out, when=self._when(event)) + "\n"
+
+    def _when(self, event: Event) -> str:
+        stamp = event.get("timestamp")
+        if not isinstance(stamp, str):
+            return local_time(None)
+        second = stamp[:19] + stamp[-1:]  # the microseconds never change the second shown
+        shown = self._times.get(second)
+        if shown is None:
+            if len(self._times) > 4096:
+                self._times.clear()
+            shown = self._times[second] = local_time(event_time(event))
+        return shown
 
 
-def _kind_text(event: Event) -> Text:
+def _kind(event: Event) -> tuple[str, str | None]:
+    """The word in the decision column and its colour: a dry run's decision is marked."""
     if event.get("event") == "decision":
-        return decision_text(str(event.get("decision")))
-    return styled(str(event.get("event", "?")), "dim")
+        word = str(event.get("decision", "?"))
+        label = f"{word} (dry run)" if event.get("dry_run") else word
+        return label, DECISION_STYLES.get(word)
+    return str(event.get("event", "?")), "dim"
 
 
-def _print_event(event: Event, args: argparse.Namespace) -> None:
-    if args.json:
-        print_json(ordered(event))
-        return
-    print(event_line(event, full=args.reasons))
+def event_line(
+    event: Event, *, full: bool = False, out: Output | None = None, when: str | None = None
+) -> str:
+    """One event as text: time, decision, file, session, then why (indented lines when full).
 
-
-def event_line(event: Event, *, full: bool = False) -> str:
-    """One event as plain text: time, decision, file, session, then why (indented when full)."""
-    when = local_time(event_time(event))
-    if event.get("event") == "decision":
-        head = f"{when}  {event.get('decision', '?'):<11}  {event.get('path', '')}"
-    else:
-        head = f"{when}  {event.get('event', '?'):<11}  {event.get('path', '')}".rstrip()
+    Every part that came from a file is escaped: a name with a newline cannot fake a second
+    event, nor an ESC colour the terminal.
+    """
+    if when is None:
+        when = local_time(event_time(event))
+    label, style = _kind(event)
+    label = f"{display.text(label):<11}"
+    if out is not None:
+        label = out.paint(label, style)
+    head = f"{when}  {label}"
+    path = event.get("path")
+    if path:
+        head += f"  {display.name(path)}"
     session = event.get("session_id")
     if session:
-        head += f"  session={session}"
+        head += f"  session={display.name(session)}"
     lines = why_lines(event, full=full)
     if not full:
         return f"{head}  {lines[0]}" if lines else head
@@ -225,29 +271,42 @@ def event_line(event: Event, *, full: bool = False) -> str:
 
 
 def why_lines(event: Event, *, full: bool) -> list[str]:
-    """The reasons, repairs and dead-letter files of a decision; the fields of other events."""
+    """The reasons, repairs and dead-letter files of a decision; the fields of other events.
+
+    The one-line form of a repair names the repairs (rule and where), which say what was done;
+    the validation errors they fixed are in ``--reasons``.
+    """
     if event.get("event") != "decision":
         extras = [
             f"{key}={_short(value)}" for key, value in event.items() if key not in _SHOWN_ELSEWHERE
         ]
         return [", ".join(extras)] if extras else []
     reasons = [str(r) for r in event.get("reasons") or []]
-    repairs = [
-        f"repair {r.get('rule')} at {r.get('where')}: {_short(r.get('wrote'), full)}"
-        for r in event.get("repairs") or []
-        if isinstance(r, dict)
-    ]
+    repairs = [r for r in event.get("repairs") or [] if isinstance(r, dict)]
     deadletter = [str(d) for d in event.get("deadletter") or []]
     if not full:
-        first = reasons[0] if reasons else (repairs[0] if repairs else "")
-        more = len(reasons) + len(repairs) - 1 if first else 0
-        return [one_line(first) + (f" (+{more} more)" if more > 0 else "")] if first else []
-    lines = [f"- {r}" for r in reasons] + repairs
+        if repairs:
+            named = [f"{r.get('rule')} at {r.get('where')}" for r in repairs[:SHOWN_REPAIRS]]
+            more = len(repairs) - SHOWN_REPAIRS
+            return [
+                one_line("repaired by " + ", ".join(named))
+                + (f" (+{more} more)" if more > 0 else "")
+            ]
+        if not reasons:
+            return []
+        more = len(reasons) - 1
+        return [one_line(reasons[0]) + (f" (+{more} more)" if more > 0 else "")]
+    lines = [f"- {one_line(r)}" for r in reasons]
+    lines += [
+        f"repair {display.text(r.get('rule'))} at {display.text(r.get('where'))}: "
+        f"{_short(r.get('wrote'), True)}"
+        for r in repairs
+    ]
     if deadletter:
-        lines.append("deadletter: " + ", ".join(deadletter))
+        lines.append("deadletter: " + ", ".join(display.name(d) for d in deadletter))
     return lines
 
 
 def _short(value: Any, full: bool = False) -> str:
     text = value if isinstance(value, str) else dumps(value)
-    return text if full else one_line(text, 80)
+    return display.text(text) if full else one_line(text, 80)

@@ -17,11 +17,13 @@ from typing import Any, Final
 
 import msgspec
 
+from memstaged import display
 from memstaged.commands import _common
 from memstaged.commands._common import (
+    Output,
     add_json_option,
     add_memory_dir_options,
-    console,
+    add_output_options,
     guard_output,
     human_age,
     iso_utc,
@@ -61,6 +63,9 @@ class Stats(msgspec.Struct, frozen=True):
     by: str
     total: int
     decisions: dict[str, int]
+    #: Decisions of ``--dry-run`` runs in the window: logged, never carried out, so counted
+    #: here and nowhere else (SPEC 7).
+    dry_run: int
     memory_dirs: dict[str, dict[str, int]]
     periods: dict[str, dict[str, int]]
     top_errors: list[dict[str, Any]]
@@ -71,10 +76,15 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "stats",
         help="counts per decision, memory dir and day; frequent errors; stuck files",
-        description="Summarize the decision log over a window.",
+        description="Summarize the decision log over a window. Decisions of a --dry-run are "
+        "not counted as decisions (they were not carried out): they are counted apart.",
     )
-    parser.add_argument("--since", metavar="WHEN", help="from this time on: 10m, 2h, 3d or ISO")
-    parser.add_argument("--until", metavar="WHEN", help="up to this time: 10m, 2h, 3d or ISO")
+    parser.add_argument(
+        "-S", "--since", metavar="WHEN", help="from this time on: today, yesterday, 10m, 3d or ISO"
+    )
+    parser.add_argument(
+        "-U", "--until", metavar="WHEN", help="up to this time: today, yesterday, 10m, 3d or ISO"
+    )
     parser.add_argument(
         "--by",
         choices=["day", "hour"],
@@ -100,6 +110,7 @@ def register(sub: Any) -> None:
         "--journal-dir", metavar="DIR", help="with --journal: read the journal files in DIR"
     )
     add_json_option(parser)
+    add_output_options(parser)
     parser.set_defaults(func=run, decision=None, path=None, session=None)
 
 
@@ -133,8 +144,12 @@ def compute(
     per_period: dict[str, Counter[str]] = {}
     errors: Counter[str] = Counter()
     streaks: dict[str, list[Event]] = {}
+    dry_runs = 0
     for event in events:
         if event.get("event") != "decision" or not everywhere.matches(event):
+            continue
+        if event.get("dry_run"):
+            dry_runs += window.matches(event)
             continue
         path, decision = str(event.get("path")), str(event.get("decision"))
         if decision == Decision.DEFERRED.value:
@@ -156,6 +171,7 @@ def compute(
         by=by,
         total=sum(decisions.values()),
         decisions={d: decisions.get(d, 0) for d in DECISIONS},
+        dry_run=dry_runs,
         memory_dirs={k: _full(c) for k, c in sorted(per_dir.items())},
         periods={k: _full(c) for k, c in sorted(per_period.items())},
         top_errors=[{"error": e, "count": n} for e, n in errors.most_common(max(top, 0))],
@@ -201,27 +217,32 @@ def run(args: argparse.Namespace) -> int:
     filt = build_filter(args)
     source, _where = open_source(args, msgspec.structs.replace(filt, since=None))
     try:
-        events = source.history()
+        stats = compute(
+            source.iter_history(),
+            window=filt,
+            by=args.by,
+            top=args.top,
+            stuck_after=stuck_after,
+            clock=_common.now(),
+        )
     finally:
         source.close()
-    stats = compute(
-        events, window=filt, by=args.by, top=args.top, stuck_after=stuck_after, clock=_common.now()
-    )
     if args.json:
         print_json(msgspec.to_builtins(stats))
         return 0
-    _render(stats)
+    with Output(args) as out:
+        _render(stats, out)
     return 0
 
 
-def _render(stats: Stats) -> None:
-    out = console()
+def _render(stats: Stats, out: Output) -> None:
     span = f"{_when(stats.since)} .. {_when(stats.until)}"
     render_table(
         out,
         f"decisions ({span})",
         ["decision", "count"],
-        [[d, str(n)] for d, n in stats.decisions.items()] + [["total", str(stats.total)]],
+        [[d, str(n)] for d, n in stats.decisions.items()]
+        + [["total", str(stats.total)], ["(dry run, not carried out)", str(stats.dry_run)]],
         right=["count"],
     )
     short = DECISIONS
@@ -229,7 +250,7 @@ def _render(stats: Stats) -> None:
         out,
         "per memory dir",
         ["memory dir", *short],
-        [[k, *(str(c[d]) for d in DECISIONS)] for k, c in stats.memory_dirs.items()],
+        [[display.name(k), *(str(c[d]) for d in DECISIONS)] for k, c in stats.memory_dirs.items()],
         right=short,
     )
     render_table(
@@ -254,7 +275,7 @@ def _render(stats: Stats) -> None:
             [
                 human_age(s.for_seconds),
                 str(s.deferrals),
-                s.path,
+                display.name(s.path),
                 "yes" if s.exists else "no",
                 one_line(s.reason),
             ]

@@ -7,18 +7,18 @@ it serves as a health check (a systemd ``ExecCondition``, a monitoring probe, a 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import msgspec
-from rich.text import Text
 
+from memstaged import display
 from memstaged.commands import _common
 from memstaged.commands._common import (
+    DECISION_STYLES,
+    Output,
     add_json_option,
     add_memory_dir_options,
-    console,
-    decision_text,
+    add_output_options,
     guard_output,
     human_age,
     load_settings,
@@ -27,7 +27,6 @@ from memstaged.commands._common import (
     parse_duration,
     print_json,
     render_table,
-    styled,
 )
 from memstaged.survey import OUTCOMES, DirStatus, survey
 
@@ -63,6 +62,7 @@ def register(sub: Any) -> None:
         help="list every staging file with the decision it would get",
     )
     add_json_option(parser)
+    add_output_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -88,20 +88,20 @@ def run(args: argparse.Namespace) -> int:
         for result in results:
             print_json(msgspec.to_builtins(result))
     else:
-        _render(results, files=args.files)
+        with Output(args) as out:
+            _render(results, out, files=args.files)
     return 1 if any(r.attention for r in results) else 0
 
 
-def _render(results: list[DirStatus], *, files: bool) -> None:
+def _render(results: list[DirStatus], out: Output, *, files: bool) -> None:
     """One two-column table per memory dir: what, and how it stands."""
-    out = console()
     for r in results:
-        counts: list[list[str | Text]] = [
+        counts = [
             [f"  would be {o}" if o != "unreadable" else "  cannot be read", str(r.staging[o])]
             for o in OUTCOMES
             if r.staging[o] or o in ("valid", "repaired", "quarantined")
         ]
-        rows: list[list[str | Text]] = [
+        rows = [
             ["staging files", str(r.staging["total"])],
             *counts,
             ["oldest staging file", _oldest_text(r)],
@@ -109,52 +109,45 @@ def _render(results: list[DirStatus], *, files: bool) -> None:
             ["dead-letter originals", str(r.deadletter_originals)],
             ["reconciler lock", _lock_text(r)],
             ["memstaged", _holder_text(r)],
-            [
-                "needs attention",
-                styled("no", "green") if not r.attention else styled("yes", "bold yellow"),
-            ],
+            ["needs attention", "yes" if r.attention else "no"],
         ]
-        render_table(out, r.memory_dir, ["", "now"], rows)
+        styles: list[list[str | None]] = [[None, None] for _ in rows]
+        styles[-1][1] = "yellow" if r.attention else "green"
+        render_table(out, display.name(r.memory_dir), ["", "now"], rows, styles=styles)
     for r in results:
         if files and r.files:
             render_table(
                 out,
-                f"{r.memory_dir}/staging",
+                f"{display.name(r.memory_dir)}/staging",
                 ["file", "would be", "age", "why"],
                 [
                     [
-                        e.name,
-                        decision_text(e.decision),
+                        display.name(e.name),
+                        e.decision,
                         human_age(None if e.mtime is None else _age(e.mtime)),
                         one_line(e.reason or ""),
                     ]
                     for e in r.files
                 ],
+                styles=[[None, DECISION_STYLES.get(e.decision), None, None] for e in r.files],
             )
     flagged = [(r, a) for r in results for a in r.attention]
     if not flagged:
-        _say("nothing needs attention")
+        out.write("nothing needs attention\n")
         return
     for r, item in flagged:
-        _say(f"needs attention: {r.memory_dir}: {item}", style="bold yellow")
+        line = f"needs attention: {display.name(r.memory_dir)}: {display.text(item)}"
+        out.write(out.paint(line, "yellow") + "\n")
 
 
 def _age(mtime: float) -> float:
     return _common.now() - mtime
 
 
-def _say(text: str, style: str | None = None) -> None:
-    out = console()
-    if out.is_terminal:
-        out.print(styled(text, style))
-    else:
-        sys.stdout.write(text + "\n")
-
-
 def _oldest_text(r: DirStatus) -> str:
     if r.oldest_file is None:
         return "-"
-    return f"{r.oldest_file} ({human_age(r.oldest_age_seconds)})"
+    return f"{display.name(r.oldest_file)} ({human_age(r.oldest_age_seconds)})"
 
 
 def _lock_text(r: DirStatus) -> str:

@@ -1,0 +1,93 @@
+"""Text that is safe to put on a terminal: control characters escaped, file names reversible.
+
+A staging file's name is bytes (SPEC 6), and both names and contents come from whoever writes to
+``staging/``. Printed raw, an ESC in a name clears the screen or sets the window title, a newline
+fakes a second log line, and a right-to-left override turns ``exe.json`` around. So everything
+memstaged prints for a person goes through one of two functions:
+
+* :func:`name` for file names and paths, which must stay exact: a name that needs no escaping is
+  printed as it is; any other is quoted git-style (``"caf\\xe9.json"``), with ``\\`` and ``"``
+  escaped inside the quotes, so that the shown text gives the bytes back and a quoted name cannot
+  be mistaken for a plain one (a plain name never starts with ``"``: one that does is quoted).
+* :func:`text` for free text (reasons, summaries, a candidate's content): the same escapes, no
+  quotes; it is read, not copied back.
+
+A byte that is not UTF-8 reaches Python as a lone surrogate U+DC80..U+DCFF (``surrogateescape``):
+it is shown as ``\\xNN``, the byte it stands for. The JSON sinks need none of this: JSON escapes
+control characters itself, and keeps such a name as a ``\\udcNN`` escape that reads back to the
+same string (see :mod:`memstaged.logread`).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Final
+
+_SHORT: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", '"': '\\"'}
+#: Format characters that reorder or hide text: bidi embeddings, overrides and isolates.
+_BIDI: Final = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _escape_char(char: str, quoted: bool) -> str:
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if char in _SHORT and (quoted or char not in '\\"'):
+        return _SHORT[char]
+    if code < 0x20 or code == 0x7F:  # \xNN below 0x80 is a character, above it a raw byte
+        return f"\\x{code:02x}"
+    if char in _BIDI or unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp", "Cf", "Co", "Cn"):
+        return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    return char
+
+
+def _escaped(value: str, quoted: bool) -> str:
+    return "".join(
+        c if (c.isprintable() and (not quoted or c not in '\\"')) else _escape_char(c, quoted)
+        for c in value
+    )
+
+
+def text(value: object) -> str:
+    """``value`` as text with every control, format or undecodable character escaped."""
+    string = value if isinstance(value, str) else str(value)
+    if string.isprintable():  # C speed: true exactly when nothing needs escaping
+        return string
+    return _escaped(string, quoted=False)
+
+
+def name(value: object) -> str:
+    """A file name or path as it can be shown and copied back: as it is, or quoted git-style."""
+    string = value if isinstance(value, str) else str(value)
+    if string.isprintable() and not string.startswith('"'):
+        return string
+    return '"' + _escaped(string, quoted=True) + '"'
+
+
+def unquote(shown: str) -> str:
+    """The name :func:`name` showed, as ``os.fsdecode`` gives it (a test's proof of reversal)."""
+    if not shown.startswith('"'):
+        return shown
+    body = shown[1:-1]
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        char = body[i]
+        if char != "\\":
+            out.append(char)
+            i += 1
+            continue
+        kind = body[i + 1]
+        if kind == "x":
+            code = int(body[i + 2 : i + 4], 16)
+            out.append(chr(0xDC00 + code) if code >= 0x80 else chr(code))
+            i += 4
+            continue
+        if kind in "uU":
+            width = 4 if kind == "u" else 8
+            out.append(chr(int(body[i + 2 : i + 2 + width], 16)))
+            i += 2 + width
+            continue
+        out.append({"n": "\n", "r": "\r", "t": "\t"}.get(kind, kind))
+        i += 2
+    return "".join(out)
