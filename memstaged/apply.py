@@ -146,18 +146,6 @@ def _alt_name(dir_fd: int, name: str, taken: set[str]) -> str:
     raise OSError(errno.EEXIST, "no free name in deadletter/", name)
 
 
-def _with_original(body: bytes, original: str) -> bytes:
-    """A record whose original went under another name, pointing at that name."""
-    record = json.loads(body)
-    record["memstaged"]["original"] = f"{ORIGINALS_DIR}/{original}"
-    return (
-        json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode(
-            "utf-8", "surrogatepass"
-        )
-        + b"\n"
-    )
-
-
 def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
     """The dead-letter files of a plan, each with a name that is safe to use (SPEC 4)."""
     if plan.original is None and not plan.records:
@@ -179,9 +167,8 @@ def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
             files.append(_File(or_fd, name, plan.version.data, "refresh" if held else "install"))
         taken.add(name)
         if name != plan.original:
-            plan.records = [
-                DeadLetter(r.name, r.category, _with_original(r.body, name)) for r in plan.records
-            ]
+            for r in plan.records:
+                r.point_at(name)
             plan.original = name
     records: list[DeadLetter] = []
     for record in plan.records:
@@ -196,7 +183,7 @@ def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
                 name = _alt_name(dl_fd, name, taken)
         taken.add(name)
         files.append(_File(dl_fd, name, body, how))
-        records.append(DeadLetter(name, record.category, body) if name != record.name else record)
+        records.append(record.renamed(name) if name != record.name else record)
     plan.records = records
     _name_in_event(plan)
     return files

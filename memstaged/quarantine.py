@@ -84,7 +84,16 @@ def _attempts(candidate: object) -> Any:
 class _Shared:
     """What the records of one decision have in common, computed once."""
 
-    __slots__ = ("doc", "embedded", "exotic", "origin", "problems", "produced_at", "session_id")
+    __slots__ = (
+        "doc",
+        "embedded",
+        "exotic",
+        "origin",
+        "original",
+        "problems",
+        "produced_at",
+        "session_id",
+    )
 
     def __init__(
         self,
@@ -102,6 +111,8 @@ class _Shared:
         self.produced_at = canonical_or_epoch(produced)
         #: The parsed file as each record holds it: its encoding, or a reference to the original.
         self.embedded: msgspec.Raw | dict[str, str] | None = None
+        #: The original's name in ``originals/``; the apply path changes it when that is taken.
+        self.original = original_name(origin.file_name, origin.sha256)
 
     def render(self, category: str, candidate: Any, attempts: Any, errors: list[str]) -> bytes:
         origin = self.origin
@@ -115,7 +126,7 @@ class _Shared:
             "memstaged": {
                 "source_path": origin.source_path,
                 "source_file": origin.file_name,
-                "original": f"{ORIGINALS_DIR}/{original_name(origin.file_name, origin.sha256)}",
+                "original": f"{ORIGINALS_DIR}/{self.original}",
                 "sha256": origin.sha256,
                 "size": origin.size,
                 "errors": errors,
@@ -164,6 +175,20 @@ class DeadLetter:
         errors = file_errors + [str(p) for p in own]
         return shared.render(self.category, wrapped, _attempts(item), errors)
 
+    def renamed(self, name: str) -> DeadLetter:
+        """The same record under another file name (SPEC 4: a name under deadletter/ is taken)."""
+        return DeadLetter(name, self.category, self._shared, self._index)
+
+    def point_at(self, original: str) -> None:
+        """Make this record, and every record of its decision, name ``original`` as the original.
+
+        The records of one decision share one original, so they change together.
+        """
+        shared = self._shared
+        shared.original = original
+        if isinstance(shared.embedded, dict):
+            shared.embedded = {**shared.embedded, "memstaged_original": original}
+
     def __repr__(self) -> str:
         return f"DeadLetter({self.name!r}, {self.category!r})"
 
@@ -209,7 +234,7 @@ def candidate_records(
     encoded = encode_json(doc, exotic=exotic)
     if len(encoded) * len(positions) > max(EMBED_FACTOR * origin.size, EMBED_LIMIT):
         shared.embedded = {
-            "memstaged_original": original_name(origin.file_name, origin.sha256),
+            "memstaged_original": shared.original,
             "sha256": origin.sha256,
         }
     else:
