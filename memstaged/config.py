@@ -139,11 +139,26 @@ def default_log_file(env: Mapping[str, str]) -> Path:
     return default_state_dir(env) / "decisions.jsonl"
 
 
+#: A config is a few lines; anything larger is not one (and is not read whole into memory).
+MAX_CONFIG_SIZE: Final = 1 << 20
+
+
 def read_config(path: Path) -> FileConfig:
     """Parse and check the TOML file; every problem is one line naming the file and the key."""
     try:
-        with path.open("rb") as fh:
-            raw = tomllib.load(fh)
+        # O_NONBLOCK: a FIFO named as the config must not hang the command; links are followed,
+        # as the user named this path (dotfile managers link configs)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"{path}: cannot read: not a regular file")
+            data = os.read(fd, MAX_CONFIG_SIZE + 1)
+        finally:
+            os.close(fd)
+        if len(data) > MAX_CONFIG_SIZE:
+            raise ConfigError(f"{path}: cannot read: larger than {MAX_CONFIG_SIZE} bytes")
+        raw = tomllib.loads(data.decode("utf-8"))
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:

@@ -85,3 +85,18 @@ def test_globs_are_expanded_when_asked(tmp_path: Path) -> None:
     assert [m.path for m in settings.memory_dirs()] == [
         str(tmp_path / "new" / ".pi" / "memory" / "project")
     ]
+
+
+def test_a_config_that_is_a_fifo_or_huge_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    """Issue 13 item 4 (found by the argv fuzz test): ``--config`` naming a FIFO used to block for
+    ever in open(); a config larger than 1 MiB is refused rather than read whole."""
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        config.read_config(fifo)
+    huge = tmp_path / "huge.toml"
+    huge.write_bytes(b"#" * (config.MAX_CONFIG_SIZE + 1))
+    with pytest.raises(ConfigError, match="larger than"):
+        config.read_config(huge)
