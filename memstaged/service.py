@@ -313,8 +313,10 @@ def install(*, enable: bool, sandbox: bool = False) -> Installed:
     if sandbox:
         trees = writable_trees(env)
         state = config.default_state_dir(env)
+        from memstaged.log import private_dirs  # the state dir and any parent it makes: 0700
+
         try:  # it must exist at start: the sandbox makes its parent read-only
-            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dirs(state)
         except OSError as err:
             raise ConfigError(f"cannot create {state}: {err.strerror}") from None
         dropin_text = sandbox_text(trees)
