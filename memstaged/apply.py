@@ -169,6 +169,7 @@ def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
         if name != plan.original:
             for r in plan.records:
                 r.point_at(name)
+            _repairs_point_at(plan.event, plan.original, name)
             plan.original = name
     records: list[DeadLetter] = []
     for record in plan.records:
@@ -187,6 +188,15 @@ def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
     plan.records = records
     _name_in_event(plan)
     return files
+
+
+def _repairs_point_at(event: dict[str, Any], old: str, new: str) -> None:
+    """An R6 repair in the log names the file that really holds the original (SPEC 3, R6)."""
+    before, after = f"{DEADLETTER}/{ORIGINALS_DIR}/{old}", f"{DEADLETTER}/{ORIGINALS_DIR}/{new}"
+    for repair in event.get("repairs", ()):
+        wrote = repair.get("wrote")
+        if isinstance(wrote, dict) and wrote.get("original") == before:
+            wrote["original"] = after
 
 
 def _name_in_event(plan: Plan) -> None:
