@@ -146,12 +146,16 @@ class Rig:
         return out
 
     def settle(self, names: set[str]) -> None:
-        """Wait until each of ``names`` and every recovered file has a final decision."""
+        """Wait until each of ``names`` and every recovered file has a final decision, carried
+        out: a decision is logged before its change (SPEC 5), so a daemon killed in between has
+        logged ``quarantined`` for a file still in staging/, which its successor moves."""
 
         def done() -> bool:
             seen = self.decisions()
-            staged = {n for n in os.listdir(self.mdir / "staging") if ".recovered-" in n}
-            return all(seen.get(n, set()) & FINAL for n in names | staged)
+            listed = set(os.listdir(self.mdir / "staging"))
+            staged = {n for n in listed if ".recovered-" in n}
+            decided = all(seen.get(n, set()) & FINAL for n in names | staged)
+            return decided and not any("quarantined" in seen.get(n, ()) for n in listed)
 
         assert wait_for(done, 60), "the daemon did not decide every file"
 
