@@ -1,6 +1,7 @@
 """What the log says about dead-letter files is true of the bytes on disk when names under
-``deadletter/`` are already taken (found by attacking the merged main). Each test runs the installed command (``python -m memstaged --once``) on a real memory
-dir and reads the JSON-lines decision log back."""
+``deadletter/`` are already taken (found by attacking the merged main). Each test runs the
+installed command (``python -m memstaged --once``) on a real memory dir and reads the JSON-lines
+decision log back."""
 
 from __future__ import annotations
 
