@@ -25,6 +25,7 @@ from cmd_support import (
 )
 from conftest import EVIDENCE, write
 
+from memstaged import apply as applying
 from memstaged import deadletter, fsio
 from memstaged import recover as recover_module
 from memstaged.cli import main
@@ -242,12 +243,15 @@ def test_records_go_only_after_the_staging_file_is_durable(
     monkeypatch: pytest.MonkeyPatch,
     store: Path,
     project: Path,
+    log_file: Path,
 ) -> None:
-    """The order of a recovery: the staging file is renamed into place, staging/ is fsynced, and
-    only then are records deleted, at which point the file is there, complete and valid."""
+    """Issue 12 (one apply path) and SPEC 5: recovery goes through apply's transaction, in its
+    order: the staging file is renamed into place, staging/ is fsynced, and only then are
+    records deleted (each one: the file is there, complete and valid), then deadletter/ is
+    fsynced; the removal is announced in the decision log before it happens."""
     steps: list[str] = []
     real_rename, real_fsync = fsio.rename_noreplace, fsio.fsync_dir
-    real_delete = deadletter.delete_records
+    real_unlink = applying._unlink_held
 
     def rename(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
         real_rename(src_dir, src, dst_dir, dst)
@@ -257,17 +261,25 @@ def test_records_go_only_after_the_staging_file_is_durable(
         real_fsync(fd)
         steps.append(f"fsync {Path(os.readlink(f'/proc/self/fd/{fd}')).name}")
 
-    def delete(mem_fd: int, records: Any) -> dict[str, str]:
+    def unlink(dir_fd: int, held: Any) -> tuple[bool, str | None]:
         recovered = store / "staging" / "mixed.recovered-1.json"
         assert _valid(recovered.read_bytes(), project)
-        steps.append("delete records")
-        return real_delete(mem_fd, records)
+        assert "deadletter_recovering" in [e["event"] for e in logged(log_file)]
+        steps.append("delete record")
+        return real_unlink(dir_fd, held)
 
     monkeypatch.setattr(fsio, "rename_noreplace", rename)
     monkeypatch.setattr(fsio, "fsync_dir", fsync_dir)
-    monkeypatch.setattr("memstaged.recover.delete_records", delete)
+    monkeypatch.setattr(applying, "_unlink_held", unlink)
     assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
-    assert steps[:3] == ["rename mixed.recovered-1.json", "fsync staging", "delete records"]
+    assert steps[:6] == [
+        "rename mixed.recovered-1.json",
+        "fsync staging",
+        "delete record",
+        "delete record",
+        "delete record",
+        "fsync deadletter",
+    ]
 
 
 def test_nothing_is_lost_when_the_staging_write_fails(
