@@ -24,6 +24,7 @@ from cmd_support import (
     staging_files,
 )
 from conftest import EVIDENCE, write
+from helpers import memstaged_cmd, memstaged_env
 
 from memstaged import apply as applying
 from memstaged import deadletter, fsio
@@ -282,6 +283,56 @@ def test_records_go_only_after_the_staging_file_is_durable(
     ]
 
 
+@pytest.mark.parametrize("step", ["lock-taken:1", "created:1", "staging-synced:1", "unlinked:2"])
+def test_a_recovery_killed_inside_applys_transaction_loses_and_doubles_nothing(
+    store: Path, tmp_path: Path, step: str
+) -> None:
+    """Issue 12 (one apply path), crash ledger: `recover` SIGKILLed at a step of apply's
+    transaction (its temp written, the lock taken; its file renamed in; staging/ fsynced;
+    between two record deletions) leaves every record or its candidate in place; a memstaged
+    starting then deletes the partial temp, and the next recovery ends with each candidate in
+    exactly one staging file and no record of it left."""
+    env = memstaged_env(tmp_path, MEMSTAGED_CRASH_AT=step)
+    mdir = str(store)
+    killed = subprocess.run(
+        memstaged_cmd("deadletter", "recover", "--session", "mixed", "--memory-dir", mdir),
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert killed.returncode == -9, killed.stderr.decode()
+    env.pop("MEMSTAGED_CRASH_AT")
+    texts = ["Prefer small commits", "Use msgspec", "Pin the venv"]
+
+    def text(candidate: Any) -> str:
+        return str(candidate.get("text") or candidate.get("summary"))
+
+    # Staging files only: a temp (a dot file) is no one's version, and is deleted at next start.
+    staged = [json.loads(d) for n, d in staging_files(store).items() if not n.startswith(".")]
+    in_staging = [text(c) for d in staged for cs in d["candidates"].values() for c in cs]
+    records = [json.loads(d)["candidate"] for d in record_files(store).values()]
+    in_records = [text(r["candidate"]) for r in records if "original_staging_file" in r]
+    for wanted in texts:  # nothing lost, nothing staged twice, whatever the step
+        assert in_staging.count(wanted) + in_records.count(wanted) >= 1, wanted
+        assert in_staging.count(wanted) <= 1, wanted
+    once = subprocess.run(
+        memstaged_cmd("--once", "--memory-dir", mdir, "--settle", "0"), env=env, timeout=60
+    )
+    assert once.returncode == 0
+    assert not [n for n in os.listdir(store / "staging") if n.startswith(fsio.TEMP_PREFIX)]
+    again = subprocess.run(
+        memstaged_cmd("deadletter", "recover", "--session", "mixed", "--memory-dir", mdir),
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert again.returncode == 1, again.stderr.decode()  # the bad lesson stays
+    staged = [json.loads(d) for d in staging_files(store).values()]
+    prefs = [c["text"] for d in staged for c in d.get("candidates", {}).get("preferences", [])]
+    assert prefs.count("Prefer small commits") == 1
+    assert len(_ids(store, "mixed")) == 1  # only the bad lesson's record
+
+
 def test_nothing_is_lost_when_the_staging_write_fails(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, store: Path
 ) -> None:
@@ -361,6 +412,37 @@ def test_a_candidate_staged_after_the_plan_is_not_written_again(
         for p in json.loads(data).get("candidates", {}).get("preferences", [])
     ]
     assert texts.count("Prefer small commits") == 1
+
+
+def test_a_duplicate_stays_when_its_staging_file_changes_after_the_plan(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, store: Path
+) -> None:
+    """Issue 12 item 2, SPEC 5: a record whose candidate staging/ held at the plan is deleted
+    only if that staging file is still the very file recovery looked at (it is then fsynced
+    before the record goes). Here a writer rewrites it without the candidate between the plan
+    and apply's transaction: the record stays, so the candidate is not lost; the next run
+    brings it back."""
+    [pref] = _ids(store, "preferences")
+    saved = (store / "deadletter" / f"{pref}.json").read_bytes()
+    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    (store / "deadletter" / f"{pref}.json").write_bytes(saved)  # as after a crash
+    holder = store / "staging" / "mixed.recovered-1.json"
+    doc = json.loads(holder.read_bytes())
+    doc["candidates"]["preferences"] = []
+    _after_the_plan(monkeypatch, lambda: write(holder, doc))
+    code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
+    assert code == 1
+    [outcome] = json_lines(out)
+    assert outcome["action"] == "left"
+    assert outcome["reason"] == "staging/mixed.recovered-1.json changed meanwhile; run recover again"
+    assert (store / "deadletter" / f"{pref}.json").read_bytes() == saved
+
+    monkeypatch.undo()
+    code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
+    assert code == 0
+    [outcome] = json_lines(out)
+    assert outcome["action"] == "recovered"
+    assert not (store / "deadletter" / f"{pref}.json").exists()
 
 
 def test_records_taken_after_the_plan_are_not_recovered_twice(
