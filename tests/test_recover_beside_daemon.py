@@ -50,28 +50,31 @@ from memstaged.fsio import TEMP_PREFIX
 
 FINAL: Final = {"valid", "quarantined"}
 #: How each round of the race is disturbed: nothing, a SIGKILL of either side at a random
-#: moment, or a crash of the recovery at a named step (MEMSTAGED_CRASH_AT): after its temp
-#: file, once it holds the lock, after its rename, after fsyncing staging/, after its deletes.
+#: moment, or a crash of the recovery at a named step of apply's transaction
+#: (MEMSTAGED_CRASH_AT): after its first temp file, once it holds the lock, after the rename of
+#: a new staging file, after fsyncing staging/, between two record deletions, after fsyncing
+#: deadletter/.
 MODES: Final = (
     "none",
     "sigkill-recovery",
     "sigkill-daemon",
     "crash:temp-created:1",
     "crash:lock-taken:2",
-    "crash:recover-renamed:1",
-    "crash:recover-staged:1",
-    "crash:recover-deleted:1",
+    "crash:created:1",
+    "crash:staging-synced:1",
+    "crash:unlinked:2",
+    "crash:store-synced:1",
 )
 #: The fast run's rounds. A recovery killed while it holds canonical-writer.lock leaves it to
-#: the daemon's next look (up to 5 s, LOCK_POLL), so only the two crashes that matter most
-#: (around the deletes) are in it; the slow run takes every mode, many times.
+#: the daemon's next look (up to 5 s, LOCK_POLL), so only the crashes that matter most (around
+#: the deletes) are in it; the slow run takes every mode, many times.
 FAST: Final = (
     "none",
     "sigkill-recovery",
     "sigkill-daemon",
     "crash:temp-created:1",
-    "crash:recover-staged:1",
-    "crash:recover-deleted:1",
+    "crash:staging-synced:1",
+    "crash:unlinked:2",
 )
 
 
@@ -362,9 +365,10 @@ def _race(rig: Rig, modes: list[str], seed: int) -> None:
 def test_recovery_races_a_writer_and_kills_of_either_side(rig: Rig) -> None:
     """Issue 12 item 3: recovery beside a running daemon, repeated while a writer renames new
     files in, with SIGKILLs of the recovery or of the daemon at random moments and crashes at
-    each step of a recovery (after its temp file, its lock, its rename, its fsync, its
-    deletes): after every round no candidate is lost, none is in two staging files, no
-    record lost its original, and the daemon decided every recovered file valid."""
+    the steps of apply's transaction that recovery goes through (after its temp file, after
+    its fsync of staging/, between its deletes): after every round no candidate is lost, none
+    is in two staging files, no record lost its original, and the daemon decided every
+    recovered file valid."""
     _race(rig, list(FAST), seed=12)
 
 
