@@ -21,6 +21,7 @@ same string (see :mod:`memstaged.logread`).
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 _SHORT: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", '"': '\\"'}
@@ -62,6 +63,29 @@ def name(value: object) -> str:
     if string.isprintable() and not string.startswith('"'):
         return string
     return '"' + _escaped(string, quoted=True) + '"'
+
+
+#: R5 adds a category that was absent: the least telling repair, so it is named last.
+_QUIET_RULES: Final = frozenset({"R5"})
+
+
+def repairs(items: Sequence[Mapping[str, object]], shown: int = 3) -> str:
+    """The repairs of a decision on one line, by rule: ``R1 at candidates.lessons[0].triggers;
+    R5 at candidates.preferences, candidates.domain``.
+
+    Each rule is named with at most ``shown`` places (``(+N more)``), and R5 last: a file that
+    lacked three categories and a lesson's triggers says R1 first, instead of hiding it behind
+    the three R5s (issue 13: "repaired lines on a TTY don't say which repair"). Escaped.
+    """
+    places: dict[str, list[str]] = {}
+    for item in items:
+        places.setdefault(str(item.get("rule")), []).append(str(item.get("where")))
+    parts = []
+    for rule in sorted(places, key=lambda r: r in _QUIET_RULES):  # stable: first seen first
+        where = places[rule]
+        more = f" (+{len(where) - shown} more)" if len(where) > shown else ""
+        parts.append(f"{rule} at {', '.join(where[:shown])}{more}")
+    return text("; ".join(parts))
 
 
 def unquote(shown: str) -> str:

@@ -131,7 +131,7 @@ def test_reasons_in_full(capsys: pytest.CaptureFixture[str], prepared: Path) -> 
     repaired line says which repair), not what they wrote; with it, every validation error and
     every repair, with what it wrote."""
     _, short, _ = run(capsys, "log", "--path", "fixme.json")
-    assert "repaired by R3 at produced_at, R1 at candidates.lessons[0].triggers" in short
+    assert "repaired by R3 at produced_at; R1 at candidates.lessons[0].triggers" in short
     assert short.count("\n") == 1
     assert '"type":"topic"' not in short
     _, full, _ = run(capsys, "log", "--reasons", "--path", "fixme.json")

@@ -521,6 +521,26 @@ def test_repaired_lines_on_a_terminal_say_which_repair(
     assert b"repaired by R1 at candidates.lessons[0].triggers" in shown
 
 
+def test_a_repair_behind_added_categories_is_still_named_on_a_terminal(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 13 ("repaired lines on a TTY don't say which repair"): the demo's
+    session-no-triggers.json lacks three categories and a lesson's triggers; its line on a
+    terminal, from ``--once`` and from ``memstaged log``, names R1 and where, instead of three
+    R5s and "(+1 more)"."""
+    doc = staging_doc(project, "no-triggers", candidates={"lessons": [lesson(triggers=[])]})
+    for category in ("preferences", "decisions", "domain"):
+        del doc["candidates"][category]
+    write(memory_dir / "staging" / "no-triggers.json", doc)
+    _old(memory_dir / "staging" / "no-triggers.json")
+    env = memstaged_env(tmp_path)
+    named = b"repaired by R1 at candidates.lessons[0].triggers; R5 at candidates.preferences"
+    code, shown = _pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
+    assert code == 0 and named in shown, shown
+    code, shown = _pty_run(memstaged_cmd("log", "--no-pager"), env)
+    assert code == 0 and named in shown, shown
+
+
 def test_once_summary_as_json_and_into_a_closed_pipe(
     tmp_path: Path, project: Path, memory_dir: Path
 ) -> None:
