@@ -196,11 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--events", type=int, default=200_000, help="log lines (200,000)")
     parser.add_argument("--records", type=int, default=40_000, help="dead-letter records")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each command (3)")
+    parser.add_argument("--repeat", type=int, help="runs of each command (3; --quick 1)")
     parser.add_argument("--quick", action="store_true", help="20,000 events, 4,000 records, 1 run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.events, args.records, args.repeat = 20_000, 4_000, 1
+        args.events, args.records = 20_000, 4_000
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="inspection-", dir=os.getcwd()) as tmp:
         work = Path(tmp)
         mdir, decisions = seed(work)
