@@ -8,6 +8,8 @@ import json
 import os
 import pty
 import select
+import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -605,6 +607,44 @@ def test_the_busy_error_is_one_unwrapped_line(
     assert result.returncode == 1
     lines = [ln for ln in result.stderr.decode().splitlines() if "working on" in ln]
     assert len(lines) == 1 and str(memory_dir) in lines[0]
+
+
+def test_the_daemon_says_when_staging_cannot_be_read(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 13 item 3, the daemon's side: with ``staging/`` unreadable (``chmod 000``, a normal
+    user), the daemon does not just log ``ready``: an error event ``staging_unreadable``
+    naming the directory and the cause comes first. As root, the run drops the capabilities
+    that let root read anything (``setpriv``)."""
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: cannot make staging/ unreadable")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    else:
+        prefix = []
+    env = memstaged_env(tmp_path)
+    log = Path(env["MEMSTAGED_LOG_FILE"])
+    (memory_dir / "staging").chmod(0)
+    proc = subprocess.Popen(
+        [*prefix, *memstaged_cmd("--memory-dir", str(memory_dir))],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    try:
+        assert wait_for(lambda: any(e.get("event") == "ready" for e in read_events(log)), 30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        (memory_dir / "staging").chmod(0o700)
+    assert code == 0
+    events = [e.get("event") for e in read_events(log)]
+    [unreadable] = [e for e in read_events(log) if e.get("event") == "staging_unreadable"]
+    assert events.index("staging_unreadable") < events.index("ready")
+    assert unreadable["level"] == "error"
+    assert unreadable["path"] == str(memory_dir / "staging")
+    assert "ermission denied" in unreadable["error"]
 
 
 # -- issue 10 item 17: private directories -----------------------------------------------------
