@@ -3,6 +3,7 @@ argument, ``check`` as ``--once``, dry runs marked, and output that fits a termi
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -11,8 +12,10 @@ import select
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -468,6 +471,7 @@ def test_argparse_errors_are_one_line_and_not_doubled(capsys: pytest.CaptureFixt
 def _pty_run(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, bytes]:
     """``argv`` with stdout and stderr on a pseudo-terminal: its exit code and what it showed."""
     controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env
     )
@@ -585,6 +589,20 @@ def test_a_long_settle_wait_says_what_it_waits_for(
     waiting = [line for line in err.splitlines() if "waiting up to" in line]
     assert len(waiting) == 1
     assert "half.json" in waiting[0] and "settle interval (1.2s)" in waiting[0]
+
+
+def test_the_settle_wait_is_one_line_on_a_terminal_too(tmp_path: Path, memory_dir: Path) -> None:
+    """Issue 13: on an 80-column terminal, where ``--once`` shows a progress bar, the line that
+    says what it waits for is one line, not hard-wrapped at 80 columns by the bar's console
+    (a path cut in two cannot be copied)."""
+    write(memory_dir / "staging" / "half.json", b'{"schemaVersion": 1, "sess')
+    env = memstaged_env(tmp_path)
+    argv = memstaged_cmd("--once", "--settle", "3", "--memory-dir", str(memory_dir))
+    code, shown = _pty_run(argv, env)
+    assert code == 0, shown
+    [line] = [ln for ln in shown.split(b"\n") if b"waiting up to" in ln]
+    assert len(line) > 80
+    assert str(memory_dir).encode() in line and b"settle interval (3s): half.json" in line
 
 
 def test_the_busy_error_is_one_unwrapped_line(
