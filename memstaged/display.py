@@ -16,10 +16,14 @@ A byte that is not UTF-8 reaches Python as a lone surrogate U+DC80..U+DCFF (``su
 it is shown as ``\\xNN``, the byte it stands for. The JSON sinks need none of this: JSON escapes
 control characters itself, and keeps such a name as a ``\\udcNN`` escape that reads back to the
 same string (see :mod:`memstaged.logread`).
+JSON escapes only the controls below U+0020, though: what ``--json`` prints (it reaches terminals
+too) goes through :func:`json_line`, which writes DEL, the C1 controls, bidi controls and
+U+2028/U+2029 as ``\\uXXXX`` too.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -63,6 +67,22 @@ def name(value: object) -> str:
     if string.isprintable() and not string.startswith('"'):
         return string
     return '"' + _escaped(string, quoted=True) + '"'
+
+
+#: What JSON may hold raw in a string but a terminal may act on: DEL, the C1 controls (U+009B is
+#: a one-character CSI to some terminals), bidi controls, and the line and paragraph separators.
+_JSON_UNSAFE: Final = re.compile(
+    "[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2028\u2029\u2066-\u2069]"
+)
+
+
+def json_line(encoded: str) -> str:
+    """A JSON text with those characters written as ``\\uXXXX`` escapes: the same JSON value,
+    and nothing a terminal would act on when ``--json`` goes to one (SPEC 6). They can only be
+    inside strings (JSON outside strings is ASCII), so the escape is always valid there."""
+    if encoded.isascii() and "\x7f" not in encoded:
+        return encoded
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", encoded)
 
 
 #: R5 adds a category that was absent: the least telling repair, so it is named last.

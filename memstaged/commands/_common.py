@@ -349,10 +349,11 @@ class Output:
 
 
 def print_json(obj: Any, out: IO[str] | None = None) -> None:
-    """One JSON line; values msgspec refuses (lone surrogates, ...) fall back to the stdlib."""
+    """One JSON line; values msgspec refuses (lone surrogates, ...) fall back to the stdlib.
+    Characters a terminal acts on are escaped (:func:`display.json_line`)."""
     from memstaged.log import dumps
 
-    (out or sys.stdout).write(dumps(obj) + "\n")
+    (out or sys.stdout).write(display.json_line(dumps(obj)) + "\n")
 
 
 def render_table(

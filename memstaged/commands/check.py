@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"memstaged check: {display.name(path)}: {display.text(reason)}", file=sys.stderr)
         worst = max(worst, EXIT_CODES.get(decision, 4), key=_SEVERITY.__getitem__)
         if args.json:
-            print(dumps(_json_line(path, decision, reason, verdict)))
+            print(display.json_line(dumps(_json_line(path, decision, reason, verdict))))
             continue
         _print_text(path, decision, reason, verdict, data, diff=args.diff)
     # Foreign files and none valid or repairable: most likely the project root is not the one

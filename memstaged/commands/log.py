@@ -220,7 +220,7 @@ class Renderer:
 
     def __call__(self, event: Event) -> str:
         if self.as_json:
-            return dumps(ordered(event)) + "\n"
+            return display.json_line(dumps(ordered(event))) + "\n"
         kind = event.get("event")
         decision = event.get("decision") if kind == "decision" else None
         key = (kind, decision, bool(event.get("dry_run")))
