@@ -243,7 +243,8 @@ def _write_atomically(target: Path, text: str) -> None:
         raise ConfigError(f"cannot write {target}: {err.strerror}") from None
 
 
-def _service_lines(text: str) -> list[str]:
+def service_lines(text: str) -> list[str]:
+    """The ``[Service]`` settings of a unit or drop-in, without comments (tests read them too)."""
     section, lines = "", []
     for raw in text.splitlines():
         line = raw.strip()
@@ -263,12 +264,12 @@ def check_sandbox(unit: str, dropin: str, executable: str) -> None:
     """
     hardening = [
         line
-        for line in _service_lines(unit)
+        for line in service_lines(unit)
         if line.split("=", 1)[0] not in {"Type", "ExecStart", "ExecReload", "WatchdogSec"}
         and not line.startswith(("Restart", "NotifyAccess"))
     ]
     check = unit_dir() / SANDBOX_CHECK_UNIT
-    body = "\n".join([*hardening, *_service_lines(dropin)])
+    body = "\n".join([*hardening, *service_lines(dropin)])
     _write_atomically(
         check,
         f"[Service]\nType=oneshot\nExecStart={exec_quote(executable)} --version\n{body}\n",
@@ -313,8 +314,10 @@ def install(*, enable: bool, sandbox: bool = False) -> Installed:
     if sandbox:
         trees = writable_trees(env)
         state = config.default_state_dir(env)
+        from memstaged.log import private_dirs  # the state dir and any parent it makes: 0700
+
         try:  # it must exist at start: the sandbox makes its parent read-only
-            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dirs(state)
         except OSError as err:
             raise ConfigError(f"cannot create {state}: {err.strerror}") from None
         dropin_text = sandbox_text(trees)

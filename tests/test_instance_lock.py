@@ -123,3 +123,48 @@ def test_wait_has_a_limit_and_says_what_it_waits_for(
         InstanceLock(str(mdir)).acquire(wait=0.5, on_wait=said.append)
     assert time.monotonic() - started < 10  # bounded, not for ever (a generous hang guard)
     assert len(said) == 1 and str(mdir) in said[0] and f"pid {proc.pid}" in said[0]
+
+
+_READ_ONLY = [
+    ["--once", "--dry-run"],
+    ["check", "{file}"],
+    ["log"],
+    ["stats"],
+    ["status"],
+    ["deadletter", "list"],
+    ["deadletter", "show", "{record}"],
+    ["deadletter", "recover", "--all", "--dry-run"],
+    ["deadletter", "purge", "--older-than", "0s"],
+]
+
+
+@pytest.mark.parametrize("command", _READ_ONLY, ids=" ".join)
+def test_every_command_that_only_looks_leaves_the_memory_dir_as_it_was(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Issue 12 (the lock leaves nothing) and issue 13 item 2 (``--dry-run`` writes nothing):
+    each inspecting command, run on a memory dir with a quarantined and a valid file, leaves
+    every entry of the memory dir as it was: names, modes and bytes."""
+    mdir = make_memory_dir(tmp_path)
+    junk = mdir / "staging" / "junk.json"
+    junk.write_bytes(b'{"session_id": "s1", "candidates": {"lessons": [{"summary": 1}]}}')
+    os.utime(junk, (1, 1))
+    env = memstaged_env(tmp_path / "work")
+    assert run_once(mdir, env).returncode == 0
+    again = mdir / "staging" / "again.json"
+    again.write_bytes(b"still not json")
+    os.utime(again, (1, 1))
+    record = next((mdir / "deadletter").glob("*.json")).name.removesuffix(".json")
+    before = _tree(mdir)
+    argv = [a.format(file=again, record=record) for a in command]
+    done = subprocess.run(
+        [sys.executable, "-m", "memstaged", *argv, "--memory-dir", str(mdir)]
+        if argv[0] != "check"
+        else [sys.executable, "-m", "memstaged", *argv],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr.decode(), done.stderr
+    assert _tree(mdir) == before, (argv, done.stderr)

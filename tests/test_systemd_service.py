@@ -419,19 +419,8 @@ SANDBOX = {
 }
 
 
-def _service_section(text: str) -> list[str]:
-    section, lines = "", []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("["):
-            section = line
-        elif section == "[Service]" and line and not line.startswith("#"):
-            lines.append(line)
-    return lines
-
-
 def _unit_lines() -> list[str]:
-    return _service_section((ROOT / "packaging" / "systemd" / "memstaged.service").read_text())
+    return service.service_lines((ROOT / "packaging" / "systemd" / "memstaged.service").read_text())
 
 
 @dataclass(frozen=True)
@@ -531,7 +520,7 @@ def _run_probes(manager: str) -> ProbeRun:
             line: run(f"sandbox{i}", (*SANDBOX[line].context, line))
             for i, line in enumerate(SANDBOX)
         }
-        dropin = _service_section(service.sandbox_text([str(work)]))
+        dropin = service.service_lines(service.sandbox_text([str(work)]))
         sandbox_full = run("sandbox-full", [*hardening, *dropin])
     return ProbeRun(results, baselines, full, None, sandbox, sandbox_baselines, sandbox_full)
 
@@ -637,7 +626,7 @@ def test_left_out_options_fail_or_are_ignored_in_an_unprivileged_user_manager() 
 
 def test_the_sandbox_drop_in_has_exactly_the_probed_options() -> None:
     """Every line of the drop-in `service install --sandbox` writes has a probe below."""
-    lines = _service_section(service.sandbox_text(["/x"]))
+    lines = service.service_lines(service.sandbox_text(["/x"]))
     assert [ln for ln in lines if not ln.startswith("ReadWritePaths=")] == list(SANDBOX)
     assert lines[-1] == 'ReadWritePaths="-/x"'
 

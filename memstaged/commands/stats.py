@@ -40,7 +40,8 @@ from memstaged.triage import Decision
 DECISIONS: Final = [d.value for d in Decision]
 _INDEX: Final = re.compile(r"\[[0-9]+\]")
 #: Reasons whose tail varies with the input (offsets, sizes): counted under their head.
-_HEADS: Final = ("not JSON", "not UTF-8", "file too large", "JSON nesting is too deep")
+#: The last two are contract v1's reasons, still found in older logs.
+_HEADS: Final = ("not JSON", "file too large", "not UTF-8", "JSON nesting is too deep")
 
 
 class Stuck(msgspec.Struct, frozen=True):
