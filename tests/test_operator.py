@@ -516,6 +516,35 @@ def test_on_a_terminal_log_goes_through_the_pager_and_a_quitting_pager_is_fine(
     assert b"f19999.json" in shown
 
 
+def test_on_an_80_column_terminal_each_event_and_record_is_one_line(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 13: on a terminal, ``log`` drew a box table (5,000 events became 20,671 lines at
+    80 columns) and ``deadletter list`` wrapped each ID over six lines. On an 80x24 pty, each
+    event and each record is exactly one line (the terminal may fold it, the output does not),
+    a record's line starts with its full ID, and the ID given to ``show`` finds it."""
+    _populated(project, memory_dir)
+    env = memstaged_env(tmp_path)
+    code, _ = _pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
+    assert code == 0
+    events = read_events(Path(env["MEMSTAGED_LOG_FILE"]))
+    code, shown = _pty_run(memstaged_cmd("log", "--no-pager", "--color", "never"), env)
+    assert code == 0
+    lines = [ln for ln in shown.decode().split("\r\n") if ln.strip()]
+    assert len(lines) == len(events), lines
+    assert all(ln.startswith("20") and len(ln) > 80 for ln in lines if "staging/" in ln)
+    records = sorted(p.stem for p in (memory_dir / "deadletter").glob("*.json"))
+    assert records
+    argv = ["deadletter", "list", "--no-pager", "--color", "never", "--memory-dir"]
+    code, shown = _pty_run(memstaged_cmd(*argv, str(memory_dir)), env)
+    assert code == 0
+    lines = [ln for ln in shown.decode().split("\r\n") if ln.strip()]
+    assert sorted(ln.split("  ")[0] for ln in lines) == records, lines
+    show = ["deadletter", "show", records[0], "--no-pager", "--memory-dir", str(memory_dir)]
+    code, shown = _pty_run(memstaged_cmd(*show), env)
+    assert code == 0 and f"record {records[0]}".encode() in shown
+
+
 def test_repaired_lines_on_a_terminal_say_which_repair(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, project: Path, memory_dir: Path
 ) -> None:
