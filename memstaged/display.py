@@ -23,6 +23,7 @@ U+2028/U+2029 as ``\\uXXXX`` too.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -97,6 +98,19 @@ def repairs(items: Sequence[Mapping[str, object]], shown: int = 3) -> str:
     lacked three categories and a lesson's triggers says R1 first, instead of hiding it behind
     the three R5s (issue 13: "repaired lines on a TTY don't say which repair"). Escaped.
     """
+    try:
+        key = tuple((item.get("rule"), item.get("where")) for item in items)
+        return _repairs_of(key, shown)  # the same repairs recur from file to file: a cache
+    except TypeError:  # a hand-edited log with a list where a rule was: not hashable
+        return _repairs_of_items(items, shown)
+
+
+@functools.lru_cache(maxsize=1024)
+def _repairs_of(key: tuple[tuple[object, object], ...], shown: int) -> str:
+    return _repairs_of_items([{"rule": rule, "where": where} for rule, where in key], shown)
+
+
+def _repairs_of_items(items: Sequence[Mapping[str, object]], shown: int) -> str:
     places: dict[str, list[str]] = {}
     for item in items:
         places.setdefault(str(item.get("rule")), []).append(str(item.get("where")))
