@@ -352,3 +352,19 @@ def test_follow_reads_on_across_a_rotation(tmp_path: Path) -> None:
         assert seen == ["b", "c", "d"]
     finally:
         source.close()
+
+
+def test_repairs_are_named_by_rule_r5_last_escaped() -> None:
+    """Issue 13 (a repaired line says which repair): the one-line form groups the repairs by
+    rule in the order seen, R5 (an added category) last, at most three places a rule; what it
+    prints is escaped, and a hand-edited log with a list for a rule prints, not raises."""
+    from memstaged import display
+
+    items = [{"rule": "R5", "where": c} for c in ("a", "b", "c", "d")]
+    items += [{"rule": "R1", "where": f"candidates.lessons[{i}].triggers"} for i in range(2)]
+    items.append({"rule": "R3", "where": "produced_at\x1b[2J"})
+    assert display.repairs(items) == (
+        "R1 at candidates.lessons[0].triggers, candidates.lessons[1].triggers; "
+        "R3 at produced_at\\x1b[2J; R5 at a, b, c (+1 more)"
+    )
+    assert display.repairs([{"rule": ["R1"], "where": "x"}]) == "['R1'] at x"
