@@ -19,7 +19,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged import config, display
-from memstaged.commands._common import add_output_options, guard_output
+from memstaged.commands._common import add_output_options, guard_verdict
 from memstaged.config import Settings
 from memstaged.log import dumps
 from memstaged.pipeline import MemoryDir, is_staging_name
@@ -137,7 +137,7 @@ def _decide_path(
     return entry.decision, entry.reason, verdict, data
 
 
-@guard_output
+@guard_verdict
 def run(args: argparse.Namespace) -> int:
     settings = config.load(  # as --once resolves them; --project-root is check's own here
         config=args.config,
