@@ -146,12 +146,19 @@ class Rig:
         return out
 
     def settle(self, names: set[str]) -> None:
-        """Wait until each of ``names`` and every recovered file has a final decision."""
+        """Wait until each of ``names`` and every recovered file has a final decision, carried
+        out: a decision is logged before it is carried out (SPEC 7), so a file quarantined is
+        settled once it has also left ``staging/``."""
 
         def done() -> bool:
             seen = self.decisions()
-            staged = {n for n in os.listdir(self.mdir / "staging") if ".recovered-" in n}
-            return all(seen.get(n, set()) & FINAL for n in names | staged)
+            present = set(os.listdir(self.mdir / "staging"))
+            staged = {n for n in present if ".recovered-" in n}
+            return all(
+                seen.get(n, set()) & FINAL
+                and not (n in present and seen.get(n, set()) & FINAL == {"quarantined"})
+                for n in names | staged
+            )
 
         assert wait_for(done, 60), "the daemon did not decide every file"
 
