@@ -16,6 +16,15 @@ daemon applies a transaction of one plan, ``--once`` one of up to a batch. Under
    displaced is exactly the version that was decided (inode, size, mtime and bytes); a writer's
    newer version is kept as a new staging file, never lost; then fsyncs ``staging/``.
 
+``deadletter recover`` and ``purge`` apply their own :class:`~memstaged.plan.Change` values
+through the same :func:`apply`, in the same order: a new staging file is written as a temp named
+as a partial write and made durable (before the lock, as a too-large file's copy is), then,
+under the lock, every file a change depends on is checked, the caller's own check runs
+(``admit``), the changes are announced, the new files get free names (``RENAME_NOREPLACE``),
+``staging/`` is fsynced, and only then are dead-letter files removed, each only if it is still
+the very file that was read, and their directories fsynced (SPEC 5: a record goes only once its
+candidate is durable in ``staging/``).
+
 Crash recovery of temp files (:func:`recover_temps`) lives here too: it undoes exactly what a
 killed :func:`apply` may leave.
 """
@@ -25,16 +34,16 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, overload
 
 from memstaged import fsio
 from memstaged.fsio import Identity
 from memstaged.locks import LockInfo, canonical_lock, read_lock, remove_stale_own_lock
 from memstaged.memdir import DEADLETTER, STAGING
-from memstaged.plan import Kind, Plan
+from memstaged.plan import Change, Held, Kind, Plan
 from memstaged.quarantine import ORIGINALS_DIR, DeadLetter
 
 #: Keeps a displaced writer version as a new staging file: (dir of it, its name, staging/'s
@@ -42,6 +51,10 @@ from memstaged.quarantine import ORIGINALS_DIR, DeadLetter
 Park = Callable[[int, str, int, str], str]
 #: How many other names are tried for a dead-letter file whose name is taken.
 _ALT_NAMES: Final = 100
+#: The caller's own check of its changes under the lock: change key -> why it is refused.
+Admit = Callable[[Sequence[Change]], Mapping[str, str]]
+#: How many names ``<base>.recovered-<n>.json`` a new staging file may try.
+_CREATE_NAMES: Final = 100_000
 
 
 class Applied(Enum):
@@ -169,6 +182,7 @@ def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
         if name != plan.original:
             for r in plan.records:
                 r.point_at(name)
+            _repairs_point_at(plan.event, plan.original, name)
             plan.original = name
     records: list[DeadLetter] = []
     for record in plan.records:
@@ -187,6 +201,15 @@ def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
     plan.records = records
     _name_in_event(plan)
     return files
+
+
+def _repairs_point_at(event: dict[str, Any], old: str, new: str) -> None:
+    """An R6 repair in the log names the file that really holds the original (SPEC 3, R6)."""
+    before, after = f"{DEADLETTER}/{ORIGINALS_DIR}/{old}", f"{DEADLETTER}/{ORIGINALS_DIR}/{new}"
+    for repair in event.get("repairs", ()):
+        wrote = repair.get("wrote")
+        if isinstance(wrote, dict) and wrote.get("original") == before:
+            wrote["original"] = after
 
 
 def _name_in_event(plan: Plan) -> None:
@@ -219,6 +242,12 @@ def _install(file: _File, tmp: str | None) -> None:
         fsio.rename_noreplace(file.dir_fd, tmp, file.dir_fd, file.name)
 
 
+def _no_park(_from_fd: int, tmp: str, _staging_fd: int, _name: str) -> str:
+    """A transaction of changes displaces no staging file, so it never has one to keep."""
+    raise OSError(errno.EINVAL, "nothing may be displaced here", tmp)
+
+
+@overload
 def apply(
     mem_fd: int,
     staging_fd: int,
@@ -227,26 +256,60 @@ def apply(
     announce: Callable[[Sequence[Plan]], None],
     on_stale: Callable[[LockInfo, bool], None],
     park: Park,
+    max_copy: int = ...,
+) -> dict[str, Result]: ...
+
+
+@overload
+def apply(
+    mem_fd: int,
+    staging_fd: int,
+    plans: Sequence[Change],
+    *,
+    announce: Callable[[Sequence[Change]], None],
+    on_stale: Callable[[LockInfo, bool], None],
+    admit: Admit | None = ...,
+) -> dict[str, Result]: ...
+
+
+def apply(
+    mem_fd: int,
+    staging_fd: int,
+    plans: Sequence[Plan] | Sequence[Change],
+    *,
+    announce: Callable[[Sequence[Any]], None],
+    on_stale: Callable[[LockInfo, bool], None],
+    park: Park = _no_park,
     max_copy: int = 1 << 30,
+    admit: Admit | None = None,
 ) -> dict[str, Result]:
     """Carry ``plans`` out as one transaction; see the module docstring for the order.
 
     A too-large file that cannot be moved by a rename (``deadletter/`` on another file system)
     is first copied, at most ``max_copy`` bytes in bounded chunks, before the lock is taken:
-    the lock is never held for a copy (SPEC 5: about a second at most).
+    the lock is never held for a copy (SPEC 5: about a second at most). So are the new staging
+    files of :class:`~memstaged.plan.Change` values written and made durable.
+
+    Returns the result of each :class:`~memstaged.plan.Plan` by its name; what became of each
+    change is written into it (``created``, ``removed``, ``left``, ``stale``, ``refused``,
+    ``failed``). ``admit`` is called under the lock with the changes whose files are still in
+    place, and refuses those it names (nothing of them is carried out).
 
     Raises :class:`~memstaged.locks.LockHeld` (nothing changed) when a live process holds
     ``canonical-writer.lock``, and ``OSError`` when the transaction could not be completed (what
     was not carried out is unchanged; nothing is lost either way).
     """
     results: dict[str, Result] = {}
+    files = [p for p in plans if isinstance(p, Plan)]
+    changes = [p for p in plans if isinstance(p, Change)]
     copies = _Transaction(mem_fd, staging_fd, park)
     try:
-        for plan in plans:
+        for plan in files:
             if plan.kind is Kind.MOVE:
                 copies.copy_if_unmovable(plan, max_copy)
+        copies.write_ahead(changes)
         with canonical_lock(mem_fd, on_stale):
-            _apply_locked(mem_fd, staging_fd, plans, announce, park, results)
+            _apply_locked(mem_fd, staging_fd, files, announce, park, results, changes, admit)
     finally:
         copies.close()
     return results
@@ -256,9 +319,11 @@ def _apply_locked(
     mem_fd: int,
     staging_fd: int,
     plans: Sequence[Plan],
-    announce: Callable[[Sequence[Plan]], None],
+    announce: Callable[[Sequence[Any]], None],
     park: Park,
     results: dict[str, Result],
+    changes: Sequence[Change] = (),
+    admit: Admit | None = None,
 ) -> None:
     live: list[Plan] = []
     for plan in plans:
@@ -271,11 +336,13 @@ def _apply_locked(
         else:
             applied = Applied.GONE if state is None else Applied.CONFLICT
             results[plan.name] = Result(applied, plan.version.identity)
-    if live:
+    admitted = _admitted(mem_fd, staging_fd, changes, admit)
+    if live or admitted:
         tx = _Transaction(mem_fd, staging_fd, park)
         tx.ours.extend((tx.store.open()[1], p.copied) for p in live if p.copied is not None)
+        tx.ours.extend((staging_fd, c.tmp) for c in admitted if c.tmp is not None)
         try:
-            results.update(tx.run(live, announce))
+            results.update(tx.run(live, announce, admitted))
         finally:
             tx.close()
 
@@ -312,11 +379,16 @@ class _Transaction:
         self.store.close()
 
     def run(
-        self, live: list[Plan], announce: Callable[[Sequence[Plan]], None]
+        self,
+        live: list[Plan],
+        announce: Callable[[Sequence[Any]], None],
+        changes: Sequence[Change] = (),
     ) -> dict[str, Result]:
         taken: set[str] = set()
         files = [_settle_names(plan, self.store, taken) for plan in live]
-        announce(live)
+        _settle_created(self.staging_fd, changes)
+        changes = [c for c in changes if c.failed is None]
+        announce([*live, *changes])
         batch = len(live) > 1
         temps = [[_put(f.dir_fd, f, sync=not batch, ours=self.ours) for f in fs] for fs in files]
         rewrites = {p.name: self._rewrite_temp(p, batch) for p in live if p.kind is Kind.REWRITE}
@@ -344,8 +416,88 @@ class _Transaction:
                 results[plan.name] = _remove(self.staging_fd, plan, self.park)
             else:
                 results[plan.name] = _move(self.staging_fd, self.store, plan, self.park)
-        fsio.fsync_dir(self.staging_fd)
+        created = [c for c in changes if c.kind is Kind.CREATE and self._create(c, announce)]
+        if live or created or any(h.where == STAGING for c in changes for h in c.depends):
+            fsio.fsync_dir(self.staging_fd)
+            if changes:
+                fsio.crash_point("staging-synced")
+        self._remove_held([c for c in changes if c.kind is Kind.DELETE or c.created is not None])
         return results
+
+    def write_ahead(self, changes: Sequence[Change]) -> None:
+        """Write the new staging files of ``changes`` as durable temps, before the lock.
+
+        Each temp is named as a partial write until it gets its name under the lock: a
+        memstaged starting after a crash deletes it (the records it holds are all still in the
+        store) instead of keeping it as a staging file, which would stage its candidates twice.
+        """
+        creates = [c for c in changes if c.kind is Kind.CREATE]
+        batch = len(creates) > 1
+        for change in creates:
+            assert change.data is not None
+            try:
+                change.tmp = fsio.write_temp(
+                    self.staging_fd,
+                    change.data,
+                    fsio.PARTIAL,
+                    f"{change.base}.recovered.json",
+                    sync=not batch,
+                )
+            except OSError as err:
+                change.failed = f"could not write the staging file: {err.strerror or err}"
+                continue
+            self.ours.append((self.staging_fd, change.tmp))
+        if batch and any(c.tmp is not None for c in creates):
+            fsio.syncfs(self.mem_fd)  # every new staging file's data is durable from here on
+
+    def _create(self, change: Change, announce: Callable[[Sequence[Any]], None]) -> bool:
+        """Give a change's durable temp its free name in ``staging/``, never replacing a file."""
+        assert change.tmp is not None and change.created is not None
+        name = change.created
+        while True:
+            try:
+                fsio.rename_noreplace(self.staging_fd, change.tmp, self.staging_fd, name)
+                break
+            except FileExistsError:
+                # A writer took the name after it was settled: the next free one, announced too.
+                free = _free_name(self.staging_fd, change.base, set())
+                change.created = free
+                if free is None:
+                    change.failed = f"no free name for {change.base}.recovered-<n>.json"
+                    return False
+                name = free
+                announce([change])
+            except OSError as err:
+                change.created = None
+                change.failed = f"could not write the staging file: {err.strerror or err}"
+                return False
+        self.ours.remove((self.staging_fd, change.tmp))
+        change.tmp = None
+        fsio.crash_point("created")
+        return True
+
+    def _remove_held(self, changes: Sequence[Change]) -> None:
+        """Remove each file of the changes that is still the very file that was read; fsync."""
+        if not any(c.removes for c in changes):
+            return
+        synced: dict[str, int] = {}
+        try:
+            for change in changes:
+                for held in change.removes:
+                    fd = synced.get(held.where)
+                    if fd is None:
+                        fd = synced[held.where] = fsio.open_dir(held.where, self.mem_fd)
+                    removed, why = _unlink_held(fd, held)
+                    if removed:
+                        change.removed.append(held.name)
+                    elif why is not None:
+                        change.left[held.name] = why
+            for fd in synced.values():
+                fsio.fsync_dir(fd)
+            fsio.crash_point("store-synced")
+        finally:
+            for fd in synced.values():
+                os.close(fd)
 
     def _rewrite_temp(self, plan: Plan, batch: bool) -> str:
         assert plan.new_bytes is not None
@@ -369,6 +521,113 @@ class _Transaction:
             self.ours.append((self.staging_fd, tmp))
             raise
         return ready
+
+
+def _free_name(staging_fd: int, base: str, taken: set[str]) -> str | None:
+    """The first ``<base>.recovered-<n>.json`` that names nothing in ``staging/``."""
+    for n in range(1, _CREATE_NAMES):
+        name = f"{base}.recovered-{n}.json"
+        if name not in taken and fsio.lstat_at(staging_fd, name) is None:
+            return name
+    return None
+
+
+def _settle_created(staging_fd: int, changes: Sequence[Change]) -> None:
+    """The name each new staging file will get, so that it is announced before it is made."""
+    taken: set[str] = set()
+    for change in changes:
+        if change.kind is not Kind.CREATE:
+            continue
+        name = _free_name(staging_fd, change.base, taken)
+        if name is None:
+            change.failed = f"no free name for {change.base}.recovered-<n>.json in staging/"
+            continue
+        taken.add(name)
+        change.created = name
+
+
+def _is_held(dir_fd: int, held: Held) -> str | None:
+    """``None`` when ``held`` is still the file that was read, else ``gone`` or ``changed``."""
+    st = fsio.lstat_at(dir_fd, held.name)
+    if st is None:
+        return "gone"
+    if held.identity is not None and Identity.of(st) != held.identity:
+        return "changed"
+    return None
+
+
+def _admitted(
+    mem_fd: int, staging_fd: int, changes: Sequence[Change], admit: Admit | None
+) -> list[Change]:
+    """The changes whose files are all still as they were read and that ``admit`` lets through.
+
+    A staging file a change depends on (one that holds candidates whose records it removes) is
+    fsynced here, so that the record goes only once the candidate is durable (SPEC 5).
+    """
+    fds: dict[str, int | None] = {STAGING: staging_fd}
+    live: list[Change] = []
+    try:
+        for change in changes:
+            if change.failed is not None:
+                continue  # its staging file could not be written
+            for held in change.depends:
+                if held.where not in fds:
+                    try:
+                        fds[held.where] = fsio.open_dir(held.where, mem_fd)
+                    except (FileNotFoundError, NotADirectoryError):
+                        fds[held.where] = None
+                fd = fds[held.where]
+                why = "gone" if fd is None else _is_held(fd, held)
+                if why is None and held.where == STAGING:
+                    why = _made_durable(staging_fd, held)
+                if why is not None:
+                    change.stale[held.name] = why
+            if not change.stale:
+                live.append(change)
+    finally:
+        for where, fd in fds.items():
+            if where != STAGING and fd is not None:
+                os.close(fd)
+    refused = admit(live) if admit is not None and live else {}
+    for change in live:
+        change.refused = refused.get(change.key)
+    return [c for c in live if c.refused is None]
+
+
+def _made_durable(staging_fd: int, held: Held) -> str | None:
+    """fsync a staging file a change depends on (``staging/`` follows); why not, else ``None``."""
+    try:
+        with fsio.open_regular(staging_fd, held.name) as (fd, st):
+            if held.identity is not None and Identity.of(st) != held.identity:
+                return "changed"
+            os.fsync(fd)
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return "changed"  # no longer a regular file we can read
+    return None
+
+
+def _unlink_held(dir_fd: int, held: Held) -> tuple[bool, str | None]:
+    """Remove ``held`` if it is still the file that was read: (removed, why it is left).
+
+    One already gone is what was wanted (not removed, not left). One changed meanwhile
+    (quarantined again, edited) is someone's newer file: it stays.
+    """
+    why = _is_held(dir_fd, held)
+    if why == "gone":
+        return False, None
+    if why == "changed":
+        what = "record" if held.where == DEADLETTER else "file"
+        return False, f"the {what} changed while this ran; it is left in place"
+    try:
+        os.unlink(held.name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False, None
+    except OSError as err:
+        return False, f"cannot delete it: {err.strerror or err}"
+    fsio.crash_point("unlinked")
+    return True, None
 
 
 def _replace(staging_fd: int, plan: Plan, tmp: str, park: Park) -> Result:

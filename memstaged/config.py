@@ -306,9 +306,14 @@ def check_memory_dir(mdir: MemoryDir, *, writable: bool) -> None:
     silent ``total=0`` looks like success.
     """
     path = Path(mdir.path)
-    if not path.exists():
-        raise ConfigError(f"memory dir {mdir.path} does not exist")
-    if not path.is_dir():
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"memory dir {mdir.path} does not exist") from None
+    except (OSError, ValueError) as err:  # ENAMETOOLONG, ELOOP, EACCES, a NUL
+        why = err.strerror if isinstance(err, OSError) else str(err)
+        raise ConfigError(f"memory dir {mdir.path}: {why}") from None
+    if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"memory dir {mdir.path} is not a directory")
     if not is_memory_dir(mdir.path):
         hint = ""

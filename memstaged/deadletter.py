@@ -4,11 +4,12 @@ Records are read without following links and without trusting their content: a r
 ``memstaged.original`` names an original only when it is a plain name under ``originals/``, so a
 hand-edited record cannot make ``show`` read, or ``purge`` delete, anything outside the store.
 
-Changes (recovery, purge) happen beside a running daemon, in short transactions under
-``canonical-writer.lock`` (:func:`exclusive`): the lock the daemon obeys, the reconciler holds while
-it works, and the agent's own ``/memory recover`` takes too. Never under the instance lock, which
-the daemon holds for its whole life. What a transaction depends on (a record still the very file
-that was read) is checked again under the lock.
+Changes (recovery, purge) happen beside a running daemon, as :class:`~memstaged.plan.Change`
+values carried out by the daemon's own :func:`memstaged.apply.apply` (:func:`transact`), in short
+transactions under ``canonical-writer.lock``: the lock the daemon obeys, the reconciler holds
+while it works, and the agent's own ``/memory recover`` takes too. Never under the instance lock,
+which the daemon holds for its whole life. What a transaction depends on (a record still the very
+file that was read) is checked again under the lock.
 """
 
 from __future__ import annotations
@@ -20,17 +21,20 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any, Final
 
 import msgspec
 
+from memstaged import apply as applying
 from memstaged import fsio
+from memstaged.apply import Admit
 from memstaged.ecma import is_nonempty_string, parse_json, trim
 from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
 from memstaged.fsio import Identity
-from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock
+from memstaged.locks import LockHeld, LockInfo, read_lock
 from memstaged.pipeline import DEADLETTER, MemoryDir
+from memstaged.plan import Change, Held, Kind
 from memstaged.quarantine import ORIGINALS_DIR, stem
 
 #: A record larger than this is listed as unreadable rather than read into memory.
@@ -246,6 +250,7 @@ class Original(msgspec.Struct, frozen=True):
     name: str
     size: int
     mtime: float
+    identity: Identity | None = None
 
 
 def list_originals(mdir: MemoryDir) -> list[Original]:
@@ -259,7 +264,7 @@ def list_originals(mdir: MemoryDir) -> list[Original]:
                 continue
             st = fsio.lstat_at(or_fd, name)
             if st is not None and stat.S_ISREG(st.st_mode):
-                out.append(Original(name, st.st_size, st.st_mtime))
+                out.append(Original(name, st.st_size, st.st_mtime, Identity.of(st)))
         return out
 
 
@@ -399,18 +404,30 @@ def _memstaged_kind(pid: int) -> str:
     return "the memstaged daemon"
 
 
-@contextmanager
-def exclusive(mdir: MemoryDir, mem_fd: int, waiter: Waiter, logger: Any) -> Iterator[None]:
-    """Hold ``canonical-writer.lock`` of ``mdir`` for one short transaction (SPEC 5).
+def transact(
+    mdir: MemoryDir,
+    mem_fd: int,
+    staging_fd: int,
+    changes: Sequence[Change],
+    *,
+    waiter: Waiter,
+    logger: Any,
+    announce: Callable[[Sequence[Change]], None],
+    admit: Admit | None = None,
+) -> None:
+    """Carry ``changes`` out as one transaction of :func:`memstaged.apply.apply` (SPEC 5).
 
-    The daemon obeys the lock (it defers every change in the memory dir while a live process
-    holds it), so what is done inside cannot interleave with its own changes, nor with the
-    reconciler's or the agent's ``/memory recover``. Callers take it per transaction, never for a
-    whole run, and re-check under it whatever the transaction depends on.
+    The same transaction as the daemon's, under ``canonical-writer.lock``: the daemon obeys the
+    lock (it defers every change in the memory dir while a live process holds it), so what is
+    done inside cannot interleave with its own changes, nor with the reconciler's or the
+    agent's ``/memory recover``. Callers keep each transaction short, never one for a whole
+    run; what a change depends on is checked again under the lock (by ``apply``, and by
+    ``admit``). What became of each change is written into it.
 
-    Raises :class:`BusyError` (exit 1) when a live process holds it for longer than ``waiter``
-    waits, or when a stale lock of another owner is in place: memstaged never deletes that one,
-    and without the lock it could not keep out of the daemon's way.
+    Raises :class:`BusyError` (exit 1; nothing of ``changes`` done) when a live process holds
+    the lock for longer than ``waiter`` waits, or when a stale lock of another owner is in
+    place: memstaged never deletes that one, and without the lock it could not keep out of the
+    daemon's way. Raises ``OSError`` when the transaction could not be completed.
     """
 
     def on_stale(info: LockInfo, removed: bool) -> None:
@@ -424,27 +441,23 @@ def exclusive(mdir: MemoryDir, mem_fd: int, waiter: Waiter, logger: Any) -> Iter
             action=action,
             memory_dir=mdir.path,
         )
+        if not removed:  # raised before the lock is yielded: apply changes nothing
+            raise BusyError(
+                f"{mdir.path}: canonical-writer.lock names pid {info.pid}, which is "
+                "gone, and is not memstaged's: memstaged never deletes it, and cannot "
+                "change the memory dir beside the daemon without it; remove it if no "
+                "reconciler is running"
+            )
 
     started = waiter.clock()
     while True:
-        stack = ExitStack()
         try:
-            stale = stack.enter_context(canonical_lock(mem_fd, on_stale))
+            applying.apply(
+                mem_fd, staging_fd, changes, announce=announce, on_stale=on_stale, admit=admit
+            )
+            return
         except LockHeld as held:
             info = held.info
-        except OSError as err:
-            raise ConfigError(f"{mdir.path}/canonical-writer.lock: {err.strerror}") from None
-        else:
-            with stack:
-                if stale is not None:
-                    raise BusyError(
-                        f"{mdir.path}: canonical-writer.lock names pid {stale.pid}, which is "
-                        "gone, and is not memstaged's: memstaged never deletes it, and cannot "
-                        "change the memory dir beside the daemon without it; remove it if no "
-                        "reconciler is running"
-                    )
-                yield
-            return
         patience = waiter.patience(info)
         if waiter.clock() - started >= patience:
             waited = f" (waited {patience:g} s)" if patience > 0 else ""
@@ -466,22 +479,9 @@ def exclusive(mdir: MemoryDir, mem_fd: int, waiter: Waiter, logger: Any) -> Iter
             waiter.sleep(_LOCK_POLL)
 
 
-def unchanged(mem_fd: int, records: Iterable[RecordFile]) -> dict[str, str]:
-    """``{name: why}`` for the records that are no longer the very files that were read.
-
-    ``why`` is ``gone`` for a record that vanished (another recovery or a purge took it) and
-    ``changed`` for one replaced or edited meanwhile. Called under the lock, before anything
-    that depends on them is done.
-    """
-    out: dict[str, str] = {}
-    with fsio.opened_dir(DEADLETTER, mem_fd) as dl_fd:
-        for record in records:
-            st = fsio.lstat_at(dl_fd, record.name)
-            if st is None:
-                out[record.name] = "gone"
-            elif record.identity is None or Identity.of(st) != record.identity:
-                out[record.name] = "changed"
-    return out
+def held_records(records: Iterable[RecordFile]) -> list[Held]:
+    """The records as :func:`memstaged.apply.apply` checks them: name and identity as read."""
+    return [Held(DEADLETTER, r.name, r.identity) for r in records]
 
 
 def references_now(
@@ -513,50 +513,6 @@ def references_now(
     finally:
         os.close(dl_fd)
     return referenced(current)
-
-
-def delete_records(mem_fd: int, records: Iterable[RecordFile]) -> dict[str, str]:
-    """Delete records that are still the very files that were read; fsync the directory.
-
-    Returns ``{name: why}`` for those left in place (changed meanwhile, or could not be deleted).
-    """
-    left: dict[str, str] = {}
-    with fsio.opened_dir(DEADLETTER, mem_fd) as dl_fd:
-        for record in records:
-            st = fsio.lstat_at(dl_fd, record.name)
-            if st is None:
-                continue  # already gone: what we wanted
-            if record.identity is not None and Identity.of(st) != record.identity:
-                left[record.name] = "the record changed while this ran; it is left in place"
-                continue
-            try:
-                os.unlink(record.name, dir_fd=dl_fd)
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                left[record.name] = f"cannot delete it: {err.strerror}"
-        fsio.fsync_dir(dl_fd)
-    return left
-
-
-def delete_originals(mem_fd: int, names: Iterable[str]) -> list[str]:
-    """Delete originals no record needs any more; returns those deleted."""
-    deleted: list[str] = []
-    try:
-        or_fd = fsio.open_dir(f"{DEADLETTER}/{ORIGINALS_DIR}", mem_fd)
-    except (FileNotFoundError, NotADirectoryError):
-        return deleted
-    try:
-        for name in names:
-            try:
-                os.unlink(name, dir_fd=or_fd)
-            except FileNotFoundError:
-                continue
-            deleted.append(name)
-        fsio.fsync_dir(or_fd)
-    finally:
-        os.close(or_fd)
-    return deleted
 
 
 def text_or_none(data: bytes) -> str | None:
@@ -623,46 +579,129 @@ PURGE_CHUNK: Final = 256
 def purge(mdir: MemoryDir, *, cutoff: dt.datetime, waiter: Waiter, logger: Any) -> Purged:
     """Delete the records dead-lettered before ``cutoff`` and the originals that go with them.
 
-    Planned without the lock (:func:`plan_purge` on a listing), carried out under it in short
-    transactions, each deleting only records that are still the very files that were read (one
-    the daemon quarantined again meanwhile has changed, and stays). Originals go last, once no
-    record present then needs them, the daemon's newest included.
+    Planned without the lock (:func:`plan_purge` on a listing), carried out through
+    :func:`transact` in short transactions, each deleting only records that are still the very
+    files that were read (one the daemon quarantined again meanwhile has changed, and stays).
+    Originals go last, once no record present then needs them, the daemon's newest included.
     """
     records = list_records(mdir)
     old, originals = plan_purge(records, list_originals(mdir), cutoff=cutoff)
     done = Purged(deleted=[], originals=[], left={}, not_tried=[])
     if not old and not originals:
         return done
+    announce = announcer(logger)
     try:
         with fsio.opened_dir(mdir.path) as mem_fd:
             for start in range(0, len(old), PURGE_CHUNK):
                 chunk = old[start : start + PURGE_CHUNK]
+                event = {
+                    "event": "deadletter_purging",
+                    "memory_dir": mdir.path,
+                    "records": [r.name for r in chunk],
+                }
+                change = Change(Kind.DELETE, "records", event, removes=held_records(chunk))
                 try:
-                    with exclusive(mdir, mem_fd, waiter, logger):
-                        logger.info(
-                            "deadletter_purging",
-                            memory_dir=mdir.path,
-                            records=[r.name for r in chunk],
-                        )
-                        left = delete_records(mem_fd, chunk)
+                    # Nothing in staging/ is changed or depended on: mem_fd stands in for it.
+                    transact(
+                        mdir,
+                        mem_fd,
+                        mem_fd,
+                        [change],
+                        waiter=waiter,
+                        logger=logger,
+                        announce=announce,
+                    )
                 except BusyError as err:
                     done.busy, done.not_tried = str(err), old[start:]
                     return done
-                done.left.update(left)
-                done.deleted += [r for r in chunk if r.name not in left]
+                done.left.update(change.left)
+                done.deleted += [r for r in chunk if r.name not in change.left]
             if not originals:
                 return done
             gone = {r.name for r in done.deleted}
+            keep = {r.name: r for r in records if r.name not in gone}
             try:
-                with exclusive(mdir, mem_fd, waiter, logger):
-                    keep = {r.name: r for r in records if r.name not in gone}
-                    names, hashes = references_now(mdir, mem_fd, keep)
-                    done.originals = delete_originals(
-                        mem_fd,
-                        [o.name for o in originals if not still_needed(o.name, names, hashes)],
-                    )
+                done.originals = drop_originals(
+                    mdir, mem_fd, [o.name for o in originals], keep, waiter=waiter, logger=logger
+                )
             except BusyError as err:
                 done.busy = f"{err} (the originals of the deleted records are still there)"
     except OSError as err:
         raise ConfigError(f"{mdir.path}: {err.strerror}") from None
     return done
+
+
+def announcer(logger: Any) -> Callable[[Sequence[Change]], None]:
+    """Log the changes' events and make the log durable before any of them is carried out
+    (SPEC 5 and 7: nothing is carried out unlogged, even across a power cut)."""
+
+    def announce(changes: Sequence[Change]) -> None:
+        from memstaged.log import sync
+
+        for change in changes:
+            if change.event is not None:
+                event = dict(change.event)
+                if change.created is not None:
+                    event["staging_file"] = f"staging/{change.created}"
+                logger.info(event.pop("event"), **event)
+        sync()
+
+    return announce
+
+
+def drop_originals(
+    mdir: MemoryDir,
+    mem_fd: int,
+    names: Sequence[str],
+    keep: Mapping[str, RecordFile],
+    *,
+    waiter: Waiter,
+    logger: Any,
+) -> list[str]:
+    """Delete the originals of ``names`` that no record present now needs, in one transaction.
+
+    ``keep`` are the records known to be there still (as read): under the lock only the others
+    are read again (:func:`references_now`), the records the daemon wrote meanwhile included.
+    Returns the originals deleted.
+    """
+    where = f"{DEADLETTER}/{ORIGINALS_DIR}"
+    try:
+        or_fd = fsio.open_dir(where, mem_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    try:
+        found = [(n, fsio.lstat_at(or_fd, n)) for n in names]
+    finally:
+        os.close(or_fd)
+    changes = [
+        Change(Kind.DELETE, name, None, removes=[Held(where, name, Identity.of(st))])
+        for name, st in found
+        if st is not None
+    ]
+    if not changes:
+        return []
+
+    def announce(live: Sequence[Change]) -> None:
+        from memstaged.log import sync
+
+        logger.info(
+            "deadletter_originals_deleting", memory_dir=mdir.path, originals=[c.key for c in live]
+        )
+        sync()
+
+    def unneeded(live: Sequence[Change]) -> dict[str, str]:
+        names, hashes = references_now(mdir, mem_fd, keep)
+        why = "a record present now needs it"
+        return {c.key: why for c in live if still_needed(c.key, names, hashes)}
+
+    transact(
+        mdir,
+        mem_fd,
+        mem_fd,
+        changes,
+        waiter=waiter,
+        logger=logger,
+        announce=announce,
+        admit=unneeded,
+    )
+    return [name for c in changes for name in c.removed]

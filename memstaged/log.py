@@ -66,6 +66,7 @@ MESSAGE_IDS: Final = {
     "deadletter_purged": "4e1c77b319434bf89fee629cfef8f75f",
     "deadletter_recovering": "c1bc6c6e49db46839cb2e0da7baa4222",
     "deadletter_purging": "b0ed35b57edb4753811565a6d44efd25",
+    "deadletter_originals_deleting": "1dea8f43504a4da6b7f4e33777d0766a",
 }
 _DEFAULT_MESSAGE_ID: Final = "9e0f1a2b3c4d4e5f6a7b8c9d0e1f2a3b"
 #: syslog priorities: a quarantine is a warning, errors are errors, the rest information.

@@ -8,10 +8,11 @@ repairs it to valid. A candidate already in ``staging/`` (or recovered twice in 
 duplicate and is not written again.
 
 The file layer, :func:`recover`, works beside a running daemon (SPEC 5, as ``postsuper -r`` beside
-Postfix's queue manager). The plan is made without any lock; it is carried out in short
-transactions under ``canonical-writer.lock``, which the daemon obeys, each re-checking what it
-depends on and keeping the order that loses nothing: the new staging file is written to a temp
-file and fsynced (before the lock is taken), renamed to a name no other file has
+Postfix's queue manager). The plan is made without any lock; it is carried out as
+:class:`~memstaged.plan.Change` values through the daemon's own :func:`memstaged.apply.apply`,
+in short transactions under ``canonical-writer.lock``, which the daemon obeys, each re-checking
+what it depends on and keeping the order that loses nothing: the new staging file is written to
+a temp file and made durable (before the lock is taken), renamed to a name no other file has
 (``<session>.recovered-<n>.json``) and its directory fsynced; only then are the records it holds
 deleted, and then the originals no record needs any more. A candidate that cannot be made valid
 stays in the dead-letter store untouched, so recovery never loops.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final
@@ -32,18 +32,17 @@ from memstaged import fsio
 from memstaged.deadletter import (
     RecordFile,
     Waiter,
-    delete_originals,
-    delete_records,
-    exclusive,
+    announcer,
+    drop_originals,
+    held_records,
     list_records,
-    references_now,
-    still_needed,
-    unchanged,
+    transact,
 )
 from memstaged.ecma import encode_json, is_finite_number, parse_json
 from memstaged.errors import BusyError, ConfigError, NotJSON
 from memstaged.fsio import Identity
 from memstaged.pipeline import STAGING, MemoryDir, Options, is_staging_name
+from memstaged.plan import Change, Held, Kind
 from memstaged.quarantine import safe_component
 from memstaged.schema import CATEGORIES
 from memstaged.survey import decide_entry
@@ -458,24 +457,11 @@ def preview(mdir: MemoryDir, wanted: set[str] | None, options: Options, clock: f
     return Report(outcomes=outcomes)
 
 
-def _still_holds(
-    mdir: MemoryDir, staging_fd: int, name: str, fp: str, options: Options, clock: float
-) -> bool:
-    """``staging/<name>`` still holds the candidate ``fp``; if so it is fsynced, so the record
-    can go."""
-    found = decide_entry(mdir, staging_fd, name, options, clock)
-    if found is None or fp not in index_staging([(name, found[1], found[2])]):
-        return False
-    with fsio.open_regular(staging_fd, name) as (fd, _st):
-        os.fsync(fd)
-    return True
-
-
-#: Groups whose staging files are written (outside the lock) ahead of one transaction.
+#: Groups whose staging files are written (outside the lock) ahead of one transaction, and
+#: records already in staging/ deleted in one: SPEC 5 wants no memstaged operation to hold
+#: canonical-writer.lock for longer than about a second, and the daemon waits meanwhile.
 _CHUNK: Final = 32
-#: A transaction takes no more work once it has held the lock this long: SPEC 5 wants no
-#: memstaged operation to hold it for longer than about a second, and the daemon waits meanwhile.
-_BUDGET: Final = 0.25
+_STAGED_CHUNK: Final = 256
 
 
 def recover(
@@ -490,7 +476,7 @@ def recover(
     """Recover the records named in ``wanted`` (``None``: all) of ``mdir``; see the module doc.
 
     Works beside a running daemon: the plan is made without any lock, and carried out in short
-    transactions under ``canonical-writer.lock``, each re-checking what it depends on.
+    transactions of :func:`memstaged.apply.apply`, each re-checking what it depends on.
     """
     records, every, found, staged = _gather(mdir, wanted, options, clock)
     try:
@@ -522,13 +508,14 @@ def recover(
 class _Recovery:
     """One recovery of one memory dir, carried out transaction by transaction.
 
-    Each transaction, under ``canonical-writer.lock``: looks again at the staging files that
-    are new or changed since the plan (a candidate there now is not written again), checks that
-    every record of a group is still the very file that was read (another recovery or a purge
-    may have taken it), renames the group's complete, fsynced temp file to a new name
-    (``RENAME_NOREPLACE``), fsyncs ``staging/``, and only then deletes the group's records. The
-    daemon obeys the lock, so it decides the recovered file (``valid``) only once the records it
-    holds are gone, and never quarantines anything into the store while they are being deleted.
+    Each group becomes a ``CREATE`` change (its staging file; its records and duplicates to
+    remove once that file is durable), each record whose candidate ``staging/`` holds already a
+    ``DELETE`` change that depends on that staging file. :func:`memstaged.apply.apply` checks,
+    under ``canonical-writer.lock``, that every record is still the very file that was read
+    (another recovery or a purge may have taken it); :meth:`_admit` looks again at the staging
+    files that are new or changed since the plan (a candidate there now is not written again).
+    The daemon obeys the lock, so it decides a recovered file (``valid``) only once the records
+    it holds are gone, and never quarantines anything into the store while they are deleted.
     """
 
     def __init__(
@@ -551,60 +538,174 @@ class _Recovery:
         self.outcomes: list[Outcome] = []
         self.gone: list[RecordFile] = []
         self.busy: str | None = None
+        self.groups: dict[str, Group] = {}
 
     def carry_out(self, mem_fd: int, staging_fd: int, found: Plan) -> None:
-        pending: list[tuple[Group, str | None]] = []
+        pending: list[Group] = []
         for group in found.groups:
             if group.failure is not None:
                 self.outcomes += self._group(group, None, failure=group.failure)
             else:
-                pending.append((group, None))
+                pending.append(group)
         staged = list(found.in_staging.items())
-        try:
-            while pending or staged:
-                pending = self._write_ahead(staging_fd, pending)
-                if not pending and not staged:
-                    break
-                try:
-                    with exclusive(self.mdir, mem_fd, self.waiter, self.log):
-                        pending, staged = self._transaction(mem_fd, staging_fd, pending, staged)
-                except BusyError as err:
-                    self.busy = str(err)
-                    break
-        finally:
-            for _group, tmp in pending:
-                if tmp is not None:
-                    fsio.unlink_quietly(staging_fd, tmp)
-        for group, _tmp in pending:
+        announce = announcer(self.log)
+        while pending or staged:
+            groups, pending = pending[:_CHUNK], pending[_CHUNK:]
+            held, staged = staged[:_STAGED_CHUNK], staged[_STAGED_CHUNK:]
+            changes = [self._create(g) for g in groups] + [self._duplicate(*h) for h in held]
+            try:
+                transact(
+                    self.mdir,
+                    mem_fd,
+                    staging_fd,
+                    changes,
+                    waiter=self.waiter,
+                    logger=self.log,
+                    announce=announce,
+                    admit=lambda live: self._admit(staging_fd, live),
+                )
+            except BusyError as err:
+                self.busy = str(err)
+                pending, staged = groups + pending, held + staged
+                break
+            except OSError as err:
+                self._stopped(changes, err)
+                continue
+            for change in changes:
+                self._done(staging_fd, change)
+        for group in pending:
             self.outcomes += self._group(group, None, action=Action.BUSY, failure=self.busy)
         for rec, _held in staged:
             self.outcomes.append(
                 _outcome(self.mdir, self.records[rec], Action.BUSY, dry_run=False, reason=self.busy)
             )
 
-    def _write_ahead(
-        self, staging_fd: int, pending: list[tuple[Group, str | None]]
-    ) -> list[tuple[Group, str | None]]:
-        """Write the next groups' files to fsynced temp files, outside the lock.
+    def _members(self, group: Group) -> list[RecordFile]:
+        return [self.records[n] for n in (*group.records, *group.duplicates)]
 
-        A temp file is never anyone's version: it is named as a partial write, so a memstaged
-        starting after a crash deletes it (the records are all still there) instead of keeping
-        it as a staging file, which would put its candidates in staging/ a second time.
-        """
-        out: list[tuple[Group, str | None]] = []
-        for i, (group, written) in enumerate(pending):
-            tmp = written
-            if tmp is None and i < _CHUNK:
-                assert group.data is not None
-                try:
-                    tmp = fsio.write_temp(
-                        staging_fd, group.data, fsio.PARTIAL, f"{group.base}.recovered.json"
+    def _create(self, group: Group) -> Change:
+        """The group's staging file, and its records to remove once that file is durable."""
+        key = f"group:{len(self.groups)}"
+        self.groups[key] = group
+        held = held_records(self._members(group))
+        event = {
+            "event": "deadletter_recovering",
+            "memory_dir": self.mdir.path,
+            "session_id": group.session_id,
+            "records": [*group.records, *group.duplicates],
+        }
+        assert group.data is not None
+        return Change(
+            Kind.CREATE, key, event, depends=held, removes=held, data=group.data, base=group.base
+        )
+
+    def _duplicate(self, rec: str, holder_fp: tuple[str, str]) -> Change:
+        """A record whose candidate ``staging/<holder>`` holds: removed once that file is
+        durable, if it is still the very file recovery looked at."""
+        holder = holder_fp[0]
+        [record] = held_records([self.records[rec]])
+        event = {
+            "event": "deadletter_recovering",
+            "memory_dir": self.mdir.path,
+            "duplicates": [rec],
+            "staging_file": f"{STAGING}/{holder}",
+        }
+        depends = [record, Held(STAGING, holder, self.staged.identities.get(holder))]
+        return Change(Kind.DELETE, f"staged:{rec}", event, depends=depends, removes=[record])
+
+    def _admit(self, staging_fd: int, live: Sequence[Change]) -> dict[str, str]:
+        """Under the lock: a group one of whose candidates ``staging/`` holds now is refused."""
+        appeared = _look(self.mdir, staging_fd, self.options, self.clock, self.staged)
+        refused: dict[str, str] = {}
+        for change in live:
+            group = self.groups.get(change.key)
+            if group is None:
+                continue
+            clash = next((appeared[fp] for fp in group.fingerprints if fp in appeared), None)
+            if clash is not None:
+                refused[change.key] = (
+                    f"staging/{clash} got a candidate of its group while this ran; "
+                    "run recover again"
+                )
+        return refused
+
+    def _done(self, staging_fd: int, change: Change) -> None:
+        """The outcomes of a change that :func:`memstaged.apply.apply` went through."""
+        group = self.groups.get(change.key)
+        removed = set(change.removed)
+        self.gone += [self.records[n] for n in removed]
+        if group is None:
+            self._done_duplicate(change)
+            return
+        if change.failed is not None:
+            self._failed(group, change.failed)
+        elif change.stale or change.refused is not None:
+            self.outcomes += self._not_written(group, change.stale, change.refused)
+        elif change.created is not None:
+            name = change.created
+            st = fsio.lstat_at(staging_fd, name)
+            if st is not None:  # known already: the next look need not decide it again
+                self.staged.identities[name] = Identity.of(st)
+                for fp in group.fingerprints:
+                    self.staged.index.setdefault(fp, name)
+            not_deleted = {n: why for n, why in change.left.items()}
+            self.log.info(
+                "deadletter_recovered",
+                memory_dir=self.mdir.path,
+                session_id=group.session_id,
+                staging_file=f"{STAGING}/{name}",
+                records=list(group.records),
+                duplicates=list(group.duplicates),
+                left=not_deleted,
+            )
+            self.outcomes += self._group(group, name, not_deleted=not_deleted)
+
+    def _done_duplicate(self, change: Change) -> None:
+        rec = change.removes[0].name
+        record = self.records[rec]
+        holder = change.depends[1].name
+        if change.stale.get(rec) == "gone":
+            why = "no longer in the store: recovered or purged meanwhile by another process"
+            self.outcomes.append(
+                _outcome(self.mdir, record, Action.GONE, dry_run=False, reason=why)
+            )
+            return
+        if change.stale.get(rec) == "changed":
+            why_left: str | None = "the record changed while this ran; run recover again"
+        elif change.stale:
+            why_left = f"staging/{holder} changed meanwhile; run recover again"
+        else:
+            why_left = change.left.get(rec)
+        self.outcomes.append(
+            _staged_outcome(self.mdir, record, holder, dry_run=False, why_left=why_left)
+        )
+
+    def _stopped(self, changes: Sequence[Change], err: OSError) -> None:
+        """A transaction stopped by an I/O error: what it did is reported, nothing more."""
+        why = f"the transaction stopped: {err.strerror or err}"
+        for change in changes:
+            group = self.groups.get(change.key)
+            done = set(change.removed)
+            self.gone += [self.records[n] for n in done]
+            if group is None:
+                record = self.records[change.removes[0].name]
+                if record.name in done:
+                    holder = change.depends[1].name
+                    self.outcomes.append(_staged_outcome(self.mdir, record, holder, dry_run=False))
+                else:
+                    self.outcomes.append(
+                        _outcome(self.mdir, record, Action.LEFT, dry_run=False, reason=why)
                     )
-                except OSError as err:
-                    self._failed(group, f"could not write the staging file: {err.strerror or err}")
-                    continue
-            out.append((group, tmp))
-        return out
+            elif change.created is None or change.tmp is not None:
+                self._failed(group, why)
+            else:
+                later = "run recover again: it removes them as duplicates"
+                left = {
+                    n: f"{why}; the record is kept ({later})"
+                    for n in (*group.records, *group.duplicates)
+                    if n not in done
+                }
+                self.outcomes += self._group(group, change.created, not_deleted=left)
 
     def _failed(self, group: Group, why: str) -> None:
         failure = f"{why}; nothing deleted"
@@ -617,115 +718,8 @@ class _Recovery:
         )
         self.outcomes += self._group(group, None, failure=failure)
 
-    def _transaction(
-        self,
-        mem_fd: int,
-        staging_fd: int,
-        pending: list[tuple[Group, str | None]],
-        staged: list[tuple[str, tuple[str, str]]],
-    ) -> tuple[list[tuple[Group, str | None]], list[tuple[str, tuple[str, str]]]]:
-        """One transaction under the lock; returns the work left for the next one."""
-        started = time.monotonic()
-
-        def more(done: int) -> bool:
-            return done == 0 or time.monotonic() - started < _BUDGET
-
-        appeared = _look(self.mdir, staging_fd, self.options, self.clock, self.staged)
-        installed: list[tuple[Group, str]] = []
-        taken = 0
-        for group, tmp in pending:
-            if tmp is None or not more(taken):
-                break
-            taken += 1
-            name = self._install(mem_fd, staging_fd, group, tmp, appeared)
-            if name is not None:
-                installed.append((group, name))
-        if installed:
-            fsio.fsync_dir(staging_fd)
-            fsio.crash_point("recover-staged")
-        held: list[tuple[RecordFile, str]] = []
-        checked = 0
-        for rec, (holder, fp) in staged:
-            if not more(taken + checked):
-                break
-            checked += 1
-            record = self.records[rec]
-            if _still_holds(self.mdir, staging_fd, holder, fp, self.options, self.clock):
-                held.append((record, holder))
-            else:
-                why = f"staging/{holder} changed meanwhile; run recover again"
-                self.outcomes.append(
-                    _staged_outcome(self.mdir, record, holder, dry_run=False, why_left=why)
-                )
-        members = [self.records[n] for g, _ in installed for n in (*g.records, *g.duplicates)]
-        doomed = members + [r for r, _ in held]
-        left = delete_records(mem_fd, doomed) if doomed else {}
-        fsio.crash_point("recover-deleted")
-        self.gone += [r for r in doomed if r.name not in left]
-        for group, name in installed:
-            not_deleted = {n: left[n] for n in (*group.records, *group.duplicates) if n in left}
-            self.log.info(
-                "deadletter_recovered",
-                memory_dir=self.mdir.path,
-                session_id=group.session_id,
-                staging_file=f"{STAGING}/{name}",
-                records=list(group.records),
-                duplicates=list(group.duplicates),
-                left=not_deleted,
-            )
-            self.outcomes += self._group(group, name, not_deleted=not_deleted)
-        for record, holder in held:
-            self.outcomes.append(
-                _staged_outcome(
-                    self.mdir, record, holder, dry_run=False, why_left=left.get(record.name)
-                )
-            )
-        return pending[taken:], staged[checked:]
-
-    def _install(
-        self, mem_fd: int, staging_fd: int, group: Group, tmp: str, appeared: Mapping[str, str]
-    ) -> str | None:
-        """Rename the group's temp file to a new name, if what it depends on still holds."""
-        members = [self.records[n] for n in (*group.records, *group.duplicates)]
-        changes = unchanged(mem_fd, members)
-        clash = next((appeared[fp] for fp in group.fingerprints if fp in appeared), None)
-        if changes or clash is not None:
-            fsio.unlink_quietly(staging_fd, tmp)
-            self.outcomes += self._not_written(group, changes, clash)
-            return None
-        for n in range(1, _MAX_NAMES):
-            name = f"{group.base}.recovered-{n}.json"
-            if fsio.lstat_at(staging_fd, name) is not None:
-                continue
-            # Logged before it is carried out: a crash right after the rename is on record.
-            self.log.info(
-                "deadletter_recovering",
-                memory_dir=self.mdir.path,
-                session_id=group.session_id,
-                staging_file=f"{STAGING}/{name}",
-                records=[*group.records, *group.duplicates],
-            )
-            try:
-                fsio.rename_noreplace(staging_fd, tmp, staging_fd, name)
-            except FileExistsError:
-                continue  # a writer took the name in between
-            except OSError as err:
-                fsio.unlink_quietly(staging_fd, tmp)
-                self._failed(group, f"could not write the staging file: {err.strerror or err}")
-                return None
-            fsio.crash_point("recover-renamed")
-            st = fsio.lstat_at(staging_fd, name)
-            if st is not None:  # known already: the next look need not decide it again
-                self.staged.identities[name] = Identity.of(st)
-                for fp in group.fingerprints:
-                    self.staged.index.setdefault(fp, name)
-            return name
-        fsio.unlink_quietly(staging_fd, tmp)
-        self._failed(group, f"no free name for {group.base}.recovered-<n>.json in staging/")
-        return None
-
     def _not_written(
-        self, group: Group, changes: Mapping[str, str], clash: str | None
+        self, group: Group, changes: Mapping[str, str], refused: str | None
     ) -> list[Outcome]:
         out = []
         for rec in (*group.records, *group.duplicates):
@@ -737,11 +731,8 @@ class _Recovery:
                 continue
             if change == "changed":
                 why = "the record changed while this ran; run recover again"
-            elif clash is not None:
-                why = (
-                    f"staging/{clash} got a candidate of its group while this ran; "
-                    "run recover again"
-                )
+            elif refused is not None:
+                why = refused
             else:
                 why = (
                     "another record of its group changed or vanished while this ran; "
@@ -761,8 +752,8 @@ class _Recovery:
     ) -> list[Outcome]:
         if action is Action.BUSY:
             return [
-                _outcome(self.mdir, self.records[n], action, dry_run=False, reason=failure)
-                for n in (*group.records, *group.duplicates)
+                _outcome(self.mdir, r, action, dry_run=False, reason=failure)
+                for r in self._members(group)
             ]
         return _group_outcomes(
             self.mdir,
@@ -776,17 +767,23 @@ class _Recovery:
 
     def drop_originals(self, mem_fd: int, every: Mapping[str, RecordFile]) -> list[str]:
         """Delete the originals of deleted records that no record present now needs."""
-        maybe = {r.original for r in self.gone if r.original is not None}
+        maybe = sorted({r.original for r in self.gone if r.original is not None})
         if not maybe or self.busy is not None:
             return []
         gone = {r.name for r in self.gone}
+        keep = {n: r for n, r in every.items() if n not in gone}
         try:
-            with exclusive(self.mdir, mem_fd, self.waiter, self.log):
-                keep = {n: r for n, r in every.items() if n not in gone}
-                names, hashes = references_now(self.mdir, mem_fd, keep)
-                return delete_originals(
-                    mem_fd, sorted(o for o in maybe if not still_needed(o, names, hashes))
-                )
+            return drop_originals(
+                self.mdir, mem_fd, maybe, keep, waiter=self.waiter, logger=self.log
+            )
         except BusyError as err:
             self.busy = f"{err} (the originals of the recovered records are kept)"
+            return []
+        except OSError as err:
+            self.log.error(
+                "deadletter_recover_failed",
+                memory_dir=self.mdir.path,
+                originals=maybe,
+                reason=f"the originals were not deleted: {err.strerror or err}",
+            )
             return []

@@ -167,6 +167,18 @@ def read_events(log: Path) -> list[dict[str, Any]]:
     return out
 
 
+def carried_out(event: dict[str, Any]) -> bool:
+    """Is a logged decision's change made? It is logged first (SPEC 5), so until then a
+    quarantined or repaired file still holds the bytes the event names."""
+    if event.get("decision") not in ("quarantined", "repaired") or event.get("dry_run"):
+        return True
+    try:
+        data = Path(event["path"]).read_bytes()
+    except OSError:
+        return True  # gone: moved away (or replaced by a writer, which is decided anew)
+    return hashlib.sha256(data).hexdigest() != event.get("sha256")
+
+
 def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
     """Poll ``predicate()`` until it is true or ``timeout`` seconds have passed."""
     deadline = time.monotonic() + timeout
@@ -476,7 +488,8 @@ def check_logged(mdir: Path, inputs: Sequence[Input], log: Path) -> list[str]:
     An input no longer in ``staging/`` as it was (repaired or removed) has a ``repaired`` or
     ``quarantined`` event for its path; every record in ``deadletter/`` is named by an event.
     """
-    events = [e for e in read_events(log) if e.get("event") == "decision"]
+    rotated = sorted(log.parent.glob(f"{log.name}.[0-9]*"))  # a long run rotates its log
+    events = [e for f in [*rotated, log] for e in read_events(f) if e.get("event") == "decision"]
     logged: dict[str, set[str]] = {}
     named: set[str] = set()
     for event in events:

@@ -24,7 +24,9 @@ from cmd_support import (
     staging_files,
 )
 from conftest import EVIDENCE, write
+from helpers import memstaged_cmd, memstaged_env
 
+from memstaged import apply as applying
 from memstaged import deadletter, fsio
 from memstaged import recover as recover_module
 from memstaged.cli import main
@@ -242,12 +244,15 @@ def test_records_go_only_after_the_staging_file_is_durable(
     monkeypatch: pytest.MonkeyPatch,
     store: Path,
     project: Path,
+    log_file: Path,
 ) -> None:
-    """The order of a recovery: the staging file is renamed into place, staging/ is fsynced, and
-    only then are records deleted, at which point the file is there, complete and valid."""
+    """Issue 12 (one apply path) and SPEC 5: recovery goes through apply's transaction, in its
+    order: the staging file is renamed into place, staging/ is fsynced, and only then are
+    records deleted (each one: the file is there, complete and valid), then deadletter/ is
+    fsynced; the removal is announced in the decision log before it happens."""
     steps: list[str] = []
     real_rename, real_fsync = fsio.rename_noreplace, fsio.fsync_dir
-    real_delete = deadletter.delete_records
+    real_unlink = applying._unlink_held
 
     def rename(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
         real_rename(src_dir, src, dst_dir, dst)
@@ -257,17 +262,80 @@ def test_records_go_only_after_the_staging_file_is_durable(
         real_fsync(fd)
         steps.append(f"fsync {Path(os.readlink(f'/proc/self/fd/{fd}')).name}")
 
-    def delete(mem_fd: int, records: Any) -> dict[str, str]:
+    def unlink(dir_fd: int, held: Any) -> tuple[bool, str | None]:
         recovered = store / "staging" / "mixed.recovered-1.json"
         assert _valid(recovered.read_bytes(), project)
-        steps.append("delete records")
-        return real_delete(mem_fd, records)
+        assert "deadletter_recovering" in [e["event"] for e in logged(log_file)]
+        steps.append("delete record")
+        return real_unlink(dir_fd, held)
 
     monkeypatch.setattr(fsio, "rename_noreplace", rename)
     monkeypatch.setattr(fsio, "fsync_dir", fsync_dir)
-    monkeypatch.setattr("memstaged.recover.delete_records", delete)
+    monkeypatch.setattr(applying, "_unlink_held", unlink)
     assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
-    assert steps[:3] == ["rename mixed.recovered-1.json", "fsync staging", "delete records"]
+    assert steps[:6] == [
+        "rename mixed.recovered-1.json",
+        "fsync staging",
+        "delete record",
+        "delete record",
+        "delete record",
+        "fsync deadletter",
+    ]
+
+
+@pytest.mark.parametrize("step", ["lock-taken:1", "created:1", "staging-synced:1", "unlinked:2"])
+def test_a_recovery_killed_inside_applys_transaction_loses_and_doubles_nothing(
+    store: Path, tmp_path: Path, step: str
+) -> None:
+    """Issue 12 (one apply path), crash ledger: `recover` SIGKILLed at a step of apply's
+    transaction (its temp written, the lock taken; its file renamed in; staging/ fsynced;
+    between two record deletions) leaves every record or its candidate in place; a memstaged
+    starting then deletes the partial temp, and the next recovery ends with each candidate in
+    exactly one staging file and no record of it left."""
+    env = memstaged_env(tmp_path, MEMSTAGED_CRASH_AT=step)
+    mdir = str(store)
+    killed = subprocess.run(
+        memstaged_cmd("deadletter", "recover", "--session", "mixed", "--memory-dir", mdir),
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert killed.returncode == -9, killed.stderr.decode()
+    env.pop("MEMSTAGED_CRASH_AT")
+    texts = ["Prefer small commits", "Use msgspec", "Pin the venv"]
+
+    def text(candidate: Any) -> str:
+        return str(candidate.get("text") or candidate.get("summary"))
+
+    # Staging files only: a temp (a dot file) is no one's version, and is deleted at next start.
+    staged = [json.loads(d) for n, d in staging_files(store).items() if not n.startswith(".")]
+    in_staging = [text(c) for d in staged for cs in d["candidates"].values() for c in cs]
+    records = [json.loads(d)["candidate"] for d in record_files(store).values()]
+    in_records = [text(r["candidate"]) for r in records if "original_staging_file" in r]
+    for wanted in texts:  # nothing lost, nothing staged twice, whatever the step
+        assert in_staging.count(wanted) + in_records.count(wanted) >= 1, wanted
+        assert in_staging.count(wanted) <= 1, wanted
+    once = subprocess.run(
+        memstaged_cmd("--once", "--memory-dir", mdir, "--settle", "0"),
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert once.returncode == 0
+    assert not [n for n in os.listdir(store / "staging") if n.startswith(fsio.TEMP_PREFIX)]
+    again = subprocess.run(
+        memstaged_cmd("deadletter", "recover", "--session", "mixed", "--memory-dir", mdir),
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 1, again.stderr.decode()  # the bad lesson stays
+    staged = [json.loads(d) for d in staging_files(store).values()]
+    prefs = [c["text"] for d in staged for c in d.get("candidates", {}).get("preferences", [])]
+    assert prefs.count("Prefer small commits") == 1
+    assert len(_ids(store, "mixed")) == 1  # only the bad lesson's record
 
 
 def test_nothing_is_lost_when_the_staging_write_fails(
@@ -349,6 +417,38 @@ def test_a_candidate_staged_after_the_plan_is_not_written_again(
         for p in json.loads(data).get("candidates", {}).get("preferences", [])
     ]
     assert texts.count("Prefer small commits") == 1
+
+
+def test_a_duplicate_stays_when_its_staging_file_changes_after_the_plan(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, store: Path
+) -> None:
+    """Issue 12 item 2, SPEC 5: a record whose candidate staging/ held at the plan is deleted
+    only if that staging file is still the very file recovery looked at (it is then fsynced
+    before the record goes). Here a writer rewrites it without the candidate between the plan
+    and apply's transaction: the record stays, so the candidate is not lost; the next run
+    brings it back."""
+    [pref] = _ids(store, "preferences")
+    saved = (store / "deadletter" / f"{pref}.json").read_bytes()
+    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    (store / "deadletter" / f"{pref}.json").write_bytes(saved)  # as after a crash
+    holder = store / "staging" / "mixed.recovered-1.json"
+    doc = json.loads(holder.read_bytes())
+    doc["candidates"]["preferences"] = []
+    _after_the_plan(monkeypatch, lambda: write(holder, doc))
+    code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
+    assert code == 1
+    [outcome] = json_lines(out)
+    assert outcome["action"] == "left"
+    why = "staging/mixed.recovered-1.json changed meanwhile; run recover again"
+    assert outcome["reason"] == why
+    assert (store / "deadletter" / f"{pref}.json").read_bytes() == saved
+
+    monkeypatch.undo()
+    code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
+    assert code == 0
+    [outcome] = json_lines(out)
+    assert outcome["action"] == "recovered"
+    assert not (store / "deadletter" / f"{pref}.json").exists()
 
 
 def test_records_taken_after_the_plan_are_not_recovered_twice(

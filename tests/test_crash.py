@@ -200,6 +200,7 @@ def _harness(work: Path, kills_wanted: int, files: int, workers: int = 2) -> Tal
     return tally
 
 
+@pytest.mark.timeout(600)  # 200 kills take ~70 s on a quiet 2-core machine, minutes on a busy one
 def test_sigkill_anywhere_in_once_loses_nothing(tmp_path: Path) -> None:
     """At least 200 SIGKILLs of ``memstaged --once`` (at every named step of a rewrite and of a
     quarantine, at random steps and at random times) never leave a file half-written, lost,

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import staging_doc
+from helpers import carried_out
 
 FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
 
@@ -103,7 +104,11 @@ class DaemonProcess:
         ]
 
     def wait_decided(self, *names: str, timeout: float = 15) -> dict[str, dict[str, Any]]:
-        """Wait until each file has a final decision; returns the last event of each."""
+        """Wait until each file has a final decision, carried out; returns the last event of each.
+
+        A decision is logged before its change (SPEC 5): until the change is made, a quarantined
+        or repaired file still holds the bytes the event names.
+        """
         wanted = set(names)
 
         def final(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -115,7 +120,11 @@ class DaemonProcess:
                         last[name] = e
             return last
 
-        self.wait_for(lambda ev: len(final(ev)) == len(wanted), f"{len(wanted)} decisions", timeout)
+        def done(events: list[dict[str, Any]]) -> bool:
+            last = final(events)
+            return len(last) == len(wanted) and all(carried_out(e) for e in last.values())
+
+        self.wait_for(done, f"{len(wanted)} decisions", timeout)
         return final(self.events())
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 5) -> int:

@@ -50,28 +50,31 @@ from memstaged.fsio import TEMP_PREFIX
 
 FINAL: Final = {"valid", "quarantined"}
 #: How each round of the race is disturbed: nothing, a SIGKILL of either side at a random
-#: moment, or a crash of the recovery at a named step (MEMSTAGED_CRASH_AT): after its temp
-#: file, once it holds the lock, after its rename, after fsyncing staging/, after its deletes.
+#: moment, or a crash of the recovery at a named step of apply's transaction
+#: (MEMSTAGED_CRASH_AT): after its first temp file, once it holds the lock, after the rename of
+#: a new staging file, after fsyncing staging/, between two record deletions, after fsyncing
+#: deadletter/.
 MODES: Final = (
     "none",
     "sigkill-recovery",
     "sigkill-daemon",
     "crash:temp-created:1",
     "crash:lock-taken:2",
-    "crash:recover-renamed:1",
-    "crash:recover-staged:1",
-    "crash:recover-deleted:1",
+    "crash:created:1",
+    "crash:staging-synced:1",
+    "crash:unlinked:2",
+    "crash:store-synced:1",
 )
 #: The fast run's rounds. A recovery killed while it holds canonical-writer.lock leaves it to
-#: the daemon's next look (up to 5 s, LOCK_POLL), so only the two crashes that matter most
-#: (around the deletes) are in it; the slow run takes every mode, many times.
+#: the daemon's next look (up to 5 s, LOCK_POLL), so only the crashes that matter most (around
+#: the deletes) are in it; the slow run takes every mode, many times.
 FAST: Final = (
     "none",
     "sigkill-recovery",
     "sigkill-daemon",
     "crash:temp-created:1",
-    "crash:recover-staged:1",
-    "crash:recover-deleted:1",
+    "crash:staging-synced:1",
+    "crash:unlinked:2",
 )
 
 
@@ -147,18 +150,15 @@ class Rig:
 
     def settle(self, names: set[str]) -> None:
         """Wait until each of ``names`` and every recovered file has a final decision, carried
-        out: a decision is logged before it is carried out (SPEC 7), so a file quarantined is
-        settled once it has also left ``staging/``."""
+        out: a decision is logged before its change (SPEC 5), so a daemon killed in between has
+        logged ``quarantined`` for a file still in staging/, which its successor moves."""
 
         def done() -> bool:
             seen = self.decisions()
-            present = set(os.listdir(self.mdir / "staging"))
-            staged = {n for n in present if ".recovered-" in n}
-            return all(
-                seen.get(n, set()) & FINAL
-                and not (n in present and seen.get(n, set()) & FINAL == {"quarantined"})
-                for n in names | staged
-            )
+            listed = set(os.listdir(self.mdir / "staging"))
+            staged = {n for n in listed if ".recovered-" in n}
+            decided = all(seen.get(n, set()) & FINAL for n in names | staged)
+            return decided and not any("quarantined" in seen.get(n, ()) for n in listed)
 
         assert wait_for(done, 60), "the daemon did not decide every file"
 
@@ -365,9 +365,10 @@ def _race(rig: Rig, modes: list[str], seed: int) -> None:
 def test_recovery_races_a_writer_and_kills_of_either_side(rig: Rig) -> None:
     """Issue 12 item 3: recovery beside a running daemon, repeated while a writer renames new
     files in, with SIGKILLs of the recovery or of the daemon at random moments and crashes at
-    each step of a recovery (after its temp file, its lock, its rename, its fsync, its
-    deletes): after every round no candidate is lost, none is in two staging files, no
-    record lost its original, and the daemon decided every recovered file valid."""
+    the steps of apply's transaction that recovery goes through (after its temp file, after
+    its fsync of staging/, between its deletes): after every round no candidate is lost, none
+    is in two staging files, no record lost its original, and the daemon decided every
+    recovered file valid."""
     _race(rig, list(FAST), seed=12)
 
 
