@@ -195,6 +195,20 @@ def test_a_config_file_that_is_not_utf8_is_one_line(
     assert f"{config}: not UTF-8" in one_line_error(err)
 
 
+@pytest.mark.parametrize("argv", _CONFIG_COMMANDS, ids=lambda a: "-".join(a) or "daemon")
+def test_a_config_path_with_a_nul_byte_is_one_line(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path, argv: list[str]
+) -> None:
+    """Issue 13 item 4 (found by the argv fuzz test): ``--config 'a<NUL>b'`` is exit 2 and one
+    line in every command (``os.open``'s ValueError was a traceback)."""
+    argv = [str(memory_dir / "staging" / "a.json") if a == "FILE" else a for a in argv]
+    code, _, err = run(capsys, *argv, "--config", "a\x00b", "--memory-dir", str(memory_dir))
+    if argv and argv[0] == "check":
+        code, _, err = run(capsys, *argv, "--config", "a\x00b")
+    assert code == 2
+    assert "NUL byte" in one_line_error(err)
+
+
 @pytest.mark.parametrize("value", ["inf", "1e308", "99999999999", "nan", "-1", "-inf"])
 def test_settle_out_of_range_is_one_line(
     capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path, value: str
