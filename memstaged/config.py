@@ -165,6 +165,8 @@ def read_config(path: Path) -> FileConfig:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 (byte {err.start}), as TOML must be") from None
+    except ValueError:  # os.open refuses a path with a NUL byte: no file has such a name
+        raise ConfigError(f"{path}: cannot read: a path cannot hold a NUL byte") from None
     roots = raw.get("project_roots")
     if isinstance(roots, dict):  # msgspec would say only `project_roots[...]`: name the entry
         for key, value in roots.items():

@@ -16,11 +16,17 @@ A byte that is not UTF-8 reaches Python as a lone surrogate U+DC80..U+DCFF (``su
 it is shown as ``\\xNN``, the byte it stands for. The JSON sinks need none of this: JSON escapes
 control characters itself, and keeps such a name as a ``\\udcNN`` escape that reads back to the
 same string (see :mod:`memstaged.logread`).
+JSON escapes only the controls below U+0020, though: what ``--json`` prints (it reaches terminals
+too) goes through :func:`json_line`, which writes DEL, the C1 controls, bidi controls and
+U+2028/U+2029 as ``\\uXXXX`` too.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import unicodedata
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 _SHORT: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", '"': '\\"'}
@@ -62,6 +68,58 @@ def name(value: object) -> str:
     if string.isprintable() and not string.startswith('"'):
         return string
     return '"' + _escaped(string, quoted=True) + '"'
+
+
+#: What JSON may hold raw in a string but a terminal may act on: DEL, the C1 controls (U+009B is
+#: a one-character CSI to some terminals), bidi controls, and the line and paragraph separators.
+_JSON_UNSAFE: Final = re.compile(
+    "[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2028\u2029\u2066-\u2069]"
+)
+
+
+def json_line(encoded: str) -> str:
+    """A JSON text with those characters written as ``\\uXXXX`` escapes: the same JSON value,
+    and nothing a terminal would act on when ``--json`` goes to one (SPEC 6). They can only be
+    inside strings (JSON outside strings is ASCII), so the escape is always valid there."""
+    if encoded.isascii() and "\x7f" not in encoded:
+        return encoded
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", encoded)
+
+
+#: R5 adds a category that was absent: the least telling repair, so it is named last.
+_QUIET_RULES: Final = frozenset({"R5"})
+
+
+def repairs(items: Sequence[Mapping[str, object]], shown: int = 3) -> str:
+    """The repairs of a decision on one line, by rule: ``R1 at candidates.lessons[0].triggers;
+    R5 at candidates.preferences, candidates.domain``.
+
+    Each rule is named with at most ``shown`` places (``(+N more)``), and R5 last: a file that
+    lacked three categories and a lesson's triggers says R1 first, instead of hiding it behind
+    the three R5s (issue 13: "repaired lines on a TTY don't say which repair"). Escaped.
+    """
+    try:
+        key = tuple((item.get("rule"), item.get("where")) for item in items)
+        return _repairs_of(key, shown)  # the same repairs recur from file to file: a cache
+    except TypeError:  # a hand-edited log with a list where a rule was: not hashable
+        return _repairs_of_items(items, shown)
+
+
+@functools.lru_cache(maxsize=1024)
+def _repairs_of(key: tuple[tuple[object, object], ...], shown: int) -> str:
+    return _repairs_of_items([{"rule": rule, "where": where} for rule, where in key], shown)
+
+
+def _repairs_of_items(items: Sequence[Mapping[str, object]], shown: int) -> str:
+    places: dict[str, list[str]] = {}
+    for item in items:
+        places.setdefault(str(item.get("rule")), []).append(str(item.get("where")))
+    parts = []
+    for rule in sorted(places, key=lambda r: r in _QUIET_RULES):  # stable: first seen first
+        where = places[rule]
+        more = f" (+{len(where) - shown} more)" if len(where) > shown else ""
+        parts.append(f"{rule} at {', '.join(where[:shown])}{more}")
+    return text("; ".join(parts))
 
 
 def unquote(shown: str) -> str:

@@ -109,9 +109,7 @@ def message(event: MutableMapping[str, Any]) -> str:
         repairs = [r for r in event.get("repairs") or [] if isinstance(r, dict)]
         reasons = event.get("reasons") or []
         if repairs:
-            named = ", ".join(f"{r.get('rule')} at {r.get('where')}" for r in repairs[:3])
-            more = f" (+{len(repairs) - 3} more)" if len(repairs) > 3 else ""
-            text += f": repaired by {display.text(named)}{more}"
+            text += f": repaired by {display.repairs(repairs)}"
         elif reasons:
             text += f": {display.text(reasons[0])}" + (
                 f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""

@@ -328,6 +328,15 @@ class FileSource:
         return self._parse(data)
 
     def _parse(self, data: bytes) -> list[Event]:
+        """The events of whole lines. msgspec reads a chunk's lines in one call (twice as fast
+        as line by line: ``log``'s target is 100,000 events/s); a chunk with a line that is not
+        a JSON object, or a ``\\udcNN`` name msgspec refuses, is read line by line instead."""
+        try:
+            values = _decoder.decode_lines(data)
+        except msgspec.DecodeError:
+            values = None
+        if values is not None and all(type(v) is dict for v in values):
+            return values
         events = []
         for line in data.split(b"\n"):
             if not line.strip():

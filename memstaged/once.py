@@ -124,7 +124,7 @@ def _progress(show: bool) -> Iterator[Any]:
     from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with Progress(console=Console(stderr=True, soft_wrap=True), transient=True) as bar:
         yield bar
 
 

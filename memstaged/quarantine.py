@@ -3,7 +3,10 @@
 The record shape is the one the agent's own tools list and recover, so it is built here exactly;
 memstaged's own additions live under the ``memstaged`` key. Names are derived from the staging
 file's name (sanitized) and the hash of its bytes only, never from its content, so quarantining the
-same bytes twice yields the same names and cannot create a second set of records.
+same bytes twice yields the same names and cannot create a second set of records. Sanitizing
+loses information (``\x01.json`` and ``_.json`` both clean to ``_.json``), so a name that did
+not survive it unchanged is tagged with a hash of its bytes (``_-n<8 hex>``): two different
+names never share record names, and each keeps its own records and its own original.
 
 Records stay bounded (SPEC 4): a :class:`DeadLetter` holds only its name and where its candidate
 is; its ``body`` is encoded when it is asked for, from the parsed file that all records of a
@@ -15,6 +18,8 @@ original under ``originals/`` (which holds the bytes in any case) instead of emb
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -30,6 +35,9 @@ ORIGINALS_DIR: Final = "originals"
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 _NAME_LIMIT: Final = 80
 _HASH_CHARS: Final = 16
+#: The tag of a name that sanitizing changed; a name that ends like one is tagged too, so that an
+#: untagged name can never equal a tagged one.
+_NAME_TAG: Final = re.compile(r"-n[0-9a-f]{8}\Z")
 #: SPEC 4: records embedding the whole file may total this much, or 16 times the file's size.
 EMBED_LIMIT: Final = 64 << 20
 EMBED_FACTOR: Final = 16
@@ -55,6 +63,23 @@ def safe_component(text: str) -> str:
     return cleaned or "file"
 
 
+def name_component(name: str) -> str:
+    """``name`` as part of a dead-letter file name, distinct for distinct names.
+
+    A name that is safe as it is stays as it is (``session-1``); any other is sanitized and
+    tagged with the first 8 hex digits of the SHA-256 of its bytes (``_-n3f2a9c01``), so names
+    that sanitize alike (``\x01``, ``_``, a long name cut at 80 characters) stay apart.
+    """
+    cleaned = safe_component(name)
+    if cleaned == name and not _NAME_TAG.search(name):
+        return cleaned
+    try:
+        raw = os.fsencode(name)  # a name read from the disk: its bytes
+    except UnicodeEncodeError:
+        raw = name.encode("utf-8", "surrogatepass")  # a lone surrogate that is not a byte
+    return f"{cleaned}-n{hashlib.sha256(raw).hexdigest()[:8]}"
+
+
 def stem(file_name: str) -> str:
     """The staging file's name without ``.json``."""
     return file_name[: -len(".json")] if file_name.endswith(".json") else file_name
@@ -62,11 +87,11 @@ def stem(file_name: str) -> str:
 
 def original_name(file_name: str, sha256: str) -> str:
     """The original's file name inside ``deadletter/originals/``."""
-    return f"{safe_component(file_name)}.{sha256[:_HASH_CHARS]}.orig"
+    return f"{name_component(file_name)}.{sha256[:_HASH_CHARS]}.orig"
 
 
 def _record_prefix(origin: Origin) -> str:
-    return f"{safe_component(stem(origin.file_name))}-{origin.sha256[:_HASH_CHARS]}"
+    return f"{name_component(stem(origin.file_name))}-{origin.sha256[:_HASH_CHARS]}"
 
 
 def _session_id(doc: object, origin: Origin) -> str:

@@ -131,7 +131,7 @@ def test_reasons_in_full(capsys: pytest.CaptureFixture[str], prepared: Path) -> 
     repaired line says which repair), not what they wrote; with it, every validation error and
     every repair, with what it wrote."""
     _, short, _ = run(capsys, "log", "--path", "fixme.json")
-    assert "repaired by R3 at produced_at, R1 at candidates.lessons[0].triggers" in short
+    assert "repaired by R3 at produced_at; R1 at candidates.lessons[0].triggers" in short
     assert short.count("\n") == 1
     assert '"type":"topic"' not in short
     _, full, _ = run(capsys, "log", "--reasons", "--path", "fixme.json")
@@ -352,3 +352,19 @@ def test_follow_reads_on_across_a_rotation(tmp_path: Path) -> None:
         assert seen == ["b", "c", "d"]
     finally:
         source.close()
+
+
+def test_repairs_are_named_by_rule_r5_last_escaped() -> None:
+    """Issue 13 (a repaired line says which repair): the one-line form groups the repairs by
+    rule in the order seen, R5 (an added category) last, at most three places a rule; what it
+    prints is escaped, and a hand-edited log with a list for a rule prints, not raises."""
+    from memstaged import display
+
+    items = [{"rule": "R5", "where": c} for c in ("a", "b", "c", "d")]
+    items += [{"rule": "R1", "where": f"candidates.lessons[{i}].triggers"} for i in range(2)]
+    items.append({"rule": "R3", "where": "produced_at\x1b[2J"})
+    assert display.repairs(items) == (
+        "R1 at candidates.lessons[0].triggers, candidates.lessons[1].triggers; "
+        "R3 at produced_at\\x1b[2J; R5 at a, b, c (+1 more)"
+    )
+    assert display.repairs([{"rule": ["R1"], "where": "x"}]) == "['R1'] at x"

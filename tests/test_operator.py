@@ -3,14 +3,20 @@ argument, ``check`` as ``--once``, dry runs marked, and output that fits a termi
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
 import pty
 import select
+import shlex
+import shutil
+import signal
 import stat
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -187,6 +193,20 @@ def test_a_config_file_that_is_not_utf8_is_one_line(
         code, _, err = run(capsys, *argv, "--config", str(config))
     assert code == 2
     assert f"{config}: not UTF-8" in one_line_error(err)
+
+
+@pytest.mark.parametrize("argv", _CONFIG_COMMANDS, ids=lambda a: "-".join(a) or "daemon")
+def test_a_config_path_with_a_nul_byte_is_one_line(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path, argv: list[str]
+) -> None:
+    """Issue 13 item 4 (found by the argv fuzz test): ``--config 'a<NUL>b'`` is exit 2 and one
+    line in every command (``os.open``'s ValueError was a traceback)."""
+    argv = [str(memory_dir / "staging" / "a.json") if a == "FILE" else a for a in argv]
+    code, _, err = run(capsys, *argv, "--config", "a\x00b", "--memory-dir", str(memory_dir))
+    if argv and argv[0] == "check":
+        code, _, err = run(capsys, *argv, "--config", "a\x00b")
+    assert code == 2
+    assert "NUL byte" in one_line_error(err)
 
 
 @pytest.mark.parametrize("value", ["inf", "1e308", "99999999999", "nan", "-1", "-inf"])
@@ -466,6 +486,7 @@ def test_argparse_errors_are_one_line_and_not_doubled(capsys: pytest.CaptureFixt
 def _pty_run(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, bytes]:
     """``argv`` with stdout and stderr on a pseudo-terminal: its exit code and what it showed."""
     controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env
     )
@@ -510,6 +531,35 @@ def test_on_a_terminal_log_goes_through_the_pager_and_a_quitting_pager_is_fine(
     assert b"f19999.json" in shown
 
 
+def test_on_an_80_column_terminal_each_event_and_record_is_one_line(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 13: on a terminal, ``log`` drew a box table (5,000 events became 20,671 lines at
+    80 columns) and ``deadletter list`` wrapped each ID over six lines. On an 80x24 pty, each
+    event and each record is exactly one line (the terminal may fold it, the output does not),
+    a record's line starts with its full ID, and the ID given to ``show`` finds it."""
+    _populated(project, memory_dir)
+    env = memstaged_env(tmp_path)
+    code, _ = _pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
+    assert code == 0
+    events = read_events(Path(env["MEMSTAGED_LOG_FILE"]))
+    code, shown = _pty_run(memstaged_cmd("log", "--no-pager", "--color", "never"), env)
+    assert code == 0
+    lines = [ln for ln in shown.decode().split("\r\n") if ln.strip()]
+    assert len(lines) == len(events), lines
+    assert all(ln.startswith("20") and len(ln) > 80 for ln in lines if "staging/" in ln)
+    records = sorted(p.stem for p in (memory_dir / "deadletter").glob("*.json"))
+    assert records
+    argv = ["deadletter", "list", "--no-pager", "--color", "never", "--memory-dir"]
+    code, shown = _pty_run(memstaged_cmd(*argv, str(memory_dir)), env)
+    assert code == 0
+    lines = [ln for ln in shown.decode().split("\r\n") if ln.strip()]
+    assert sorted(ln.split("  ")[0] for ln in lines) == records, lines
+    show = ["deadletter", "show", records[0], "--no-pager", "--memory-dir", str(memory_dir)]
+    code, shown = _pty_run(memstaged_cmd(*show), env)
+    assert code == 0 and f"record {records[0]}".encode() in shown
+
+
 def test_repaired_lines_on_a_terminal_say_which_repair(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, project: Path, memory_dir: Path
 ) -> None:
@@ -519,6 +569,26 @@ def test_repaired_lines_on_a_terminal_say_which_repair(
     code, shown = _pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
     assert code == 0
     assert b"repaired by R1 at candidates.lessons[0].triggers" in shown
+
+
+def test_a_repair_behind_added_categories_is_still_named_on_a_terminal(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 13 ("repaired lines on a TTY don't say which repair"): the demo's
+    session-no-triggers.json lacks three categories and a lesson's triggers; its line on a
+    terminal, from ``--once`` and from ``memstaged log``, names R1 and where, instead of three
+    R5s and "(+1 more)"."""
+    doc = staging_doc(project, "no-triggers", candidates={"lessons": [lesson(triggers=[])]})
+    for category in ("preferences", "decisions", "domain"):
+        del doc["candidates"][category]
+    write(memory_dir / "staging" / "no-triggers.json", doc)
+    _old(memory_dir / "staging" / "no-triggers.json")
+    env = memstaged_env(tmp_path)
+    named = b"repaired by R1 at candidates.lessons[0].triggers; R5 at candidates.preferences"
+    code, shown = _pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
+    assert code == 0 and named in shown, shown
+    code, shown = _pty_run(memstaged_cmd("log", "--no-pager"), env)
+    assert code == 0 and named in shown, shown
 
 
 def test_once_summary_as_json_and_into_a_closed_pipe(
@@ -552,6 +622,52 @@ def test_once_summary_as_json_and_into_a_closed_pipe(
     assert summary["total"] == 3 and summary["unchanged"] == 2 and summary["dry_run"] is False
 
 
+def _into_closed_pipe(argv: list[str], env: dict[str, str]) -> int:
+    """``memstaged ARGV | head -0``: the exit code of memstaged, whose reader left at once."""
+    cmd = " ".join(shlex.quote(a) for a in memstaged_cmd(*argv))
+    result = subprocess.run(
+        ["bash", "-c", f'{cmd} | head -0; echo "status=${{PIPESTATUS[0]}}"'],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert b"Traceback" not in result.stderr, result.stderr
+    return int(result.stdout.decode().rpartition("status=")[2])
+
+
+def test_a_verdict_survives_a_reader_that_left(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 13 (``--once | head -1`` exited 1 though every file was decided), the same for
+    the commands whose exit code is a verdict or whose work changes things: ``check F | head``
+    exits 4 for a file that would be quarantined (it said 0), ``status | head`` 1 when
+    something needs care, and ``deadletter recover --all | head`` carries the recovery out to
+    the end and exits as it would have."""
+    files = _populated(project, memory_dir)
+    env = memstaged_env(tmp_path)
+    assert _into_closed_pipe(["check", str(files["quarantined"]), str(files["valid"])], env) == 4
+    shutil.copytree(
+        REPO / "examples" / "memory-dir" / "staging", memory_dir / "staging", dirs_exist_ok=True
+    )
+    for path in (memory_dir / "staging").iterdir():
+        _old(path)
+    run_once = subprocess.run(
+        memstaged_cmd("--once", "--project-root", str(project), "--memory-dir", str(memory_dir)),
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert run_once.returncode == 0, run_once.stderr
+    assert _into_closed_pipe(["status", "--memory-dir", str(memory_dir)], env) == 1
+    recover = ["deadletter", "recover", "--all", "--memory-dir", str(memory_dir)]
+    assert _into_closed_pipe(recover, env) == 1  # a lesson without source_evidence stays
+    assert (memory_dir / "staging" / "session-one-bad-lesson.recovered-1.json").exists()
+
+
 def test_a_long_settle_wait_says_what_it_waits_for(
     capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path
 ) -> None:
@@ -563,6 +679,20 @@ def test_a_long_settle_wait_says_what_it_waits_for(
     waiting = [line for line in err.splitlines() if "waiting up to" in line]
     assert len(waiting) == 1
     assert "half.json" in waiting[0] and "settle interval (1.2s)" in waiting[0]
+
+
+def test_the_settle_wait_is_one_line_on_a_terminal_too(tmp_path: Path, memory_dir: Path) -> None:
+    """Issue 13: on an 80-column terminal, where ``--once`` shows a progress bar, the line that
+    says what it waits for is one line, not hard-wrapped at 80 columns by the bar's console
+    (a path cut in two cannot be copied)."""
+    write(memory_dir / "staging" / "half.json", b'{"schemaVersion": 1, "sess')
+    env = memstaged_env(tmp_path)
+    argv = memstaged_cmd("--once", "--settle", "3", "--memory-dir", str(memory_dir))
+    code, shown = _pty_run(argv, env)
+    assert code == 0, shown
+    [line] = [ln for ln in shown.split(b"\n") if b"waiting up to" in ln]
+    assert len(line) > 80
+    assert str(memory_dir).encode() in line and b"settle interval (3s): half.json" in line
 
 
 def test_the_busy_error_is_one_unwrapped_line(
@@ -585,6 +715,44 @@ def test_the_busy_error_is_one_unwrapped_line(
     assert result.returncode == 1
     lines = [ln for ln in result.stderr.decode().splitlines() if "working on" in ln]
     assert len(lines) == 1 and str(memory_dir) in lines[0]
+
+
+def test_the_daemon_says_when_staging_cannot_be_read(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 13 item 3, the daemon's side: with ``staging/`` unreadable (``chmod 000``, a normal
+    user), the daemon does not just log ``ready``: an error event ``staging_unreadable``
+    naming the directory and the cause comes first. As root, the run drops the capabilities
+    that let root read anything (``setpriv``)."""
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: cannot make staging/ unreadable")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    else:
+        prefix = []
+    env = memstaged_env(tmp_path)
+    log = Path(env["MEMSTAGED_LOG_FILE"])
+    (memory_dir / "staging").chmod(0)
+    proc = subprocess.Popen(
+        [*prefix, *memstaged_cmd("--memory-dir", str(memory_dir))],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    try:
+        assert wait_for(lambda: any(e.get("event") == "ready" for e in read_events(log)), 30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        (memory_dir / "staging").chmod(0o700)
+    assert code == 0
+    events = [e.get("event") for e in read_events(log)]
+    [unreadable] = [e for e in read_events(log) if e.get("event") == "staging_unreadable"]
+    assert events.index("staging_unreadable") < events.index("ready")
+    assert unreadable["level"] == "error"
+    assert unreadable["path"] == str(memory_dir / "staging")
+    assert "ermission denied" in unreadable["error"]
 
 
 # -- issue 10 item 17: private directories -----------------------------------------------------

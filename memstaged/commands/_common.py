@@ -349,10 +349,11 @@ class Output:
 
 
 def print_json(obj: Any, out: IO[str] | None = None) -> None:
-    """One JSON line; values msgspec refuses (lone surrogates, ...) fall back to the stdlib."""
+    """One JSON line; values msgspec refuses (lone surrogates, ...) fall back to the stdlib.
+    Characters a terminal acts on are escaped (:func:`display.json_line`)."""
     from memstaged.log import dumps
 
-    (out or sys.stdout).write(dumps(obj) + "\n")
+    (out or sys.stdout).write(display.json_line(dumps(obj)) + "\n")
 
 
 def render_table(
@@ -398,12 +399,23 @@ def one_line(text: str, limit: int | None = None) -> str:
 P = ParamSpec("P")
 
 
-def guard_output(func: Callable[P, int]) -> Callable[P, int]:
-    """Output that cannot end in a traceback.
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that no later write or final flush can fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # stdout is not a real file (a test's capture): nothing will flush it
 
-    ``memstaged log | head`` ends quietly instead of with a BrokenPipeError, and text that stdout
-    cannot encode (a lone surrogate: a file name that is not UTF-8, a ``\ud800`` escape in a
-    staging file) is printed backslash-escaped instead of raising UnicodeEncodeError.
+
+def guard_output(func: Callable[P, int]) -> Callable[P, int]:
+    """Output that cannot end in a traceback, for commands whose product is their output.
+
+    ``memstaged log | head`` ends quietly (exit 0) instead of with a BrokenPipeError: the reader
+    has what it wanted, and reading the rest of the log for nobody would only waste time. Text
+    that stdout cannot encode (a lone surrogate: a file name that is not UTF-8, a ``\ud800``
+    escape in a staging file) is printed backslash-escaped instead of raising UnicodeEncodeError.
     """
 
     @functools.wraps(func)
@@ -415,14 +427,74 @@ def guard_output(func: Callable[P, int]) -> Callable[P, int]:
             code = func(*args, **kwargs)
             sys.stdout.flush()
         except BrokenPipeError:
-            # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-                os.close(devnull)
-            except (OSError, ValueError):
-                pass  # stdout is not a real file (a test's capture): nothing will flush it
+            _stdout_to_devnull()
             return 0
+        return code
+
+    return wrapper
+
+
+class _ReaderMayLeave(io.TextIOBase):
+    """stdout for :func:`guard_verdict`: once the reader is gone, what is written is dropped."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__()
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._leave()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._leave()
+
+    def _leave(self) -> None:
+        self.gone = True
+        _stdout_to_devnull()
+
+    def isatty(self) -> bool:
+        return is_terminal(self._stream)
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+
+def guard_verdict(func: Callable[P, int]) -> Callable[P, int]:
+    """:func:`guard_output` for commands whose exit code is a verdict or whose work changes
+    things (``check``, ``status``, ``deadletter recover`` and ``purge``).
+
+    ``memstaged check f.json | head -1`` must still exit 4 for a file that would be quarantined,
+    and a recovery must not stop half-way because its reader left: so when the reader goes,
+    the command goes on to the end with its output dropped, and returns its own exit code (as
+    ``--once | head -1`` does).
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> int:
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+        real = sys.stdout
+        quiet = _ReaderMayLeave(real)
+        sys.stdout = quiet
+        try:
+            code = func(*args, **kwargs)
+            quiet.flush()
+        finally:
+            sys.stdout = real
         return code
 
     return wrapper

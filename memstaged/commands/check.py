@@ -19,7 +19,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged import config, display
-from memstaged.commands._common import add_output_options, guard_output
+from memstaged.commands._common import add_output_options, guard_verdict
 from memstaged.config import Settings
 from memstaged.log import dumps
 from memstaged.pipeline import MemoryDir, is_staging_name
@@ -137,7 +137,7 @@ def _decide_path(
     return entry.decision, entry.reason, verdict, data
 
 
-@guard_output
+@guard_verdict
 def run(args: argparse.Namespace) -> int:
     settings = config.load(  # as --once resolves them; --project-root is check's own here
         config=args.config,
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"memstaged check: {display.name(path)}: {display.text(reason)}", file=sys.stderr)
         worst = max(worst, EXIT_CODES.get(decision, 4), key=_SEVERITY.__getitem__)
         if args.json:
-            print(dumps(_json_line(path, decision, reason, verdict)))
+            print(display.json_line(dumps(_json_line(path, decision, reason, verdict))))
             continue
         _print_text(path, decision, reason, verdict, data, diff=args.diff)
     # Foreign files and none valid or repairable: most likely the project root is not the one

@@ -26,6 +26,7 @@ from memstaged.commands._common import (
     add_memory_dir_options,
     add_output_options,
     guard_output,
+    guard_verdict,
     human_age,
     iso_utc,
     load_settings,
@@ -379,7 +380,7 @@ def _waiter(args: argparse.Namespace) -> Waiter:
     return Waiter(limit, lambda text: print(f"memstaged: {text}", file=sys.stderr, flush=True))
 
 
-@guard_output
+@guard_verdict
 def run_recover(args: argparse.Namespace) -> int:
     if not (args.all or args.session or args.id):
         raise UsageError("deadletter recover: choose what to recover with --session, --id or --all")
@@ -486,7 +487,7 @@ def _show_recovery(
 # -- purge ----------------------------------------------------------------------------------------
 
 
-@guard_output
+@guard_verdict
 def run_purge(args: argparse.Namespace) -> int:
     age = parse_duration(args.older_than, "--older-than")
     settings = load_settings(args)

@@ -19,7 +19,7 @@ from memstaged.commands._common import (
     add_json_option,
     add_memory_dir_options,
     add_output_options,
-    guard_output,
+    guard_verdict,
     human_age,
     load_settings,
     memory_dirs,
@@ -66,7 +66,7 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=run)
 
 
-@guard_output
+@guard_verdict
 def run(args: argparse.Namespace) -> int:
     grace = parse_duration(args.grace, "--grace")
     max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
