@@ -214,8 +214,16 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
 
 
 def decide_too_large(ctx: Context, sha: str, size: int, limit: int) -> Verdict:
-    """A file over the size limit is quarantined unread: one record, ``candidate`` null."""
+    """A file over the size limit is quarantined unread: one record, ``candidate`` null.
+
+    Like a file that does not parse, it waits for the settle interval first: a writer may still
+    be appending to it, and where ``originals/`` is on another file system it is copied, not
+    renamed, and what is appended after the copy would be lost with the staging file.
+    """
     reason = f"file too large ({size} bytes, limit {limit})"
+    if not ctx.settled:
+        why = f"{reason}; may still be being written, waiting for it to settle"
+        return Verdict(Decision.DEFERRED, sha, size, reasons=(why,))
     origin = _origin(ctx, sha, size, ["file too large"])
     return Verdict(
         Decision.QUARANTINED,
