@@ -173,7 +173,7 @@ def read_config(path: Path) -> FileConfig:
             if not isinstance(value, str):
                 raise ConfigError(f"{path}: key 'project_roots.{key}': expected a path string")
     try:
-        return msgspec.convert(raw, FileConfig)
+        parsed = msgspec.convert(raw, FileConfig)
     except msgspec.ValidationError as err:
         text = str(err)
         if text.startswith("Object contains unknown field"):
@@ -183,6 +183,13 @@ def read_config(path: Path) -> FileConfig:
         if len(where) == 2:
             raise ConfigError(f"{path}: key '{where[1].rstrip('`')}': {where[0]}") from None
         raise ConfigError(f"{path}: {text}") from None
+    paths = [("log_file", parsed.log_file)]
+    paths += [("memory_dirs", p) for p in parsed.memory_dirs]
+    paths += [(f"project_roots.{k}", v) for k, v in parsed.project_roots.items()]
+    for key, value in paths:
+        if "\x00" in value or "\x00" in key:  # TOML allows "\u0000"; no path can hold it
+            raise ConfigError(f"{path}: key '{key}': a path cannot hold a NUL byte")
+    return parsed
 
 
 def _env_value(env: Mapping[str, str], name: str, kind: type, option: str) -> Any:

@@ -83,11 +83,6 @@ def test_a_linked_memory_dir_among_glob_matches_leaves_the_others_decided(tmp_pa
         assert not (src / name / ".pi" / "memory" / "project" / "staging" / f"{name}.json").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect 10: a NUL in a path of the config file (TOML \\u0000) ends in 'ValueError: "
-    "embedded null byte' with a traceback",
-)
 @pytest.mark.parametrize("key", ["memory_dirs", "log_file"])
 def test_nul_in_a_config_path_is_one_line_and_exit_2(tmp_path: Path, key: str) -> None:
     """A config file is hostile input too (README: wrong values are errors, exit 2, one line
