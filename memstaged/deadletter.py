@@ -209,11 +209,8 @@ def _store_fd(mdir: MemoryDir, sub: str = DEADLETTER) -> Iterator[int | None]:
 
 
 def _read_record(mdir: MemoryDir, dir_fd: int, name: str) -> RecordFile | None:
-    st = fsio.lstat_at(dir_fd, name)
-    if st is None:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return RecordFile(mdir.path, name, st.st_mtime, None, error="not a regular file")
+    # Opened without a stat first: open_regular refuses links and other non-regular files
+    # (ELOOP, EINVAL, ENXIO for a socket), and only those need the lstat for their mtime.
     try:
         with fsio.open_regular(dir_fd, name) as (fd, fst):
             data = fsio.read_fd(fd, fst.st_size, MAX_RECORD_SIZE)
@@ -221,7 +218,13 @@ def _read_record(mdir: MemoryDir, dir_fd: int, name: str) -> RecordFile | None:
     except FileNotFoundError:
         return None
     except OSError as err:
+        st = fsio.lstat_at(dir_fd, name)
+        if st is None:
+            return None
+        if err.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO) and not stat.S_ISREG(st.st_mode):
+            return RecordFile(mdir.path, name, st.st_mtime, None, error="not a regular file")
         return RecordFile(mdir.path, name, st.st_mtime, None, error=err.strerror or str(err))
+    st = fst
     if data is None:
         return RecordFile(mdir.path, name, st.st_mtime, identity, error="record too large to read")
     try:
