@@ -51,7 +51,7 @@ function _shtab_memstaged_using
 end
 
 set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge'
-set -g _shtab_memstaged_opts_with_value --by --color --config --decision --grace --id --journal-dir --lines --max-age --max-bytes --memory-dir --older-than --path --project-root --session --settle --since --stuck-after --top --until -S -U -n
+set -g _shtab_memstaged_opts_with_value --by --color --config --decision --grace --id --journal-dir --lines --max-age --max-bytes --memory-dir --older-than --path --project-root --session --settle --since --stuck-after --top --until --wait -S -U -n
 
 complete -c memstaged -e
 complete -c memstaged -f
@@ -66,6 +66,7 @@ complete -c memstaged -n _shtab_memstaged_using -l settle -x -d 'how long an unp
 complete -c memstaged -n _shtab_memstaged_using -l dry-run -d 'decide and log, write nothing'
 complete -c memstaged -n _shtab_memstaged_using -l wait -d 'wait for another memstaged on the same memory dir instead of exiting 1'
 complete -c memstaged -n _shtab_memstaged_using -l json -d 'with --once: the summary as one JSON object per memory dir'
+complete -c memstaged -n _shtab_memstaged_using -s v -l verbose -d 'with --once: every decision as a line on stderr, on a terminal or not (the decision log file has them all in any case)'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a check -d 'Decide staging files as --once would, and change nothing.'
 complete -c memstaged -n '_shtab_memstaged_using check' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using check' -l project-root -x -d 'the project root files must name (default: the one of the file'"'"'s memory dir, or the current directory for stdin)'
@@ -79,7 +80,8 @@ complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npo
 complete -c memstaged -n '_shtab_memstaged_using service' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using service; and test $_shtab_memstaged_npos -eq 0' -a install -d 'write ~/.config/systemd/user/memstaged.service and daemon-reload'
 complete -c memstaged -n '_shtab_memstaged_using service install' -s h -l help -d 'show this help message and exit'
-complete -c memstaged -n '_shtab_memstaged_using service install' -l enable -d 'also enable the service and (re)start it now'
+complete -c memstaged -n '_shtab_memstaged_using service install' -l enable -d 'also enable the service and (re)start it now; with no memory dir configured (or a bad config file) it says what to do and exits 1 instead, starting nothing'
+complete -c memstaged -n '_shtab_memstaged_using service install' -l sandbox -d 'also confine the service with a drop-in (PrivateUsers=, ProtectSystem=strict, writable only in the memory dirs'"'"' trees and the state dir), if this user manager can run it; run install again after adding a memory dir outside those trees'
 complete -c memstaged -n '_shtab_memstaged_using service; and test $_shtab_memstaged_npos -eq 0' -a uninstall -d 'stop, disable and remove the service'
 complete -c memstaged -n '_shtab_memstaged_using service uninstall' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a log -d 'Show the decisions (and lifecycle events) memstaged logged, one line each, oldest first (newest first with --reverse), through a pager on a terminal. Decisions of a --dry-run are marked (dry run): they were not carried out.'
@@ -149,24 +151,24 @@ complete -c memstaged -n '_shtab_memstaged_using deadletter show' -l max-bytes -
 complete -c memstaged -n '_shtab_memstaged_using deadletter show' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using deadletter show' -l color -xka "auto always never" -d 'colour the output: auto (on a terminal, unless NO_COLOR is set), always, never'
 complete -c memstaged -n '_shtab_memstaged_using deadletter show' -l no-pager -d 'on a terminal, print straight to it instead of through $PAGER (less -FRSX)'
-complete -c memstaged -n '_shtab_memstaged_using deadletter; and test $_shtab_memstaged_npos -eq 0' -a recover -d 'Put the chosen records'"'"' candidates back into staging/ as new files <session>.recovered-<n>.json, keeping only candidates that are now valid (after repairs) and not already in staging/. Records are deleted only once the staging file holding their candidate is durably written.'
+complete -c memstaged -n '_shtab_memstaged_using deadletter; and test $_shtab_memstaged_npos -eq 0' -a recover -d 'Put the chosen records'"'"' candidates back into staging/ as new files <session>.recovered-<n>.json, keeping only candidates that are now valid (after repairs) and not already in staging/. Records are deleted only once the staging file holding their candidate is durably written. Works while the daemon runs: changes are made in short transactions under canonical-writer.lock, which the daemon obeys.'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l session -x -d 'recover the records of this session_id (repeatable)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l id -x -d 'recover this record (repeatable; a unique prefix will do)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l all -d 'recover every record'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l dry-run -d 'show what would happen, change nothing'
-complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l wait -d 'wait for a memstaged working on the memory dir instead of exiting 1'
+complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l wait -x -d 'when canonical-writer.lock is held (the reconciler at work), wait up to SECONDS (default 30) for it instead of exiting 1'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l memory-dir -x -d 'a memory dir (<project>/.pi/memory/project); repeatable; globs allowed'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l config -x -d 'the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l project-root -x -d 'the project root of the single --memory-dir'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l settle -x -d 'how long an unparseable file must stay unchanged (default 2)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l color -xka "auto always never" -d 'colour the output: auto (on a terminal, unless NO_COLOR is set), always, never'
-complete -c memstaged -n '_shtab_memstaged_using deadletter; and test $_shtab_memstaged_npos -eq 0' -a purge -d 'The only way records are deleted without being recovered.'
+complete -c memstaged -n '_shtab_memstaged_using deadletter; and test $_shtab_memstaged_npos -eq 0' -a purge -d 'The only way records are deleted without being recovered. Works while the daemon runs, in short transactions under canonical-writer.lock.'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l older-than -x -d 'records dead-lettered longer ago than this, e.g. 30d'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l yes -d 'really delete them'
-complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l wait -d 'wait for a memstaged working on the memory dir'
+complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l wait -x -d 'when canonical-writer.lock is held (the reconciler at work), wait up to SECONDS (default 30) for it instead of exiting 1'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l memory-dir -x -d 'a memory dir (<project>/.pi/memory/project); repeatable; globs allowed'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l config -x -d 'the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l json -d 'one JSON object per line, for scripts'
