@@ -454,28 +454,42 @@ def open_regular(dir_fd: int, name: str) -> Iterator[tuple[int, os.stat_result]]
 
 
 def read_fd(fd: int, size_hint: int, limit: int) -> bytes | None:
-    """Read a whole file, or return ``None`` if it turns out to be larger than ``limit``."""
+    """Read a whole regular file, or return ``None`` if it turns out to be larger than ``limit``.
+
+    ``size_hint`` is the size ``fstat`` gave. Each read asks for more than is left of that
+    size, so a read that returns less once ``size_hint`` bytes are in is the end of the file:
+    no second read to see the end (issue 14: one call less per decided file). Before that
+    size, or on a file that grew, it reads on until a read returns nothing, as before.
+    """
     chunks: list[bytes] = []
     total = 0
     want = max(size_hint, 0) + 1
     while True:
-        chunk = os.read(fd, max(want, 65536))
+        ask = max(want - total, 65536)
+        chunk = os.read(fd, ask)
         if not chunk:
             return b"".join(chunks)
         total += len(chunk)
         if total > limit:
             return None
         chunks.append(chunk)
+        if len(chunk) < ask and total >= size_hint:
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_fd_at(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes of an open file from its start (``pread``: the offset stays)."""
+    """Up to ``limit`` bytes of an open regular file from its start (``pread``: the offset
+    stays). Callers ask one byte more than they expect: a read that returns less, with all
+    but that byte in, is the end of the file, and no further read is made to see it."""
     chunks: list[bytes] = []
     offset = 0
     while offset < limit:
-        chunk = os.pread(fd, min(limit - offset, CHUNK), offset)
+        ask = min(limit - offset, CHUNK)
+        chunk = os.pread(fd, ask, offset)
         if not chunk:
             break
         chunks.append(chunk)
         offset += len(chunk)
-    return b"".join(chunks)
+        if len(chunk) < ask and offset >= limit - 1:
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -237,3 +237,52 @@ def test_on_a_terminal_every_decision_is_a_readable_line(
     assert "quarantined" in text and "bad.json" in text, text
     assert '{"' not in text, text
     assert len(read_log(tmp_path / "decisions.jsonl")) >= 3
+
+
+def test_a_file_is_read_with_one_read_call_and_its_bytes_are_whole(
+    project: Path, memory_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 14 item 3 (calls per decision): a staging file is read by one ``read`` (the end is
+    known from a short read once ``fstat``'s size is in, not from a second read returning
+    nothing), and the bytes read are exactly the file's, small or larger than a chunk."""
+    from memstaged import fsio
+    from memstaged.read import Version, read_version
+
+    staging = memory_dir / "staging"
+    small = write(staging / "small.json", staging_doc(project, "small"))
+    big = write(staging / "big.json", b" " * 200_000 + small)
+    empty = write(staging / "empty.json", b"")
+    reads: list[int] = []
+    real_read = os.read
+
+    def counting_read(fd: int, n: int) -> bytes:
+        reads.append(n)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", counting_read)
+    staging_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name, data in (("small.json", small), ("big.json", big), ("empty.json", empty)):
+            reads.clear()
+            version = read_version(staging_fd, name, 8 << 20)
+            assert isinstance(version, Version)
+            with version:
+                assert version.data == data
+                assert len(reads) == 1, name
+                assert fsio.read_fd_at(version.fd, len(data) + 1) == data
+    finally:
+        os.close(staging_fd)
+
+
+def test_read_fd_reads_on_when_the_file_is_longer_than_fstat_said(tmp_path: Path) -> None:
+    """A file that grew after ``fstat`` (a writer appending) is read to its end, not cut at
+    the size ``fstat`` gave: the short-read shortcut only ends a read once that size is in."""
+    from memstaged import fsio
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100_000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert fsio.read_fd(fd, 10, 1 << 20) == b"x" * 100_000
+    finally:
+        os.close(fd)
