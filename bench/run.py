@@ -627,6 +627,19 @@ def _imports_note(entries: Sequence[costs.Imported]) -> str:
     return f"imports {total:.0f} ms in all; costliest (cumulative ms): {listed}"
 
 
+def _compile_package() -> None:
+    """Byte-compile ``memstaged/`` before any measure, as an installed package is (pip
+    compiles it).
+
+    With ``PYTHONDONTWRITEBYTECODE=1`` in the environment (this machine sets it) and an
+    editable install, every memstaged process would otherwise compile ~45 modules again: ~110
+    ms of each start-up and of each backlog run that no installed memstaged pays (issue 14;
+    the figures before the redesign included it).
+    """
+    package = Path(__file__).resolve().parent.parent / "memstaged"
+    subprocess.run([PYTHON, "-m", "compileall", "-q", str(package)], check=True)
+
+
 def measure_startup(c: Corpora, plan: Plan) -> tuple[list[Row], float]:
     """8. Start-up of ``--once`` (empty memory dir), ``check`` (one file) and ``status``.
 
@@ -1023,8 +1036,8 @@ def measure_latency(c: Corpora, plan: Plan, pool: Sequence[bytes]) -> list[Row]:
                 f"4 latency @{rate}/s: p99",
                 p99,
                 "ms",
-                target="< 20 ms" if at200 else "",
-                met=p99 < 20 if at200 else None,
+                target="< 20 ms" if at200 else "< 2 ms" if rate == 1000 else "",
+                met=p99 < 20 if at200 else p99 < 2 if rate == 1000 else None,
                 samples=[r[1] for r in results],
                 note=f"of which in Pipeline.process (duration_ms): p99 {in99:.3f} ms",
             ),
@@ -1816,6 +1829,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = args.workdir.resolve()
     else:
         work = Path(tempfile.mkdtemp(prefix="memstaged-bench-"))
+    _compile_package()  # every measure runs memstaged as installed: its bytecode compiled
     info = machine()
     started = time.time()
 

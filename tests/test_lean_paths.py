@@ -286,3 +286,28 @@ def test_read_fd_reads_on_when_the_file_is_longer_than_fstat_said(tmp_path: Path
         assert fsio.read_fd(fd, 10, 1 << 20) == b"x" * 100_000
     finally:
         os.close(fd)
+
+
+def test_the_daemon_logs_without_importing_structlog_off_a_terminal(tmp_path: Path) -> None:
+    """Issue 14 item 4 (the daemon's memory): the daemon's modules and a logged event, with
+    stderr not a terminal and no journald, load neither structlog (~16 MB) nor rich; the
+    event still reaches the log file whole."""
+    path = tmp_path / "decisions.jsonl"
+    probe = (
+        "import json, pathlib, sys, memstaged.daemon, memstaged.log as log\n"
+        f"log.configure(pathlib.Path({str(path)!r}), journal='off')\n"
+        "log.get_logger().info('decision', decision='valid', path='a.json')\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:]))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, *HEAVY],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        check=True,
+        timeout=60,
+        text=True,
+    )
+    assert set(json.loads(proc.stdout)) <= {"watchdog"}  # the daemon's observer, nothing else
+    assert proc.stderr == ""
+    [event] = read_log(path)
+    assert (event["event"], event["decision"], event["level"]) == ("decision", "valid", "info")
