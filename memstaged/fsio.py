@@ -65,6 +65,12 @@ def _libc() -> _Libc:
     return _LIBC[0]
 
 
+def load_libc() -> None:
+    """Load ``renameat2``/``syncfs`` now, before a transaction that will need them: importing
+    ctypes (a few ms) inside one would sit between a decision's announcement and its change."""
+    _libc()
+
+
 def syncfs(fd: int) -> None:
     """Make everything written to the file system holding ``fd`` durable, in one call.
 

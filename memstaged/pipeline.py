@@ -343,6 +343,7 @@ class Pipeline:
             self._sync_log()
 
         outcomes: dict[str, Outcome] = {}
+        fsio.load_libc()  # once per process, and not between an announcement and its change
         try:
             results = applying.apply(
                 mem_fd,
