@@ -554,12 +554,14 @@ def _corpus(
 
 def prepare(work: Path, plan: Plan) -> Corpora:
     err.print("[bold]corpora[/]")
-    backlog = _memory_dir(work, "backlog")
-    valid = _memory_dir(work, "valid")
+    # Under their own names: a work dir may hold the corpora of contract version 1 (the manifest
+    # does not say which options made it).
+    backlog = _memory_dir(work, "backlog-v2")
+    valid = _memory_dir(work, "valid-v2")
     empty = _memory_dir(work, "empty")
     (empty / "staging").mkdir(parents=True, exist_ok=True)
-    m = _corpus(backlog, plan.n, plan.seed, (0.7, 0.2, 0.1))
-    vm = _corpus(valid, plan.n, plan.seed + 1, (1.0, 0.0, 0.0))
+    m = _corpus(backlog, plan.n, plan.seed, (0.7, 0.2, 0.1), corpus.V2_CORPUS)
+    vm = _corpus(valid, plan.n, plan.seed + 1, (1.0, 0.0, 0.0), corpus.V2_CORPUS)
     return Corpora(work, backlog, valid, empty, m, vm)
 
 
