@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from memstaged.errors import ConfigError
-from memstaged.pipeline import MemoryDir, Options
+from memstaged.memdir import MemoryDir, Options
 from memstaged.project import default_project_root, normalize
 
 DEFAULT_MEMORY_DIR: Final = "./.pi/memory/project"

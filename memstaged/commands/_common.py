@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, ParamSpec
 from memstaged import config, display
 from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import ConfigError, UsageError
-from memstaged.pipeline import MemoryDir
+from memstaged.memdir import MemoryDir
 
 if TYPE_CHECKING:
     import subprocess

@@ -21,7 +21,7 @@ from memstaged import config, display
 from memstaged.commands._common import add_output_options, guard_output
 from memstaged.config import Settings
 from memstaged.log import dumps
-from memstaged.pipeline import MemoryDir, is_staging_name
+from memstaged.memdir import MemoryDir, is_staging_name
 from memstaged.project import default_project_root, normalize
 from memstaged.survey import UNREADABLE, decide_entry
 from memstaged.timestamps import format_epoch_ms
