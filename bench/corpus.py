@@ -72,6 +72,19 @@ PEER_CORPUS: Final[dict[str, Any]] = {
 }
 
 
+#: The backlog corpus (``run.py``'s measures 1-7) as contract version 2 decides it: the same mix
+#: and sizes as the earlier runs, but all four categories in every file (version 2 repairs an
+#: absent one by R5), no R3 defect (its forms are all timestamps to V8's ``Date.parse`` now:
+#: valid as they are) and no ``non-utf8`` file (valid under version 2). On the corpus of the
+#: earlier runs memstaged decided 4,298 / 4,833 / 869 where the manifest said 7,000 / 2,000 /
+#: 1,000, and the "valid" pool of the latency and burst measures was half repairs.
+V2_CORPUS: Final[dict[str, Any]] = {
+    "repairs": ("R1", "R2"),
+    "malformed": tuple(d for d in MALFORMED_DEFECTS if d != "non-utf8"),
+    "all_categories": True,
+}
+
+
 @dataclass(frozen=True)
 class Entry:
     """One staging file: what it is, and how much work deciding it takes."""

@@ -554,12 +554,14 @@ def _corpus(
 
 def prepare(work: Path, plan: Plan) -> Corpora:
     err.print("[bold]corpora[/]")
-    backlog = _memory_dir(work, "backlog")
-    valid = _memory_dir(work, "valid")
+    # Under their own names: a work dir may hold the corpora of contract version 1 (the manifest
+    # does not say which options made it).
+    backlog = _memory_dir(work, "backlog-v2")
+    valid = _memory_dir(work, "valid-v2")
     empty = _memory_dir(work, "empty")
     (empty / "staging").mkdir(parents=True, exist_ok=True)
-    m = _corpus(backlog, plan.n, plan.seed, (0.7, 0.2, 0.1))
-    vm = _corpus(valid, plan.n, plan.seed + 1, (1.0, 0.0, 0.0))
+    m = _corpus(backlog, plan.n, plan.seed, (0.7, 0.2, 0.1), corpus.V2_CORPUS)
+    vm = _corpus(valid, plan.n, plan.seed + 1, (1.0, 0.0, 0.0), corpus.V2_CORPUS)
     return Corpora(work, backlog, valid, empty, m, vm)
 
 
@@ -625,6 +627,19 @@ def _imports_note(entries: Sequence[costs.Imported]) -> str:
     listed = ", ".join(f"{e.module} {e.cumulative_ms:.0f}" for e in top)
     total = costs.total_import_ms(entries)
     return f"imports {total:.0f} ms in all; costliest (cumulative ms): {listed}"
+
+
+def _compile_package() -> None:
+    """Byte-compile ``memstaged/`` before any measure, as an installed package is (pip
+    compiles it).
+
+    With ``PYTHONDONTWRITEBYTECODE=1`` in the environment (this machine sets it) and an
+    editable install, every memstaged process would otherwise compile ~45 modules again: ~110
+    ms of each start-up and of each backlog run that no installed memstaged pays (issue 14;
+    the figures before the redesign included it).
+    """
+    package = Path(__file__).resolve().parent.parent / "memstaged"
+    subprocess.run([PYTHON, "-m", "compileall", "-q", str(package)], check=True)
 
 
 def measure_startup(c: Corpora, plan: Plan) -> tuple[list[Row], float]:
@@ -1023,8 +1038,8 @@ def measure_latency(c: Corpora, plan: Plan, pool: Sequence[bytes]) -> list[Row]:
                 f"4 latency @{rate}/s: p99",
                 p99,
                 "ms",
-                target="< 20 ms" if at200 else "",
-                met=p99 < 20 if at200 else None,
+                target="< 20 ms" if at200 else "< 2 ms" if rate == 1000 else "",
+                met=p99 < 20 if at200 else p99 < 2 if rate == 1000 else None,
                 samples=[r[1] for r in results],
                 note=f"of which in Pipeline.process (duration_ms): p99 {in99:.3f} ms",
             ),
@@ -1821,6 +1836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = args.workdir.resolve()
     else:
         work = Path(tempfile.mkdtemp(prefix="memstaged-bench-"))
+    _compile_package()  # every measure runs memstaged as installed: its bytecode compiled
     info = machine()
     started = time.time()
 

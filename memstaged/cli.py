@@ -8,9 +8,10 @@ Every error a user can cause ends here as one line on stderr and exit code 2 (us
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from memstaged import __version__
 from memstaged.errors import BusyError, ConfigError, MemstagedError, UsageError
@@ -19,20 +20,84 @@ EXIT_OK: Final = 0
 EXIT_ATTENTION: Final = 1
 EXIT_USAGE: Final = 2
 
-#: Subcommand modules; each has ``register(subparsers)`` setting ``func`` on its parser.
-_SUBCOMMANDS: Final = (
-    "memstaged.commands.check",
-    "memstaged.commands.service",
-    "memstaged.commands.log",
-    "memstaged.commands.stats",
-    "memstaged.commands.status",
-    "memstaged.commands.deadletter",
-)
+#: The subcommands, each ``memstaged.commands.<name>`` with ``register(subparsers)`` setting
+#: ``func`` on its parser, in the order ``--help`` lists them.
+_SUBCOMMANDS: Final = ("check", "service", "log", "stats", "status", "deadletter")
+#: The top-level options that take a value (the rest are flags).
+_VALUED: Final = ("--memory-dir", "--config", "--project-root", "--settle")
+
+
+def _named_command(argv: Sequence[str]) -> str | None:
+    """Which subcommand ``argv`` runs, when that is plain: its name, ``""`` for none (the
+    daemon, ``--once``), or ``None`` when in doubt (``--help``, ``--``, a word that is no
+    command, an option abbreviated beyond recognition).
+
+    Only that subcommand's module is imported and its parser built: the six modules and their
+    parsers were a third of ``--once``'s start-up (issue 14). In doubt every one is built, so
+    argparse sees the whole command line as before and says the same.
+    """
+    words = iter(argv)
+    for word in words:
+        if word == "--" or word in ("-h", "--help") or word.startswith("--h"):
+            return None
+        if not word.startswith("-") or word == "-":
+            return word if word in _SUBCOMMANDS else None
+        if word.startswith("--") and "=" not in word:
+            valued = [name for name in _VALUED if name.startswith(word)]
+            flags = word in ("--once", "--dry-run", "--wait", "--json", "--verbose", "--version")
+            if len(valued) == 1 and not flags:
+                next(words, None)  # the option's value, whatever it looks like
+            elif not valued and not flags:
+                return None
+        elif not word.startswith("--") and set(word[1:]) - {"v"}:
+            return None  # a short option other than -v: argparse will say what it is
+    return ""
+
+
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``, without importing shutil (and with it bz2, lzma
+    and fnmatch: ~2 ms of every start-up, issue 14): ``$COLUMNS``, else the terminal's, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+_SIZED: dict[type[argparse.HelpFormatter], type[argparse.HelpFormatter]] = {}
+
+
+def _sized(base: type[argparse.HelpFormatter]) -> type[argparse.HelpFormatter]:
+    """``base`` given the width argparse would compute (see :func:`_columns`)."""
+    if base not in _SIZED:
+
+        class Sized(base):  # type: ignore[valid-type,misc]
+            def __init__(
+                self,
+                prog: str,
+                indent_increment: int = 2,
+                max_help_position: int = 24,
+                width: int | None = None,
+            ) -> None:
+                width = _columns() - 2 if width is None else width
+                super().__init__(prog, indent_increment, max_help_position, width)
+
+        _SIZED[base] = Sized
+    return _SIZED[base]
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse's errors as one line (``memstaged log: argument -n: ...``) and exit 2, not its
     usage block: ``main`` prints the message as it is, with no second ``memstaged:``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["formatter_class"] = _sized(kwargs.get("formatter_class", argparse.HelpFormatter))
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
@@ -73,7 +138,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; given ``argv``, with only the subcommand it names (see
+    :func:`_named_command`), else with all of them (``--help``, completions, the man page)."""
     parser = _Parser(
         prog="memstaged",
         description="Validate, repair or quarantine agent-memory staging files as they arrive.",
@@ -103,11 +170,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --once: the summary as one JSON object per memory dir",
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="with --once: every decision as a line on stderr, on a terminal or not (the "
+        "decision log file has them all in any case)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     import importlib
 
-    for module in _SUBCOMMANDS:
-        importlib.import_module(module).register(sub)
+    wanted = None if argv is None else _named_command(argv)
+    for name in _SUBCOMMANDS:
+        if wanted is None or wanted == name:
+            importlib.import_module(f"memstaged.commands.{name}").register(sub)
     return parser
 
 
@@ -143,7 +219,9 @@ def _run(args: argparse.Namespace) -> int:
     if settings.explicit_dirs:  # before any log is opened: a wrong path is one line, exit 2
         for mdir in settings.memory_dirs():
             check_memory_dir(mdir, writable=not settings.options.dry_run)
-    _configure_logging(settings)
+    if args.verbose and not args.once:
+        raise UsageError("--verbose is for --once: the daemon logs every event already")
+    _configure_logging(settings, console="lines" if args.verbose else "auto")
     if args.once:
         from memstaged.once import run_once
 
@@ -180,8 +258,9 @@ def _error_line(message: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run memstaged; returns the exit code."""
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
+        words = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(words)
+        args = parser.parse_args(words)
         func: Callable[[argparse.Namespace], int] = getattr(args, "func", _run)
         return func(args)
     except BusyError as err:

@@ -11,7 +11,6 @@ import glob
 import math
 import os
 import stat
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -19,7 +18,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from memstaged.errors import ConfigError
-from memstaged.pipeline import MemoryDir, Options
+from memstaged.memdir import MemoryDir, Options
 from memstaged.project import default_project_root, normalize
 
 DEFAULT_MEMORY_DIR: Final = "./.pi/memory/project"
@@ -145,6 +144,8 @@ MAX_CONFIG_SIZE: Final = 1 << 20
 
 def read_config(path: Path) -> FileConfig:
     """Parse and check the TOML file; every problem is one line naming the file and the key."""
+    import tomllib  # only when there is a config file (issue 14: start-up)
+
     try:
         # O_NONBLOCK: a FIFO named as the config must not hang the command; links are followed,
         # as the user named this path (dotfile managers link configs)

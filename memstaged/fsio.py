@@ -7,12 +7,11 @@ name is never resolved twice along a path that could change in between.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
+import itertools
 import os
 import re
-import secrets
 import signal
 import stat
 from collections import Counter
@@ -32,13 +31,44 @@ _HASHED_TARGET: Final = re.compile(r"#[0-9a-f]{32}")
 _RENAME_NOREPLACE: Final = 1
 _RENAME_EXCHANGE: Final = 2
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_libc = ctypes.CDLL(None, use_errno=True)
-_renameat2 = _libc.renameat2
-_renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-_renameat2.restype = ctypes.c_int
-_syncfs = _libc.syncfs
-_syncfs.argtypes = [ctypes.c_int]
-_syncfs.restype = ctypes.c_int
+
+
+class _Libc:
+    """``renameat2`` and ``syncfs`` from libc through ctypes, loaded on first use: a command
+    that changes nothing (``status``, ``--once`` with nothing new) does not import ctypes."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.renameat2 = libc.renameat2
+        self.renameat2.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_uint,
+        ]
+        self.renameat2.restype = ctypes.c_int
+        self.syncfs = libc.syncfs
+        self.syncfs.argtypes = [ctypes.c_int]
+        self.syncfs.restype = ctypes.c_int
+        self.get_errno = ctypes.get_errno
+
+
+_LIBC: list[_Libc] = []
+
+
+def _libc() -> _Libc:
+    if not _LIBC:
+        _LIBC.append(_Libc())
+    return _LIBC[0]
+
+
+def load_libc() -> None:
+    """Load ``renameat2``/``syncfs`` now, before a transaction that will need them: importing
+    ctypes (a few ms) inside one would sit between a decision's announcement and its change."""
+    _libc()
 
 
 def syncfs(fd: int) -> None:
@@ -47,8 +77,9 @@ def syncfs(fd: int) -> None:
     A batch writes many temp files without fsyncing each, then makes them durable together
     before any of them is given its name or takes a staging file's place (SPEC 5's order).
     """
-    if _syncfs(fd) != 0:
-        err = ctypes.get_errno()
+    libc = _libc()
+    if libc.syncfs(fd) != 0:
+        err = libc.get_errno()
         raise OSError(err, f"syncfs: {os.strerror(err)}")
 
 
@@ -99,8 +130,9 @@ class Identity(msgspec.Struct, frozen=True, array_like=True):
 
 
 def _rename2(src_dir: int, src: str, dst_dir: int, dst: str, flags: int) -> None:
-    if _renameat2(src_dir, os.fsencode(src), dst_dir, os.fsencode(dst), flags) != 0:
-        err = ctypes.get_errno()
+    libc = _libc()
+    if libc.renameat2(src_dir, os.fsencode(src), dst_dir, os.fsencode(dst), flags) != 0:
+        err = libc.get_errno()
         raise OSError(err, f"renameat2 {src} -> {dst}: {os.strerror(err)}")
 
 
@@ -207,7 +239,37 @@ def temp_name(role: str, for_name: str = "") -> str:
     """
     budget = NAME_MAX - len(TEMP_PREFIX) - len(role) - 2 - _RANDOM_HEX
     target = for_name if len(os.fsencode(for_name)) <= budget else _name_hash(for_name)
-    return f"{TEMP_PREFIX}{role}~{target}~{secrets.token_hex(_RANDOM_HEX // 2)}"
+    return f"{TEMP_PREFIX}{role}~{target}~{_unique()}"
+
+
+class _Tokens:
+    """The temp names' unique part: this process's id and a counter that starts at a random
+    value (drawn once), ``_RANDOM_HEX`` hex digits. Unique among live processes by the pid, and
+    unlike a leftover of an earlier process with the same pid by the random start; a clash is
+    refused anyway (``O_EXCL``, ``linkat``, ``RENAME_NOREPLACE``). Was 16 random bytes per name:
+    a ``getrandom`` call for each temp file (issue 14: calls per decision)."""
+
+    def __init__(self) -> None:
+        self.pid = -1
+        self.counter: Iterator[int] = iter(())
+
+    def reset(self) -> None:
+        self.pid = -1
+
+    def next(self) -> str:
+        if self.pid < 0:  # the first name, or a forked child: its own pid and start
+            self.pid = os.getpid()
+            self.counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
+        half = _RANDOM_HEX // 2
+        return f"{self.pid % 16**half:0{half}x}{next(self.counter) % 16**half:0{half}x}"
+
+
+_TOKENS: Final = _Tokens()
+os.register_at_fork(after_in_child=_TOKENS.reset)
+
+
+def _unique() -> str:
+    return _TOKENS.next()
 
 
 def parse_temp_name(name: str) -> tuple[str, str] | None:
@@ -398,28 +460,42 @@ def open_regular(dir_fd: int, name: str) -> Iterator[tuple[int, os.stat_result]]
 
 
 def read_fd(fd: int, size_hint: int, limit: int) -> bytes | None:
-    """Read a whole file, or return ``None`` if it turns out to be larger than ``limit``."""
+    """Read a whole regular file, or return ``None`` if it turns out to be larger than ``limit``.
+
+    ``size_hint`` is the size ``fstat`` gave. Each read asks for more than is left of that
+    size, so a read that returns less once ``size_hint`` bytes are in is the end of the file:
+    no second read to see the end (issue 14: one call less per decided file). Before that
+    size, or on a file that grew, it reads on until a read returns nothing, as before.
+    """
     chunks: list[bytes] = []
     total = 0
     want = max(size_hint, 0) + 1
     while True:
-        chunk = os.read(fd, max(want, 65536))
+        ask = max(want - total, 65536)
+        chunk = os.read(fd, ask)
         if not chunk:
             return b"".join(chunks)
         total += len(chunk)
         if total > limit:
             return None
         chunks.append(chunk)
+        if len(chunk) < ask and total >= size_hint:
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_fd_at(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes of an open file from its start (``pread``: the offset stays)."""
+    """Up to ``limit`` bytes of an open regular file from its start (``pread``: the offset
+    stays). Callers ask one byte more than they expect: a read that returns less, with all
+    but that byte in, is the end of the file, and no further read is made to see it."""
     chunks: list[bytes] = []
     offset = 0
     while offset < limit:
-        chunk = os.pread(fd, min(limit - offset, CHUNK), offset)
+        ask = min(limit - offset, CHUNK)
+        chunk = os.pread(fd, ask, offset)
         if not chunk:
             break
         chunks.append(chunk)
         offset += len(chunk)
-    return b"".join(chunks)
+        if len(chunk) < ask and offset >= limit - 1:
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

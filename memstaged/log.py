@@ -1,18 +1,22 @@
-"""The decision log (SPEC section 7): one structlog event per decision, fanned out to three sinks.
+"""The decision log (SPEC section 7): one structured event per decision, fanned out to its sinks.
 
 * a JSON-lines file that memstaged rotates itself (:class:`FileSink`), which the inspection commands
-  read without journald;
+  read without journald: it always gets every event;
 * journald, every field as a ``MEMSTAGED_*`` journal field plus ``MESSAGE``, ``PRIORITY`` and a
   ``MESSAGE_ID`` per kind of event, when running under systemd;
-* the terminal: readable on a TTY, JSON lines otherwise (and nothing when journald already has it,
-  since systemd would store our stderr a second time).
+* the terminal: a readable line per event on a TTY, rendered by structlog's ``ConsoleRenderer``;
+  nothing when stderr is not a terminal (the file has every event: writing the same JSON to
+  stderr too was a second write per decision, issue 14), unless asked for (``--verbose``).
 
 Events are flat dicts of JSON values, so each key maps one to one onto a journal field.
 
-structlog stays the API (``log.info("decision", **event)``), but the last step of its processor
-chain hands the event dict straight to memstaged's own sinks rather than to the standard library's
-``logging``: a ``LogRecord`` with ``findCaller``, handler locks, and ``RotatingFileHandler``'s two
-stats and a seek per record were most of the cost of a decision, which is logged once per file.
+The API is structlog's bound logger (``log.info("decision", **event)``) and the event dict is the
+one structlog's chain made (the fields, then ``event``, ``level`` and the ``timestamp`` of
+``TimeStamper(fmt="iso", utc=True)``), but the hot path does not go through structlog: ``import
+structlog`` imports ``structlog.dev`` and ``structlog.stdlib`` (rich's tracebacks, pygments,
+asyncio, ssl) whatever is configured, ~75 ms of start-up and ~16 MB of the daemon's memory for
+a chain of three steps (issue 14). :class:`Logger` runs those steps itself; structlog is
+imported only where it renders, for a terminal.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from pathlib import Path
 from typing import Any, Final, Protocol, TextIO
 
 import msgspec
-import structlog
 
 from memstaged import display
 
@@ -164,11 +167,6 @@ def _render(event: Mapping[str, Any]) -> bytes:
     except (TypeError, ValueError, RecursionError):
         flat = {str(key): _json_default(value) for key, value in event.items()}
         return json.dumps(flat).encode() + b"\n"
-
-
-def _console_line(event: MutableMapping[str, Any]) -> str:
-    stamp = str(event.get("timestamp", ""))[11:23]
-    return f"{stamp} {event.get('level', 'info')!s:7} {message(event)}\n"
 
 
 def _say(text: str) -> None:
@@ -403,18 +401,28 @@ class FileSink:
 
 
 class ConsoleSink:
-    """stderr: a readable line on a TTY, the JSON line otherwise (what a pipe or a file wants)."""
+    """stderr: a readable line per event, or the JSON line (what a pipe or a file wants).
 
-    def __init__(self, stream: TextIO) -> None:
+    ``readable=None`` decides by the stream: readable on a TTY, JSON otherwise. Readable lines
+    are structlog's ``ConsoleRenderer`` (coloured on a terminal unless ``NO_COLOR`` is set or
+    ``TERM=dumb``) of the time, the level and :func:`message`, whose names and reasons are
+    escaped: a field's raw value never reaches the terminal. structlog is imported here, only
+    for a terminal or ``--verbose``.
+    """
+
+    def __init__(self, stream: TextIO, *, readable: bool | None = None) -> None:
         self._stream = stream
         try:
-            self._pretty = stream.isatty()
+            terminal = stream.isatty()
         except (OSError, ValueError):  # closed already: emit says so, once
-            self._pretty = False
+            terminal = False
+        self._render: Callable[[MutableMapping[str, Any]], str] | None = None
+        if readable or (readable is None and terminal):
+            self._render = _readable_renderer(colors=terminal and _colors_wanted())
         self._trouble = _Trouble("console log (stderr)")
 
     def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
-        text = _console_line(event) if self._pretty else line.decode()
+        text = line.decode() if self._render is None else self._render(event)
         try:
             self._stream.write(text)
             self._stream.flush()
@@ -426,6 +434,27 @@ class ConsoleSink:
 
     def close(self) -> None:
         """The stream is the process's stderr: not ours to close."""
+
+
+def _colors_wanted() -> bool:
+    return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def _readable_renderer(*, colors: bool) -> Callable[[MutableMapping[str, Any]], str]:
+    """One readable line for an event: structlog's console rendering of the escaped message."""
+    from structlog.dev import ConsoleRenderer  # the terminal only: ~75 ms and ~16 MB to import
+
+    renderer = ConsoleRenderer(colors=colors, pad_event_to=0)
+
+    def render(event: MutableMapping[str, Any]) -> str:
+        shown = {
+            "timestamp": str(event.get("timestamp", ""))[11:23],
+            "level": str(event.get("level", "info")),
+            "event": message(event),
+        }
+        return str(renderer(None, shown["level"], shown)) + "\n"
+
+    return render
 
 
 class JournalSink:
@@ -463,12 +492,12 @@ class JournalSink:
 
 
 class _Fanout:
-    """The structlog "logger" of the process: every level method hands the event to the sinks.
+    """Where every event of the process goes: the sinks, replaced as a whole by :func:`configure`.
 
-    One object for the whole process, so that loggers structlog cached before a later
-    :func:`configure` (the daemon's, re-configured on reload) reach the new sinks. One lock
-    around the writes: the worker thread applying a batch and the main thread may log at the
-    same moment, and a line must never interleave with another; the JSON is rendered outside it.
+    One object for the whole process, so that a logger kept before a later :func:`configure`
+    (the daemon's, re-configured on reload) reaches the new sinks. One lock around the writes:
+    the worker thread applying a batch and the main thread may log at the same moment, and a
+    line must never interleave with another; the JSON is rendered once, outside it.
     """
 
     def __init__(self) -> None:
@@ -494,15 +523,8 @@ class _Fanout:
             for sink in self._sinks:
                 sink.emit(event, line)
 
-    # structlog calls the method named after the level (``exception`` arrives as ``error``).
-    debug = info = warning = error = critical = msg = emit
-
 
 _FANOUT: Final = _Fanout()
-
-
-def _logger_factory(*_args: Any) -> _Fanout:
-    return _FANOUT
 
 
 class _UtcStamper:
@@ -533,11 +555,11 @@ class _UtcStamper:
         return event
 
 
-def _to_fanout(
-    _logger: Any, _name: str, event: MutableMapping[str, Any]
-) -> tuple[tuple[MutableMapping[str, Any]], dict[str, Any]]:
-    # The fan-out receives the event dict itself as its only argument.
-    return ((event,), {})
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):
+        return False
 
 
 def journal_available() -> bool:
@@ -554,7 +576,13 @@ def configure(
     console: str = "auto",
     journal: str = "auto",
 ) -> None:
-    """Set up structlog and the sinks. ``console``/``journal`` are ``auto``, ``on`` or ``off``.
+    """Set up the sinks. ``journal`` is ``auto``, ``on`` or ``off``; ``console`` is one of:
+
+    * ``auto``: readable lines on stderr when it is a terminal and journald is not in use;
+      nothing otherwise (the log file has every event);
+    * ``on``: stderr always, readable on a terminal and JSON lines elsewhere;
+    * ``lines``: stderr always, readable lines (``--once --verbose``);
+    * ``off``: never.
 
     Raises ``OSError`` when the log file cannot be opened; the sinks in use stay as they were.
     """
@@ -567,19 +595,11 @@ def configure(
             use_journal = False
     if log_file is not None:
         sinks.append(FileSink(log_file, max_bytes, backups))
-    if console == "on" or (console == "auto" and not use_journal):
+    if console == "on" or (console == "auto" and not use_journal and _is_terminal(sys.stderr)):
         sinks.append(ConsoleSink(sys.stderr))
+    elif console == "lines":
+        sinks.append(ConsoleSink(sys.stderr, readable=True))
     _FANOUT.replace(tuple(sinks))
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            _UtcStamper(),
-            _to_fanout,
-        ],
-        logger_factory=_logger_factory,
-        wrapper_class=structlog.make_filtering_bound_logger("debug"),  # everything, as before
-        cache_logger_on_first_use=True,
-    )
 
 
 def add_sink(sink: Sink) -> None:
@@ -603,5 +623,44 @@ def close() -> None:
     _FANOUT.replace(())
 
 
-def get_logger() -> Any:
-    return structlog.get_logger(LOGGER_NAME)
+_STAMP: Final = _UtcStamper()
+
+
+class Logger:
+    """structlog's bound logger as memstaged uses it: ``info("decision", path=..., ...)``.
+
+    Each call builds the event dict structlog's chain built (``add_log_level``, then the UTC
+    ``timestamp``) and hands it to the sinks: the JSON line is rendered once and written once
+    to the decision log file, and to any other sink configured. Stateless: every logger is the
+    same, and all follow :func:`configure`.
+    """
+
+    __slots__ = ()
+
+    def _emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        fields["event"] = event
+        fields["level"] = level
+        _FANOUT.emit(_STAMP(None, level, fields))
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._emit("debug", event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._emit("info", event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._emit("warning", event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._emit("error", event, fields)
+
+    def critical(self, event: str, **fields: Any) -> None:
+        self._emit("critical", event, fields)
+
+
+_LOGGER: Final = Logger()
+
+
+def get_logger() -> Logger:
+    """The process's logger (one for all: the sinks are the process's)."""
+    return _LOGGER

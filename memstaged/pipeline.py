@@ -194,8 +194,8 @@ class Pipeline:
         between the two cost more CPU than the waits for the disk it hid.
         """
         todo = iter(names)
-        while batch := self._transaction(mdir, todo, BATCH):
-            yield batch
+        for first in todo:  # no transaction (memory dir opened, lock read) for no file
+            yield self._transaction(mdir, itertools.chain((first,), todo), BATCH)
 
     # -- one transaction ------------------------------------------------------------------------
 
@@ -343,6 +343,7 @@ class Pipeline:
             self._sync_log()
 
         outcomes: dict[str, Outcome] = {}
+        fsio.load_libc()  # once per process, and not between an announcement and its change
         try:
             results = applying.apply(
                 mem_fd,

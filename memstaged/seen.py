@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from memstaged import __version__
-from memstaged.fsio import Identity
 from memstaged.log import private_dirs
 from memstaged.triage import Decision
 
@@ -220,17 +219,15 @@ def seen_cache(settings: Settings, mdir: MemoryDir) -> SeenCache:
 
 
 def remember_outcome(cache: SeenCache, mdir: MemoryDir, name: str, outcome: Outcome) -> None:
-    """Cache a file that stays as it was decided, if it is still exactly that version; forget
-    any other (quarantined, repaired, skipped, gone, or changed since it was read)."""
+    """Cache a file that stays as it was decided, under the identity of the version decided;
+    forget any other (quarantined, repaired, skipped, gone, or changed while being decided)."""
     if outcome.decision in STAYS and outcome.identity is not None:
-        try:
-            st = os.lstat(os.path.join(mdir.staging, name))
-        except OSError:
-            cache.forget(name)
-            return
-        if Identity.of(st) == outcome.identity:
-            cache.remember(name, key_of(st), outcome.decision.value)
-            return
+        # The identity read and decided, not a new lstat (issue 14: one call less per file): a
+        # writer that replaced the file since is noticed by the next split's lstat anyway.
+        ident = outcome.identity
+        key = (ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns)
+        cache.remember(name, key, outcome.decision.value)
+        return
     cache.forget(name)
 
 

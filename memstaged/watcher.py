@@ -31,7 +31,7 @@ import queue
 import threading
 from enum import Enum
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from watchdog.events import (
     DirCreatedEvent,
@@ -54,10 +54,12 @@ from watchdog.observers.inotify_c import (
     Mask,
     WatchDescriptor,
 )
-from watchdog.observers.polling import PollingObserver
 
 from memstaged.locks import CANONICAL_LOCK
 from memstaged.pipeline import STAGING, MemoryDir, is_staging_name
+
+if TYPE_CHECKING:  # imported when a network file system is polled (issue 14: the daemon's RSS)
+    from watchdog.observers.polling import PollingObserver
 
 #: File systems where inotify sees no changes made by other machines.
 NETWORK_FS: Final = frozenset(
@@ -474,6 +476,8 @@ class Watcher:
 
     def _watch_polling(self, mdir: MemoryDir) -> None:
         if self._polling is None:
+            from watchdog.observers.polling import PollingObserver
+
             self._polling = PollingObserver(timeout=self.poll_interval)
             self._polling.daemon = True
             self._polling.start()

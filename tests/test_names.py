@@ -180,7 +180,7 @@ def test_console_and_journal_message_escape_control_characters() -> None:
     """Issue 10 item 16: the readable line (console on a TTY, journal MESSAGE) of a decision
     about a name with ESC and a newline, and a reason quoting content, holds no raw control
     character: it cannot fake a log line, clear the screen or set the title."""
-    from memstaged.log import _console_line, message
+    from memstaged.log import _readable_renderer, message
 
     event = {
         "event": "decision",
@@ -190,7 +190,7 @@ def test_console_and_journal_message_escape_control_characters() -> None:
         "timestamp": "2026-12-01T10:00:00.000000Z",
         "level": "warning",
     }
-    for text in (message(event), _console_line(event).rstrip("\n")):
+    for text in (message(event), _readable_renderer(colors=False)(event).rstrip("\n")):
         assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text), repr(text)
         assert "\\x1b]0;pwned\\x07\\nFAKE LINE\\xff.json" in text
     shown = message(event).removeprefix("quarantined ").rsplit(": not JSON", 1)[0]

@@ -19,23 +19,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
-import io
 import math
 import os
 import re
-import shlex
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import IO, Any, Final, ParamSpec
+from typing import IO, TYPE_CHECKING, Any, Final, ParamSpec
 
 from memstaged import config, display
 from memstaged.config import Settings, check_memory_dir
 from memstaged.errors import ConfigError, UsageError
-from memstaged.pipeline import MemoryDir
+from memstaged.memdir import MemoryDir
+
+if TYPE_CHECKING:
+    import subprocess
 
 _DURATION: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*", re.IGNORECASE)
 _UNIT_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
@@ -262,6 +261,9 @@ def use_color(choice: str, terminal: bool, env: dict[str, str] | None = None) ->
 def pager_command(env: dict[str, str] | None = None) -> list[str] | None:
     """``$MEMSTAGED_PAGER``, then ``$PAGER``, else ``less -FRSX`` if there is one; ``None``
     for no pager (set to empty or ``cat``, or nothing found)."""
+    import shlex  # this and shutil only for a pager, on a terminal
+    import shutil
+
     environ = os.environ if env is None else env
     for name in ("MEMSTAGED_PAGER", "PAGER"):
         if name in environ:
@@ -292,6 +294,9 @@ class Output:
             self._start_pager()
 
     def _start_pager(self) -> None:
+        import io
+        import subprocess
+
         command = pager_command()
         if command is None:
             return

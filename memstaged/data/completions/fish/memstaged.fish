@@ -66,6 +66,7 @@ complete -c memstaged -n _shtab_memstaged_using -l settle -x -d 'how long an unp
 complete -c memstaged -n _shtab_memstaged_using -l dry-run -d 'decide and log, write nothing'
 complete -c memstaged -n _shtab_memstaged_using -l wait -d 'wait for another memstaged on the same memory dir instead of exiting 1'
 complete -c memstaged -n _shtab_memstaged_using -l json -d 'with --once: the summary as one JSON object per memory dir'
+complete -c memstaged -n _shtab_memstaged_using -s v -l verbose -d 'with --once: every decision as a line on stderr, on a terminal or not (the decision log file has them all in any case)'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a check -d 'Decide staging files as --once would, and change nothing.'
 complete -c memstaged -n '_shtab_memstaged_using check' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using check' -l project-root -x -d 'the project root files must name (default: the one of the file'"'"'s memory dir, or the current directory for stdin)'
