@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import io
 import math
 import os
 import re
