@@ -31,7 +31,9 @@ from memstaged import deadletter, fsio
 from memstaged import recover as recover_module
 from memstaged.cli import main
 from memstaged.commands import _common
+from memstaged.commands import deadletter as recorded
 from memstaged.locks import InstanceLock
+from memstaged.memdir import MemoryDir
 from memstaged.project import normalize
 from memstaged.triage import Context, Decision, decide
 
@@ -765,3 +767,34 @@ def test_memory_dir_may_come_before_the_action(
     code, out, _ = run(capsys, "deadletter", "--memory-dir", str(store), "list", "--json")
     assert code == 0
     assert len(json_lines(out)) == 5
+
+
+_ODD_RECORDS: list[bytes] = [
+    b'{"session_id": "s", "category": "lessons", "candidate": {"candidate": {"summary": "x"},'
+    b' "original_staging_file": {"deep": [1, 2, {"a": 1e400}]}, "extra": 1}, "attempts": 2}',
+    b'{"session_id": "\\ud800", "candidate": {"candidate": null, "original_staging_file": 1}}',
+    b'{"candidate": "not JSON at all", "memstaged": {"errors": ["e"], "source_file": "f.json"}}',
+    b'{"candidate": [1, 2], "session_id": 7}',
+    b'{"candidate": {"candidate": {"text": "t"}}, "category": "preferences"}',
+    b'["not", "an", "object"]',
+    b'{"a": 1, "a": 2, "candidate": {"candidate": {"summary": "last"},'
+    b' "original_staging_file": {}}, "candidate": {"candidate": {"summary": "wins"},'
+    b' "original_staging_file": {}}}',
+    b'{"summary": "\xff not utf-8"}',
+]
+
+
+def test_list_reads_records_lightly_yet_shows_what_a_full_read_shows(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 13 (``deadletter list`` at 20,000 records/s): ``list`` leaves each wrapper's
+    embedded original unparsed; for real records and odd ones (an original with 1e400, lone
+    surrogates, a string or array candidate, a half wrapper, a non-object, duplicate keys,
+    invalid UTF-8) every field ``list --json`` prints is what a full read gives."""
+    for i, body in enumerate(_ODD_RECORDS):
+        (store / "deadletter" / f"odd-{i}.json").write_bytes(body)
+    mdir = MemoryDir(str(store), project_root=str(store.parent.parent.parent))
+    full = [recorded.record_summary(r) for r in deadletter.list_records(mdir)]
+    light = [recorded.record_summary(r) for r in deadletter.list_records(mdir, light=True)]
+    assert len(full) == len(record_files(store)) >= len(_ODD_RECORDS) + 2
+    assert light == full

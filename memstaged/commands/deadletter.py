@@ -152,10 +152,10 @@ def register(sub: Any) -> None:
     purger.set_defaults(func=run_purge)
 
 
-def _records(mdirs: list[MemoryDir]) -> list[RecordFile]:
+def _records(mdirs: list[MemoryDir], *, light: bool = False) -> list[RecordFile]:
     out: list[RecordFile] = []
     for mdir in mdirs:
-        out.extend(list_records(mdir))
+        out.extend(list_records(mdir, light=light))
     return out
 
 
@@ -201,7 +201,7 @@ def record_summary(record: RecordFile) -> dict[str, Any]:
 @guard_output
 def run_list(args: argparse.Namespace) -> int:
     settings = load_settings(args)
-    records = _records(memory_dirs(settings, writable=False))
+    records = _records(memory_dirs(settings, writable=False), light=True)
     if args.session:
         records = [r for r in records if fnmatch.fnmatchcase(r.session_id or "", args.session)]
     records.sort(key=lambda r: (r.memory_dir, r.source_file or "", r.when, r.name))
