@@ -239,9 +239,16 @@ def parse_json(data: bytes) -> Parsed:
     except RecursionError:
         value = _parse_iterative(text)
     except ValueError as err:
-        # A ValueError from json carries the position; msgspec's message is kept when it is clearer.
-        message = str(err) if isinstance(err, json.JSONDecodeError) else reason
-        raise NotJSON(f"not JSON: {message}") from None
+        if not isinstance(err, json.JSONDecodeError):
+            raise NotJSON(f"not JSON: {reason}") from None
+        # The reason is the iterative parser's, whichever parser failed first: json's depends on
+        # how much stack the caller left it, and a record's errors must not (they are compared,
+        # and a re-quarantine of the same bytes must give the same record).
+        try:
+            _parse_iterative(text)
+        except NotJSON as same:
+            raise same from None
+        raise NotJSON(f"not JSON: {err}") from None
     return Parsed(value, exotic=True, text=replaced)
 
 

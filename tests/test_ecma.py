@@ -320,3 +320,24 @@ def test_exotic_parse_then_encode_is_faithful() -> None:
     assert parsed.exotic
     again = parse_json(encode_json(parsed.value, exotic=parsed.exotic))
     assert again.value == parsed.value
+
+
+def test_the_reason_a_text_is_not_json_does_not_depend_on_the_callers_stack() -> None:
+    """A record's errors are compared with the engine's (and two quarantines of the same bytes
+    must give the same record): invalid JSON nested ~900 deep was reported by ``json``'s message
+    when the caller left it stack, by the iterative parser's when not (found by the fuzz test,
+    seed 679537132: a record differed only in its error)."""
+    import sys
+
+    text = b"[" * 900 + b"\x00]"
+
+    def nested(depth: int) -> str:
+        if depth:
+            return nested(depth - 1)
+        with pytest.raises(NotJSON) as err:
+            parse_json(text)
+        return str(err.value)
+
+    shallow = nested(0)
+    deep = nested(sys.getrecursionlimit() - 200)
+    assert shallow == deep
