@@ -45,7 +45,7 @@ from typing import Any, Final, NamedTuple, overload
 
 from memstaged import fsio
 from memstaged.fsio import Identity
-from memstaged.locks import LockInfo, canonical_lock, read_lock, remove_stale_own_lock
+from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock, remove_stale_own_lock
 from memstaged.memdir import DEADLETTER, STAGING
 from memstaged.plan import Ahead, Change, Held, Kind, Plan, Written
 from memstaged.quarantine import ORIGINALS_DIR, DeadLetter
@@ -347,12 +347,29 @@ def apply(
             if plan.kind is Kind.MOVE:
                 tx.copy_if_unmovable(plan, max_copy)
         tx.write_ahead(changes)
-        tx.write_records_ahead(files)
+        if _dead_letter_files(files) > _FSYNC_EACH:
+            _not_held(mem_fd)  # nothing is written while the reconciler works, if it can be seen
+            tx.write_records_ahead(files, sync=False)
         with canonical_lock(mem_fd, on_stale):
             _apply_locked(tx, files, announce, results, changes, admit)
     finally:
         tx.close()
     return results
+
+
+def _dead_letter_files(plans: Sequence[Plan]) -> int:
+    """How many dead-letter files the plans write (at most: a record per record, an original)."""
+    return sum(len(p.records) + (p.original is not None) for p in plans if p.unmovable is None)
+
+
+def _not_held(mem_fd: int) -> None:
+    """Raise :class:`~memstaged.locks.LockHeld` now if a live process holds the lock."""
+    try:
+        info = read_lock(mem_fd)
+    except OSError:
+        return  # taking the lock will tell
+    if info is not None and info.alive:
+        raise LockHeld(info)
 
 
 def _apply_locked(
@@ -391,6 +408,8 @@ class _Transaction:
         self.store = _Store(mem_fd)
         #: Temp files not yet installed or handed on: removed if the transaction stops.
         self.ours: set[tuple[int, str]] = set()
+        #: Whether the dead-letter temps are written (before the lock, or under it in ``run``).
+        self.written_ahead = False
 
     def copy_if_unmovable(self, plan: Plan, max_copy: int) -> None:
         """SPEC 6: where a rename is impossible, copy at most ``max_copy`` bytes, or leave it."""
@@ -413,20 +432,22 @@ class _Transaction:
         self.ours.clear()
         self.store.close()
 
-    def write_records_ahead(self, plans: Sequence[Plan]) -> None:
-        """Write every dead-letter temp of ``plans`` and make them durable, before the lock.
+    def write_records_ahead(self, plans: Sequence[Plan], *, sync: bool) -> None:
+        """Write every dead-letter temp of ``plans`` and make them durable (fsyncs or a syncfs).
 
         Streaming: a record is rendered, written and dropped, so a file of 100,000 candidates
-        never has their records in memory together (SPEC 4), and the lock is held only for
-        names, renames and fsyncs of directories (SPEC 5: about a second at most). The temps
-        carry memstaged's temp names: the reconciler never reads them, and recovery after a
-        crash deletes them. Each is fsynced when there are few; one ``syncfs`` otherwise.
+        never has their records in memory together (SPEC 4). With more than
+        :data:`_FSYNC_EACH` files this runs before the lock (one ``syncfs``), so that the lock
+        is held only for names, renames and fsyncs of directories (SPEC 5: about a second at
+        most); the temps carry memstaged's temp names: the reconciler never reads them, and
+        recovery after a crash deletes them. A few files are written under the lock, each
+        fsynced (as cheap as that, and nothing at all appears while the reconciler works).
         """
         work = [p for p in plans if p.unmovable is None and (p.records or p.original)]
+        self.written_ahead = True
         if not work:
             return
         dl_fd, or_fd = self.store.open()
-        sync = sum(len(p.records) + 1 for p in work) <= _FSYNC_EACH
         taken: set[str] = set()
         for plan in work:
             original = None
@@ -468,6 +489,8 @@ class _Transaction:
         announce: Callable[[Sequence[Any]], None],
         changes: Sequence[Change] = (),
     ) -> dict[str, Result]:
+        if not self.written_ahead:
+            self.write_records_ahead(live, sync=True)  # a few files: under the lock
         taken: set[str] = set()
         files = [_settle_names(plan, self.store, taken, self._rerender) for plan in live]
         _settle_created(self.staging_fd, changes)
