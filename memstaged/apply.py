@@ -1,16 +1,20 @@
 """Step 4 of the flow: carry out any number of plans as one durable transaction (SPEC 5).
 
 :func:`apply` is the only code that changes ``staging/`` or ``deadletter/`` for a decision: the
-daemon applies a transaction of one plan, ``--once`` one of up to a batch. Under
-``canonical-writer.lock`` it
+daemon applies a transaction of one plan, ``--once`` one of up to a batch. Before the lock it
+writes every dead-letter temp (the original, then each record: rendered, written, dropped) and
+makes them durable (an fsync each when there are few, else one ``syncfs``): no record is
+written while the lock is held (SPEC 5: about a second at most) and only one is in memory at a
+time (SPEC 4). Then, under ``canonical-writer.lock``, it
 
 1. hands back at once every plan whose version is no longer in place (nothing written);
 2. settles every dead-letter name: what is already at a name is never trusted (SPEC 4): the
    same bytes are kept (and their age refreshed), an earlier record of the same quarantine is
-   replaced (refreshing its age), anything else makes it write under another name;
+   replaced (refreshing its age), anything else makes it write under another name; records
+   whose original must take another name than the one they were rendered for are written again;
 3. announces the decisions (the caller logs them and makes the log durable): nothing is
    carried out unlogged (issue 10, item 5);
-4. writes every temp file, makes them durable (one ``syncfs`` for a batch, an fsync each for
+4. writes the rewrites' temps and makes them durable (one ``syncfs`` for a batch, an fsync for
    one plan), gives the dead-letter files their names and fsyncs their directories;
 5. replaces (``RENAME_EXCHANGE``), removes or moves each staging file, checking that what it
    displaced is exactly the version that was decided (inode, size, mtime and bytes); a writer's
@@ -41,14 +45,16 @@ from typing import Any, Final, NamedTuple, overload
 
 from memstaged import fsio
 from memstaged.fsio import Identity
-from memstaged.locks import LockInfo, canonical_lock, read_lock, remove_stale_own_lock
+from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock, remove_stale_own_lock
 from memstaged.memdir import DEADLETTER, STAGING
-from memstaged.plan import Change, Held, Kind, Plan
+from memstaged.plan import Ahead, Change, Held, Kind, Plan, Written
 from memstaged.quarantine import ORIGINALS_DIR, DeadLetter
 
 #: Keeps a displaced writer version as a new staging file: (dir of it, its name, staging/'s
 #: descriptor, the staging name it was displaced from) -> the name it now has.
 Park = Callable[[int, str, int, str], str]
+#: Up to this many dead-letter temps in a transaction are fsynced one by one; more, one syncfs.
+_FSYNC_EACH: Final = 16
 #: How many other names are tried for a dead-letter file whose name is taken.
 _ALT_NAMES: Final = 100
 #: The caller's own check of its changes under the lock: change key -> why it is refused.
@@ -72,16 +78,15 @@ class Result(NamedTuple):
 
 
 class _File(NamedTuple):
-    """A dead-letter file to put in place: where, its final name, its bytes, and how."""
+    """A dead-letter file to put in place: where, its final name, how, and its durable temp."""
 
     dir_fd: int
     name: str
-    body: bytes
     #: "install" (the name is free), "refresh" (it holds these bytes), "replace" (it holds an
     #: earlier record of the same quarantine).
     how: str
-    #: A temp file written already (a too-large file's bounded copy), or None.
-    tmp: str | None = None
+    #: The temp written and made durable before the lock (None: a refresh needs none).
+    tmp: str | None
 
 
 class _Store:
@@ -131,22 +136,44 @@ def _holds(dir_fd: int, name: str, body: bytes) -> bool | None:
         return False  # a link, a FIFO, unreadable: not ours to trust
 
 
-def _same_quarantine(dir_fd: int, name: str, body: bytes) -> bool:
-    """Is ``name`` a record memstaged wrote for the same bytes (an earlier quarantine of them)?"""
+def _holds_written(dir_fd: int, name: str, written: Written) -> bool | None:
+    """Is ``name`` a regular file with exactly the bytes of the temp ``written``? ``None``: free.
+
+    Compared on disk, in bounded chunks: under the lock no record is rendered (SPEC 4, 5).
+    """
+    st = fsio.lstat_at(dir_fd, name)
+    if st is None:
+        return None
     try:
         with fsio.open_regular(dir_fd, name) as (fd, fst):
-            if fst.st_size > 4 * len(body) + 65536:
+            if fst.st_size != written.size:
+                return False
+            with fsio.open_regular(dir_fd, written.tmp) as (tmp_fd, _tst):
+                return fsio.hash_fd(fd) == fsio.hash_fd(tmp_fd)
+    except OSError:
+        return False  # a link, a FIFO, unreadable: not ours to trust
+
+
+def _same_quarantine(dir_fd: int, name: str, record: DeadLetter, size: int) -> bool:
+    """Is ``name`` a record memstaged wrote for the same bytes (an earlier quarantine of them)?
+
+    ``size`` is the size of the record as it is now rendered.
+    """
+    try:
+        with fsio.open_regular(dir_fd, name) as (fd, fst):
+            if fst.st_size > 4 * size + 65536:
                 return False
             old = json.loads(fsio.read_fd_at(fd, fst.st_size + 1))
-        new = json.loads(body)
     except (OSError, ValueError):
         return False
     if not isinstance(old, dict) or not isinstance(old.get("memstaged"), dict):
         return False
+    marks = record.marks()
     keys = ("sha256", "source_file", "original")
-    return all(old["memstaged"].get(k) == new["memstaged"].get(k) for k in keys) and old.get(
-        "category"
-    ) == new.get("category")
+    return (
+        all(old["memstaged"].get(k) == marks[k] for k in keys)
+        and old.get("category") == marks["category"]
+    )
 
 
 def _alt_name(dir_fd: int, name: str, taken: set[str]) -> str:
@@ -159,44 +186,67 @@ def _alt_name(dir_fd: int, name: str, taken: set[str]) -> str:
     raise OSError(errno.EEXIST, "no free name in deadletter/", name)
 
 
-def _settle_names(plan: Plan, store: _Store, taken: set[str]) -> list[_File]:
-    """The dead-letter files of a plan, each with a name that is safe to use (SPEC 4)."""
+def _settle_original(plan: Plan, or_fd: int, taken: set[str]) -> _File | None:
+    """The original's file, under a name that is safe to use; the records point at that name.
+
+    Run once before the lock (so that the records are rendered for the name they will most
+    likely keep) and again under it, where what is at the name is checked for real.
+    """
+    base = plan.original
+    assert base is not None
+    name, file = base, None
+    if plan.kind is Kind.MOVE or plan.copied is not None:
+        if fsio.lstat_at(or_fd, name) is not None or name in taken:
+            name = _alt_name(or_fd, name, taken)
+        if plan.copied is not None:
+            file = _File(or_fd, name, "install", plan.copied)
+    else:
+        assert plan.version.data is not None
+        held = _holds(or_fd, name, plan.version.data) if name not in taken else False
+        if held is False:
+            name = _alt_name(or_fd, name, taken)
+        file = _File(or_fd, name, "refresh" if held else "install", plan.ahead.original)
+    taken.add(name)
+    if name != base:
+        for r in plan.records:
+            r.point_at(name)
+        _repairs_point_at(plan.event, base, name)
+        plan.original = name
+    return file
+
+
+def _settle_names(
+    plan: Plan, store: _Store, taken: set[str], rerender: Callable[[Plan], None]
+) -> list[_File]:
+    """The dead-letter files of a plan, each with a name that is safe to use (SPEC 4).
+
+    Under the lock. The records' temps are written already; if the original must take
+    another name than the one they were rendered for (something took it since), ``rerender``
+    writes them again, pointing at the new name (rare).
+    """
     if plan.original is None and not plan.records:
         return []
     dl_fd, or_fd = store.open()
     files: list[_File] = []
     if plan.original is not None:
-        name = plan.original
-        if plan.kind is Kind.MOVE or plan.copied is not None:
-            if fsio.lstat_at(or_fd, name) is not None or name in taken:
-                name = _alt_name(or_fd, name, taken)
-            if plan.copied is not None:
-                files.append(_File(or_fd, name, b"", "install", plan.copied))
-        else:
-            assert plan.version.data is not None
-            held = _holds(or_fd, name, plan.version.data) if name not in taken else False
-            if held is False:
-                name = _alt_name(or_fd, name, taken)
-            files.append(_File(or_fd, name, plan.version.data, "refresh" if held else "install"))
-        taken.add(name)
-        if name != plan.original:
-            for r in plan.records:
-                r.point_at(name)
-            _repairs_point_at(plan.event, plan.original, name)
-            plan.original = name
+        rendered_for = plan.original
+        file = _settle_original(plan, or_fd, taken)
+        if file is not None:
+            files.append(file)
+        if plan.original != rendered_for and plan.records:
+            rerender(plan)
     records: list[DeadLetter] = []
-    for record in plan.records:
-        body = record.body
+    for record, written in zip(plan.records, plan.ahead.records, strict=True):
         name = record.name
-        held = _holds(dl_fd, name, body) if name not in taken else False
+        held = _holds_written(dl_fd, name, written) if name not in taken else False
         how = "refresh" if held else "install"
         if held is False:
-            if name not in taken and _same_quarantine(dl_fd, name, body):
+            if name not in taken and _same_quarantine(dl_fd, name, record, written.size):
                 how = "replace"
             else:
                 name = _alt_name(dl_fd, name, taken)
         taken.add(name)
-        files.append(_File(dl_fd, name, body, how))
+        files.append(_File(dl_fd, name, how, None if held else written.tmp))
         records.append(record.renamed(name) if name != record.name else record)
     plan.records = records
     _name_in_event(plan)
@@ -221,25 +271,14 @@ def _name_in_event(plan: Plan) -> None:
         plan.event["deadletter"] = names
 
 
-def _put(dir_fd: int, file: _File, *, sync: bool, ours: list[tuple[int, str]]) -> str | None:
-    """Write a dead-letter file's temp (``None`` when its name already holds the bytes)."""
-    if file.how == "refresh":
-        return None
-    if file.tmp is not None:
-        return file.tmp  # in ``ours`` already
-    tmp = fsio.write_temp(dir_fd, file.body, "rec", file.name, sync=sync)
-    ours.append((dir_fd, tmp))
-    return tmp
-
-
-def _install(file: _File, tmp: str | None) -> None:
+def _install(file: _File) -> None:
     """Give a complete, durable temp its final name; refresh the age of what is kept (SPEC 4)."""
-    if tmp is None:
+    if file.how == "refresh" or file.tmp is None:
         os.utime(file.name, dir_fd=file.dir_fd, follow_symlinks=False)
     elif file.how == "replace":
-        os.rename(tmp, file.name, src_dir_fd=file.dir_fd, dst_dir_fd=file.dir_fd)
+        os.rename(file.tmp, file.name, src_dir_fd=file.dir_fd, dst_dir_fd=file.dir_fd)
     else:
-        fsio.rename_noreplace(file.dir_fd, tmp, file.dir_fd, file.name)
+        fsio.rename_noreplace(file.dir_fd, file.tmp, file.dir_fd, file.name)
 
 
 def _no_park(_from_fd: int, tmp: str, _staging_fd: int, _name: str) -> str:
@@ -302,29 +341,47 @@ def apply(
     results: dict[str, Result] = {}
     files = [p for p in plans if isinstance(p, Plan)]
     changes = [p for p in plans if isinstance(p, Change)]
-    copies = _Transaction(mem_fd, staging_fd, park)
+    tx = _Transaction(mem_fd, staging_fd, park)
     try:
         for plan in files:
             if plan.kind is Kind.MOVE:
-                copies.copy_if_unmovable(plan, max_copy)
-        copies.write_ahead(changes)
+                tx.copy_if_unmovable(plan, max_copy)
+        tx.write_ahead(changes)
+        if _dead_letter_files(files) > _FSYNC_EACH:
+            _not_held(mem_fd)  # nothing is written while the reconciler works, if it can be seen
+            tx.write_records_ahead(files, sync=False)
         with canonical_lock(mem_fd, on_stale):
-            _apply_locked(mem_fd, staging_fd, files, announce, park, results, changes, admit)
+            _apply_locked(tx, files, announce, results, changes, admit)
     finally:
-        copies.close()
+        tx.close()
     return results
 
 
+def _dead_letter_files(plans: Sequence[Plan]) -> int:
+    """How many dead-letter files the plans write (at most: a record per record, an original)."""
+    return sum(len(p.records) + (p.original is not None) for p in plans if p.unmovable is None)
+
+
+def _not_held(mem_fd: int) -> None:
+    """Raise :class:`~memstaged.locks.LockHeld` now if a live process holds the lock."""
+    try:
+        info = read_lock(mem_fd)
+    except OSError:
+        return  # taking the lock will tell
+    if info is not None and info.alive:
+        raise LockHeld(info)
+
+
 def _apply_locked(
-    mem_fd: int,
-    staging_fd: int,
+    tx: _Transaction,
     plans: Sequence[Plan],
     announce: Callable[[Sequence[Any]], None],
-    park: Park,
     results: dict[str, Result],
     changes: Sequence[Change] = (),
     admit: Admit | None = None,
 ) -> None:
+    """Steps 1-5 of the module docstring, with every temp file already durable."""
+    mem_fd, staging_fd = tx.mem_fd, tx.staging_fd
     live: list[Plan] = []
     for plan in plans:
         if plan.unmovable is not None:
@@ -338,13 +395,7 @@ def _apply_locked(
             results[plan.name] = Result(applied, plan.version.identity)
     admitted = _admitted(mem_fd, staging_fd, changes, admit)
     if live or admitted:
-        tx = _Transaction(mem_fd, staging_fd, park)
-        tx.ours.extend((tx.store.open()[1], p.copied) for p in live if p.copied is not None)
-        tx.ours.extend((staging_fd, c.tmp) for c in admitted if c.tmp is not None)
-        try:
-            results.update(tx.run(live, announce, admitted))
-        finally:
-            tx.close()
+        results.update(tx.run(live, announce, admitted))
 
 
 class _Transaction:
@@ -356,7 +407,9 @@ class _Transaction:
         self.park = park
         self.store = _Store(mem_fd)
         #: Temp files not yet installed or handed on: removed if the transaction stops.
-        self.ours: list[tuple[int, str]] = []
+        self.ours: set[tuple[int, str]] = set()
+        #: Whether the dead-letter temps are written (before the lock, or under it in ``run``).
+        self.written_ahead = False
 
     def copy_if_unmovable(self, plan: Plan, max_copy: int) -> None:
         """SPEC 6: where a rename is impossible, copy at most ``max_copy`` bytes, or leave it."""
@@ -368,7 +421,7 @@ class _Transaction:
             plan.unmovable = f"larger than max_quarantine_copy ({max_copy} bytes)"
             return
         tmp, _sha, _size = fsio.copy_to_temp(plan.version.fd, or_fd, "orig", plan.name, most=size)
-        self.ours.append((or_fd, tmp))
+        self.ours.add((or_fd, tmp))
         fsio.crash_point("copy-written")
         plan.copied = tmp
         plan.kind = Kind.REMOVE
@@ -376,7 +429,59 @@ class _Transaction:
     def close(self) -> None:
         for dir_fd, tmp in self.ours:
             fsio.unlink_quietly(dir_fd, tmp)
+        self.ours.clear()
         self.store.close()
+
+    def write_records_ahead(self, plans: Sequence[Plan], *, sync: bool) -> None:
+        """Write every dead-letter temp of ``plans`` and make them durable (fsyncs or a syncfs).
+
+        Streaming: a record is rendered, written and dropped, so a file of 100,000 candidates
+        never has their records in memory together (SPEC 4). With more than
+        :data:`_FSYNC_EACH` files this runs before the lock (one ``syncfs``), so that the lock
+        is held only for names, renames and fsyncs of directories (SPEC 5: about a second at
+        most); the temps carry memstaged's temp names: the reconciler never reads them, and
+        recovery after a crash deletes them. A few files are written under the lock, each
+        fsynced (as cheap as that, and nothing at all appears while the reconciler works).
+        """
+        work = [p for p in plans if p.unmovable is None and (p.records or p.original)]
+        self.written_ahead = True
+        if not work:
+            return
+        dl_fd, or_fd = self.store.open()
+        taken: set[str] = set()
+        for plan in work:
+            original = None
+            if plan.original is not None:
+                _settle_original(plan, or_fd, taken)  # a first choice, checked under the lock
+                if plan.kind is not Kind.MOVE and plan.copied is None:
+                    assert plan.version.data is not None
+                    original = fsio.write_temp(
+                        or_fd, plan.version.data, "rec", plan.original, sync=sync
+                    )
+                    self.ours.add((or_fd, original))
+            plan.ahead = Ahead(self._write_records(plan, dl_fd, sync=sync), original)
+        if not sync:
+            fsio.syncfs(self.mem_fd)  # every dead-letter temp's data is durable from here on
+        fsio.crash_point("temps-synced")
+
+    def _write_records(self, plan: Plan, dl_fd: int, *, sync: bool) -> list[Written]:
+        """Each record's temp, rendered one at a time (its bytes are dropped once written)."""
+        written: list[Written] = []
+        for record in plan.records:
+            body = record.body
+            tmp = fsio.write_temp(dl_fd, body, "rec", record.name, sync=sync)
+            self.ours.add((dl_fd, tmp))
+            written.append(Written(tmp, len(body)))
+            del body
+        return written
+
+    def _rerender(self, plan: Plan) -> None:
+        """Under the lock, rare: the records point at the original's new name; written again."""
+        dl_fd = self.store.open()[0]
+        for old in plan.ahead.records:
+            fsio.unlink_quietly(dl_fd, old.tmp)
+            self.ours.discard((dl_fd, old.tmp))
+        plan.ahead = Ahead(self._write_records(plan, dl_fd, sync=True), plan.ahead.original)
 
     def run(
         self,
@@ -384,22 +489,23 @@ class _Transaction:
         announce: Callable[[Sequence[Any]], None],
         changes: Sequence[Change] = (),
     ) -> dict[str, Result]:
+        if not self.written_ahead:
+            self.write_records_ahead(live, sync=True)  # a few files: under the lock
         taken: set[str] = set()
-        files = [_settle_names(plan, self.store, taken) for plan in live]
+        files = [_settle_names(plan, self.store, taken, self._rerender) for plan in live]
         _settle_created(self.staging_fd, changes)
         changes = [c for c in changes if c.failed is None]
         announce([*live, *changes])
         batch = len(live) > 1
-        temps = [[_put(f.dir_fd, f, sync=not batch, ours=self.ours) for f in fs] for fs in files]
         rewrites = {p.name: self._rewrite_temp(p, batch) for p in live if p.kind is Kind.REWRITE}
         fsio.crash_point("batch-written")
-        if batch:
-            fsio.syncfs(self.mem_fd)  # every temp file's data is durable from here on
-        for plan_files, plan_temps in zip(files, temps, strict=True):
-            for file, tmp in zip(plan_files, plan_temps, strict=True):
-                _install(file, tmp)
-                if tmp is not None:
-                    self.ours.remove((file.dir_fd, tmp))
+        if batch and rewrites:
+            fsio.syncfs(self.mem_fd)  # every rewrite's data is durable from here on
+        for plan_files in files:
+            for file in plan_files:
+                _install(file)
+                if file.how != "refresh" and file.tmp is not None:
+                    self.ours.discard((file.dir_fd, file.tmp))
                 is_original = self.store.fds is not None and file.dir_fd == self.store.fds[1]
                 fsio.crash_point("original-written" if is_original else "record-written")
         if self.store.fds is not None:
@@ -446,7 +552,7 @@ class _Transaction:
             except OSError as err:
                 change.failed = f"could not write the staging file: {err.strerror or err}"
                 continue
-            self.ours.append((self.staging_fd, change.tmp))
+            self.ours.add((self.staging_fd, change.tmp))
         if batch and any(c.tmp is not None for c in creates):
             fsio.syncfs(self.mem_fd)  # every new staging file's data is durable from here on
 
@@ -471,7 +577,7 @@ class _Transaction:
                 change.created = None
                 change.failed = f"could not write the staging file: {err.strerror or err}"
                 return False
-        self.ours.remove((self.staging_fd, change.tmp))
+        self.ours.discard((self.staging_fd, change.tmp))
         change.tmp = None
         fsio.crash_point("created")
         return True
@@ -505,20 +611,20 @@ class _Transaction:
         # keeping them as versions.
         role = fsio.PARTIAL if batch else "new"
         tmp = fsio.write_temp(self.staging_fd, plan.new_bytes, role, plan.name, sync=not batch)
-        self.ours.append((self.staging_fd, tmp))
+        self.ours.add((self.staging_fd, tmp))
         fsio.crash_point("temp-written")
         return tmp
 
     def _ready(self, tmp: str, name: str, batch: bool) -> str:
         """The durable rewrite under a ``new`` name, handed to :func:`_replace`."""
-        self.ours.remove((self.staging_fd, tmp))
+        self.ours.discard((self.staging_fd, tmp))
         if not batch:
             return tmp
         ready = fsio.temp_name("new", name)
         try:
             os.rename(tmp, ready, src_dir_fd=self.staging_fd, dst_dir_fd=self.staging_fd)
         except BaseException:
-            self.ours.append((self.staging_fd, tmp))
+            self.ours.add((self.staging_fd, tmp))
             raise
         return ready
 

@@ -36,6 +36,7 @@ class Plan:
     """The changes of one decision, and the log event that announces them."""
 
     __slots__ = (
+        "ahead",
         "copied",
         "event",
         "kind",
@@ -66,6 +67,9 @@ class Plan:
         self.copied: str | None = None
         #: ... or why it can be neither moved nor copied (it stays where it is).
         self.unmovable: str | None = None
+        #: The dead-letter temps written and made durable before the lock, one per record (in
+        #: the order of ``records``), and the original's (SPEC 5: the lock is held briefly).
+        self.ahead = Ahead([], None)
 
     @property
     def name(self) -> str:
@@ -96,6 +100,24 @@ def identity_hash(version: Version) -> str:
     ident = version.identity
     text = f"id:{ident.dev}:{ident.ino}:{ident.size}:{ident.mtime_ns}:{ident.ctime_ns}"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Written(NamedTuple):
+    """A record's durable temp in ``deadletter/``: its name and the size of its bytes.
+
+    Under the lock a record is not rendered again (SPEC 4: one record in memory at a time):
+    what is at its name is compared with the temp, on disk.
+    """
+
+    tmp: str
+    size: int
+
+
+class Ahead(NamedTuple):
+    """What a plan wrote before the lock: its records' temps and its original's temp."""
+
+    records: list[Written]
+    original: str | None
 
 
 class Held(NamedTuple):

@@ -204,6 +204,25 @@ class DeadLetter:
         """The same record under another file name (SPEC 4: a name under deadletter/ is taken)."""
         return DeadLetter(name, self.category, self._shared, self._index)
 
+    def marks(self) -> dict[str, Any]:
+        """What tells this record's quarantine apart, as :attr:`body` holds it, unrendered.
+
+        The apply path compares a record already at a name under ``deadletter/`` with these
+        (the same bytes quarantined earlier) under the lock, where no record is rendered.
+        """
+        origin = self._shared.origin
+        return {
+            "sha256": origin.sha256,
+            "source_file": origin.file_name,
+            "original": f"{ORIGINALS_DIR}/{self._shared.original}",
+            "category": self.category,
+        }
+
+    @property
+    def original(self) -> str:
+        """The original's name under ``originals/`` that :attr:`body` points at."""
+        return self._shared.original
+
     def point_at(self, original: str) -> None:
         """Make this record, and every record of its decision, name ``original`` as the original.
 

@@ -58,6 +58,7 @@ from memstaged.pipeline import MemoryDir, Options, Pipeline, list_staging
 
 #: Every named step of :func:`memstaged.fsio.crash_point`, in the order a file meets them.
 STEPS = (
+    "temps-synced",
     "lock-created",
     "lock-taken",
     "moved",
@@ -74,7 +75,9 @@ STEPS = (
     "temp-recovered",
 )
 #: The steps one ``--once`` transaction (a batch of files) passes once, not once per file.
-PER_TRANSACTION = frozenset({"lock-created", "lock-taken", "batch-written", "deadletter-synced"})
+PER_TRANSACTION = frozenset(
+    {"temps-synced", "lock-created", "lock-taken", "batch-written", "deadletter-synced"}
+)
 #: Files above this are quarantined unread as ``file too large`` (the bounded-copy path).
 MAX_SIZE = 2048
 SEED = int(os.environ.get("MEMSTAGED_TEST_SEED", random.randrange(1 << 30)))
