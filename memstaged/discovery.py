@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol
 
+from memstaged.config import link_on_the_way
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
 from memstaged.pipeline import MemoryDir
@@ -139,6 +140,8 @@ class MemoryDirs:
         #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
         self.dir_ids: dict[str, tuple[int, int]] = {}
         self.busy_logged: set[str] = set()
+        #: Memory dirs that could not be opened (a link, permissions), logged once each.
+        self.unopened_logged: set[str] = set()
         self.globs: list[Glob] = []
         #: Each watched parent directory of a glob: (glob index, depth) of every use of it,
         #: depth being how many of the glob's components below its root lead there.
@@ -162,13 +165,13 @@ class MemoryDirs:
         ``--wait`` polls (rather than blocking in ``flock``) so that SIGTERM still stops us and
         the systemd watchdog is still fed while we wait.
         """
-        lock = InstanceLock(mdir.path)
+        lock = InstanceLock(mdir.path, mdir.open)  # no link followed below the anchor
         waiting_logged = False
         while True:
             try:
                 lock.acquire(wait=False)
             except BusyError as err:
-                if strict and waiting is not None:
+                if waiting is not None:  # --wait at start, a glob's matches too
                     if not waiting_logged:
                         self.log.info("memory_dir_busy", memory_dir=mdir.path, action="waiting")
                         waiting_logged = True
@@ -186,9 +189,34 @@ class MemoryDirs:
             except OSError as err:
                 if strict:
                     raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
-                self.log.error("memory_dir_error", memory_dir=mdir.path, error=str(err))
+                self._unopened(mdir, err)
                 return None
+            self.unopened_logged.discard(mdir.path)
             return lock
+
+    def _unopened(self, mdir: MemoryDir, err: OSError) -> None:
+        """A glob match that cannot be opened is reported once (not at every rescan) and the
+        others are worked on; a symbolic link below the literal prefix is not followed (SPEC
+        6, defect 8). It is tried again at each rescan: the link may become a directory."""
+        if mdir.path in self.unopened_logged:
+            return
+        self.unopened_logged.add(mdir.path)
+        link = link_on_the_way(mdir)
+        if link is not None:
+            self.log.warning(
+                "memory_dir_skipped",
+                memory_dir=mdir.path,
+                link=link,
+                reason="a symbolic link below the configured path: not followed (SPEC 6)",
+                action="looked at again on each rescan",
+            )
+            return
+        self.log.error(
+            "memory_dir_error",
+            memory_dir=mdir.path,
+            error=str(err),
+            action="not watched; retried on each rescan",
+        )
 
     def _room_for_one_more(self, mdir: MemoryDir, *, strict: bool) -> bool:
         """Whether one more instance lock leaves :data:`FD_RESERVE` descriptors free."""
