@@ -31,7 +31,7 @@ from typing import Any, Final, NamedTuple, Protocol
 from memstaged.config import link_on_the_way
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
-from memstaged.pipeline import MemoryDir
+from memstaged.pipeline import STAGING, MemoryDir
 from memstaged.project import normalize
 from memstaged.watcher import Signal, component_matches
 
@@ -359,15 +359,15 @@ class MemoryDirs:
         pattern = self.globs[index]
         uses = self.levels.setdefault(path, set())
         uses.add((index, depth))
-        wanted = frozenset(self.globs[i].parts[d] for i, d in uses)
+        wanted = frozenset(self._next_component(i, d) for i, d in uses)
         try:
             self.watcher.watch_level(path, wanted)
         except OSError:
             # Not there (yet), not a directory, a link, or no watch left: rescans cover it.
             self._unwatch_below(path, including=True)
             return
-        if not walk or depth + 1 >= len(pattern.parts):
-            return
+        if not walk or depth >= len(pattern.parts):
+            return  # a memory dir (or one to be): watched for its staging/, not walked
         try:
             names = os.listdir(path)
         except OSError:
@@ -377,6 +377,19 @@ class MemoryDirs:
                 child = os.path.join(path, name)
                 if os.path.isdir(child):
                     self._watch_level(child, index, depth + 1, walk=True)
+
+    def _next_component(self, index: int, depth: int) -> str:
+        """The entry that matters in a directory reached by ``depth`` components of glob
+        ``index``: the glob's next component, or ``staging`` in the memory dir itself.
+
+        The memory dirs' own directories are watched too, with or without ``staging/`` (defect
+        9): one made by ``mkdir -p`` may be looked at by the glob's expansion before its
+        ``staging/`` exists (then it is not a memory dir yet, and is not added), and nothing
+        else would signal the ``staging/`` made a moment later. A held memory dir already has
+        a watch (:meth:`watch`): this adds a role to it, not a second inotify watch.
+        """
+        parts = self.globs[index].parts
+        return parts[depth] if depth < len(parts) else STAGING
 
     def _unwatch_below(self, path: str, *, including: bool) -> None:
         prefix = path.rstrip("/") + "/"
@@ -396,7 +409,7 @@ class MemoryDirs:
         child = os.path.join(path, os.fsdecode(name))
         for index, depth in list(self.levels.get(path, ())):
             parts = self.globs[index].parts
-            if depth + 1 < len(parts) and component_matches(name, parts[depth]):
+            if depth < len(parts) and component_matches(name, parts[depth]):
                 if os.path.isdir(child):
                     self._watch_level(child, index, depth + 1, walk=True)
                 else:
