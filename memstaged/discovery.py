@@ -73,10 +73,15 @@ class Stopped(Exception):
     """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
 
 
-#: Descriptors kept free for the work itself (the file in hand, its directories, temp files,
-#: the log, the seen cache, the inotify descriptor): a memory dir whose instance lock would eat
-#: into them is not added, so the dirs already held are still decided (issue 10 item 11).
-FD_RESERVE: Final = 64
+#: Descriptors kept free for everything but the instance locks: a memory dir whose lock would
+#: eat into them is not added, so the dirs already held are still decided (issue 10 item 11).
+#: Counted (docs/daemon.md): 7 always open (stdin, stdout, stderr, the decision log, the inotify
+#: descriptor and watchdog's two wake-up pipe ends), and at most 6 more while one file is decided
+#: (memory dir, staging/, the version in hand, deadletter/, originals/, a temp file or the
+#: reconciler's lock); measured with every kind of decision, rescans, log rotation and a
+#: reload: 16 suffice and 12 do not. 24 leaves room for journald's socket and a lazy import,
+#: and lets 1,000 memory dirs fit under a hard limit of 1,024 (SPEC 6).
+FD_RESERVE: Final = 24
 
 
 class FdLimit(NamedTuple):
