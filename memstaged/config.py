@@ -106,6 +106,44 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 found.setdefault(absolute, MemoryDir(absolute, root, anchor))
         return list(found.values())
 
+    def literal_dirs(self) -> frozenset[str]:
+        """The memory dirs named without a wildcard on the command line or in
+        ``MEMSTAGED_MEMORY_DIRS``: one of these that cannot be worked on stops memstaged with
+        exit 2. A glob's matches are only what it matched (README: "a glob match that is not a
+        memory dir is just not one"): one that cannot be held (a link, a busy lock, no
+        descriptor left) is reported and the others are worked on (issue 10 item 11, SPEC 6).
+        """
+        if not self.explicit_dirs:
+            return frozenset()
+        return frozenset(
+            normalize(os.path.abspath(os.path.expanduser(p)))
+            for p in self.memory_dir_patterns
+            if not glob.has_magic(os.path.expanduser(p))
+        )
+
+
+def link_on_the_way(mdir: MemoryDir) -> str | None:
+    """The first symbolic link between ``mdir.anchor`` and the memory dir itself, if any.
+
+    SPEC 6: below the configured literal prefix a link is not followed "and is reported": this
+    names it for the report. None when there is none (or no anchor: a literal path, whose
+    prefix may contain links).
+    """
+    if not mdir.anchor:
+        return None
+    rel = os.path.relpath(mdir.path, mdir.anchor)
+    if rel == "." or rel.startswith(".."):
+        return None
+    here = mdir.anchor
+    for part in rel.split("/"):
+        here = os.path.join(here, part)
+        try:
+            if stat.S_ISLNK(os.lstat(here).st_mode):
+                return here
+        except (OSError, ValueError):
+            return None
+    return None
+
 
 def _literal_prefix(pattern: str, *, derived: bool) -> str:
     """The directory of a pattern before its first wildcard: links are followed only there.

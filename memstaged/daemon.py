@@ -163,11 +163,17 @@ class Daemon:
             nofile_raised_from=limit.found if limit.found != limit.soft else None,
             nofile_hard=limit.hard,
         )
-        strict = self.settings.explicit_dirs
+        # Only a memory dir named literally is refused with exit 2; a glob's matches that
+        # cannot be held (a link, no descriptor left) are logged and the others worked on.
+        literal = self.settings.literal_dirs()
         for mdir in mdirs:
             if self.stopping:
                 break  # SIGTERM while thousands of memory dirs are added: stop now
-            self.dirs.add(mdir, strict=strict, waiting=self._wait_a_little if self.wait else None)
+            self.dirs.add(
+                mdir,
+                strict=mdir.path in literal,
+                waiting=self._wait_a_little if self.wait else None,
+            )
 
     def _wait_a_little(self) -> bool:
         """``--wait``: feed the watchdog, wait, and say whether SIGTERM arrived meanwhile."""

@@ -28,9 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol
 
+from memstaged.config import link_on_the_way
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
-from memstaged.pipeline import MemoryDir
+from memstaged.pipeline import STAGING, MemoryDir
 from memstaged.project import normalize
 from memstaged.watcher import Signal, component_matches
 
@@ -72,10 +73,15 @@ class Stopped(Exception):
     """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
 
 
-#: Descriptors kept free for the work itself (the file in hand, its directories, temp files,
-#: the log, the seen cache, the inotify descriptor): a memory dir whose instance lock would eat
-#: into them is not added, so the dirs already held are still decided (issue 10 item 11).
-FD_RESERVE: Final = 64
+#: Descriptors kept free for everything but the instance locks: a memory dir whose lock would
+#: eat into them is not added, so the dirs already held are still decided (issue 10 item 11).
+#: Counted (docs/daemon.md): 7 always open (stdin, stdout, stderr, the decision log, the inotify
+#: descriptor and watchdog's two wake-up pipe ends), and at most 6 more while one file is decided
+#: (memory dir, staging/, the version in hand, deadletter/, originals/, a temp file or the
+#: reconciler's lock); measured with every kind of decision, rescans, log rotation and a
+#: reload: 16 suffice and 12 do not. 24 leaves room for journald's socket and a lazy import,
+#: and lets 1,000 memory dirs fit under a hard limit of 1,024 (SPEC 6).
+FD_RESERVE: Final = 24
 
 
 class FdLimit(NamedTuple):
@@ -139,6 +145,8 @@ class MemoryDirs:
         #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
         self.dir_ids: dict[str, tuple[int, int]] = {}
         self.busy_logged: set[str] = set()
+        #: Memory dirs that could not be opened (a link, permissions), logged once each.
+        self.unopened_logged: set[str] = set()
         self.globs: list[Glob] = []
         #: Each watched parent directory of a glob: (glob index, depth) of every use of it,
         #: depth being how many of the glob's components below its root lead there.
@@ -162,13 +170,13 @@ class MemoryDirs:
         ``--wait`` polls (rather than blocking in ``flock``) so that SIGTERM still stops us and
         the systemd watchdog is still fed while we wait.
         """
-        lock = InstanceLock(mdir.path)
+        lock = InstanceLock(mdir.path, mdir.open)  # no link followed below the anchor
         waiting_logged = False
         while True:
             try:
                 lock.acquire(wait=False)
             except BusyError as err:
-                if strict and waiting is not None:
+                if waiting is not None:  # --wait at start, a glob's matches too
                     if not waiting_logged:
                         self.log.info("memory_dir_busy", memory_dir=mdir.path, action="waiting")
                         waiting_logged = True
@@ -186,9 +194,34 @@ class MemoryDirs:
             except OSError as err:
                 if strict:
                     raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
-                self.log.error("memory_dir_error", memory_dir=mdir.path, error=str(err))
+                self._unopened(mdir, err)
                 return None
+            self.unopened_logged.discard(mdir.path)
             return lock
+
+    def _unopened(self, mdir: MemoryDir, err: OSError) -> None:
+        """A glob match that cannot be opened is reported once (not at every rescan) and the
+        others are worked on; a symbolic link below the literal prefix is not followed (SPEC
+        6, defect 8). It is tried again at each rescan: the link may become a directory."""
+        if mdir.path in self.unopened_logged:
+            return
+        self.unopened_logged.add(mdir.path)
+        link = link_on_the_way(mdir)
+        if link is not None:
+            self.log.warning(
+                "memory_dir_skipped",
+                memory_dir=mdir.path,
+                link=link,
+                reason="a symbolic link below the configured path: not followed (SPEC 6)",
+                action="looked at again on each rescan",
+            )
+            return
+        self.log.error(
+            "memory_dir_error",
+            memory_dir=mdir.path,
+            error=str(err),
+            action="not watched; retried on each rescan",
+        )
 
     def _room_for_one_more(self, mdir: MemoryDir, *, strict: bool) -> bool:
         """Whether one more instance lock leaves :data:`FD_RESERVE` descriptors free."""
@@ -331,15 +364,15 @@ class MemoryDirs:
         pattern = self.globs[index]
         uses = self.levels.setdefault(path, set())
         uses.add((index, depth))
-        wanted = frozenset(self.globs[i].parts[d] for i, d in uses)
+        wanted = frozenset(self._next_component(i, d) for i, d in uses)
         try:
             self.watcher.watch_level(path, wanted)
         except OSError:
             # Not there (yet), not a directory, a link, or no watch left: rescans cover it.
             self._unwatch_below(path, including=True)
             return
-        if not walk or depth + 1 >= len(pattern.parts):
-            return
+        if not walk or depth >= len(pattern.parts):
+            return  # a memory dir (or one to be): watched for its staging/, not walked
         try:
             names = os.listdir(path)
         except OSError:
@@ -349,6 +382,19 @@ class MemoryDirs:
                 child = os.path.join(path, name)
                 if os.path.isdir(child):
                     self._watch_level(child, index, depth + 1, walk=True)
+
+    def _next_component(self, index: int, depth: int) -> str:
+        """The entry that matters in a directory reached by ``depth`` components of glob
+        ``index``: the glob's next component, or ``staging`` in the memory dir itself.
+
+        The memory dirs' own directories are watched too, with or without ``staging/`` (defect
+        9): one made by ``mkdir -p`` may be looked at by the glob's expansion before its
+        ``staging/`` exists (then it is not a memory dir yet, and is not added), and nothing
+        else would signal the ``staging/`` made a moment later. A held memory dir already has
+        a watch (:meth:`watch`): this adds a role to it, not a second inotify watch.
+        """
+        parts = self.globs[index].parts
+        return parts[depth] if depth < len(parts) else STAGING
 
     def _unwatch_below(self, path: str, *, including: bool) -> None:
         prefix = path.rstrip("/") + "/"
@@ -368,7 +414,7 @@ class MemoryDirs:
         child = os.path.join(path, os.fsdecode(name))
         for index, depth in list(self.levels.get(path, ())):
             parts = self.globs[index].parts
-            if depth + 1 < len(parts) and component_matches(name, parts[depth]):
+            if depth < len(parts) and component_matches(name, parts[depth]):
                 if os.path.isdir(child):
                     self._watch_level(child, index, depth + 1, walk=True)
                 else:

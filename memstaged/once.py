@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
 from memstaged import display
-from memstaged.config import Settings, check_memory_dir
+from memstaged.config import Settings, check_memory_dir, link_on_the_way
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import raise_fd_limit
 from memstaged.locks import InstanceLock
@@ -134,6 +134,7 @@ def run_once(
     """Exit 0 when every file got a decision; 1 when some file is still deferred or busy."""
     stream = out if out is not None else sys.stdout
     mdirs = settings.memory_dirs()
+    literal = settings.literal_dirs()
     for mdir in mdirs:
         if settings.explicit_dirs:
             check_memory_dir(mdir, writable=not settings.options.dry_run)
@@ -150,17 +151,9 @@ def run_once(
     show_progress = sys.stderr.isatty()
     with _progress(show_progress) as bar:
         for mdir in mdirs:
-            lock = InstanceLock(mdir.path)
-            try:
-                lock.acquire(
-                    wait=wait, on_wait=lambda what: print(f"memstaged: {what}", file=sys.stderr)
-                )
-            except BusyError as err:
-                _stderr(f"memstaged: {err}")  # one line, never wrapped: a script greps it
-                busy[mdir.path] = str(err)
+            lock = _lock(pipeline, mdir, wait, busy, strict=mdir.path in literal)
+            if lock is None:
                 continue
-            except OSError as err:
-                raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
             try:
                 listing = None
                 if not settings.options.dry_run:
@@ -189,6 +182,48 @@ def run_once(
     except BrokenPipeError:
         _silence(stream)  # `| head -1`: the reader had what it wanted; the decisions stand
     return code
+
+
+def _lock(
+    pipeline: Pipeline, mdir: MemoryDir, wait: bool, busy: dict[str, str], *, strict: bool
+) -> InstanceLock | None:
+    """The instance lock of ``mdir``, or None (said, and noted in ``busy`` if it counts).
+
+    ``strict`` (a memory dir named literally): one that cannot be opened is exit 2.
+    """
+    lock = InstanceLock(mdir.path, mdir.open)  # no link followed below the anchor
+    try:
+        lock.acquire(wait=wait, on_wait=lambda what: print(f"memstaged: {what}", file=sys.stderr))
+    except BusyError as err:
+        _stderr(f"memstaged: {err}")  # one line, never wrapped: a script greps it
+        busy[mdir.path] = str(err)
+        return None
+    except OSError as err:
+        if strict:
+            raise ConfigError(f"memory dir {mdir.path}: {err.strerror}") from None
+        _unopened(pipeline, mdir, err, busy)  # a glob match: the others go on
+        return None
+    return lock
+
+
+def _unopened(pipeline: Pipeline, mdir: MemoryDir, err: OSError, busy: dict[str, str]) -> None:
+    """A glob match that cannot be opened: one stderr line and one logged event, and the
+    other memory dirs are decided (defect 8).
+
+    A symbolic link below the glob's literal prefix is not followed (SPEC 6): it is reported,
+    and it leaves the exit code alone, since nothing there is memstaged's to decide. Any other
+    error (permission denied, ...) leaves that memory dir undecided: exit 1, as for a busy one.
+    """
+    link = link_on_the_way(mdir)
+    if link is not None:
+        why = f"{display.name(link)} is a symbolic link: not followed (SPEC 6)"
+        _stderr(f"memstaged: memory dir {display.name(mdir.path)} skipped: {why}")
+        pipeline.log.warning("memory_dir_skipped", memory_dir=mdir.path, link=link, reason=why)
+        return
+    why = f"cannot open it: {err.strerror or err}"
+    _stderr(f"memstaged: memory dir {display.name(mdir.path)}: {why}")
+    pipeline.log.error("memory_dir_error", memory_dir=mdir.path, error=why)
+    busy[mdir.path] = why
 
 
 def _silence(stream: IO[str]) -> None:

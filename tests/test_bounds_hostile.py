@@ -54,11 +54,6 @@ def _wait_for(proc: subprocess.Popen[bytes], tmp_path: Path, event: str, timeout
         time.sleep(0.02)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect 6: a --memory-dir glob matching more memory dirs than the descriptors allow "
-    "makes the daemon exit 2 (strict check) instead of holding what it can, as the config does",
-)
 def test_glob_beyond_the_hard_fd_limit_on_the_command_line_leaves_the_others_working(
     tmp_path: Path,
 ) -> None:

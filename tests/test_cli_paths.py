@@ -45,11 +45,6 @@ def test_memory_dir_name_too_long_is_one_line_and_exit_2(
     assert len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect 8: one glob match whose memory dir is a symbolic link aborts --once with "
-    "'Not a directory' (exit 2) and leaves the other projects undecided",
-)
 def test_a_linked_memory_dir_among_glob_matches_leaves_the_others_decided(tmp_path: Path) -> None:
     """SPEC 6: below the configured path a link is "not followed, and is reported"; README: "a
     glob match that is not a memory dir is just not one". With projects a, b and c under one

@@ -266,9 +266,9 @@ def test_glob_is_reexpanded_on_rescan(tmp_path: Path) -> None:
 
 def test_glob_parents_are_watched_while_they_exist_and_match(tmp_path: Path) -> None:
     """issue 12: for ``src/*/.pi/memory/project`` the daemon watches ``src``, each project
-    dir, its ``.pi`` and ``.pi/memory``, and nothing else: not a project without ``.pi``'s
-    subtree below what exists, not a dot dir, not the files; a project that goes loses its
-    watches."""
+    dir, its ``.pi`` and ``.pi/memory``, and the memory dir itself for its ``staging/`` (defect
+    9), and nothing else: not a project without ``.pi``'s subtree below what exists, not a dot
+    dir, not the files; a project that goes loses its watches."""
     src = tmp_path / "src"
     (src / "one" / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
     (src / "bare").mkdir()  # a project dir without .pi: watched for a .pi to come
@@ -283,6 +283,7 @@ def test_glob_parents_are_watched_while_they_exist_and_match(tmp_path: Path) -> 
         str(src / "bare"): frozenset({".pi"}),
         str(one / ".pi"): frozenset({"memory"}),
         str(one / ".pi" / "memory"): frozenset({"project"}),
+        str(one / ".pi" / "memory" / "project"): frozenset({"staging"}),
     }
     assert list(rig.daemon.mdirs) == [str(one / ".pi" / "memory" / "project")]
     shutil.rmtree(one)
@@ -334,7 +335,10 @@ def test_named_memory_dir_that_comes_back_is_added_at_once(project: Path, memory
     re-clone) is dropped, then added again from the event of its parent directory, without
     waiting for the rescan."""
     rig = _started(memory_dir)
-    assert rig.watcher.levels == {str(memory_dir.parent): frozenset({"project"})}
+    assert rig.watcher.levels == {
+        str(memory_dir.parent): frozenset({"project"}),
+        str(memory_dir): frozenset({"staging"}),
+    }
     shutil.rmtree(memory_dir)
     rig.send(Signal(Kind.TREE_CHANGED, str(memory_dir.parent), "project"))
     assert rig.daemon.mdirs == {}
