@@ -19,31 +19,13 @@ from typing import Any
 import pytest
 from cmd_support import run
 from conftest import staging_doc
+from helpers import memstaged_env, read_events
 
 from memstaged import fsio
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM", "INVOCATION_ID", "WATCHDOG_USEC")
-        and not k.startswith("MEMSTAGED_")
-    }
-    env.update(
-        MEMSTAGED_LOG_FILE=str(tmp_path / "decisions.jsonl"),
-        XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
-        XDG_STATE_HOME=str(tmp_path / "xdg-state"),
-    )
-    return env
-
-
 def _events(tmp_path: Path) -> list[dict[str, Any]]:
-    log_file = tmp_path / "decisions.jsonl"
-    if not log_file.exists():
-        return []
-    lines = log_file.read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip().endswith("}")]
+    return read_events(tmp_path / "decisions.jsonl")
 
 
 def _wait_for(proc: subprocess.Popen[bytes], tmp_path: Path, event: str, timeout: float) -> None:
@@ -72,7 +54,7 @@ def test_glob_beyond_the_hard_fd_limit_on_the_command_line_leaves_the_others_wor
     with (tmp_path / "daemon.err").open("wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "memstaged", "--memory-dir", pattern, "--settle", "0.1"],
-            env=_env(tmp_path),
+            env=memstaged_env(tmp_path),
             stdin=subprocess.DEVNULL,
             stdout=err,
             stderr=err,
@@ -104,7 +86,7 @@ def _empty_candidates_doc(project: Path, count: int) -> bytes:
 
 def _once(tmp_path: Path, memory_dir: Path, crash_at: str | None = None) -> int:
     """One ``memstaged --once`` on ``memory_dir``; its exit status (-9 when killed)."""
-    env = _env(tmp_path)
+    env = memstaged_env(tmp_path)
     if crash_at is not None:
         env["MEMSTAGED_CRASH_AT"] = crash_at
     return subprocess.run(
@@ -159,7 +141,7 @@ def _peak_rss_kib(tmp_path: Path, memory_dir: Path) -> int:
     """Peak RSS of one ``memstaged --once`` on ``memory_dir`` (from wait4's rusage)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir)],
-        env=_env(tmp_path),
+        env=memstaged_env(tmp_path),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

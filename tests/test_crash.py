@@ -564,16 +564,23 @@ def _same_size(root: str, tag: str, repairable: bool) -> bytes:
 
 def _cp_p(path: Path, data: bytes, mtime_ns: int, rng: random.Random) -> None:
     """A writer that keeps size and mtime: in place (``cp -p``) or by two renames (``rsync -t``)."""
-    if rng.random() < 0.5 and path.exists():
-        with path.open("r+b") as fh:
-            fh.write(data)
-    else:
+    in_place = rng.random() < 0.5
+    if in_place:
+        try:
+            with path.open("r+b") as fh:
+                fh.write(data)
+        except FileNotFoundError:  # the daemon moved it away meanwhile: write a new one
+            in_place = False
+    if not in_place:
         for n in range(2):
             tmp = path.with_name(f".w{n}-{path.name}")
             tmp.write_bytes(data)
             os.utime(tmp, ns=(mtime_ns, mtime_ns))
             os.rename(tmp, path)
-    os.utime(path, ns=(mtime_ns, mtime_ns))
+    try:
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+    except FileNotFoundError:
+        pass  # quarantined the instant it was put in place (its bytes are in originals/)
 
 
 def _newest_survive(mdir: Path, newest: dict[str, bytes], root: str) -> list[str]:

@@ -6,7 +6,6 @@ reported"). Real processes, real links, real inotify."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,29 +15,11 @@ from typing import Any
 
 import pytest
 from conftest import staging_doc
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM", "INVOCATION_ID", "WATCHDOG_USEC")
-        and not k.startswith("MEMSTAGED_")
-    }
-    env.update(
-        MEMSTAGED_LOG_FILE=str(tmp_path / "decisions.jsonl"),
-        XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
-        XDG_STATE_HOME=str(tmp_path / "xdg-state"),
-    )
-    return env
+from helpers import memstaged_env, read_events
 
 
 def _events(tmp_path: Path) -> list[dict[str, Any]]:
-    log_file = tmp_path / "decisions.jsonl"
-    if not log_file.exists():
-        return []
-    lines = log_file.read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip().endswith("}")]
+    return read_events(tmp_path / "decisions.jsonl")
 
 
 def _projects_with_a_linked_one(tmp_path: Path) -> tuple[Path, Path]:
@@ -74,7 +55,7 @@ def test_the_daemon_reports_a_linked_memory_dir_once_and_decides_the_others(
         args += ["--config", str(conf)]
     with (tmp_path / "daemon.err").open("wb") as err:
         proc = subprocess.Popen(
-            args, env=_env(tmp_path), stdin=subprocess.DEVNULL, stdout=err, stderr=err
+            args, env=memstaged_env(tmp_path), stdin=subprocess.DEVNULL, stdout=err, stderr=err
         )
     try:
         deadline = time.monotonic() + 30
