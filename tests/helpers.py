@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,23 @@ def memstaged_env(work: Path, **extra: str) -> dict[str, str]:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra)
     return env
+
+
+def without_dac_override() -> list[str]:
+    """The command prefix that makes a run obey file permissions even as root (``setpriv``
+    drops the capabilities that let root read anything); skips when that cannot be done."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot make staging/ unreadable")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a daemon a test left running (a failed assertion before its SIGTERM)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def memstaged_cmd(*args: str) -> list[str]:

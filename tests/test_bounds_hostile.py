@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from cmd_support import run
 from conftest import staging_doc
-from helpers import memstaged_env, read_events
+from helpers import memstaged_env, read_events, reap
 
 from memstaged import fsio
 
@@ -72,9 +72,7 @@ def test_glob_beyond_the_hard_fd_limit_on_the_command_line_leaves_the_others_wor
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def _empty_candidates_doc(project: Path, count: int) -> bytes:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import staging_doc
-from helpers import memstaged_env, read_events
+from helpers import memstaged_env, read_events, reap
 
 
 def _events(tmp_path: Path) -> list[dict[str, Any]]:
@@ -79,9 +79,7 @@ def test_the_daemon_reports_a_linked_memory_dir_once_and_decides_the_others(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     events = _events(tmp_path)
     skipped = [e for e in events if e.get("event") == "memory_dir_skipped"]
     linked = str(src / "b" / ".pi" / "memory" / "project")

@@ -24,7 +24,15 @@ from pathlib import Path
 import pytest
 from cmd_support import one_line_error, run
 from conftest import lesson, read_log, staging_doc, write
-from helpers import REPO, daemon, memstaged_cmd, memstaged_env, read_events, wait_for
+from helpers import (
+    REPO,
+    daemon,
+    memstaged_cmd,
+    memstaged_env,
+    read_events,
+    wait_for,
+    without_dac_override,
+)
 
 from memstaged.cli import main
 
@@ -724,12 +732,7 @@ def test_the_daemon_says_when_staging_cannot_be_read(
     user), the daemon does not just log ``ready``: an error event ``staging_unreadable``
     naming the directory and the cause comes first. As root, the run drops the capabilities
     that let root read anything (``setpriv``)."""
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: cannot make staging/ unreadable")
-        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-    else:
-        prefix = []
+    prefix = without_dac_override()
     env = memstaged_env(tmp_path)
     log = Path(env["MEMSTAGED_LOG_FILE"])
     (memory_dir / "staging").chmod(0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,7 +20,14 @@ from typing import Any
 import pytest
 from conftest import staging_doc
 from daemon_support import RecordingLogger
-from helpers import make_memory_dir, memory_dir_of, memstaged_env, mounted, run_once
+from helpers import (
+    make_memory_dir,
+    memory_dir_of,
+    memstaged_env,
+    mounted,
+    run_once,
+    without_dac_override,
+)
 
 from memstaged import fsio, pipeline, triage
 from memstaged.cli import main
@@ -327,12 +333,7 @@ def test_an_unreadable_staging_dir_is_an_error_not_a_silent_success(tmp_path: Pa
     """Issue 13 item 3: ``chmod 000 staging/`` as a normal user: ``--once`` exits 1 and says
     why in one line. Root reads anything, so as root the run drops the capabilities that let
     it (``setpriv``), which makes it a normal user as far as permissions go."""
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: cannot make staging/ unreadable")
-        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-    else:
-        prefix = []
+    prefix = without_dac_override()
     mdir = make_memory_dir(tmp_path)
     env = memstaged_env(tmp_path / "work")
     (mdir / "staging").chmod(0)

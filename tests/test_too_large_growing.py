@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import reap
 
 
 @pytest.fixture
@@ -87,9 +88,7 @@ def test_growing_too_large_file_loses_no_byte_when_deadletter_is_another_fs(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     kept = [
         p
         for d in (memory_dir / "staging", deadletter_on_tmpfs / "originals")
