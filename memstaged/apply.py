@@ -352,8 +352,13 @@ def apply(
             tx.write_records_ahead(files, sync=False)
         with canonical_lock(mem_fd, on_stale):
             _apply_locked(tx, files, announce, results, changes, admit)
-    finally:
+    except Exception:
         tx.close()
+        raise
+    except BaseException:
+        tx.close(interrupted=True)
+        raise
+    tx.close()
     return results
 
 
@@ -426,9 +431,18 @@ class _Transaction:
         plan.copied = tmp
         plan.kind = Kind.REMOVE
 
-    def close(self) -> None:
-        for dir_fd, tmp in self.ours:
-            fsio.unlink_quietly(dir_fd, tmp)
+    def close(self, *, interrupted: bool = False) -> None:
+        """Remove the temps not installed, and close the directories.
+
+        ``interrupted`` (a stop's :class:`~memstaged.daemon.Abandoned`, Ctrl-C): the temps are
+        left, exactly as a kill would leave them, for the next start's crash recovery to
+        remove: a quarantine of 100,000 records has as many temps, and unlinking them would
+        keep a SIGTERM waiting for seconds (SPEC 6: acted on within a second). They carry
+        memstaged's temp names, which the reconciler never reads.
+        """
+        if not interrupted:
+            for dir_fd, tmp in self.ours:
+                fsio.unlink_quietly(dir_fd, tmp)
         self.ours.clear()
         self.store.close()
 
@@ -899,10 +913,13 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
         with _opened(sub, mem_fd) as fd:
             if fd is None:
                 continue
+            deleted = 0
             for entry in os.listdir(fd):
                 if fsio.parse_temp_name(entry) is not None:
                     fsio.unlink_quietly(fd, entry)
-                    how.log.info("temp_recovered", path=f"{sub}/{entry}", action="deleted")
+                    deleted += 1
+            if deleted:  # one event: a stopped quarantine can leave 100,000 record temps
+                how.log.info("temp_recovered", path=sub, deleted=deleted, action="deleted")
     with _opened(STAGING, mem_fd) as staging_fd:
         if staging_fd is None:
             return None

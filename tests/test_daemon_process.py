@@ -69,17 +69,31 @@ class DaemonProcess:
             )
         self._events: list[dict[str, Any]] = []
         self._offset = 0
+        self._ino: int | None = None
 
     def events(self) -> list[dict[str, Any]]:
-        """Every event logged so far (read incrementally)."""
-        if self.log_file.exists():
-            with self.log_file.open("rb") as fh:
-                fh.seek(self._offset)
-                chunk = fh.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            self._offset += len(complete)
-            self._events += [json.loads(line) for line in complete.splitlines() if line.strip()]
+        """Every event logged so far (read incrementally, across a rotation of the log: a
+        decision of 120,000 reasons is a line of megabytes)."""
+        try:
+            ino = self.log_file.stat().st_ino
+        except FileNotFoundError:
+            return self._events
+        if self._ino is not None and ino != self._ino:
+            rotated = self.log_file.with_name(self.log_file.name + ".1")
+            if rotated.stat().st_ino == self._ino:
+                self._read_from(rotated)  # the rest of the file we were reading
+            self._offset = 0
+        self._ino = ino
+        self._read_from(self.log_file)
         return self._events
+
+    def _read_from(self, path: Path) -> None:
+        with path.open("rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        self._events += [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def wait_for(
         self, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 15
@@ -352,8 +366,8 @@ def test_sigterm_is_acted_on_within_a_second_whatever_file_is_in_hand(
     """SPEC 6 (issue 10 item 9: a large file made the daemon ignore SIGTERM for minutes): a
     SIGTERM that arrives while the daemon is deciding a 30 MB file of 120,000 lessons to repair
     (seconds of work) stops it at once: exit 0, a `stop` naming the abandoned file, the file
-    untouched in staging/ (it is decided by the next start) and no temp file left. The time
-    from SIGTERM to exit is printed."""
+    untouched in staging/, and the next start repairs it and leaves no temp file (a temp the
+    stop left is recovery's, as after a kill). The time from SIGTERM to exit is printed."""
     conf = tmp_path / "config.toml"
     conf.write_text(
         f"memory_dirs = [{json.dumps(str(memory_dir))}]\nmax_file_size = {64 * 1024 * 1024}\n"
@@ -378,6 +392,59 @@ def test_sigterm_is_acted_on_within_a_second_whatever_file_is_in_hand(
     assert stop["abandoned"] == str(path)
     assert daemon.decisions("huge.json") == []
     assert path.read_bytes() == data
+    again = spawn("--config", str(conf), name="again", ready_timeout=120)
+    assert again.wait_decided("huge.json", timeout=120)["huge.json"]["decision"] == "repaired"
+    assert _no_temp_files(memory_dir)
+
+
+def test_sigterm_while_a_quarantine_writes_its_records_leaves_them_to_recovery(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """SPEC 6 (issue 10 item 9): a SIGTERM while the daemon writes the 40,000 record temps of
+    a quarantine stops it without unlinking them first (that took 3.4 s for 100,000 records,
+    against SPEC 6's second): exit 0, `stop` names the abandoned file, the file is untouched in
+    staging/, the temps are left exactly as a SIGKILL would leave them, and nothing with a final
+    name is in deadletter/. The next start deletes the temps in one logged event and carries
+    the quarantine out: every record, the original, no temp. The time to exit is printed; it
+    is measured by the benchmark (measure 14)."""
+    conf = tmp_path / "config.toml"
+    conf.write_text(f"memory_dirs = [{json.dumps(str(memory_dir))}]\n")
+    daemon = spawn("--config", str(conf))
+    doc = staging_doc(project, "many")
+    doc["candidates"]["lessons"] = [{}] * 40_000
+    data = json.dumps(doc).encode()
+    path = memory_dir / "staging" / "many.json"
+    tmp = memory_dir / "staging" / ".many.json.tmp"
+    tmp.write_bytes(data)
+    os.rename(tmp, path)
+    dl = memory_dir / "deadletter"
+    deadline = time.monotonic() + 60
+    while sum(1 for _ in dl.glob(".memstaged~*")) < 500 if dl.is_dir() else True:
+        assert time.monotonic() < deadline, "the daemon never wrote the records' temps"
+        time.sleep(0.002)
+    started = time.monotonic()
+    assert daemon.stop(signal.SIGTERM, timeout=20) == 0
+    took = time.monotonic() - started
+    print(f"SIGTERM with 40,000 record temps being written: exited {took:.3f} s later")
+    stop = daemon.events()[-1]
+    assert stop["event"] == "stop"
+    assert stop["abandoned"] == str(path)
+    assert path.read_bytes() == data
+    left = sum(1 for _ in dl.rglob(".memstaged~*"))
+    assert left >= 500, f"the stop unlinked the temps ({left} left)"
+    assert not list(dl.glob("*.json")), "the stop installed records of an abandoned quarantine"
+
+    again = spawn("--config", str(conf), name="again", ready_timeout=120)
+    last = again.wait_decided("many.json", timeout=180)["many.json"]
+    assert last["decision"] == "quarantined"
+    recovered = [e for e in again.events() if e["event"] == "temp_recovered"]
+    assert {e["path"] for e in recovered} <= {"deadletter", "deadletter/originals"}
+    assert sum(e["deleted"] for e in recovered) == left
+    named = {Path(d).name for d in last["deadletter"] if not d.startswith("deadletter/originals/")}
+    assert len(named) >= 40_000
+    assert {p.name for p in dl.glob("*.json")} == named
+    assert [p.read_bytes() for p in (dl / "originals").iterdir()] == [data]
+    assert not path.exists()
     assert _no_temp_files(memory_dir)
 
 
