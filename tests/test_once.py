@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from conftest import decisions, lesson, read_log, staging_doc, write
+from helpers import make_memory_dir, memstaged_cmd, memstaged_env, project_root_of, run_once
 
 from memstaged.cli import main
 from memstaged.triage import Context, Decision, decide
@@ -402,3 +405,44 @@ def test_a_backlog_waits_for_the_reconcilers_lock_in_every_batch(
     assert _tree(memory_dir / "staging") == before
     assert not (memory_dir / "deadletter").exists()
     assert json.loads(lock.read_text())["pid"] == holder.pid
+
+
+def test_ctrl_c_during_a_large_quarantine_exits_130_and_the_next_run_finishes(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C (SIGINT) while ``--once`` writes the 20,000 record temps of a quarantine: exit
+    130 with the one line ``memstaged: interrupted`` and no traceback, the staging file as it
+    was; the temps are left as a kill leaves them (README), and the next run deletes them and
+    carries the quarantine out: exit 0, the original, the records, no temp."""
+    mdir = make_memory_dir(tmp_path)
+    env = memstaged_env(tmp_path)
+    doc = staging_doc(project_root_of(mdir), "many")
+    doc["candidates"]["lessons"] = [{}] * 20_000
+    data = write(mdir / "staging" / "many.json", doc)
+    os.utime(mdir / "staging" / "many.json", (1, 1))  # settled long ago
+    proc = subprocess.Popen(
+        memstaged_cmd("--once", "--memory-dir", str(mdir)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    dl = mdir / "deadletter"
+    deadline = time.monotonic() + 60
+    while sum(1 for _ in dl.glob(".memstaged~*")) < 200 if dl.is_dir() else True:
+        assert proc.poll() is None, "the run ended before it wrote its temps"
+        assert time.monotonic() < deadline, "the run never wrote the records' temps"
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert stderr.decode().splitlines()[-1] == "memstaged: interrupted"
+    assert b"Traceback" not in stderr
+    assert (mdir / "staging" / "many.json").read_bytes() == data
+    assert list(dl.rglob(".memstaged~*")), "the interrupted run unlinked its temps"
+
+    again = run_once(mdir, env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not (mdir / "staging" / "many.json").exists()
+    assert [p.read_bytes() for p in (dl / "originals").iterdir()] == [data]
+    assert len(list(dl.glob("*.json"))) >= 20_000
+    assert not list(mdir.rglob(".memstaged~*"))
