@@ -216,8 +216,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.json and not args.once:
         raise UsageError("--json is for --once (and the commands): the daemon logs JSON lines")
-    if settings.explicit_dirs:  # before any log is opened: a wrong path is one line, exit 2
-        for mdir in settings.memory_dirs():
+    literal = settings.literal_dirs()  # before any log is opened: a wrong path is one line, exit 2
+    for mdir in settings.memory_dirs():
+        if mdir.path in literal:  # a glob's matches are only what it matched
             check_memory_dir(mdir, writable=not settings.options.dry_run)
     if args.verbose and not args.once:
         raise UsageError("--verbose is for --once: the daemon logs every event already")

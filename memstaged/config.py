@@ -372,5 +372,17 @@ def check_memory_dir(mdir: MemoryDir, *, writable: bool) -> None:
             f"{mdir.path} is not a memory dir: it has no staging/ subdirectory "
             f"(a memory dir is <project>/.pi/memory/project){hint}"
         )
-    if writable and not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"memory dir {mdir.path} is not writable")
+    why = unwritable(mdir) if writable else None
+    if why is not None:
+        raise ConfigError(f"memory dir {mdir.path}: {why}")
+
+
+def unwritable(mdir: MemoryDir) -> str | None:
+    """Why memstaged cannot change ``mdir`` (it, or its ``staging/``, is not writable), or
+    None. A literal memory dir that is not is exit 2 (:func:`check_memory_dir`); a glob's
+    match that is not is reported and left undecided, and the others are decided."""
+    if not os.access(mdir.path, os.W_OK | os.X_OK):
+        return "not writable"
+    if not os.access(os.path.join(mdir.path, "staging"), os.W_OK | os.X_OK):
+        return "its staging/ is not writable"
+    return None

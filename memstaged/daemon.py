@@ -143,8 +143,9 @@ class Daemon:
         limit = raise_fd_limit()
         self.dirs.watch_globs(self.settings.memory_dir_patterns, observer=self.settings.observer)
         mdirs = self.settings.memory_dirs()
-        if self.settings.explicit_dirs:
-            for mdir in mdirs:
+        literal = self.settings.literal_dirs()
+        for mdir in mdirs:
+            if mdir.path in literal:
                 check_memory_dir(mdir, writable=not self.settings.options.dry_run)
         if not mdirs and not self.settings.memory_dir_patterns:
             raise ConfigError(
@@ -165,7 +166,6 @@ class Daemon:
         )
         # Only a memory dir named literally is refused with exit 2; a glob's matches that
         # cannot be held (a link, no descriptor left) are logged and the others worked on.
-        literal = self.settings.literal_dirs()
         for mdir in mdirs:
             if self.stopping:
                 break  # SIGTERM while thousands of memory dirs are added: stop now

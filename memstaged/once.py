@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
 from memstaged import display
-from memstaged.config import Settings, check_memory_dir, link_on_the_way
+from memstaged.config import Settings, check_memory_dir, link_on_the_way, unwritable
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import raise_fd_limit
 from memstaged.locks import InstanceLock
@@ -136,7 +136,7 @@ def run_once(
     mdirs = settings.memory_dirs()
     literal = settings.literal_dirs()
     for mdir in mdirs:
-        if settings.explicit_dirs:
+        if mdir.path in literal:  # a glob's unwritable match is said below, and skipped
             check_memory_dir(mdir, writable=not settings.options.dry_run)
     if not mdirs:
         raise ConfigError(
@@ -153,6 +153,9 @@ def run_once(
         for mdir in mdirs:
             lock = _lock(pipeline, mdir, wait, busy, strict=mdir.path in literal)
             if lock is None:
+                continue
+            if not settings.options.dry_run and _unwritable(pipeline, mdir, busy):
+                lock.release()
                 continue
             try:
                 listing = None
@@ -204,6 +207,18 @@ def _lock(
         _unopened(pipeline, mdir, err, busy)  # a glob match: the others go on
         return None
     return lock
+
+
+def _unwritable(pipeline: Pipeline, mdir: MemoryDir, busy: dict[str, str]) -> bool:
+    """A glob's match that memstaged cannot write to (a literal one was refused with exit 2):
+    one stderr line and one logged event, and it is left undecided (exit 1)."""
+    why = unwritable(mdir)
+    if why is None:
+        return False
+    _stderr(f"memstaged: memory dir {display.name(mdir.path)}: {why}")
+    pipeline.log.error("memory_dir_error", memory_dir=mdir.path, error=why)
+    busy[mdir.path] = why
+    return True
 
 
 def _unopened(pipeline: Pipeline, mdir: MemoryDir, err: OSError, busy: dict[str, str]) -> None:

@@ -79,6 +79,9 @@ class Outcome(msgspec.Struct, frozen=True):
     changed: bool = False
     #: Deferred because a live process holds ``canonical-writer.lock``: retry when it goes.
     blocked_by_lock: bool = False
+    #: Deferred by an error (an I/O error carrying the decision out, a file too large to move):
+    #: retried with a growing backoff, as a file that cannot be read is, never at once.
+    error: bool = False
 
 
 class Batch:
@@ -425,7 +428,7 @@ class Pipeline:
         if error:
             event["level_hint"] = "error"
         self._finish_event(event, item.started)
-        return Outcome(decision, item.plan.version.identity, **extra)
+        return Outcome(decision, item.plan.version.identity, error=error, **extra)
 
     # -- logging --------------------------------------------------------------------------------
 
@@ -445,7 +448,7 @@ class Pipeline:
         event["reasons"] = [*event.get("reasons", []), reason]
         event["level_hint"] = "error"
         self._finish_event(event, started)
-        return Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle)
+        return Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle, error=True)
 
     def _finish_event(self, event: dict[str, Any], started: float) -> None:
         if started:

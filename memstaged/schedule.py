@@ -82,17 +82,18 @@ def retry_delay(
 ) -> float:
     """When to look again at a deferred file.
 
-    A file still being written (the pipeline read it: ``identity`` is set) is looked at when its
-    settle interval has passed. A file that could not be read at all (an I/O error, permission
-    denied: no ``identity``) backs off exponentially, so that one bad file does not fill the log.
-    Neither waits longer than :data:`MAX_BACKOFF` (an mtime in the future would otherwise mean
-    waiting for years). ``retry_at`` is wall-clock time (it comes from a file's mtime).
+    A file still being written (the pipeline read it, and nothing failed) is looked at when its
+    settle interval has passed, but never later than :data:`MAX_BACKOFF` from now (an mtime in
+    the future would otherwise mean waiting for years). A file deferred by an error (it cannot
+    be read, or its decision cannot be carried out: permission denied, a full disk) backs off
+    exponentially up to :data:`MAX_BACKOFF`, so that one bad file or directory does not fill the
+    log; a later time the pipeline asked for is kept (a file too large to move: an hour).
+    ``retry_at`` is wall-clock time (it comes from a file's mtime).
     """
     backoff = min(0.25 * 2.0 ** min(failures, 16), MAX_BACKOFF)
     if outcome.retry_at is None:
-        delay = backoff
-    else:
-        delay = outcome.retry_at - wall_now()
-        if outcome.identity is None:
-            delay = max(delay, backoff)
+        return max(backoff, 0.05)
+    delay = outcome.retry_at - wall_now()
+    if outcome.error or outcome.identity is None:
+        return max(delay, backoff)
     return min(max(delay, 0.05), MAX_BACKOFF)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import without_dac_override
 
 #: Every command that takes --memory-dir and checks it (the daemon last: it must not start).
 COMMANDS = [
@@ -76,6 +77,51 @@ def test_a_linked_memory_dir_among_glob_matches_leaves_the_others_decided(tmp_pa
     assert proc.returncode in (0, 1), proc.stderr.decode(errors="replace")[-500:]
     for name in ("a", "c"):
         assert not (src / name / ".pi" / "memory" / "project" / "staging" / f"{name}.json").exists()
+
+
+def test_an_unwritable_glob_match_leaves_the_others_decided(tmp_path: Path) -> None:
+    """A glob's match is only what it matched (README): with projects a and b under one glob
+    and a's memory dir not writable (mode 0500, run without root's DAC override), ``--once``
+    says so in one line, leaves a's file alone, quarantines b's malformed file and exits 1 (a
+    memory dir left undecided), where it used to stop everything with exit 2. The same memory
+    dir named literally is still exit 2."""
+    src = tmp_path / "src"
+    for name in ("a", "b"):
+        staging = src / name / ".pi" / "memory" / "project" / "staging"
+        staging.mkdir(parents=True)
+        (staging / f"{name}.json").write_bytes(b"{not json")
+    locked = src / "a" / ".pi" / "memory" / "project"
+    os.chmod(locked / "staging", 0o500)
+    os.chmod(locked, 0o500)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTAGED_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "c"), XDG_STATE_HOME=str(tmp_path / "s"))
+
+    args = ["--once", "--settle", "0", "--memory-dir"]
+
+    def once(memory_dir: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [*without_dac_override(), sys.executable, "-m", "memstaged", *args, memory_dir],
+            env=env,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+
+    try:
+        proc = once(str(src / "*" / ".pi" / "memory" / "project"))
+        literal = once(str(locked))
+    finally:
+        os.chmod(locked, 0o700)
+        os.chmod(locked / "staging", 0o700)
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 1, stderr[-500:]
+    assert f"memstaged: memory dir {locked}: not writable" in stderr.splitlines()
+    assert "Traceback" not in stderr
+    assert (locked / "staging" / "a.json").read_bytes() == b"{not json"
+    assert not (src / "b" / ".pi" / "memory" / "project" / "staging" / "b.json").exists()
+    assert literal.returncode == 2
+    assert literal.stderr.decode().splitlines() == [f"memstaged: memory dir {locked}: not writable"]
 
 
 @pytest.mark.parametrize("key", ["memory_dirs", "log_file"])

@@ -843,3 +843,23 @@ def test_reload_that_changes_decisions_starts_a_new_seen_cache(
     rig.send(Signal(Kind.COMPLETE, str(memory_dir), "new.json"))
     rig.daemon.shutdown()
     assert set(seen_cache(rig.daemon.settings, mdir).entries) == {"new.json"}
+
+
+def test_a_decision_that_cannot_be_carried_out_backs_off(memory_dir: Path) -> None:
+    """A quarantine that fails with an I/O error every time (``deadletter/`` is a regular file
+    here; a memory dir that is not writable, or a full disk, do the same) is retried with a
+    growing backoff, not every 50 ms: found by an unwritable glob match, whose one bad file
+    logged an error 20 times a second for as long as the daemon ran. Over ten minutes it is
+    tried about a dozen times, and the file stays where it is."""
+    rig = _started(memory_dir)
+    (memory_dir / "deadletter").write_bytes(b"not a directory")
+    path = memory_dir / "staging" / "broken.json"
+    path.write_bytes(b"{")
+    _age(path)
+    rig.send(_complete(memory_dir, "broken.json"))
+    for _ in range(6000):
+        rig.after(0.1)
+    tries = rig.log.decisions("broken.json")
+    assert set(tries) == {"deferred"}
+    assert len(tries) <= 20, f"{len(tries)} tries in 10 minutes"
+    assert path.read_bytes() == b"{"
