@@ -378,11 +378,11 @@ def check_memory_dir(mdir: MemoryDir, *, writable: bool) -> None:
 
 
 def unwritable(mdir: MemoryDir) -> str | None:
-    """Why memstaged cannot change ``mdir`` (it, or its ``staging/``, is not writable), or
-    None. A literal memory dir that is not is exit 2 (:func:`check_memory_dir`); a glob's
-    match that is not is reported and left undecided, and the others are decided."""
+    """Why memstaged cannot change ``mdir`` (it is not writable), or None.
+
+    A literal memory dir that is not is exit 2 (:func:`check_memory_dir`); a glob's match that
+    is not is reported and left undecided, and the others are decided.
+    """
     if not os.access(mdir.path, os.W_OK | os.X_OK):
         return "not writable"
-    if not os.access(os.path.join(mdir.path, "staging"), os.W_OK | os.X_OK):
-        return "its staging/ is not writable"
-    return None
+    return None  # a staging/ that cannot be read or written is said when it is listed
