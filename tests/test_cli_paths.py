@@ -147,3 +147,42 @@ def test_nul_in_a_config_path_is_one_line_and_exit_2(tmp_path: Path, key: str) -
     assert "Traceback" not in err, err[-300:]
     assert proc.returncode == 2
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_purge_refuses_an_unwritable_glob_match_before_changing_anything(tmp_path: Path) -> None:
+    """docs/inspection.md: ``deadletter purge --yes`` over a config file's glob with projects a
+    and z, z's memory dir not writable: one line naming z, exit 2, and a's records and original
+    are all still there (it used to purge the matches before the failing one, then exit 2)."""
+    src = tmp_path / "src"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTAGED_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "c"), XDG_STATE_HOME=str(tmp_path / "s"))
+    env["MEMSTAGED_LOG_FILE"] = str(tmp_path / "log.jsonl")
+    config = tmp_path / "config.toml"
+    config.write_text(f"memory_dirs = [{json.dumps(str(src / '*/.pi/memory/project'))}]\n")
+    for name in ("a", "z"):
+        staging = src / name / ".pi" / "memory" / "project" / "staging"
+        staging.mkdir(parents=True)
+        (staging / f"{name}.json").write_bytes(b"{not json")
+    base = [sys.executable, "-m", "memstaged", "--config", str(config)]
+    once = subprocess.run(
+        [*base, "--once", "--settle", "0"], env=env, capture_output=True, check=False
+    )
+    assert once.returncode == 0, once.stderr
+    kept = sorted(p.name for p in (src / "a").rglob("deadletter/**/*") if p.is_file())
+    assert kept
+    locked = src / "z" / ".pi" / "memory" / "project"
+    os.chmod(locked, 0o500)
+    try:
+        proc = subprocess.run(
+            [*without_dac_override(), *base, "deadletter", "purge", "--older-than", "0s", "--yes"],
+            env=env,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.chmod(locked, 0o700)
+    assert sorted(p.name for p in (src / "a").rglob("deadletter/**/*") if p.is_file()) == kept
+    assert proc.returncode == 2
+    assert proc.stderr.decode().splitlines() == [f"memstaged: memory dir {locked}: not writable"]

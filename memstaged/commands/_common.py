@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Final, ParamSpec
 
 from memstaged import config, display
-from memstaged.config import Settings, check_memory_dir
+from memstaged.config import Settings, check_memory_dir, unwritable
 from memstaged.errors import ConfigError, UsageError
 from memstaged.memdir import MemoryDir
 
@@ -132,11 +132,17 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 
 def memory_dirs(settings: Settings, *, writable: bool) -> list[MemoryDir]:
-    """The memory dirs to work on; one named on the command line must exist (exit 2 if not)."""
+    """The memory dirs to work on; one named on the command line must exist (exit 2 if not).
+
+    ``writable`` (recover, purge): every one must be writable, a glob's match too, whichever
+    way it was configured; else exit 2 before anything is changed (docs/inspection.md).
+    """
     mdirs = settings.memory_dirs()
-    if settings.explicit_dirs:
-        for mdir in mdirs:
+    for mdir in mdirs:
+        if settings.explicit_dirs:
             check_memory_dir(mdir, writable=writable)
+        elif writable and (why := unwritable(mdir)) is not None:
+            raise ConfigError(f"memory dir {mdir.path}: {why}")
     if not mdirs:
         raise ConfigError(
             "no memory dir: pass --memory-dir DIR, set memory_dirs in the config file, "
