@@ -79,6 +79,18 @@ def test_a_linked_memory_dir_among_glob_matches_leaves_the_others_decided(tmp_pa
         assert not (src / name / ".pi" / "memory" / "project" / "staging" / f"{name}.json").exists()
 
 
+def _as_a_user(python_args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """``python <python_args>`` obeying file permissions (root's DAC override dropped)."""
+    return subprocess.run(
+        [*without_dac_override(), sys.executable, *python_args],
+        env=env,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_an_unwritable_glob_match_leaves_the_others_decided(tmp_path: Path) -> None:
     """A glob's match is only what it matched (README): with projects a and b under one glob
     and a's memory dir not writable (mode 0500, run without root's DAC override), ``--once``
@@ -96,21 +108,10 @@ def test_an_unwritable_glob_match_leaves_the_others_decided(tmp_path: Path) -> N
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTAGED_")}
     env.update(XDG_CONFIG_HOME=str(tmp_path / "c"), XDG_STATE_HOME=str(tmp_path / "s"))
 
-    args = ["--once", "--settle", "0", "--memory-dir"]
-
-    def once(memory_dir: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [*without_dac_override(), sys.executable, "-m", "memstaged", *args, memory_dir],
-            env=env,
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            timeout=60,
-            check=False,
-        )
-
+    once = ["-m", "memstaged", "--once", "--settle", "0", "--memory-dir"]
     try:
-        proc = once(str(src / "*" / ".pi" / "memory" / "project"))
-        literal = once(str(locked))
+        proc = _as_a_user([*once, str(src / "*" / ".pi" / "memory" / "project")], env)
+        literal = _as_a_user([*once, str(locked)], env)
     finally:
         os.chmod(locked, 0o700)
         os.chmod(locked / "staging", 0o700)
@@ -173,14 +174,7 @@ def test_purge_refuses_an_unwritable_glob_match_before_changing_anything(tmp_pat
     locked = src / "z" / ".pi" / "memory" / "project"
     os.chmod(locked, 0o500)
     try:
-        proc = subprocess.run(
-            [*without_dac_override(), *base, "deadletter", "purge", "--older-than", "0s", "--yes"],
-            env=env,
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            timeout=60,
-            check=False,
-        )
+        proc = _as_a_user([*base[1:], "deadletter", "purge", "--older-than", "0s", "--yes"], env)
     finally:
         os.chmod(locked, 0o700)
     assert sorted(p.name for p in (src / "a").rglob("deadletter/**/*") if p.is_file()) == kept
