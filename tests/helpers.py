@@ -4,7 +4,10 @@
   config dir and decision log, never the user's; no journald, no systemd notification);
 * mixed corpora of staging files whose every candidate carries a unique id, with the decision
   SPEC calls for known in advance (the engine is pure, so the test asks it once);
-* :func:`check_final` and :func:`check_interim`: SPEC section 5's invariant, checked on disk.
+* :func:`check_final` and :func:`check_interim`: SPEC section 5's invariant, checked on disk,
+  and :func:`check_logged`: every change on disk has its decision in the log; the crash
+  tests check the last two after every kill with :class:`Invariant`, which reads only what
+  changed since its previous check.
 """
 
 from __future__ import annotations

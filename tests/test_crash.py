@@ -9,8 +9,11 @@ restart, in ``staging/`` or byte for byte in ``deadletter/``. The harness runs t
   narrow windows a random kill would almost never hit;
 * at the n-th step of any kind (``any:<n>``), and after a random delay, for everything else.
 
-After every kill :func:`helpers.check_interim` must hold before any restart (the reconciler may
-run right then), and once a clean restart has finished :func:`helpers.check_final`.
+After every kill :func:`helpers.check_interim` and :func:`helpers.check_logged` must hold before
+any restart (the reconciler may run right then), and once a clean restart has finished
+:func:`helpers.check_final`. Checked after each of hundreds of kills, over a corpus that grows
+to tens of thousands of files, they go through :class:`helpers.Invariant`, which reads again
+only the files and log lines that changed since its previous check.
 
 A SIGKILL leaves the page cache intact, so it cannot show a missing ``fsync``; the last test
 checks the order of writes, fsyncs and renames themselves against SPEC 5's durability rules.
