@@ -4,12 +4,17 @@
   config dir and decision log, never the user's; no journald, no systemd notification);
 * mixed corpora of staging files whose every candidate carries a unique id, with the decision
   SPEC calls for known in advance (the engine is pure, so the test asks it once);
-* :func:`check_final` and :func:`check_interim`: SPEC section 5's invariant, checked on disk.
+* :func:`check_final` and :func:`check_interim`: SPEC section 5's invariant, checked on disk,
+  and :func:`check_logged`: every change on disk has its decision in the log; the crash
+  tests check the last two after every kill with :class:`Invariant`, which reads only what
+  changed since its previous check.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -17,10 +22,11 @@ import random
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -448,17 +454,22 @@ def _is_too_large(verdict: Verdict) -> bool:
     return any(r.startswith("file too large") for r in verdict.reasons)
 
 
-def _kept_original(originals: Path, item: Input, verdict: Verdict) -> str | None:
+def _kept_original(
+    originals: Path, item: Input, verdict: Verdict, listing: Sequence[str] | None = None
+) -> str | None:
     """The name under ``originals/`` holding exactly ``item``'s bytes, if one does.
 
     A file too large to read is moved there unread, named by a hash of its identity (which the
-    test cannot know beforehand): any original of its name with its exact bytes is it.
+    test cannot know beforehand): any original of its name with its exact bytes is it. Those are
+    looked up in ``listing`` (the sorted names of ``originals/``, listed once by the caller:
+    listing the directory once per file made checking 5,000 files take 40 s).
     """
     assert verdict.original is not None
     names = [verdict.original]
     if _is_too_large(verdict) and originals.is_dir():
-        prefix = verdict.original[: -len("0123456789abcdef.orig")]
-        names = sorted(p.name for p in originals.iterdir() if p.name.startswith(prefix))
+        if listing is None:
+            listing = sorted(os.listdir(originals))
+        names = _starting_with(listing, verdict.original[: -len("0123456789abcdef.orig")])
     for name in names:
         path = originals / name
         if path.is_file() and not path.is_symlink() and path.read_bytes() == item.data:
@@ -466,68 +477,320 @@ def _kept_original(originals: Path, item: Input, verdict: Verdict) -> str | None
     return None
 
 
-def check_interim(mdir: Path, inputs: Sequence[Input], verdicts: dict[str, Verdict]) -> list[str]:
-    """What must hold at every instant, even right after a SIGKILL and before any restart.
+def _starting_with(listing: Sequence[str], prefix: str) -> list[str]:
+    """The names of the sorted ``listing`` that start with ``prefix``, found by bisection."""
+    at = bisect.bisect_left(listing, prefix)
+    out = []
+    while at < len(listing) and listing[at].startswith(prefix):
+        out.append(listing[at])
+        at += 1
+    return out
 
-    Every input is in ``staging/`` (as it was, or completely repaired) or byte for byte in
-    ``deadletter/originals/``; no ``*.json`` in ``staging/`` is anything else (half-written);
-    every file under its final name in ``deadletter/`` is complete.
+
+#: What tells one version of a file from another without reading it: device, inode, size,
+#: mtime and ctime. A writer can set the mtime back and keep the size, but any write, rename or
+#: ``chmod`` sets the ctime to now (SPEC 5 identifies a version the same way).
+FileKey = tuple[int, int, int, int, int]
+
+
+def file_key(st: os.stat_result) -> FileKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _stat(path: str, *, follow: bool) -> os.stat_result | None:
+    """``path``'s status when it is a regular file (through a link if ``follow``), else None."""
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _read_version(path: str, *, follow: bool) -> tuple[FileKey, bytes] | None:
+    """A regular file's bytes and the key of the very version read (its descriptor's ``fstat``,
+    taken before reading: a write after it changes the ctime, so the next look re-reads)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a link, not followed
+            return None
+        raise
+    with open(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return file_key(st), fh.read()
+
+
+class DecisionLog:
+    """The decision events of a JSON-lines log and of its rotated files, each line read once.
+
+    Files are known by inode and held open, so that an inode is not reused while it is known
+    (a backup beyond ``log_backups`` is deleted by the rotation), and each is read on from where
+    the last :meth:`update` stopped. A rotation renames files and keeps their inodes: the file
+    that was the current log is read on as ``<log>.1``, and a new current log is read from its
+    start. A line counts once it ends with its newline (a torn last line after a SIGKILL is
+    looked at again next time), and lines that are not JSON are skipped, as
+    :func:`read_events` skips them.
     """
-    problems: list[str] = []
-    staging = mdir / "staging"
-    originals = mdir / "deadletter" / ORIGINALS_DIR
-    for item in inputs:
-        verdict = verdicts[item.name]
-        path = staging / item.name
-        current = path.read_bytes() if path.is_file() else None
-        allowed = {item.data}
-        if verdict.new_bytes is not None:
-            allowed.add(verdict.new_bytes)
-        if current is not None and current not in allowed:
-            problems.append(f"{item.name}: staging holds bytes that are neither input nor repair")
-        in_deadletter = (
-            verdict.original is not None and _kept_original(originals, item, verdict) is not None
-        )
-        if current is None and not in_deadletter:
-            problems.append(f"{item.name} ({item.kind}): neither in staging/ nor in deadletter/")
-    dl = mdir / "deadletter"
-    if dl.is_dir():
-        for path in dl.glob("*.json"):
-            try:
-                parse_json(path.read_bytes())
-            except NotJSON:
-                problems.append(f"deadletter/{path.name}: incomplete record")
-    return problems
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self._files: dict[tuple[int, int], list[int]] = {}  # (dev, ino) -> [fd, offset]
+        #: Base name of a decided path -> the decisions logged for it.
+        self.logged: dict[str, set[str]] = {}
+        #: Every ``deadletter/...`` file a decision names.
+        self.named: set[str] = set()
+
+    def update(self) -> None:
+        """Read what was appended (and rotated) since the last call."""
+        rotated = sorted(self.log.parent.glob(f"{self.log.name}.[0-9]*"))
+        for path in [*rotated, self.log]:
+            entry = self._open(path)
+            if entry is None:
+                continue
+            fd, offset = entry
+            size = os.fstat(fd).st_size
+            if size < offset:  # truncated (memstaged never does): read it again
+                offset = 0
+            data = bytearray()
+            while offset + len(data) < size:
+                chunk = os.pread(fd, size - offset - len(data), offset + len(data))
+                if not chunk:
+                    break
+                data += chunk
+            complete = data.rfind(b"\n") + 1
+            for line in bytes(data[:complete]).splitlines():
+                self._take(line)
+            entry[1] = offset + complete
+
+    def _open(self, path: Path) -> list[int] | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        entry = self._files.get((st.st_dev, st.st_ino))
+        if entry is not None:
+            return entry
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        st = os.fstat(fd)  # the path may have been replaced between the stat and the open
+        entry = self._files.get((st.st_dev, st.st_ino))
+        if entry is not None:
+            os.close(fd)
+            return entry
+        entry = self._files[(st.st_dev, st.st_ino)] = [fd, 0]
+        return entry
+
+    def _take(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(event, dict) or event.get("event") != "decision":
+            return
+        name = os.path.basename(str(event.get("path", "")))
+        self.logged.setdefault(name, set()).add(str(event.get("decision")))
+        self.named.update(str(d) for d in event.get("deadletter") or ())
+
+    def close(self) -> None:
+        for fd, _offset in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+
+@dataclass
+class _Expected:
+    item: Input
+    verdict: Verdict | None
+
+
+class Invariant:
+    """:func:`check_interim` and :func:`check_logged` after every kill, reading only what changed.
+
+    After each kill every input and every dead-letter record is looked at again, but a file
+    whose :data:`FileKey` is the one it had at the last check is not read again: its bytes are
+    the ones judged then (a file written, renamed, replaced or touched has a new ctime). The
+    log is read by a :class:`DecisionLog`, one new line at a time. So a check costs a ``stat``
+    per input and per record, plus reading what the last run changed, not the whole memory dir
+    and the whole log again (which made 150 kills of a run over thousands of files take hours).
+    """
+
+    def __init__(self, mdir: Path, log: Path | None = None) -> None:
+        self.mdir = mdir
+        self._staging = os.path.join(mdir, "staging")
+        self._deadletter = os.path.join(mdir, "deadletter")
+        self._originals = os.path.join(self._deadletter, ORIGINALS_DIR)
+        self._log = DecisionLog(log) if log is not None else None
+        self._inputs: dict[str, _Expected] = {}
+        #: staging name -> (key, holds the input's bytes, holds its repair's bytes)
+        self._seen_staging: dict[str, tuple[FileKey, bool, bool]] = {}
+        #: (original's name, input's name) -> (key, holds exactly the input's bytes)
+        self._seen_originals: dict[tuple[str, str], tuple[FileKey, bool]] = {}
+        #: record name -> (key, parses as JSON)
+        self._seen_records: dict[str, tuple[FileKey, bool]] = {}
+
+    def __enter__(self) -> Invariant:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+    def add(self, inputs: Sequence[Input], verdicts: Mapping[str, Verdict] | None = None) -> None:
+        """Inputs to check from now on, with the verdicts :func:`expected_verdict` gives them
+        (needed by :meth:`interim` only)."""
+        for item in inputs:
+            verdict = verdicts[item.name] if verdicts is not None else None
+            self._inputs[item.name] = _Expected(item, verdict)
+
+    def check(self) -> list[str]:
+        """:meth:`interim` and :meth:`logged`."""
+        return self.interim() + self.logged()
+
+    def _in_staging(self, expected: _Expected) -> tuple[bool, bool, bool]:
+        """(present, holds the input's bytes, holds its repair's bytes) of ``staging/<name>``."""
+        name = expected.item.name
+        path = os.path.join(self._staging, name)
+        st = _stat(path, follow=True)
+        if st is None:
+            self._seen_staging.pop(name, None)
+            return False, False, False
+        seen = self._seen_staging.get(name)
+        if seen is None or seen[0] != file_key(st):
+            version = _read_version(path, follow=True)
+            if version is None:
+                self._seen_staging.pop(name, None)
+                return False, False, False
+            key, data = version
+            repair = expected.verdict.new_bytes if expected.verdict is not None else None
+            seen = self._seen_staging[name] = (key, data == expected.item.data, data == repair)
+        return True, seen[1], seen[2]
+
+    def _kept(self, expected: _Expected, listing: Sequence[str]) -> bool:
+        """Is the input byte for byte under ``originals/`` (see :func:`_kept_original`)?"""
+        verdict = expected.verdict
+        assert verdict is not None
+        if verdict.original is None:
+            return False
+        names = [verdict.original]
+        if _is_too_large(verdict):
+            names = _starting_with(listing, verdict.original[: -len("0123456789abcdef.orig")])
+        for name in names:
+            path = os.path.join(self._originals, name)
+            cache = (name, expected.item.name)
+            st = _stat(path, follow=False)
+            if st is None:
+                self._seen_originals.pop(cache, None)
+                continue
+            seen = self._seen_originals.get(cache)
+            if seen is None or seen[0] != file_key(st):
+                version = _read_version(path, follow=False)
+                if version is None:
+                    continue
+                seen = self._seen_originals[cache] = (version[0], version[1] == expected.item.data)
+            if seen[1]:
+                return True
+        return False
+
+    def _records(self) -> list[str]:
+        """The names of ``deadletter/*.json`` (as ``Path.glob`` matches them: any entry)."""
+        try:
+            return sorted(n for n in os.listdir(self._deadletter) if n.endswith(".json"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def interim(self) -> list[str]:
+        """What must hold at every instant, even right after a SIGKILL and before any restart.
+
+        Every input is in ``staging/`` (as it was, or completely repaired) or byte for byte in
+        ``deadletter/originals/``; no input's name in ``staging/`` holds anything else
+        (half-written); every file under its final name in ``deadletter/`` is complete.
+        """
+        problems: list[str] = []
+        try:
+            listing = sorted(os.listdir(self._originals))
+        except (FileNotFoundError, NotADirectoryError):
+            listing = []
+        for expected in self._inputs.values():
+            item = expected.item
+            present, as_input, as_repair = self._in_staging(expected)
+            if present and not (as_input or as_repair):
+                problems.append(
+                    f"{item.name}: staging holds bytes that are neither input nor repair"
+                )
+            if not present and not self._kept(expected, listing):
+                problems.append(
+                    f"{item.name} ({item.kind}): neither in staging/ nor in deadletter/"
+                )
+        seen_records: dict[str, tuple[FileKey, bool]] = {}
+        for name in self._records():
+            path = os.path.join(self._deadletter, name)
+            st = _stat(path, follow=True)
+            if st is None:
+                problems.append(f"deadletter/{name}: not a regular file")
+                continue
+            seen = self._seen_records.get(name)
+            if seen is None or seen[0] != file_key(st):
+                version = _read_version(path, follow=True)
+                if version is None:
+                    problems.append(f"deadletter/{name}: not a regular file")
+                    continue
+                try:
+                    parse_json(version[1])
+                    seen = (version[0], True)
+                except NotJSON:
+                    seen = (version[0], False)
+            seen_records[name] = seen
+            if not seen[1]:
+                problems.append(f"deadletter/{name}: incomplete record")
+        self._seen_records = seen_records
+        return problems
+
+    def logged(self) -> list[str]:
+        """SPEC 5: after any crash, every change memstaged made on disk has its decision in
+        the log.
+
+        An input no longer in ``staging/`` as it was (repaired or removed) has a ``repaired``
+        or ``quarantined`` event for its path; every record in ``deadletter/`` is named by an
+        event (of the log or of its rotated files).
+        """
+        assert self._log is not None, "no decision log to check"
+        self._log.update()
+        problems: list[str] = []
+        for expected in self._inputs.values():
+            name = expected.item.name
+            _present, as_input, _as_repair = self._in_staging(expected)
+            if as_input:
+                continue
+            if not self._log.logged.get(name, set()) & {"repaired", "quarantined"}:
+                problems.append(f"{name}: changed on disk, but no repaired/quarantined logged")
+        for name in self._records():
+            if f"deadletter/{name}" not in self._log.named:
+                problems.append(f"deadletter/{name}: written, but named by no logged decision")
+        return problems
+
+
+def check_interim(mdir: Path, inputs: Sequence[Input], verdicts: dict[str, Verdict]) -> list[str]:
+    """:meth:`Invariant.interim`, checked once (reading everything)."""
+    with Invariant(mdir) as invariant:
+        invariant.add(inputs, verdicts)
+        return invariant.interim()
 
 
 def check_logged(mdir: Path, inputs: Sequence[Input], log: Path) -> list[str]:
-    """SPEC 5: after any crash, every change memstaged made on disk has its decision in the log.
-
-    An input no longer in ``staging/`` as it was (repaired or removed) has a ``repaired`` or
-    ``quarantined`` event for its path; every record in ``deadletter/`` is named by an event.
-    """
-    rotated = sorted(log.parent.glob(f"{log.name}.[0-9]*"))  # a long run rotates its log
-    events = [e for f in [*rotated, log] for e in read_events(f) if e.get("event") == "decision"]
-    logged: dict[str, set[str]] = {}
-    named: set[str] = set()
-    for event in events:
-        logged.setdefault(os.path.basename(str(event.get("path", ""))), set()).add(
-            str(event.get("decision"))
-        )
-        named.update(str(d) for d in event.get("deadletter") or ())
-    problems: list[str] = []
-    staging = mdir / "staging"
-    for item in inputs:
-        path = staging / item.name
-        if path.is_file() and path.read_bytes() == item.data:
-            continue
-        if not logged.get(item.name, set()) & {"repaired", "quarantined"}:
-            problems.append(f"{item.name}: changed on disk, but no repaired/quarantined logged")
-    dl = mdir / "deadletter"
-    for record in sorted(dl.glob("*.json")) if dl.is_dir() else []:
-        if f"deadletter/{record.name}" not in named:
-            problems.append(f"deadletter/{record.name}: written, but named by no logged decision")
-    return problems
+    """:meth:`Invariant.logged`, checked once (reading the whole log, rotated files included)."""
+    with Invariant(mdir, log) as invariant:
+        invariant.add(inputs)
+        return invariant.logged()
 
 
 def check_final(
@@ -551,6 +814,7 @@ def check_final(
     want_originals: dict[str, bytes] = {}
     loose_records: dict[str, str] = {}
     names = {item.name for item in inputs}
+    originals_listing: list[str] | None = None  # listed once, when first needed
     for item in inputs:
         verdict = expected_verdict(mdir, item, max_size=max_size)
         path = staging / item.name
@@ -571,7 +835,10 @@ def check_final(
         if verdict.original is not None and verdict.deadletter and _is_too_large(verdict):
             # Moved unread and named by its identity's hash: found by its bytes, and its one
             # record by that hash, pointing at it.
-            kept = _kept_original(dl / ORIGINALS_DIR, item, verdict)
+            if originals_listing is None:
+                orig_dir = dl / ORIGINALS_DIR
+                originals_listing = sorted(os.listdir(orig_dir)) if orig_dir.is_dir() else []
+            kept = _kept_original(dl / ORIGINALS_DIR, item, verdict, originals_listing)
             if kept is None:
                 problems.append(f"{item.name}: too large, and not in originals/")
                 continue

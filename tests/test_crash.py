@@ -9,8 +9,11 @@ restart, in ``staging/`` or byte for byte in ``deadletter/``. The harness runs t
   narrow windows a random kill would almost never hit;
 * at the n-th step of any kind (``any:<n>``), and after a random delay, for everything else.
 
-After every kill :func:`helpers.check_interim` must hold before any restart (the reconciler may
-run right then), and once a clean restart has finished :func:`helpers.check_final`.
+After every kill :func:`helpers.check_interim` and :func:`helpers.check_logged` must hold before
+any restart (the reconciler may run right then), and once a clean restart has finished
+:func:`helpers.check_final`. Checked after each of hundreds of kills, over a corpus that grows
+to tens of thousands of files, they go through :class:`helpers.Invariant`, which reads again
+only the files and log lines that changed since its previous check.
 
 A SIGKILL leaves the page cache intact, so it cannot show a missing ``fsync``; the last test
 checks the order of writes, fsyncs and renames themselves against SPEC 5's durability rules.
@@ -37,6 +40,7 @@ import pytest
 from helpers import (
     OLD_MTIME,
     Input,
+    Invariant,
     check_final,
     check_interim,
     check_logged,
@@ -49,12 +53,15 @@ from helpers import (
     project_root_of,
     run_once,
     temps_in,
+    wait_for,
     write_config,
     write_inputs,
 )
 
 from memstaged import fsio
 from memstaged.pipeline import MemoryDir, Options, Pipeline, list_staging
+from memstaged.quarantine import ORIGINALS_DIR
+from memstaged.triage import Decision
 
 #: Every named step of :func:`memstaged.fsio.crash_point`, in the order a file meets them.
 STEPS = (
@@ -153,23 +160,21 @@ def _crash_round(
     write_inputs(mdir / "staging", inputs)
     verdicts = {i.name: expected_verdict(mdir, i, max_size=MAX_SIZE) for i in inputs}
     problems: list[str] = []
-    for attempt in range(max_kills):
-        crash_at, delay = _plan(rng, round_no, attempt, mdir)
-        status = _run_killed(mdir, env, config, crash_at, delay)
-        with tally.lock:
-            tally.runs += 1
-        if status != -signal.SIGKILL:
-            if status not in (0, 1):
-                problems.append(f"run exited {status} (crash_at={crash_at})")
-            break
-        tally.add(crash_at.split(":")[0] if crash_at else "timer")
-        problems += [
-            f"after kill at {crash_at or 'timer'}: {p}"
-            for p in check_interim(mdir, inputs, verdicts)
-            + check_logged(mdir, inputs, Path(env["MEMSTAGED_LOG_FILE"]))
-        ]
-        if problems:
-            break
+    with Invariant(mdir, Path(env["MEMSTAGED_LOG_FILE"])) as invariant:
+        invariant.add(inputs, verdicts)
+        for attempt in range(max_kills):
+            crash_at, delay = _plan(rng, round_no, attempt, mdir)
+            status = _run_killed(mdir, env, config, crash_at, delay)
+            with tally.lock:
+                tally.runs += 1
+            if status != -signal.SIGKILL:
+                if status not in (0, 1):
+                    problems.append(f"run exited {status} (crash_at={crash_at})")
+                break
+            tally.add(crash_at.split(":")[0] if crash_at else "timer")
+            problems += [f"after kill at {crash_at or 'timer'}: {p}" for p in invariant.check()]
+            if problems:
+                break
     final = run_once(mdir, env, "--config", str(config))
     if final.returncode != 0:
         problems.append(f"clean restart exited {final.returncode}: {final.stderr[-2000:]!r}")
@@ -230,41 +235,149 @@ def _kill_big_corpus(tmp_path: Path, files: int, min_kills: int) -> int:
     root = project_root_of(mdir)
     inputs = make_corpus(rng, files, root, "big-", big_every=7)
     write_inputs(mdir / "staging", inputs)
-    verdicts = {i.name: expected_verdict(mdir, i, max_size=MAX_SIZE) for i in inputs}
+    invariant = Invariant(mdir, Path(env["MEMSTAGED_LOG_FILE"]))
+    invariant.add(inputs, {i.name: expected_verdict(mdir, i, max_size=MAX_SIZE) for i in inputs})
     kills = batches = 0
-    while True:
-        if rng.random() < 0.5:
-            crash_at, delay = None, rng.uniform(0.2, 2.0)
-        else:
-            crash_at, delay = f"any:{rng.randint(1, 400)}", None
-        status = _run_killed(mdir, env, config, crash_at, delay)
-        if status != -signal.SIGKILL:
-            if kills >= min_kills:
-                break
-            batches += 1  # finished before enough kills: more work arrives
-            batch = make_corpus(rng, files // 6, root, f"more{batches}-", big_every=7)
-            write_inputs(mdir / "staging", batch)
-            inputs += batch
-            verdicts.update((i.name, expected_verdict(mdir, i, max_size=MAX_SIZE)) for i in batch)
-            continue
-        kills += 1
-        problems = check_interim(mdir, inputs, verdicts)
-        problems += check_logged(mdir, inputs, Path(env["MEMSTAGED_LOG_FILE"]))
-        assert not problems, f"after kill {kills} ({crash_at or 'timer'}): {problems[:20]}"
+    with invariant:
+        while True:
+            if rng.random() < 0.5:
+                crash_at, delay = None, rng.uniform(0.2, 2.0)
+            else:
+                crash_at, delay = f"any:{rng.randint(1, 400)}", None
+            status = _run_killed(mdir, env, config, crash_at, delay)
+            if status != -signal.SIGKILL:
+                assert status in (0, 1), f"run exited {status} (crash_at={crash_at})"
+                if kills >= min_kills:
+                    break
+                batches += 1  # finished before enough kills: more work arrives
+                batch = make_corpus(rng, files // 6, root, f"more{batches}-", big_every=7)
+                write_inputs(mdir / "staging", batch)
+                inputs += batch
+                invariant.add(
+                    batch, {i.name: expected_verdict(mdir, i, max_size=MAX_SIZE) for i in batch}
+                )
+                continue
+            kills += 1
+            problems = invariant.check()
+            assert not problems, f"after kill {kills} ({crash_at or 'timer'}): {problems[:20]}"
     final = run_once(mdir, env, "--config", str(config), timeout=600)
     assert final.returncode == 0, final.stderr[-2000:]
     problems = check_final(mdir, inputs, max_size=MAX_SIZE)
     assert not problems, problems[:40]
-    print(f"\nbig corpus: {len(inputs)} files, {kills} kills")
+    logs = list(tmp_path.glob("decisions.jsonl*"))
+    print(
+        f"\nbig corpus (seed {SEED}): {len(inputs)} files ({batches} batches added), {kills} kills "
+        f"in {kills + batches + 1} runs; decision log: {len(logs)} files, "
+        f"{sum(p.stat().st_size for p in logs) >> 20} MiB"
+    )
     return kills
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_sigkill_a_run_over_thousands_of_files(tmp_path: Path) -> None:
-    """A corpus of 3,000 mixed files, killed at random times and steps until a run gets through
-    (and then some more, on the recovery path): everything ends where SPEC 5 says."""
+    """Issue 10, "How to prove it": a corpus of 3,000 mixed files, ``--once`` SIGKILLed at
+    random times and steps at least 150 times, 500 more files arriving whenever a run gets
+    through first (one run grew to 40,500 files over 227 runs): after every kill every input
+    is in staging/ or byte for byte in deadletter/, every record is complete, and every change
+    has its decision in the (rotated) log; at the end everything is where SPEC 5 says."""
     assert _kill_big_corpus(tmp_path, files=3000, min_kills=150) >= 150
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    """Overwrite ``path`` in place with as many bytes, its mtime set back (``cp -p``): only the
+    ctime tells the new version from the one last checked. The kernel's clock is coarse, so a
+    change within the tick of the last check could keep the ctime; the crash tests start a new
+    process between two checks, this test waits for the tick to pass."""
+    before = os.stat(path)
+    assert len(data) == before.st_size
+    with path.open("r+b") as fh:
+        fh.write(data)
+
+    def ctime_moved() -> bool:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        return os.stat(path).st_ctime_ns != before.st_ctime_ns
+
+    assert wait_for(ctime_moved, 5, interval=0.001)
+
+
+def test_the_incremental_invariant_misses_nothing_a_full_check_sees(tmp_path: Path) -> None:
+    """Issue 10, "How to prove it": the checks after every kill of the big crash test read only
+    what changed since the last one (:class:`helpers.Invariant`), and still report what reading
+    everything reports: a staging file or an original (found by name, or by its identity when
+    it was too large to read) rewritten in place keeping size and mtime, a record made
+    incomplete, a record that no decision names, and no false alarm once a decision naming it
+    arrives in a new log after a rotation, torn at first, or appended to the rotated file."""
+    rng = random.Random(SEED + 3)
+    mdir = make_memory_dir(tmp_path)
+    env = memstaged_env(tmp_path)
+    log = Path(env["MEMSTAGED_LOG_FILE"])
+    config = write_config(tmp_path / "config.toml", max_file_size=MAX_SIZE, settle=0)
+    inputs = make_corpus(rng, 40, project_root_of(mdir), "inc-", big_every=5)
+    write_inputs(mdir / "staging", inputs)
+    verdicts = {i.name: expected_verdict(mdir, i, max_size=MAX_SIZE) for i in inputs}
+    done = run_once(mdir, env, "--config", str(config))
+    assert done.returncode == 0, done.stderr[-2000:]
+    dl = mdir / "deadletter"
+
+    def full() -> list[str]:
+        return check_interim(mdir, inputs, verdicts) + check_logged(mdir, inputs, log)
+
+    def both() -> list[str]:
+        problems = invariant.check()
+        assert problems == full()
+        return problems
+
+    def kind(decision: Decision, too_large: bool) -> Input:
+        return next(
+            i
+            for i in inputs
+            if verdicts[i.name].decision is decision
+            and i.data  # an empty file cannot be rewritten with other bytes of its size
+            and (len(i.data) > MAX_SIZE) is too_large
+        )
+
+    with Invariant(mdir, log) as invariant:
+        invariant.add(inputs, verdicts)
+        assert both() == []
+        valid = kind(Decision.VALID, False)
+        _rewrite_in_place(mdir / "staging" / valid.name, b"x" * len(valid.data))
+        assert both() == [
+            f"{valid.name}: staging holds bytes that are neither input nor repair",
+            f"{valid.name}: changed on disk, but no repaired/quarantined logged",
+        ]
+        _rewrite_in_place(mdir / "staging" / valid.name, valid.data)
+        assert both() == []
+        for gone in (kind(Decision.QUARANTINED, False), kind(Decision.QUARANTINED, True)):
+            [original] = (dl / ORIGINALS_DIR).glob(f"{gone.name}.*.orig")
+            _rewrite_in_place(original, b"x" * len(gone.data))
+            assert both() == [f"{gone.name} ({gone.kind}): neither in staging/ nor in deadletter/"]
+            _rewrite_in_place(original, gone.data)
+            assert both() == []
+        record = dl / verdicts[kind(Decision.QUARANTINED, False).name].deadletter[0].name
+        body = record.read_bytes()
+        _rewrite_in_place(record, b" " + body[1:])  # its opening brace gone
+        assert both() == [f"deadletter/{record.name}: incomplete record"]
+        _rewrite_in_place(record, body)
+        assert both() == []
+
+        def named_by_a_decision(name: str) -> bytes:
+            (dl / name).write_bytes(b"{}")
+            assert both() == [f"deadletter/{name}: written, but named by no logged decision"]
+            event = {"event": "decision", "decision": "quarantined", "path": "/x/staging/x.json"}
+            return json.dumps(event | {"deadletter": [f"deadletter/{name}"]}).encode() + b"\n"
+
+        line = named_by_a_decision("unnamed-1.json")
+        log.rename(log.with_name(log.name + ".1"))  # as memstaged rotates it
+        log.write_bytes(line[:20])  # torn: not a decision yet
+        assert both() == ["deadletter/unnamed-1.json: written, but named by no logged decision"]
+        with log.open("ab") as fh:
+            fh.write(line[20:])
+        assert both() == []
+        line = named_by_a_decision("unnamed-2.json")
+        with log.with_name(log.name + ".1").open("ab") as fh:
+            fh.write(line)
+        assert both() == []
 
 
 def test_sigkill_the_daemon_loses_nothing(tmp_path: Path) -> None:
@@ -277,25 +390,27 @@ def test_sigkill_the_daemon_loses_nothing(tmp_path: Path) -> None:
     config = write_config(tmp_path / "config.toml", max_file_size=MAX_SIZE, settle=0)
     root = project_root_of(mdir)
     inputs: list[Input] = []
-    for kill in range(6):
-        batch = make_corpus(rng, 40, root, f"d{kill}-", big_every=6)
-        write_inputs(mdir / "staging", batch[:20])
-        inputs += batch
-        run_env = dict(env)
-        if kill == 2:
-            run_env["MEMSTAGED_CRASH_AT"] = "renamed-away:3"
-        if kill == 4:
-            run_env["MEMSTAGED_CRASH_AT"] = "exchanged:2"
-        with daemon([mdir], run_env, "--config", str(config)) as proc:
-            time.sleep(rng.uniform(0.3, 0.6))
-            write_inputs(mdir / "staging", batch[20:], mtime=int(time.time()))
-            time.sleep(rng.uniform(0.0, 0.4))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        verdicts = {i.name: expected_verdict(mdir, i, max_size=MAX_SIZE) for i in inputs}
-        problems = check_interim(mdir, inputs, verdicts)
-        problems += check_logged(mdir, inputs, Path(env["MEMSTAGED_LOG_FILE"]))
-        assert not problems, f"after daemon kill {kill}: {problems[:20]}"
+    with Invariant(mdir, Path(env["MEMSTAGED_LOG_FILE"])) as invariant:
+        for kill in range(6):
+            batch = make_corpus(rng, 40, root, f"d{kill}-", big_every=6)
+            write_inputs(mdir / "staging", batch[:20])
+            inputs += batch
+            run_env = dict(env)
+            if kill == 2:
+                run_env["MEMSTAGED_CRASH_AT"] = "renamed-away:3"
+            if kill == 4:
+                run_env["MEMSTAGED_CRASH_AT"] = "exchanged:2"
+            with daemon([mdir], run_env, "--config", str(config)) as proc:
+                time.sleep(rng.uniform(0.3, 0.6))
+                write_inputs(mdir / "staging", batch[20:], mtime=int(time.time()))
+                time.sleep(rng.uniform(0.0, 0.4))
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            invariant.add(
+                batch, {i.name: expected_verdict(mdir, i, max_size=MAX_SIZE) for i in batch}
+            )
+            problems = invariant.check()
+            assert not problems, f"after daemon kill {kill}: {problems[:20]}"
     final = run_once(mdir, env, "--config", str(config))
     assert final.returncode == 0, final.stderr[-2000:]
     problems = check_final(mdir, inputs, max_size=MAX_SIZE)
