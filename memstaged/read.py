@@ -31,14 +31,18 @@ class Version:
     Close it (or use it as a context manager) once its decision is carried out.
     """
 
-    __slots__ = ("data", "fd", "identity", "mtime", "name")
+    __slots__ = ("data", "fd", "identity", "leased", "mtime", "name")
 
-    def __init__(self, name: str, fd: int, st: os.stat_result, data: bytes | None) -> None:
+    def __init__(
+        self, name: str, fd: int, st: os.stat_result, data: bytes | None, *, leased: bool = False
+    ) -> None:
         self.name = name
         self.fd = fd
         self.identity = Identity.of(st)
         self.mtime = st.st_mtime
         self.data = data
+        #: A read lease is held on :attr:`fd` (:func:`memstaged.fsio.read_lease`).
+        self.leased = leased
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -64,8 +68,11 @@ class Version:
         Our own rename changed its ctime, so what is compared is the inode (which cannot have
         been reused: :attr:`fd` holds it), its size and mtime, and the bytes themselves: a
         writer that changed the file in place within one tick of the clock leaves even the
-        ctime as it was.
+        ctime as it was. And a writer waiting to open it for writing (on the read lease) means
+        it is not: that writer's bytes would land in a file about to be let go.
         """
+        if self.leased and fsio.writer_waiting(self.fd):
+            return False  # a writer is opening it to write: what it writes must not be lost
         st = fsio.lstat_at(dir_fd, name)
         ident = self.identity
         if st is None or (st.st_dev, st.st_ino) != (ident.dev, ident.ino):
@@ -119,6 +126,10 @@ def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
         if err.errno in (errno.EACCES, errno.EPERM):
             return Skip("deferred", "cannot read it: permission denied")
         raise
+    leased = fsio.read_lease(fd)
+    if leased is None:
+        os.close(fd)
+        return Skip("deferred", "open for writing by another process: still being written")
     try:
         data = None if st.st_size > limit else fsio.read_fd(fd, st.st_size, limit)
         if data is None:
@@ -126,7 +137,7 @@ def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
     except BaseException:
         os.close(fd)
         raise
-    return Version(name, fd, st, data)
+    return Version(name, fd, st, data, leased=leased)
 
 
 class FirstSeen:
