@@ -949,3 +949,31 @@ class Inotify:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def same_size_doc(root: str, tag: str, *, repairable: bool = True) -> bytes:
+    """A malformed or repairable (no triggers) staging file of 700 bytes, told apart by ``tag``:
+    what writers that keep size and mtime write (``cp -p``, ``rsync -t``)."""
+    body = {
+        "schemaVersion": 1,
+        "session_id": f"w-{tag}",
+        "project_root": root,
+        "produced_at": "2026-11-29T18:04:11.250Z",
+        "candidates": {
+            "lessons": [
+                {
+                    "summary": f"cid-{tag} keep it",
+                    "detail": "d",
+                    "scope_suggestion": "project",
+                    "source_evidence": {"discussion_note_ids": [1]},
+                }
+            ],
+            "preferences": [],
+            "decisions": [],
+            "domain": [],
+        },
+    }
+    text = json.dumps(body)
+    if not repairable:
+        text = text[:-1]  # unparseable: quarantined once settled
+    return text.encode().ljust(700)

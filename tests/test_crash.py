@@ -52,6 +52,7 @@ from helpers import (
     memstaged_env,
     project_root_of,
     run_once,
+    same_size_doc,
     temps_in,
     wait_for,
     write_config,
@@ -650,33 +651,6 @@ def test_every_write_is_durable_before_what_depends_on_it(
     assert not temps_in(mdir)
 
 
-def _same_size(root: str, tag: str, repairable: bool) -> bytes:
-    """A malformed or repairable staging file of a fixed size, told apart by ``tag``."""
-    body = {
-        "schemaVersion": 1,
-        "session_id": f"w-{tag}",
-        "project_root": root,
-        "produced_at": "2026-11-29T18:04:11.250Z",
-        "candidates": {
-            "lessons": [
-                {
-                    "summary": f"cid-{tag} keep it",
-                    "detail": "d",
-                    "scope_suggestion": "project",
-                    "source_evidence": {"discussion_note_ids": [1]},
-                }
-            ],
-            "preferences": [],
-            "decisions": [],
-            "domain": [],
-        },
-    }
-    text = json.dumps(body)
-    if not repairable:
-        text = text[:-1]  # unparseable: quarantined once settled
-    return text.encode().ljust(700)
-
-
 def _cp_p(path: Path, data: bytes, mtime_ns: int, rng: random.Random) -> None:
     """A writer that keeps size and mtime: in place (``cp -p``) or by two renames (``rsync -t``)."""
     in_place = rng.random() < 0.5
@@ -730,7 +704,7 @@ def test_sigkill_the_daemon_under_writers_that_keep_size_and_mtime(tmp_path: Pat
             n = 0
             while time.monotonic() < deadline:
                 name = f"w{rng.randrange(12)}.json"
-                data = _same_size(root, f"{kill}-{n}", repairable=rng.random() < 0.5)
+                data = same_size_doc(root, f"{kill}-{n}", repairable=rng.random() < 0.5)
                 _cp_p(mdir / "staging" / name, data, mtime_ns, rng)
                 newest[name] = data
                 n += 1

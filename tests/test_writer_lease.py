@@ -13,7 +13,6 @@ The writers are real processes; the interleavings are forced, not hoped for.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from helpers import (
     memstaged_env,
     project_root_of,
     run_once,
+    same_size_doc,
 )
 
 from memstaged import fsio
@@ -52,30 +52,6 @@ os.utime(path, ns=(mtime, mtime))
 """
 
 
-def _doc(root: str, tag: str) -> bytes:
-    """A repairable staging file (no triggers) of a fixed size, told apart by ``tag``."""
-    body = {
-        "schemaVersion": 1,
-        "session_id": f"w-{tag}",
-        "project_root": root,
-        "produced_at": "2026-11-29T18:04:11.250Z",
-        "candidates": {
-            "lessons": [
-                {
-                    "summary": f"cid-{tag} keep it",
-                    "detail": "d",
-                    "scope_suggestion": "project",
-                    "source_evidence": {"discussion_note_ids": [1]},
-                }
-            ],
-            "preferences": [],
-            "decisions": [],
-            "domain": [],
-        },
-    }
-    return json.dumps(body).encode().ljust(600)
-
-
 def _lease_supported(directory: Path) -> None:
     probe = directory / ".lease-probe"
     probe.write_bytes(b"x")
@@ -89,14 +65,18 @@ def _lease_supported(directory: Path) -> None:
         probe.unlink()
 
 
-@contextmanager
-def _writer(path: Path, data: bytes, mtime_ns: int) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
+def _start_writer(path: Path, data: bytes, mtime_ns: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [sys.executable, "-c", WRITER, str(path), data.hex(), str(mtime_ns)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+@contextmanager
+def _writer(path: Path, data: bytes, mtime_ns: int) -> Iterator[subprocess.Popen[str]]:
+    proc = _start_writer(path, data, mtime_ns)
     try:
         yield proc
     finally:
@@ -121,6 +101,19 @@ def _survives(mdir: Path, name: str, data: bytes) -> bool:
     return data in staged or data in kept or (repair is not None and repair in staged)
 
 
+def _staged(tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """A memory dir whose ``staging/x.json`` holds an old repairable version, long settled;
+    returns it, that file, and the new version a writer will write in place."""
+    mdir = make_memory_dir(tmp_path)
+    _lease_supported(mdir / "staging")
+    root = project_root_of(mdir)
+    path = mdir / "staging" / "x.json"
+    path.write_bytes(same_size_doc(root, "old"))
+    mtime_ns = OLD_MTIME * 1_000_000_000
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    return mdir, path, same_size_doc(root, "new")
+
+
 def test_a_file_open_for_writing_waits_and_what_is_written_then_is_decided(
     tmp_path: Path,
 ) -> None:
@@ -129,15 +122,9 @@ def test_a_file_open_for_writing_waits_and_what_is_written_then_is_decided(
     decide the file (deferred: it is being written; exit 1); the next run decides the new
     version. Before the lease, the first run repaired the old version by an exchange and let
     the old inode go, and the writer's new bytes went into that unlinked inode: lost."""
-    mdir = make_memory_dir(tmp_path)
-    _lease_supported(mdir / "staging")
+    mdir, path, new = _staged(tmp_path)
     env = memstaged_env(tmp_path)
-    root = project_root_of(mdir)
-    path = mdir / "staging" / "x.json"
-    old, new = _doc(root, "old"), _doc(root, "new")
-    path.write_bytes(old)
     mtime_ns = OLD_MTIME * 1_000_000_000
-    os.utime(path, ns=(mtime_ns, mtime_ns))
     with _writer(path, new, mtime_ns) as writer:
         assert writer.stdout is not None and writer.stdin is not None
         assert writer.stdout.readline() == "open\n"
@@ -162,25 +149,14 @@ def test_a_writer_that_opens_the_file_while_it_is_decided_loses_nothing(
     inode, which stays in staging/. Forced: the exchange waits until the kernel shows the lease
     breaking. Without the check of a waiting writer, the displaced inode was unlinked and the
     writer's bytes went into it: lost."""
-    mdir = make_memory_dir(tmp_path)
-    _lease_supported(mdir / "staging")
-    root = project_root_of(mdir)
-    path = mdir / "staging" / "x.json"
-    old, new = _doc(root, "old"), _doc(root, "new")
-    path.write_bytes(old)
+    mdir, path, new = _staged(tmp_path)
     mtime_ns = OLD_MTIME * 1_000_000_000
-    os.utime(path, ns=(mtime_ns, mtime_ns))
     ino = os.stat(path).st_ino
     real_exchange = fsio.exchange
     started: list[subprocess.Popen[str]] = []
 
     def exchange_once_a_writer_waits(dir_fd: int, a: str, b: str) -> None:
-        writer = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(path), new.hex(), str(mtime_ns)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        writer = _start_writer(path, new, mtime_ns)
         started.append(writer)
         assert writer.stdin is not None
         writer.stdin.write("go\n")  # it writes as soon as its open returns
