@@ -352,11 +352,10 @@ def apply(
             tx.write_records_ahead(files, sync=False)
         with canonical_lock(mem_fd, on_stale):
             _apply_locked(tx, files, announce, results, changes, admit)
-    except Exception:
-        tx.close()
-        raise
-    except BaseException:
-        tx.close(interrupted=True)
+    except BaseException as exc:
+        # An error: remove our temps. A stop or Ctrl-C (not an Exception): leave them, as a
+        # kill would, for the next start's recovery (SPEC 6: acted on within a second).
+        tx.close(interrupted=not isinstance(exc, Exception))
         raise
     tx.close()
     return results
