@@ -74,6 +74,24 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
     log_backups: int = 5
 
 
+#: The settings, in the order ``config show`` lists them: the config file's keys.
+SETTING_NAMES: Final = FileConfig.__struct_fields__
+
+
+class Origin(msgspec.Struct, frozen=True):
+    """Where a setting's value came from (``config show``, as ``git config --show-origin``)."""
+
+    kind: Literal["option", "env", "file", "default"]
+    #: The option (``--settle``), the variable (``MEMSTAGED_SETTLE``) or the file's path.
+    source: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.source is None else f"{self.kind}:{self.source}"
+
+
+DEFAULT: Final = Origin("default")
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a run needs, resolved."""
 
@@ -89,6 +107,33 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     explicit_dirs: bool
     #: Where memstaged keeps its own state (the seen cache): ``$XDG_STATE_HOME/memstaged``.
     state_dir: Path | None = None
+    #: Where each setting of :data:`SETTING_NAMES` (and ``config``, the file) came from.
+    origins: dict[str, Origin] = {}
+
+    def values(self) -> dict[str, Any]:
+        """Each setting's effective value, by the config file's key, as JSON values: what
+        ``config show`` prints and a reload compares."""
+        options = self.options
+        return {
+            "memory_dirs": list(self.memory_dir_patterns),
+            "project_roots": dict(self.project_roots),
+            "settle": options.settle,
+            "max_file_size": options.max_file_size,
+            "max_quarantine_copy": options.max_quarantine_copy,
+            "split_invalid_candidates": options.split_invalid_candidates,
+            "rescan_interval": self.rescan_interval,
+            "observer": self.observer,
+            "log_file": str(self.log_file),
+            "log_max_bytes": self.log_max_bytes,
+            "log_backups": self.log_backups,
+        }
+
+    def changed_from(self, old: Settings) -> dict[str, list[Any]]:
+        """The settings (and the config file) whose value differs from ``old``'s, each as
+        ``[old, new]``: what a reload logs, so that no change goes unsaid."""
+        before = {"config": old.config_path, **old.values()}
+        after = {"config": self.config_path, **self.values()}
+        return {k: [before[k], v] for k, v in after.items() if before[k] != v}
 
     def memory_dirs(self) -> list[MemoryDir]:
         """Expand the patterns now: globs are re-expanded on every rescan and reload."""
@@ -182,6 +227,11 @@ MAX_CONFIG_SIZE: Final = 1 << 20
 
 def read_config(path: Path) -> FileConfig:
     """Parse and check the TOML file; every problem is one line naming the file and the key."""
+    return _read_config(path)[0]
+
+
+def _read_config(path: Path) -> tuple[FileConfig, frozenset[str]]:
+    """:func:`read_config`, and the keys the file sets (the others are defaults)."""
     import tomllib  # only when there is a config file (issue 14: start-up)
 
     try:
@@ -217,7 +267,7 @@ def read_config(path: Path) -> FileConfig:
         text = str(err)
         if text.startswith("Object contains unknown field"):
             key = text.split("`")[1]
-            raise ConfigError(f"{path}: unknown key '{key}'") from None
+            raise ConfigError(f"{path}: unknown key '{key}'{_did_you_mean(key)}") from None
         where = text.rsplit(" - at `$.", 1)
         if len(where) == 2:
             raise ConfigError(f"{path}: key '{where[1].rstrip('`')}': {where[0]}") from None
@@ -228,7 +278,15 @@ def read_config(path: Path) -> FileConfig:
     for key, value in paths:
         if "\x00" in value or "\x00" in key:  # TOML allows "\u0000"; no path can hold it
             raise ConfigError(f"{path}: key '{key}': a path cannot hold a NUL byte")
-    return parsed
+    return parsed, frozenset(raw)
+
+
+def _did_you_mean(key: str) -> str:
+    """`` (did you mean 'settle'?)`` for a typo of a key, else nothing."""
+    import difflib  # only for an unknown key
+
+    close = difflib.get_close_matches(key, SETTING_NAMES, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _env_value(env: Mapping[str, str], name: str, kind: type, option: str) -> Any:
@@ -256,6 +314,56 @@ def _pick(cli: Any, env: Any, file_value: Any) -> Any:
     return cli if cli is not None else env if env is not None else file_value
 
 
+def _memory_dir_patterns(
+    memory_dirs: list[str] | None, env: Mapping[str, str], file_config: FileConfig
+) -> tuple[list[str], bool, tuple[str | None, str | None] | Literal["default"] | None]:
+    """The memory-dir patterns: the options, else ``MEMSTAGED_MEMORY_DIRS``, else the file's,
+    else ``./.pi/memory/project`` when it is one. Also whether they were named explicitly
+    (option or variable), and the layer they came from: ``(option, variable)``, ``"default"``,
+    or None for the file's (or none at all)."""
+    patterns = list(memory_dirs or [])
+    check_patterns(tuple(patterns))
+    if patterns:
+        return patterns, True, ("--memory-dir", None)
+    env_dirs = env.get(ENV_PREFIX + "MEMORY_DIRS")
+    if env_dirs:
+        return env_dirs.split(os.pathsep), True, (None, "MEMORY_DIRS")
+    if not file_config.memory_dirs and is_memory_dir(DEFAULT_MEMORY_DIR):
+        return [DEFAULT_MEMORY_DIR], False, "default"
+    return list(file_config.memory_dirs), False, None
+
+
+def _check_file_values(file_config: FileConfig, config_path: Path) -> None:
+    """The ranges the file's types do not say; each problem names the file and the key."""
+    checked_interval(file_config.rescan_interval, f"{config_path}: key 'rescan_interval'")
+    if file_config.max_file_size <= 0:
+        raise ConfigError(f"{config_path}: key 'max_file_size': must be positive")
+    if file_config.max_quarantine_copy < 0:
+        raise ConfigError(f"{config_path}: key 'max_quarantine_copy': must be 0 or more")
+    for key in ("rescan_interval", "log_max_bytes"):
+        if getattr(file_config, key) <= 0:
+            raise ConfigError(f"{config_path}: key '{key}': must be positive")
+    if file_config.log_backups < 0:
+        raise ConfigError(f"{config_path}: key 'log_backups': must be 0 or more")
+
+
+def _config_file(
+    config: str | None, env: Mapping[str, str]
+) -> tuple[Path, str | None, FileConfig, frozenset[str], Origin]:
+    """The config file: ``--config``, else ``MEMSTAGED_CONFIG``, else the default path. Its
+    path; the path when it was read (a named one must exist, the default one may not); what it
+    says, the keys it sets; where its path came from."""
+    explicit = config or env.get(ENV_PREFIX + "CONFIG")
+    path = Path(explicit) if explicit else default_config_path(env)
+    origin = Origin("option", "--config") if config else DEFAULT
+    if explicit and not config:
+        origin = Origin("env", ENV_PREFIX + "CONFIG")
+    if explicit or path.exists():
+        file_config, present = _read_config(path)
+        return path, str(path), file_config, present, origin
+    return path, None, FileConfig(), frozenset(), origin
+
+
 def load(
     *,
     config: str | None = None,
@@ -266,24 +374,29 @@ def load(
     split_invalid_candidates: bool | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Resolve every setting: argument, then ``MEMSTAGED_*`` variable, then file, then default."""
+    """Resolve every setting: argument, then ``MEMSTAGED_*`` variable, then file, then default.
+
+    Each setting's origin is kept beside it (``Settings.origins``), decided here with its value,
+    so that ``config show`` cannot say otherwise than what a run uses.
+    """
     env = os.environ if env is None else env
-    explicit_config = config or env.get(ENV_PREFIX + "CONFIG")
-    config_path = Path(explicit_config) if explicit_config else default_config_path(env)
-    if explicit_config or config_path.exists():
-        file_config = read_config(config_path)
-        used_config: str | None = str(config_path)
-    else:
-        file_config, used_config = FileConfig(), None
-    patterns = list(memory_dirs or [])
-    check_patterns(tuple(patterns))
-    explicit = bool(patterns)
-    if not patterns:
-        env_dirs = env.get(ENV_PREFIX + "MEMORY_DIRS")
-        patterns = env_dirs.split(os.pathsep) if env_dirs else list(file_config.memory_dirs)
-        explicit = bool(env_dirs)
-    if not patterns and is_memory_dir(DEFAULT_MEMORY_DIR):
-        patterns = [DEFAULT_MEMORY_DIR]
+    config_path, used_config, file_config, present, config_origin = _config_file(config, env)
+    origins = {"config": config_origin}
+    file_origin = Origin("file", str(config_path))
+
+    def origin(key: str, option: str | None = None, variable: str | None = None) -> Origin:
+        """The first layer that set ``key``: the option given, the variable set, the file."""
+        if option is not None:
+            return Origin("option", option)
+        if variable is not None:
+            return Origin("env", ENV_PREFIX + variable)
+        return file_origin if key in present else DEFAULT
+
+    for key in SETTING_NAMES:
+        origins[key] = origin(key)
+    patterns, explicit, layer = _memory_dir_patterns(memory_dirs, env, file_config)
+    if layer is not None:
+        origins["memory_dirs"] = DEFAULT if layer == "default" else origin("memory_dirs", *layer)
     roots = {
         normalize(os.path.abspath(os.path.expanduser(k))): normalize(
             os.path.abspath(os.path.expanduser(v))
@@ -295,29 +408,37 @@ def load(
             raise ConfigError("--project-root needs exactly one memory dir (--memory-dir DIR)")
         key = normalize(os.path.abspath(os.path.expanduser(patterns[0])))
         roots[key] = normalize(os.path.abspath(os.path.expanduser(project_root)))
-    settle_value = _pick(settle, _env_value(env, "SETTLE", float, "--settle"), None)
+        origins["project_roots"] = origin("project_roots", option="--project-root")
+    env_settle = _env_value(env, "SETTLE", float, "--settle")
+    settle_value = _pick(settle, env_settle, None)
     if settle_value is None:
         settle_value = checked_interval(file_config.settle, f"{config_path}: key 'settle'")
     checked_interval(settle_value, "--settle")
-    checked_interval(file_config.rescan_interval, f"{config_path}: key 'rescan_interval'")
-    if file_config.max_file_size <= 0:
-        raise ConfigError(f"{config_path}: key 'max_file_size': must be positive")
-    if file_config.max_quarantine_copy < 0:
-        raise ConfigError(f"{config_path}: key 'max_quarantine_copy': must be 0 or more")
-    split = _pick(
-        split_invalid_candidates,
-        _env_value(env, "SPLIT_INVALID_CANDIDATES", bool, "split_invalid_candidates"),
-        file_config.split_invalid_candidates,
-    )
+    if settle is not None or env_settle is not None:
+        origins["settle"] = origin(
+            "settle",
+            option="--settle" if settle is not None else None,
+            variable="SETTLE" if env_settle is not None else None,
+        )
+    _check_file_values(file_config, config_path)
+    env_split = _env_value(env, "SPLIT_INVALID_CANDIDATES", bool, "split_invalid_candidates")
+    split = _pick(split_invalid_candidates, env_split, file_config.split_invalid_candidates)
+    if split_invalid_candidates is not None or env_split is not None:
+        origins["split_invalid_candidates"] = origin(
+            "split_invalid_candidates",
+            option="--split-invalid-candidates" if split_invalid_candidates is not None else None,
+            variable="SPLIT_INVALID_CANDIDATES" if env_split is not None else None,
+        )
     observer = env.get(ENV_PREFIX + "OBSERVER") or file_config.observer
     if observer not in ("auto", "inotify", "polling"):
         raise ConfigError(f"{ENV_PREFIX}OBSERVER={observer!r}: expected auto, inotify or polling")
-    for key in ("rescan_interval", "log_max_bytes"):
-        if getattr(file_config, key) <= 0:
-            raise ConfigError(f"{config_path}: key '{key}': must be positive")
-    if file_config.log_backups < 0:
-        raise ConfigError(f"{config_path}: key 'log_backups': must be 0 or more")
+    if env.get(ENV_PREFIX + "OBSERVER"):
+        origins["observer"] = origin("observer", variable="OBSERVER")
     log_file = env.get(ENV_PREFIX + "LOG_FILE") or file_config.log_file
+    if env.get(ENV_PREFIX + "LOG_FILE"):
+        origins["log_file"] = origin("log_file", variable="LOG_FILE")
+    elif not file_config.log_file:
+        origins["log_file"] = DEFAULT  # log_file = "" in the file means the default
     return Settings(
         config_path=used_config,
         memory_dir_patterns=tuple(patterns),
@@ -336,6 +457,7 @@ def load(
         log_backups=file_config.log_backups,
         explicit_dirs=explicit,
         state_dir=default_state_dir(env),
+        origins=origins,
     )
 
 
