@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from memstaged import display
 from memstaged.config import Settings, check_memory_dir
 from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike, raise_fd_limit
 from memstaged.errors import ConfigError, MemstagedError
@@ -109,6 +110,8 @@ class Daemon:
         self.in_hand: Key | None = None
         self.abandoned: Key | None = None
         self.reload_requested = False
+        #: Why the last reload was refused (the old settings are in force), until one succeeds.
+        self.reload_error: str | None = None
         self.ready = False
         now = clock()
         self.next_rescan = now + self.rescan_interval
@@ -439,11 +442,16 @@ class Daemon:
         c = self.counts
         decided = sum(v for k, v in c.items() if k != Decision.DEFERRED.value)
         waiting = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
-        return (
+        counts = (
             f"watching {len(self.mdirs)} memory dirs; {decided} decided, "
             f"{c[Decision.QUARANTINED.value]} quarantined, {c[Decision.REPAIRED.value]} repaired, "
             f"{waiting} waiting"
         )
+        if self.reload_error is None:
+            return counts
+        # Issue 21 item 8: a refused reload is said where `systemctl status` shows it, until a
+        # reload succeeds; escaped, as a newline in a path would end the sd_notify message.
+        return f"reload refused, old settings kept: {display.text(self.reload_error)}; {counts}"
 
     def timeout(self) -> float:
         """How long the loop may sleep: until the next file, ping, rescan, poll or status."""
@@ -489,8 +497,10 @@ class Daemon:
                 raise ConfigError("this daemon has no configuration to reload")
             new = self.reload_settings()
         except MemstagedError as err:
+            self.reload_error = str(err)
             self.log.error("reload", ok=False, error=str(err), action="kept the old configuration")
         else:
+            self.reload_error = None
             old = self.settings
             self.save_seen()  # under the old settings, which its entries were decided with
             self.settings = new
@@ -511,6 +521,7 @@ class Daemon:
                 settle=new.options.settle,
                 observer=new.observer,
                 config=new.config_path,
+                changed=new.changed_from(old),
             )
         self.notifier.ready(self.status_text())
 

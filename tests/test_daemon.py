@@ -655,6 +655,51 @@ def test_reload_with_a_bad_config_keeps_the_old_one(
     assert rig.send(_complete(memory_dir, VALID_NAME)) == 1
 
 
+def test_a_refused_reload_is_in_the_status_until_a_good_one_names_what_changed(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 21 item 8: after a reload refused for a typo (`settel = 2`), READY=1's STATUS= and
+    every later one say that the old settings are kept and why; a good reload brings the plain
+    counts back, and its `reload` event names every setting that changed, split_invalid_candidates
+    included (it used to name only settle, observer, memory dirs and the file)."""
+    conf = _config(tmp_path / "config.toml", memory_dir)
+    rig = Rig(settings_from_file(conf), reload_settings=lambda: settings_from_file(conf))
+    rig.daemon.start()
+    conf.write_text(conf.read_text() + "settel = 2\n")
+    rig.daemon.reload()
+    ready = rig.notes.messages[-1]
+    why = (
+        f"reload refused, old settings kept: {conf}: unknown key 'settel' (did you mean 'settle'?)"
+    )
+    assert ready == [
+        "READY=1",
+        f"STATUS={why}; watching 1 memory dirs; 0 decided, 0 quarantined, 0 repaired, 0 waiting",
+    ]
+    sent = len(rig.notes.messages)
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    rig.clock.advance(1)
+    assert rig.send(_complete(memory_dir, VALID_NAME)) == 1  # the counts change: a new STATUS=
+    statuses = [line for m in rig.notes.messages[sent:] for line in m if line.startswith("STATUS=")]
+    assert statuses == [
+        f"STATUS={why}; watching 1 memory dirs; 1 decided, 0 quarantined, 0 repaired, 0 waiting"
+    ]
+    assert rig.daemon.settings.options.split_invalid_candidates is False
+
+    conf.write_text(
+        f"memory_dirs = [{json.dumps(str(memory_dir))}]\nsplit_invalid_candidates = true\n"
+        "rescan_interval = 60.0\n"
+    )
+    rig.daemon.reload()
+    assert rig.notes.messages[-1][1].startswith("STATUS=watching 1 memory dirs;")
+    accepted = rig.log.named("reload")[-1]
+    assert accepted["ok"] is True
+    assert accepted["changed"] == {
+        "split_invalid_candidates": [False, True],
+        "rescan_interval": [300.0, 60.0],
+    }
+    assert rig.daemon.pipeline.options.split_invalid_candidates is True
+
+
 def test_reload_that_changes_the_observer_rebuilds_the_watches(
     tmp_path: Path, memory_dir: Path
 ) -> None:
