@@ -65,13 +65,22 @@ def exec_quote(path: str) -> str:
     return escaped
 
 
+#: The executable the packaged unit names (``make install``'s link), replaced by ``install``.
+TEMPLATE_EXECUTABLE: Final = "%h/.local/bin/memstaged"
+
+
 def unit_text(executable: str) -> str:
-    """The packaged unit with ``ExecStart`` pointing at ``executable``."""
+    """The packaged unit with ``ExecStart=`` and ``ExecReload=`` (the config check) running
+    ``executable``."""
     template = resources.files("memstaged").joinpath("data/memstaged.service").read_text()
-    lines = [
-        f"ExecStart={exec_quote(executable)}" if line.startswith("ExecStart=") else line
-        for line in template.splitlines()
-    ]
+    lines = []
+    for line in template.splitlines():
+        setting, _, command = line.partition("=")
+        program, space, rest = command.partition(" ")
+        if setting in ("ExecStart", "ExecReload") and program == TEMPLATE_EXECUTABLE:
+            lines.append(f"{setting}={exec_quote(executable)}{space}{rest}")
+        else:
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 

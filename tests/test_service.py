@@ -94,15 +94,18 @@ def test_exec_start_path_is_escaped_for_systemd(path: str, word: str) -> None:
 
 
 def test_unit_text_points_execstart_at_the_executable() -> None:
-    """Only ExecStart= changes; every other line of the packaged unit stays."""
+    """Only ExecStart= and ExecReload= change (both run this installation's memstaged, the
+    reload its config check, issue 21 item 8); every other line of the packaged unit stays."""
     text = service.unit_text("/venv/bin/memstaged")
     template = (ROOT / "packaging" / "systemd" / "memstaged.service").read_text().splitlines()
     lines = text.splitlines()
-    assert [line for line in lines if line.startswith("ExecStart=")] == [
-        "ExecStart=/venv/bin/memstaged"
+    execs = ("ExecStart=", "ExecReload=")
+    assert [line for line in lines if line.startswith(execs)] == [
+        "ExecStart=/venv/bin/memstaged",
+        "ExecReload=/venv/bin/memstaged config check --reload $MAINPID",
     ]
-    assert [ln for ln in lines if not ln.startswith("ExecStart=")] == [
-        ln for ln in template if not ln.startswith("ExecStart=")
+    assert [ln for ln in lines if not ln.startswith(execs)] == [
+        ln for ln in template if not ln.startswith(execs)
     ]
 
 

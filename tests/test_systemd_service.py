@@ -134,9 +134,9 @@ def test_user_service_installs_runs_logs_to_journal_reloads_and_stops(tmp_path: 
             "true"
         )
 
-        # Reload with a broken config: refused, logged as an error, still running.
+        # Reload with a broken config: the reload fails, logged as an error, still running.
         _config(sd, broken=True)
-        sd.systemctl("reload", UNIT, check=True)
+        assert sd.systemctl("reload", UNIT).returncode != 0
         refused = _wait_journal(sd, "MEMSTAGED_EVENT=reload", "MEMSTAGED_OK=false")[0]
         assert refused["PRIORITY"] == "3"
         assert "not valid TOML" in refused["MEMSTAGED_ERROR"]
@@ -160,6 +160,61 @@ def test_user_service_installs_runs_logs_to_journal_reloads_and_stops(tmp_path: 
         assert removed.returncode == 0, removed.stderr
         assert not unit.exists()
         assert sd.systemctl("cat", UNIT).returncode != 0
+
+
+def test_a_bad_config_fails_the_reload_and_the_status_says_the_old_settings_are_kept(
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 8, in a real user manager: with a typo (`settel = 2`) `systemctl --user
+    reload` exits non-zero (ExecReload= checks first) and the journal has the check's one line
+    naming the key; the daemon, still running with the same PID and its old settings, says in
+    STATUS= that the old settings are kept and why. The next good reload clears that, and its
+    `reload` line names every setting that changed, split_invalid_candidates included."""
+    project = tmp_path / "project"
+    mdir = _memory_dir(project)
+    with user_systemd() as sd:
+        config = _config(sd, mdir)
+        installed = sd.run(str(MEMSTAGED), "service", "install", "--enable")
+        assert installed.returncode == 0, installed.stderr
+        pid = sd.show(UNIT, "MainPID")["MainPID"]
+
+        config.write_text(config.read_text() + "settel = 2\n")
+        reload = sd.systemctl("reload", UNIT)
+        assert reload.returncode != 0
+        assert f"Job for {UNIT} failed" in reload.stderr
+        said = [e["MESSAGE"] for e in _wait_journal(sd, "SYSLOG_IDENTIFIER=memstaged")]
+        typo = f"memstaged: {config}: unknown key 'settel' (did you mean 'settle'?)"
+        assert typo in said
+        refused = _wait_journal(sd, "MEMSTAGED_EVENT=reload", "MEMSTAGED_OK=false")[0]
+        assert "unknown key 'settel'" in refused["MEMSTAGED_ERROR"]
+        wait_until(
+            lambda: "old settings kept" in sd.show(UNIT, "StatusText")["StatusText"],
+            timeout=20,
+            what="STATUS= to say the reload was refused",
+        )
+        status = sd.show(UNIT, "StatusText", "MainPID", "ActiveState")
+        assert status["StatusText"].startswith(
+            f"reload refused, old settings kept: {config}: unknown key 'settel'"
+        )
+        assert status["StatusText"].endswith(
+            "; watching 1 memory dirs; 0 decided, 0 quarantined, 0 repaired, 0 waiting"
+        )
+        assert (status["MainPID"], status["ActiveState"]) == (pid, "active")
+
+        dirs = json.dumps(str(mdir))
+        config.write_text(f"memory_dirs = [{dirs}]\nsettle = 3\nsplit_invalid_candidates = true\n")
+        sd.systemctl("reload", UNIT, check=True)
+        accepted = _wait_journal(sd, "MEMSTAGED_EVENT=reload", "MEMSTAGED_OK=true")[0]
+        assert json.loads(accepted["MEMSTAGED_CHANGED"]) == {
+            "settle": [0.5, 3.0],
+            "split_invalid_candidates": [False, True],
+        }
+        wait_until(
+            lambda: sd.show(UNIT, "StatusText")["StatusText"].startswith("watching 1 memory"),
+            timeout=20,
+            what="STATUS= to be the counts again after a good reload",
+        )
+        assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
 
 
 def test_install_enable_without_memory_dirs_leaves_no_failed_unit(tmp_path: Path) -> None:
