@@ -50,8 +50,8 @@ function _shtab_memstaged_using
   test "$_shtab_memstaged_cmdpath" = "$argv"
 end
 
-set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge'
-set -g _shtab_memstaged_opts_with_value --by --color --config --decision --grace --id --journal-dir --lines --max-age --max-bytes --memory-dir --older-than --path --project-root --session --settle --since --stuck-after --top --until --wait -S -U -n
+set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' config 'config check' 'config show' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge'
+set -g _shtab_memstaged_opts_with_value --by --color --config --decision --grace --id --journal-dir --lines --max-age --max-bytes --memory-dir --older-than --path --project-root --reload --session --settle --since --stuck-after --top --until --wait -S -U -n
 
 complete -c memstaged -e
 complete -c memstaged -f
@@ -84,6 +84,19 @@ complete -c memstaged -n '_shtab_memstaged_using service install' -l enable -d '
 complete -c memstaged -n '_shtab_memstaged_using service install' -l sandbox -d 'also confine the service with a drop-in (PrivateUsers=, ProtectSystem=strict, writable only in the memory dirs'"'"' trees and the state dir), if this user manager can run it; run install again after adding a memory dir outside those trees'
 complete -c memstaged -n '_shtab_memstaged_using service; and test $_shtab_memstaged_npos -eq 0' -a uninstall -d 'stop, disable and remove the service'
 complete -c memstaged -n '_shtab_memstaged_using service uninstall' -s h -l help -d 'show this help message and exit'
+complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a config -d 'The settings as a run resolves them: command-line option, then MEMSTAGED_* environment variable, then the config file, then the default.'
+complete -c memstaged -n '_shtab_memstaged_using config' -s h -l help -d 'show this help message and exit'
+complete -c memstaged -n '_shtab_memstaged_using config; and test $_shtab_memstaged_npos -eq 0' -a check -d 'Resolve the settings as the daemon would (the config file and the MEMSTAGED_* variables) and change nothing. Exit 0 when they load, 2 with one line naming the file and the key when they do not.'
+complete -c memstaged -n '_shtab_memstaged_using config check' -s h -l help -d 'show this help message and exit'
+complete -c memstaged -n '_shtab_memstaged_using config check' -l config -x -d 'the TOML config file (default $MEMSTAGED_CONFIG, else $XDG_CONFIG_HOME/memstaged/config.toml)'
+complete -c memstaged -n '_shtab_memstaged_using config check' -l reload -x -d 'then send SIGHUP to the memstaged daemon PID, whatever the check found (the unit'"'"'s ExecReload=): on a bad config the daemon keeps its settings and says why in its STATUS=, and this command still exits 2, which fails `systemctl reload`'
+complete -c memstaged -n '_shtab_memstaged_using config; and test $_shtab_memstaged_npos -eq 0' -a show -d 'One line a setting: its origin (option:--settle, env:MEMSTAGED_SETTLE, file:PATH or default), a tab, then key=value as TOML writes it. The options are those of a run, to see what they would change.'
+complete -c memstaged -n '_shtab_memstaged_using config show' -s h -l help -d 'show this help message and exit'
+complete -c memstaged -n '_shtab_memstaged_using config show' -l memory-dir -x -d 'a memory dir (<project>/.pi/memory/project); repeatable; globs allowed'
+complete -c memstaged -n '_shtab_memstaged_using config show' -l config -x -d 'the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)'
+complete -c memstaged -n '_shtab_memstaged_using config show' -l project-root -x -d 'the project root of the single --memory-dir'
+complete -c memstaged -n '_shtab_memstaged_using config show' -l settle -x -d 'how long an unparseable file must stay unchanged (default 2)'
+complete -c memstaged -n '_shtab_memstaged_using config show' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a log -d 'Show the decisions (and lifecycle events) memstaged logged, one line each, oldest first (newest first with --reverse), through a pager on a terminal. Decisions of a --dry-run are marked (dry run): they were not carried out.'
 complete -c memstaged -n '_shtab_memstaged_using log' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using log' -l decision -xka "valid repaired quarantined foreign deferred skipped" -d 'only these decisions (repeatable): valid, repaired, quarantined, foreign, deferred, skipped'
