@@ -37,6 +37,8 @@ _COMMANDS = [
     ["deadletter", "show"],
     ["deadletter", "recover"],
     ["deadletter", "purge"],
+    ["config", "check"],
+    ["config", "show"],
 ]
 
 
