@@ -316,20 +316,19 @@ def _pick(cli: Any, env: Any, file_value: Any) -> Any:
 
 def _memory_dir_patterns(
     memory_dirs: list[str] | None, env: Mapping[str, str], file_config: FileConfig
-) -> tuple[list[str], bool, tuple[str | None, str | None] | Literal["default"] | None]:
+) -> tuple[list[str], bool, Origin | None]:
     """The memory-dir patterns: the options, else ``MEMSTAGED_MEMORY_DIRS``, else the file's,
     else ``./.pi/memory/project`` when it is one. Also whether they were named explicitly
-    (option or variable), and the layer they came from: ``(option, variable)``, ``"default"``,
-    or None for the file's (or none at all)."""
+    (option or variable), and where they came from (None: the file's, as for any key)."""
     patterns = list(memory_dirs or [])
     check_patterns(tuple(patterns))
     if patterns:
-        return patterns, True, ("--memory-dir", None)
+        return patterns, True, Origin("option", "--memory-dir")
     env_dirs = env.get(ENV_PREFIX + "MEMORY_DIRS")
     if env_dirs:
-        return env_dirs.split(os.pathsep), True, (None, "MEMORY_DIRS")
+        return env_dirs.split(os.pathsep), True, Origin("env", ENV_PREFIX + "MEMORY_DIRS")
     if not file_config.memory_dirs and is_memory_dir(DEFAULT_MEMORY_DIR):
-        return [DEFAULT_MEMORY_DIR], False, "default"
+        return [DEFAULT_MEMORY_DIR], False, DEFAULT
     return list(file_config.memory_dirs), False, None
 
 
@@ -394,9 +393,8 @@ def load(
 
     for key in SETTING_NAMES:
         origins[key] = origin(key)
-    patterns, explicit, layer = _memory_dir_patterns(memory_dirs, env, file_config)
-    if layer is not None:
-        origins["memory_dirs"] = DEFAULT if layer == "default" else origin("memory_dirs", *layer)
+    patterns, explicit, dirs_origin = _memory_dir_patterns(memory_dirs, env, file_config)
+    origins["memory_dirs"] = dirs_origin or origins["memory_dirs"]
     roots = {
         normalize(os.path.abspath(os.path.expanduser(k))): normalize(
             os.path.abspath(os.path.expanduser(v))

@@ -100,3 +100,36 @@ def test_a_config_that_is_a_fifo_or_huge_is_one_line_not_a_hang(tmp_path: Path) 
     huge.write_bytes(b"#" * (config.MAX_CONFIG_SIZE + 1))
     with pytest.raises(ConfigError, match="larger than"):
         config.read_config(huge)
+
+
+def test_each_setting_has_the_origin_of_the_layer_that_set_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21 item 9 (`config show`): the origin kept beside each value is the layer its value
+    came from: the memory dirs from MEMSTAGED_MEMORY_DIRS, else the file, else the
+    ./.pi/memory/project found here; `log_file = ""` in the file is the default's path."""
+    cfg = _write(tmp_path, 'memory_dirs = []\nlog_file = ""\nlog_backups = 2\n')
+    env = {"HOME": str(tmp_path), "MEMSTAGED_SPLIT_INVALID_CANDIDATES": "yes"}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
+    settings = config.load(config=cfg, env=env)
+    shown = {key: str(origin) for key, origin in settings.origins.items()}
+    assert shown == {
+        "config": "option:--config",
+        "memory_dirs": "default",
+        "project_roots": "default",
+        "settle": "default",
+        "max_file_size": "default",
+        "max_quarantine_copy": "default",
+        "split_invalid_candidates": "env:MEMSTAGED_SPLIT_INVALID_CANDIDATES",
+        "rescan_interval": "default",
+        "observer": "default",
+        "log_file": "default",
+        "log_max_bytes": "default",
+        "log_backups": f"file:{cfg}",
+    }
+    assert settings.memory_dir_patterns == (config.DEFAULT_MEMORY_DIR,)
+    env["MEMSTAGED_MEMORY_DIRS"] = "/a:/b"
+    settings = config.load(config=cfg, env=env)
+    assert str(settings.origins["memory_dirs"]) == "env:MEMSTAGED_MEMORY_DIRS"
+    assert settings.values()["memory_dirs"] == ["/a", "/b"]
