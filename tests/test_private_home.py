@@ -119,3 +119,23 @@ def test_the_run_fails_when_a_test_writes_into_the_real_home(
     else:
         assert done.returncode == 0, done.stdout
         assert real_log.read_text() == '{"event": "start"}\n'
+
+
+def test_the_inspection_bench_run_on_its_own_keeps_memstaged_in_its_work_dir(
+    tmp_path: Path,
+) -> None:
+    """Issue 19 item 9, ``bench/``: ``python bench/inspection.py`` run on its own (not in
+    run.py's sandbox) seeds its data with ``memstaged --once``, whose seen cache went to the
+    caller's ``~/.local/state/memstaged``; it now goes to the bench's own work dir."""
+    sys.path.insert(0, str(TESTS.parent / "bench"))
+    try:
+        import inspection
+    finally:
+        sys.path.remove(str(TESTS.parent / "bench"))
+    work = tmp_path / "work"
+    work.mkdir()
+    _, decisions = inspection.seed(work)
+    assert decisions
+    caller_home = Path(os.environ["HOME"])
+    assert not (caller_home / ".local" / "state" / "memstaged").exists()
+    assert list((work / "home" / ".local" / "state" / "memstaged" / "seen").iterdir())
