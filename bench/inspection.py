@@ -55,11 +55,20 @@ def memstaged(*args: str) -> list[str]:
 
 
 def _env(log_file: Path, home: Path) -> dict[str, str]:
-    """The caller's environment (run.py's sandbox), pointed at this run's log, pager off."""
+    """The caller's environment pointed at this run's log, pager off, and ``HOME`` and the XDG
+    dirs in ``home``: run on its own (not in run.py's sandbox), the seed ``--once`` wrote its
+    seen cache into the real ``~/.local/state/memstaged`` (issue 19 item 9)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTAGED_")}
     for name in ("NO_COLOR", "PAGER", "JOURNAL_STREAM", "INVOCATION_ID", "NOTIFY_SOCKET"):
         env.pop(name, None)
-    env.setdefault("HOME", str(home))
+    env["HOME"] = str(home / "home")
+    for name, sub in (
+        ("XDG_CONFIG_HOME", ".config"),
+        ("XDG_STATE_HOME", ".local/state"),
+        ("XDG_DATA_HOME", ".local/share"),
+        ("XDG_CACHE_HOME", ".cache"),
+    ):
+        env[name] = str(home / "home" / sub)
     env["MEMSTAGED_LOG_FILE"] = str(log_file)
     env["TERM"] = "xterm-256color"
     return env

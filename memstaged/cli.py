@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from memstaged import __version__
+from memstaged.argtypes import settle_seconds
 from memstaged.errors import BusyError, ConfigError, MemstagedError, UsageError
 
 EXIT_OK: Final = 0
@@ -101,17 +102,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
-
-
-def settle_seconds(text: str) -> float:
-    """``--settle``: a finite number of seconds in range; ``inf``, ``nan`` and ``1e308`` are
-    refused here rather than overflowing a timer later."""
-    from memstaged.config import interval
-
-    try:
-        return interval(text)
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err).removeprefix("--settle ")) from None
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

@@ -26,6 +26,9 @@ ENV_PREFIX: Final = "MEMSTAGED_"
 #: The longest settle interval or rescan interval taken: a week. Longer ones (``1e308``,
 #: ``inf``) overflow the timers, and mean a setting mistyped rather than wanted.
 MAX_INTERVAL: Final = 7 * 86_400.0
+#: The most rotated decision logs kept. Each rotation renames every one, missing or not:
+#: ``log_backups = 99999999999999999999999`` would never finish one (issue 19 item 2).
+MAX_LOG_BACKUPS: Final = 1000
 
 
 def is_memory_dir(path: str) -> bool:
@@ -344,6 +347,8 @@ def _check_file_values(file_config: FileConfig, config_path: Path) -> None:
             raise ConfigError(f"{config_path}: key '{key}': must be positive")
     if file_config.log_backups < 0:
         raise ConfigError(f"{config_path}: key 'log_backups': must be 0 or more")
+    if file_config.log_backups > MAX_LOG_BACKUPS:
+        raise ConfigError(f"{config_path}: key 'log_backups': must be at most {MAX_LOG_BACKUPS}")
 
 
 def _config_file(

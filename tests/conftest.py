@@ -1,10 +1,19 @@
-"""Shared fixtures: a memory dir in a temp project, staging-file builders, clean logging and
-plain (uncoloured) command output."""
+"""Shared fixtures: a memory dir in a temp project, staging-file builders, clean logging,
+plain (uncoloured) command output, and a home of each test's own.
+
+No test may write into the real user's home: tests once left seven events in the real
+``~/.local/state/memstaged/decisions.jsonl`` (issue 19 item 9). Every test runs with ``HOME`` and
+the ``XDG_*`` directories in its own temp dir (subprocesses inherit them), and the run fails
+when anything memstaged could write under the real home changed during it.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import pwd
+import stat
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +21,108 @@ import pytest
 import structlog
 
 from memstaged import log
+
+#: The variables that say where a user's files are, each pointed into the test's temp dir.
+PRIVATE_DIRS = {
+    "HOME": "home",
+    "XDG_CONFIG_HOME": "home/.config",
+    "XDG_STATE_HOME": "home/.local/state",
+    "XDG_DATA_HOME": "home/.local/share",
+    "XDG_CACHE_HOME": "home/.cache",
+    "XDG_RUNTIME_DIR": "runtime",
+}
+
+
+def real_home_watch(env: Mapping[str, str]) -> tuple[Path, list[Path]]:
+    """The real home, whose own entries' names are watched (a new ``~/.pi``, ``~/.memstaged``),
+    and the directories under it where memstaged (its log and seen cache, its config, the unit,
+    ``make install``) could write, watched entry by entry."""
+    home = Path(env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir)
+    trees = [
+        home / ".local" / "state" / "memstaged",
+        home / ".config" / "memstaged",
+        home / ".config" / "systemd" / "user",
+        home / ".local" / "share" / "memstaged",
+        home / ".local" / "bin",
+        home / ".local" / "share" / "bash-completion",
+        home / ".local" / "share" / "man",
+        home / ".cache" / "memstaged",
+        home / ".pi",
+    ]
+    for name, sub in (
+        ("XDG_STATE_HOME", "memstaged"),
+        ("XDG_CONFIG_HOME", "memstaged"),
+        ("XDG_CONFIG_HOME", "systemd/user"),
+        ("XDG_DATA_HOME", "memstaged"),
+        ("XDG_CACHE_HOME", "memstaged"),
+    ):
+        if env.get(name):
+            trees.append(Path(env[name]) / sub)
+    return home, trees
+
+
+def home_snapshot(home: Path, trees: list[Path]) -> dict[str, tuple[int, int, int]]:
+    """Each watched entry's (mode, size, mtime in ns); the home's own entries by name only."""
+    found: dict[str, tuple[int, int, int]] = {}
+    try:
+        found.update({f"{home}/{name}": (0, 0, 0) for name in os.listdir(home)})
+    except OSError:
+        pass  # no home (yet): every entry that appears is new
+    for tree in trees:
+        for top, dirs, files in os.walk(tree):
+            for name in [top, *(os.path.join(top, n) for n in dirs + files)]:
+                try:
+                    st = os.lstat(name)
+                except FileNotFoundError:
+                    continue
+                size = 0 if stat.S_ISDIR(st.st_mode) else st.st_size
+                found[name] = (st.st_mode, size, st.st_mtime_ns)
+    return found
+
+
+def home_changes(before: dict[str, tuple[int, int, int]], after: dict[str, Any]) -> list[str]:
+    """What changed between two snapshots, a line per path."""
+    lines = [f"new: {p}" for p in sorted(after.keys() - before.keys())]
+    lines += [f"gone: {p}" for p in sorted(before.keys() - after.keys())]
+    lines += [
+        f"changed: {p}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]
+    ]
+    return lines
+
+
+#: Taken when this file is imported, before any test (or collection) could write there.
+_REAL_HOME = real_home_watch(os.environ)
+_REAL_HOME_BEFORE = home_snapshot(*_REAL_HOME)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _real_home_untouched() -> Iterator[None]:
+    """Issue 19 item 9: the run fails (an error at the teardown of its last test) when anything
+    under the real home that memstaged could write changed while the tests ran."""
+    yield
+    changed = home_changes(_REAL_HOME_BEFORE, home_snapshot(*_REAL_HOME))
+    if changed:
+        pytest.fail("the tests changed the real home:\n" + "\n".join(changed), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _private_home(tmp_path: Path) -> Iterator[None]:
+    """Issue 19 item 9: ``HOME`` and the ``XDG_*`` directories in the test's own temp dir (not
+    created: what needs one makes it, as memstaged makes its state dir; a test may check that
+    nothing else is in its temp dir), and no ``MEMSTAGED_*`` setting from the shell that ran
+    pytest (``MEMSTAGED_LOG_FILE`` would send a test's events to that user's log). The
+    ``systemd --user`` tests give their manager its own runtime dir (tests/systemd_env.py).
+
+    A ``MonkeyPatch`` of its own, not the test's: a test's ``monkeypatch.undo()`` (which
+    test_cmd_deadletter's recoveries after the plan call) undid the ``log_file`` fixture's
+    variables too, and its next run logged into the real home."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, where in PRIVATE_DIRS.items():
+            patch.setenv(name, str(tmp_path / where))
+        for name in list(os.environ):
+            if name.startswith("MEMSTAGED_"):
+                patch.delenv(name)
+        yield
 
 
 @pytest.fixture(autouse=True)

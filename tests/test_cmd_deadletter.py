@@ -359,6 +359,11 @@ def test_nothing_is_lost_when_the_staging_write_fails(
     assert (record_files(store), original_files(store), staging_files(store)) == before
 
 
+#: Recovery's own planning step, for the tests that put it back after :func:`_after_the_plan`
+#: (not with ``monkeypatch.undo()``, which also undid the ``log_file`` fixture's variables).
+_GATHER = recover_module._gather
+
+
 def _after_the_plan(monkeypatch: pytest.MonkeyPatch, meanwhile: Any) -> None:
     """Run ``meanwhile()`` between recovery's plan (made without a lock) and its transactions."""
     real = recover_module._gather
@@ -408,7 +413,7 @@ def test_a_candidate_staged_after_the_plan_is_not_written_again(
         "other.json",
     ]
 
-    monkeypatch.undo()
+    monkeypatch.setattr(recover_module, "_gather", _GATHER)  # the log stays the test's
     code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
     actions = {o["id"]: o["action"] for o in json_lines(out)}
     assert actions[pref] == "duplicate"
@@ -445,7 +450,7 @@ def test_a_duplicate_stays_when_its_staging_file_changes_after_the_plan(
     assert outcome["reason"] == why
     assert (store / "deadletter" / f"{pref}.json").read_bytes() == saved
 
-    monkeypatch.undo()
+    monkeypatch.setattr(recover_module, "_gather", _GATHER)  # the log stays the test's
     code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
     assert code == 0
     [outcome] = json_lines(out)

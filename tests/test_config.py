@@ -47,8 +47,17 @@ def test_default_paths_follow_xdg(tmp_path: Path) -> None:
         ("[project_roots]\nx = 1\n", "key 'project_roots.x'"),
         ("rescan_interval = 0\n", "key 'rescan_interval': must be positive"),
         ("log_backups = -1\n", "key 'log_backups': must be 0 or more"),
+        ("log_backups = 99999999999999999999999\n", "key 'log_backups': must be at most 1000"),
     ],
-    ids=["bad-enum", "bad-size", "bad-toml", "bad-root-type", "bad-rescan", "bad-backups"],
+    ids=[
+        "bad-enum",
+        "bad-size",
+        "bad-toml",
+        "bad-root-type",
+        "bad-rescan",
+        "bad-backups",
+        "huge-backups",
+    ],
 )
 def test_bad_config_values_are_named(tmp_path: Path, text: str, message: str) -> None:
     """Every config problem is one message naming the file and the key."""

@@ -89,7 +89,7 @@ def add_memory_dir_options(parser: argparse.ArgumentParser, *, triage: bool = Fa
             default=quiet,
             help="the project root of the single --memory-dir",
         )
-        from memstaged.cli import settle_seconds
+        from memstaged.argtypes import settle_seconds
 
         parser.add_argument(
             "--settle",

@@ -75,7 +75,7 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)",
     )
-    from memstaged.cli import settle_seconds
+    from memstaged.argtypes import settle_seconds
 
     parser.add_argument(
         "--settle",

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import base64
 import fnmatch
-import math
 import sys
 from typing import Any, Final
 
 import msgspec
 
 from memstaged import display
+from memstaged.argtypes import count, wait_seconds
 from memstaged.commands import _common
 from memstaged.commands._common import (
     Output,
@@ -89,7 +89,7 @@ def register(sub: Any) -> None:
     add_memory_dir_options(shower, triage=True)
     shower.add_argument(
         "--max-bytes",
-        type=int,
+        type=count,
         default=SHOW_BYTES,
         metavar="N",
         help=f"show at most N bytes of the original (default {SHOW_BYTES}; 0: all)",
@@ -354,23 +354,12 @@ def _add_wait_option(parser: argparse.ArgumentParser) -> None:
         "--wait",
         nargs="?",
         const=DEFAULT_WAIT,
-        type=_wait_seconds,
+        type=wait_seconds,
         default=argparse.SUPPRESS,
         metavar="SECONDS",
         help=f"when canonical-writer.lock is held (the reconciler at work), wait up to SECONDS "
         f"(default {DEFAULT_WAIT:g}) for it instead of exiting 1",
     )
-
-
-def _wait_seconds(text: str) -> float:
-    """``--wait=60``, ``--wait=2m``: how long to wait for ``canonical-writer.lock``."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = parse_duration(text, "--wait")
-    if not 0 <= seconds < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}")
-    return seconds
 
 
 def _waiter(args: argparse.Namespace) -> Waiter:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from memstaged import display
+from memstaged.argtypes import count
 from memstaged.commands._common import (
     DECISION_STYLES,
     Output,
@@ -84,7 +85,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "-n",
         "--lines",
-        type=int,
+        type=count,
         metavar="N",
         help=f"only the last N matching events (--follow: {FOLLOW_HISTORY})",
     )
@@ -141,8 +142,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--follow and --until exclude each other")
     if args.follow and args.reverse:
         raise UsageError("--follow and --reverse exclude each other")
-    if args.lines is not None and args.lines < 0:
-        raise UsageError(f"--lines {args.lines}: must be 0 or more")
     filt = build_filter(args)
     source, where = open_source(args, filt)
     shown = -1  # unknown: the reader quit the pager before the end

@@ -18,6 +18,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged import display
+from memstaged.argtypes import count
 from memstaged.commands import _common
 from memstaged.commands._common import (
     Output,
@@ -94,7 +95,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--top",
-        type=int,
+        type=count,
         default=10,
         metavar="N",
         help="how many of the most frequent validation errors (default 10)",

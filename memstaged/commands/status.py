@@ -69,7 +69,7 @@ def register(sub: Any) -> None:
 @guard_verdict
 def run(args: argparse.Namespace) -> int:
     grace = parse_duration(args.grace, "--grace")
-    max_age = parse_duration(args.max_age, "--max-age") if args.max_age else None
+    max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
     settings = load_settings(args)
     mdirs = memory_dirs(settings, writable=False)
     clock = _common.now()
