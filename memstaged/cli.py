@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from memstaged import __version__
-from memstaged.errors import BusyError, ConfigError, MemstagedError, UsageError
+from memstaged.errors import BusyError, ConfigError, LogUnwritable, MemstagedError, UsageError
 
 EXIT_OK: Final = 0
 EXIT_ATTENTION: Final = 1
@@ -264,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(words)
         func: Callable[[argparse.Namespace], int] = getattr(args, "func", _run)
         return func(args)
-    except BusyError as err:
+    except (BusyError, LogUnwritable) as err:
         _error_line(str(err))
         return EXIT_ATTENTION
     except MemstagedError as err:
