@@ -189,7 +189,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def _configure_logging(settings: object, *, console: str = "auto") -> None:
     from memstaged.config import Settings
-    from memstaged.log import configure
+    from memstaged.log import configure, open_error
 
     assert isinstance(settings, Settings)
     try:
@@ -200,7 +200,7 @@ def _configure_logging(settings: object, *, console: str = "auto") -> None:
             console=console,
         )
     except OSError as err:
-        raise ConfigError(f"log file {settings.log_file}: {err.strerror}") from None
+        raise open_error(settings.log_file, err) from None
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ from typing import Any, Final, Protocol, TextIO
 import msgspec
 
 from memstaged import display
-from memstaged.errors import LogUnwritable
+from memstaged.errors import ConfigError, LogUnwritable, MemstagedError
 
 LOGGER_NAME: Final = "memstaged"
 JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
@@ -210,15 +210,19 @@ class _Trouble:
     ``logging``, a traceback) for each decision, burying the one line that matters.
     """
 
-    __slots__ = ("failing", "what")
+    __slots__ = ("failing", "quiet", "what")
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, quiet: bool = False) -> None:
         self.what = what
         self.failing = False
+        #: Say nothing: the caller reports the failure itself (recover and purge stop with it).
+        self.quiet = quiet
 
     def failed(self, err: OSError | ValueError, consequence: str) -> None:
         if not self.failing:
             self.failing = True
+            if self.quiet:
+                return
             if isinstance(err, OSError) and err.strerror:
                 reason = f"{err.strerror} ({errno.errorcode.get(err.errno or 0, err.errno)})"
             else:
@@ -229,7 +233,8 @@ class _Trouble:
 
     def recovered(self) -> None:
         self.failing = False
-        _say(f"memstaged: {self.what}: works again")
+        if not self.quiet:
+            _say(f"memstaged: {self.what}: works again")
 
 
 class Sink(Protocol):
@@ -274,8 +279,12 @@ class FileSink:
     not carried out (SPEC 5 and 7).
     """
 
-    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
-        """Opens the file now: an ``OSError`` here is a configuration error for the caller."""
+    def __init__(self, path: Path, max_bytes: int, backups: int, *, quiet: bool = False) -> None:
+        """Opens the file now: an ``OSError`` here is a configuration error for the caller.
+
+        ``quiet``: a failed write is not said on stderr (the caller says
+        :class:`~memstaged.errors.LogUnwritable` itself: recover and purge stop with it).
+        """
         self.path = path
         self._name = os.fspath(path)
         self._max_bytes = max_bytes
@@ -289,7 +298,7 @@ class FileSink:
         self._error: OSError | None = None
         #: A file was created or renamed since the last sync: its directory is fsynced too.
         self._dir_changed = False
-        self._writing = _Trouble(f"decision log file {path}")
+        self._writing = _Trouble(f"decision log file {path}", quiet=quiet)
         self._rotating = _Trouble(f"rotating the decision log file {path}")
         private_dirs(path.parent)
         self._fd, self._id = self._open()
@@ -434,6 +443,18 @@ class FileSink:
             self._error = err
             self._writing.failed(err, "nothing is carried out while it cannot be made durable")
             raise LogUnwritable(self.path, err) from None
+
+
+#: What a file system that cannot take the log now says (full, read-only, failing): a command
+#: that cannot open the log for it changes nothing and exits 1 (try again), not 2 (a setting).
+UNWRITABLE: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def open_error(path: Path, err: OSError) -> MemstagedError:
+    """The one-line error of a log file that cannot be opened: try again, or fix a setting."""
+    if err.errno in UNWRITABLE:
+        return LogUnwritable(path, err)
+    return ConfigError(f"log file {path}: {err.strerror or err}")
 
 
 def not_a_log_file(mode: int) -> str:
@@ -628,6 +649,7 @@ def configure(
     backups: int = 5,
     console: str = "auto",
     journal: str = "auto",
+    quiet_file: bool = False,
 ) -> None:
     """Set up the sinks. ``journal`` is ``auto``, ``on`` or ``off``; ``console`` is one of:
 
@@ -636,6 +658,8 @@ def configure(
     * ``on``: stderr always, readable on a terminal and JSON lines elsewhere;
     * ``lines``: stderr always, readable lines (``--once --verbose``);
     * ``off``: never.
+
+    ``quiet_file``: the file sink's failures are not said on stderr (see :class:`FileSink`).
 
     Raises ``OSError`` when the log file cannot be opened; the sinks in use stay as they were.
     """
@@ -647,7 +671,7 @@ def configure(
         except ImportError:
             use_journal = False
     if log_file is not None:
-        sinks.append(FileSink(log_file, max_bytes, backups))
+        sinks.append(FileSink(log_file, max_bytes, backups, quiet=quiet_file))
     if console == "on" or (console == "auto" and not use_journal and _is_terminal(sys.stderr)):
         sinks.append(ConsoleSink(sys.stderr))
     elif console == "lines":
