@@ -1,7 +1,8 @@
 """The decision log (SPEC section 7): one structured event per decision, fanned out to its sinks.
 
 * a JSON-lines file that memstaged rotates itself (:class:`FileSink`), which the inspection commands
-  read without journald: it always gets every event;
+  read without journald: it gets every event, and a change whose announcement it could not take
+  whole and durably is not carried out (:func:`durable`, SPEC 7);
 * journald, every field as a ``MEMSTAGED_*`` journal field plus ``MESSAGE``, ``PRIORITY`` and a
   ``MESSAGE_ID`` per kind of event, when running under systemd;
 * the terminal: a readable line per event on a TTY, rendered by structlog's ``ConsoleRenderer``;
