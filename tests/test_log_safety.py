@@ -358,7 +358,7 @@ def test_recover_changes_nothing_while_the_log_cannot_be_written(tmp_path: Path)
     with one line and exit 1, and every record stays where it is; with room again it recovers."""
     mdir = make_memory_dir(tmp_path / "projects")
     root = project_root_of(mdir)
-    write(mdir / "staging" / "mixed.json", mixed_doc(root))
+    write(mdir / "staging" / "mixed.json", mixed_doc(Path(root)))
     os.utime(mdir / "staging" / "mixed.json", (OLD, OLD))
     small = tmp_path / "small"
     with mounted(small, "-t", "tmpfs", "-o", "size=64k", "tmpfs"):
