@@ -43,7 +43,7 @@ def _lines(paths: list[Path]) -> list[bytes]:
 
 def test_no_event_is_lost_or_split_when_processes_rotate_the_shared_log(tmp_path: Path) -> None:
     """Issue 19 item 6: the daemon repairs files while ``--once`` runs and a hostile rotator
-    rotate the shared log (hundreds of rotations, one backup): every decision of every process
+    rotate the shared log (dozens of rotations, one backup): every decision of every process
     is found exactly once in what is left plus what was archived as it was rotated out, and
     every line is one whole JSON event."""
     log = tmp_path / "log" / "decisions.jsonl"
@@ -116,7 +116,7 @@ def test_no_event_is_lost_or_split_when_processes_rotate_the_shared_log(tmp_path
         if decided[(str(mdir / "staging" / f"v{j:04d}.json"), "valid")] != 1
     ]
     assert not missing, f"{len(missing)} decisions lost, e.g. {missing[:5]}"
-    assert rotations > 50  # the log was rotated away under the writers, over and over
+    assert rotations > 20  # the log was rotated away under the writers, again and again
     # And each logged repair names the very bytes it replaced.
     for name, data in originals.items():
         sha = hashlib.sha256(data).hexdigest()
