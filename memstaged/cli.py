@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from memstaged import __version__
 from memstaged.argtypes import settle_seconds
-from memstaged.errors import BusyError, ConfigError, MemstagedError, UsageError
+from memstaged.errors import BusyError, LogUnwritable, MemstagedError, UsageError
 
 EXIT_OK: Final = 0
 EXIT_ATTENTION: Final = 1
@@ -179,7 +179,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def _configure_logging(settings: object, *, console: str = "auto") -> None:
     from memstaged.config import Settings
-    from memstaged.log import configure
+    from memstaged.log import configure, open_error
 
     assert isinstance(settings, Settings)
     try:
@@ -190,7 +190,7 @@ def _configure_logging(settings: object, *, console: str = "auto") -> None:
             console=console,
         )
     except OSError as err:
-        raise ConfigError(f"log file {settings.log_file}: {err.strerror}") from None
+        raise open_error(settings.log_file, err) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(words)
         func: Callable[[argparse.Namespace], int] = getattr(args, "func", _run)
         return func(args)
-    except BusyError as err:
+    except (BusyError, LogUnwritable) as err:
         _error_line(str(err))
         return EXIT_ATTENTION
     except MemstagedError as err:

@@ -442,6 +442,8 @@ def load(
         origins["log_file"] = origin("log_file", variable="LOG_FILE")
     elif not file_config.log_file:
         origins["log_file"] = DEFAULT  # log_file = "" in the file means the default
+    log_path = Path(os.path.expanduser(log_file)) if log_file else default_log_file(env)
+    check_log_file(log_path)
     return Settings(
         config_path=used_config,
         memory_dir_patterns=tuple(patterns),
@@ -455,13 +457,32 @@ def load(
         ),
         rescan_interval=file_config.rescan_interval,
         observer=observer,
-        log_file=Path(os.path.expanduser(log_file)) if log_file else default_log_file(env),
+        log_file=log_path,
         log_max_bytes=file_config.log_max_bytes,
         log_backups=file_config.log_backups,
         explicit_dirs=explicit,
         state_dir=default_state_dir(env),
         origins=origins,
     )
+
+
+def check_log_file(path: Path) -> None:
+    """The decision log is a regular file or a path where one can be made (issue 19 item 3).
+
+    Checked for every command, before anything opens it: a FIFO that nobody reads would block
+    every writer and reader of the log, and a device or ``/dev/null`` keeps nothing, which would
+    let changes be carried out with nothing logged (SPEC 5 and 7). ``stat`` follows a link, as
+    the log itself does (the user named this path), and never blocks. Any other trouble (no
+    such directory yet, no permission) is left to the open, which says it.
+    """
+    from memstaged.log import not_a_log_file
+
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"log file {path}: {not_a_log_file(st.st_mode)}")
 
 
 def check_patterns(patterns: tuple[str, ...]) -> None:

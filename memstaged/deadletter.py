@@ -684,15 +684,15 @@ def announcer(logger: Any) -> Callable[[Sequence[Change]], None]:
     (SPEC 5 and 7: nothing is carried out unlogged, even across a power cut)."""
 
     def announce(changes: Sequence[Change]) -> None:
-        from memstaged.log import sync
+        from memstaged.log import durable
 
-        for change in changes:
-            if change.event is not None:
-                event = dict(change.event)
-                if change.created is not None:
-                    event["staging_file"] = f"staging/{change.created}"
-                logger.info(event.pop("event"), **event)
-        sync()
+        with durable():  # raises LogUnwritable: nothing of the changes is carried out
+            for change in changes:
+                if change.event is not None:
+                    event = dict(change.event)
+                    if change.created is not None:
+                        event["staging_file"] = f"staging/{change.created}"
+                    logger.info(event.pop("event"), **event)
 
     return announce
 
@@ -730,12 +730,14 @@ def drop_originals(
         return []
 
     def announce(live: Sequence[Change]) -> None:
-        from memstaged.log import sync
+        from memstaged.log import durable
 
-        logger.info(
-            "deadletter_originals_deleting", memory_dir=mdir.path, originals=[c.key for c in live]
-        )
-        sync()
+        with durable():
+            logger.info(
+                "deadletter_originals_deleting",
+                memory_dir=mdir.path,
+                originals=[c.key for c in live],
+            )
 
     def unneeded(live: Sequence[Change]) -> dict[str, str]:
         names, hashes = references_now(mdir, mem_fd, keep)

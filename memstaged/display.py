@@ -77,6 +77,22 @@ _JSON_UNSAFE: Final = re.compile(
 )
 
 
+#: What a file that is not a regular one is, in words (``stat.S_IFMT`` of its mode).
+_KINDS: Final = {
+    0o010000: "a FIFO",
+    0o140000: "a socket",
+    0o020000: "a character device",
+    0o060000: "a block device",
+    0o040000: "a directory",
+    0o120000: "a symbolic link",
+}
+
+
+def file_kind(mode: int) -> str:
+    """``a FIFO``, ``a directory`` ...: what a mode that is not a regular file's names."""
+    return _KINDS.get(mode & 0o170000, "not a regular file")
+
+
 def json_line(encoded: str) -> str:
     """A JSON text with those characters written as ``\\uXXXX`` escapes: the same JSON value,
     and nothing a terminal would act on when ``--json`` goes to one (SPEC 6). They can only be

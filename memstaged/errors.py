@@ -7,6 +7,8 @@ or the key at fault. Exceptions from libraries are re-raised at module boundarie
 
 from __future__ import annotations
 
+import errno as _errno
+
 
 class MemstagedError(Exception):
     """Base of every error memstaged reports to a user; ``str(err)`` is the one-line message."""
@@ -26,3 +28,29 @@ class BusyError(MemstagedError):
 
 class NotJSON(MemstagedError):
     """The bytes are not RFC 8259 JSON in UTF-8, as the reconciler's ``JSON.parse`` would see it."""
+
+
+class LogUnwritable(MemstagedError):
+    """The decision log file cannot be written or made durable (SPEC 5 and 7). Exit code 1.
+
+    Raised where a decision is announced, before anything of it is carried out: the change
+    waits (the file is ``deferred``, recover and purge stop) until the log can be written again.
+    """
+
+    def __init__(self, path: object, err: OSError) -> None:
+        if err.strerror:
+            name = _errno.errorcode.get(err.errno or 0, str(err.errno))
+            self.why = f"{err.strerror} ({name})"
+        else:
+            self.why = str(err) or type(err).__name__
+        self.path = path
+        self.errno = err.errno
+        super().__init__(
+            f"the decision log {path} cannot be written: {self.why}; nothing more was changed "
+            "(nothing is carried out unlogged: try again once the log can be written)"
+        )
+
+    @property
+    def reason(self) -> str:
+        """The ``reasons`` entry of the decision that waits for the log."""
+        return f"the decision log cannot be written: {self.why}"

@@ -1,7 +1,8 @@
 """The decision log (SPEC section 7): one structured event per decision, fanned out to its sinks.
 
 * a JSON-lines file that memstaged rotates itself (:class:`FileSink`), which the inspection commands
-  read without journald: it always gets every event;
+  read without journald: it gets every event, and a change whose announcement it could not take
+  whole and durably is not carried out (:func:`durable`, SPEC 7);
 * journald, every field as a ``MEMSTAGED_*`` journal field plus ``MESSAGE``, ``PRIORITY`` and a
   ``MESSAGE_ID`` per kind of event, when running under systemd;
 * the terminal: a readable line per event on a TTY, rendered by structlog's ``ConsoleRenderer``;
@@ -30,13 +31,15 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, Protocol, TextIO
 
 import msgspec
 
 from memstaged import display
+from memstaged.errors import ConfigError, LogUnwritable, MemstagedError
 
 LOGGER_NAME: Final = "memstaged"
 JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
@@ -148,8 +151,11 @@ def journal_fields(event: MutableMapping[str, Any]) -> dict[str, str]:
     return fields
 
 
-#: How often (seconds) the file sink looks whether another process rotated or appended to the log.
-_CHECK_INTERVAL: Final = 1.0
+#: After a rotation failed (a rename refused), how long (seconds) the file grows before a retry.
+_ROTATE_RETRY: Final = 1.0
+#: How many rotations by other processes one event follows before its write is given up: each
+#: means that another process rotated the file between this one's open and its lock.
+_FOLLOWS: Final = 100
 _ENCODER: Final = msgspec.json.Encoder()
 
 
@@ -205,15 +211,19 @@ class _Trouble:
     ``logging``, a traceback) for each decision, burying the one line that matters.
     """
 
-    __slots__ = ("failing", "what")
+    __slots__ = ("failing", "quiet", "what")
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, quiet: bool = False) -> None:
         self.what = what
         self.failing = False
+        #: Say nothing: the caller reports the failure itself (recover and purge stop with it).
+        self.quiet = quiet
 
     def failed(self, err: OSError | ValueError, consequence: str) -> None:
         if not self.failing:
             self.failing = True
+            if self.quiet:
+                return
             if isinstance(err, OSError) and err.strerror:
                 reason = f"{err.strerror} ({errno.errorcode.get(err.errno or 0, err.errno)})"
             else:
@@ -224,7 +234,8 @@ class _Trouble:
 
     def recovered(self) -> None:
         self.failing = False
-        _say(f"memstaged: {self.what}: works again")
+        if not self.quiet:
+            _say(f"memstaged: {self.what}: works again")
 
 
 class Sink(Protocol):
@@ -237,168 +248,231 @@ class Sink(Protocol):
 
 
 class FileSink:
-    """The JSON-lines decision log file: one ``write`` per event, rotated by size.
+    """The JSON-lines decision log file: one whole line per event, rotated by size.
+
+    The path must name a regular file, or nothing yet (it is created 0600). A link to a regular
+    file is followed, as for the config file (the user named this path); a FIFO, socket,
+    device or directory is refused (``OSError``, ``EINVAL``), ``/dev/null`` included: a decision
+    log that keeps nothing would let changes be carried out unlogged (issue 19 item 3). It is
+    opened ``O_NONBLOCK``, so that whatever stands at the path never blocks a command.
 
     Rotation is ``RotatingFileHandler``'s: before a line is written, if the file's size plus the
     line would reach ``max_bytes``, ``<file>.N-1`` becomes ``<file>.N`` … and ``<file>`` becomes
     ``<file>.1`` (up to ``backups``), and the line starts a new ``<file>``, so a line is never
-    split across files. With ``max_bytes`` or ``backups`` 0 the file just grows, and a path that
-    is not a regular file (``/dev/null``, a FIFO) is never rotated. Three deliberate differences:
-    the size is counted in bytes (the standard library added the line's *characters* to the
-    file's bytes), an empty file is not rotated away for a line longer than ``max_bytes`` (Python
-    3.13 stopped doing that too), and the new file is created 0600 like the first one.
+    split across files. With ``max_bytes`` or ``backups`` 0 the file just grows. Three deliberate
+    differences: the size is counted in bytes (the standard library added the line's
+    *characters* to the file's bytes), an empty file is not rotated away for a line longer than
+    ``max_bytes`` (Python 3.13 stopped doing that too), and the new file is created 0600.
 
-    The size is kept in memory (``fstat`` at open), so an event costs one ``write`` and no
-    ``stat``. Another process may append to or rotate the same file (``memstaged --once`` next to
-    the daemon): at most once a second (checked on the next event) the path's inode is compared
-    with the open file's and the size re-read, so a rotation done elsewhere is followed, and a
-    line written in between lands in ``<file>.1``, not lost. A rotation holds an ``flock`` on
-    the file it rotates and re-checks the inode under it, so two processes that both find the
-    file full rotate it once, not twice.
+    Several processes write and rotate the same file (the daemon, ``--once``, recover, purge;
+    issue 19 item 6). Every append holds an exclusive ``flock`` on the file it writes and checks,
+    under it, that the path still names that file (``stat``); a rotation holds the same lock on
+    the file it renames. So a line is only ever written into the file the path names at that
+    moment, never into one rotated away (and perhaps deleted) meanwhile; the size that decides a
+    rotation is the file's own, whoever appended; and the order of the lines across the files is
+    the order in which they were written. An event costs ``flock``, ``stat``, ``write`` and
+    ``flock`` (a ``pread`` of the last byte, too, when another process wrote since).
+
+    A line is written whole or not at all: a write cut short (a full disk) is truncated away
+    under the lock, and a line left torn by a crash is ended before the next is appended. A
+    failed write is said once on stderr and counted (:attr:`failures`): :func:`durable` raises
+    :class:`~memstaged.errors.LogUnwritable` for it, so that the change the event announces is
+    not carried out (SPEC 5 and 7).
     """
 
-    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
-        """Opens the file now: an ``OSError`` here is a configuration error for the caller."""
+    def __init__(self, path: Path, max_bytes: int, backups: int, *, quiet: bool = False) -> None:
+        """Opens the file now: an ``OSError`` here is a configuration error for the caller.
+
+        ``quiet``: a failed write is not said on stderr (the caller says
+        :class:`~memstaged.errors.LogUnwritable` itself: recover and purge stop with it).
+        """
         self.path = path
         self._name = os.fspath(path)
         self._max_bytes = max_bytes
         self._backups = backups
-        self._fd = -1
-        self._id = (0, 0)
-        self._size = 0
-        self._rotates = False
-        self._next_check = 0.0
+        self._rotates = max_bytes > 0 and backups > 0
         self._rotate_after = 0.0
-        self._torn = False  # the last write stopped inside a line
-        self._writing = _Trouble(f"decision log file {path}")
+        #: Where this process's last line ended, if nothing was written after it since.
+        self._end = -1
+        #: Events not written (whole) so far, and the last reason: see :func:`durable`.
+        self.failures = 0
+        self._error: OSError | None = None
+        #: A file was created or renamed since the last sync: its directory is fsynced too.
+        self._dir_changed = False
+        self._writing = _Trouble(f"decision log file {path}", quiet=quiet)
         self._rotating = _Trouble(f"rotating the decision log file {path}")
-        self._following = _Trouble(f"checking the decision log file {path} for a rotation")
         private_dirs(path.parent)
-        self._open()
+        self._fd, self._id = self._open()
 
-    def _open(self) -> None:
-        """(Re)open the path; the previous file stays open until this succeeds."""
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        fd = os.open(self._name, flags, 0o600)
+    def _open(self) -> tuple[int, tuple[int, int]]:
+        """Open (or create) the file the path names now; refuse anything but a regular file."""
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = os.open(self._name, flags, 0o600)  # O_RDWR: the last byte is read, see _append
         try:
             st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, not_a_log_file(st.st_mode), self._name)
+            fcntl.fcntl(fd, fcntl.F_SETFL, os.O_APPEND)  # O_NONBLOCK was for the open only
+            if stat.S_IMODE(st.st_mode) != 0o600:
                 os.fchmod(fd, 0o600)  # a file that was there already is made private too
-        except OSError:
+        except BaseException:
             os.close(fd)
             raise
+        if st.st_size == 0:
+            self._dir_changed = True  # created now, perhaps: its name is made durable too
+        return fd, (st.st_dev, st.st_ino)
+
+    def _reopen(self) -> None:
+        """Follow the path to the file it names now; the old one stays open until that works."""
+        fd, ident = self._open()
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd = fd
-        self._id = (st.st_dev, st.st_ino)
-        self._size = st.st_size
-        self._rotates = self._max_bytes > 0 and self._backups > 0 and stat.S_ISREG(st.st_mode)
-        self._next_check = time.monotonic() + _CHECK_INTERVAL
-        self._torn = False  # a torn line stays at the end of the old file
+        self._fd, self._id, self._end = fd, ident, -1
 
     def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
-        now = time.monotonic()
-        if now >= self._next_check:
-            self._follow(now)
-        if (
-            self._rotates
-            and self._size
-            and self._size + len(line) >= self._max_bytes
-            and now >= self._rotate_after
-        ):
-            self._rotate(len(line), now)
-        if self._torn:
-            line = b"\n" + line  # end the torn line: it is skipped as not JSON, not glued to this
         try:
-            self._write(line)
+            self._append(line)
         except OSError as err:
-            self._writing.failed(err, "events go on to the other sinks")
+            self.failures += 1
+            self._error = err
+            self._writing.failed(
+                err,
+                "nothing is carried out while it cannot be written (the files wait, deferred); "
+                "events go on to the other sinks",
+            )
             return
         if self._writing.failing:
             self._writing.recovered()
 
-    def _write(self, line: bytes) -> None:
-        written = 0
-        try:
-            written = os.write(self._fd, line)
-            if written < len(line):  # a signal or a nearly full disk: write the rest
-                view = memoryview(line)
-                while written < len(line):
-                    written += os.write(self._fd, view[written:])
-        finally:
-            self._size += written
-            if written:
-                self._torn = written < len(line)
+    def _append(self, line: bytes) -> None:
+        """Write ``line`` whole into the file the path names, under its lock; else raise."""
+        if self._fd < 0:
+            raise OSError(errno.EBADF, "the decision log file is closed", self._name)
+        for _ in range(_FOLLOWS):
+            fd = self._fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if self._append_locked(fd, line):
+                    return
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            self._reopen()  # rotated or removed by another process (or just now, by this one)
+        raise OSError(errno.EAGAIN, "rotated away by other processes at every try", self._name)
 
-    def _follow(self, now: float) -> None:
-        """Follow a rotation (or removal) done by another process, and count what it appended."""
-        self._next_check = now + _CHECK_INTERVAL
+    def _append_locked(self, fd: int, line: bytes) -> bool:
+        """With ``fd``'s lock held: write (or rotate); False when the path names another file."""
         try:
             st = os.stat(self._name)
-            if (st.st_dev, st.st_ino) == self._id:
-                self._size = st.st_size
-            else:
-                self._open()
         except FileNotFoundError:
-            try:
-                self._open()  # removed: start a new file, as a restart would
-            except OSError as err:
-                self._following.failed(err, "writing on to the removed file")
-                return
-        except OSError as err:
-            self._following.failed(err, "writing on to the file already open")
-            return
-        if self._following.failing:
-            self._following.recovered()
+            return False  # removed: start a new file, as a restart would
+        if (st.st_dev, st.st_ino) != self._id:
+            return False
+        size = st.st_size
+        if (
+            self._rotates
+            and size
+            and size + len(line) >= self._max_bytes
+            and time.monotonic() >= self._rotate_after
+            and self._rotate()
+        ):
+            return False  # the line goes into the new file
+        data = line
+        if size and size != self._end and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + line  # end a torn line: it is skipped as not JSON, not glued to this
+        self._write(fd, data, size)
+        self._end = size + len(data)
+        return True
 
-    def _rotate(self, incoming: int, now: float) -> None:
+    def _write(self, fd: int, data: bytes, size: int) -> None:
+        """Append ``data`` whole, or leave the file as it was (``size``) and raise."""
+        written = 0
         try:
-            self._rotate_locked(incoming)
-        except OSError as err:
-            # Keep appending beyond max_bytes rather than losing events; try again in a second.
-            self._rotate_after = now + _CHECK_INTERVAL
-            self._rotating.failed(err, "appending to it beyond max_bytes")
-            return
-        if self._rotating.failing:
-            self._rotating.recovered()
+            while written < len(data):  # a signal or a nearly full disk: write the rest
+                done = os.write(fd, data[written:] if written else data)
+                if not done:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._name)
+                written += done
+        except OSError:
+            if written:
+                try:
+                    os.ftruncate(fd, size)  # no line is counted, or left, half-written
+                except OSError:
+                    self._end = -1  # the next append (of any process) ends the torn line
+            raise
 
-    def _rotate_locked(self, incoming: int) -> None:
-        locked = self._fd
-        fcntl.flock(locked, fcntl.LOCK_EX)  # released when _open closes it
+    def _rotate(self) -> bool:
+        """Rename the files one down, with the current one's lock held; True when done."""
+        base = self._name
         try:
-            try:
-                st = os.stat(self._name)
-            except FileNotFoundError:
-                st = None
-            if st is None or (st.st_dev, st.st_ino) != self._id:
-                self._open()  # another process rotated it: write to the new file if it has room
-                if self._size and self._size + incoming >= self._max_bytes:
-                    self._rotate_locked(incoming)
-                return
-            self._size = st.st_size
-            if self._size + incoming < self._max_bytes:
-                return  # _follow's figure was stale the other way: nothing to do
-            base = self._name
             for i in range(self._backups - 1, 0, -1):
                 try:
                     os.rename(f"{base}.{i}", f"{base}.{i + 1}")
                 except FileNotFoundError:
                     continue  # fewer backups so far than allowed
             os.rename(base, f"{base}.1")
-            self._open()
-        finally:
-            if self._fd == locked:
-                fcntl.flock(locked, fcntl.LOCK_UN)
+        except OSError as err:
+            # Keep appending beyond max_bytes rather than losing events; try again later.
+            self._rotate_after = time.monotonic() + _ROTATE_RETRY
+            self._rotating.failed(err, "appending to it beyond max_bytes")
+            return False
+        if self._rotating.failing:
+            self._rotating.recovered()
+        return True
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
-    def sync(self) -> None:
-        """Make the events written so far durable (before the changes they announce)."""
-        if self._fd >= 0:
+    def sync(self, since: int) -> None:
+        """Make the events written so far durable, before the changes they announce.
+
+        Raises :class:`~memstaged.errors.LogUnwritable` when an event since the mark ``since``
+        (:attr:`failures` then) was not written, or the fsync fails: the caller must not carry
+        out what they announce.
+        """
+        if self.failures != since:
+            assert self._error is not None
+            raise LogUnwritable(self.path, self._error)
+        try:
             os.fsync(self._fd)
+            if self._dir_changed:
+                fsync_dir(self.path.parent)
+                self._dir_changed = False
+        except OSError as err:
+            self.failures += 1
+            self._error = err
+            self._writing.failed(err, "nothing is carried out while it cannot be made durable")
+            raise LogUnwritable(self.path, err) from None
+
+
+#: What a file system that cannot take the log now says (full, read-only, failing): a command
+#: that cannot open the log for it changes nothing and exits 1 (try again), not 2 (a setting).
+UNWRITABLE: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def open_error(path: Path, err: OSError) -> MemstagedError:
+    """The one-line error of a log file that cannot be opened: try again, or fix a setting."""
+    if err.errno in UNWRITABLE:
+        return LogUnwritable(path, err)
+    return ConfigError(f"log file {path}: {err.strerror or err}")
+
+
+def not_a_log_file(mode: int) -> str:
+    """Why a path cannot be the decision log, for a mode that is not a regular file's."""
+    return (
+        f"not a regular file ({display.file_kind(mode)}): the decision log must be a regular "
+        "file, or a path where one can be created"
+    )
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory: the names created and renamed in it are durable from then on."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class ConsoleSink:
@@ -576,6 +650,7 @@ def configure(
     backups: int = 5,
     console: str = "auto",
     journal: str = "auto",
+    quiet_file: bool = False,
 ) -> None:
     """Set up the sinks. ``journal`` is ``auto``, ``on`` or ``off``; ``console`` is one of:
 
@@ -584,6 +659,8 @@ def configure(
     * ``on``: stderr always, readable on a terminal and JSON lines elsewhere;
     * ``lines``: stderr always, readable lines (``--once --verbose``);
     * ``off``: never.
+
+    ``quiet_file``: the file sink's failures are not said on stderr (see :class:`FileSink`).
 
     Raises ``OSError`` when the log file cannot be opened; the sinks in use stay as they were.
     """
@@ -595,7 +672,7 @@ def configure(
         except ImportError:
             use_journal = False
     if log_file is not None:
-        sinks.append(FileSink(log_file, max_bytes, backups))
+        sinks.append(FileSink(log_file, max_bytes, backups, quiet=quiet_file))
     if console == "on" or (console == "auto" and not use_journal and _is_terminal(sys.stderr)):
         sinks.append(ConsoleSink(sys.stderr))
     elif console == "lines":
@@ -608,15 +685,20 @@ def add_sink(sink: Sink) -> None:
     _FANOUT.replace((*_FANOUT.sinks, sink))
 
 
-def sync() -> None:
-    """fsync the decision log file: SPEC 5, nothing is carried out unlogged, even across a
-    power cut. A failure is reported in one stderr line, never raised."""
-    for sink in _FANOUT.sinks:
-        if isinstance(sink, FileSink):
-            try:
-                sink.sync()
-            except OSError as err:
-                _say(f"memstaged: cannot sync the decision log: {err.strerror or err}")
+def _file_sinks() -> list[FileSink]:
+    return [sink for sink in _FANOUT.sinks if isinstance(sink, FileSink)]
+
+
+@contextmanager
+def durable() -> Iterator[None]:
+    """The events logged in the block are written whole and fsynced when it ends, or
+    :class:`~memstaged.errors.LogUnwritable` is raised (SPEC 5 and 7: nothing is carried out
+    unlogged, even across a power cut). Whoever announces a change logs it in this block and
+    carries it out only after it."""
+    marks = {id(sink): sink.failures for sink in _file_sinks()}
+    yield
+    for sink in _file_sinks():
+        sink.sync(marks.get(id(sink), 0))
 
 
 def close() -> None:

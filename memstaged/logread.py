@@ -16,6 +16,7 @@ import json
 import os
 import posixpath
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -187,6 +188,31 @@ def rotated_files(path: Path) -> list[Path]:
     return [path.parent / name for _, name in found]
 
 
+def open_log(path: Path) -> IO[bytes]:
+    """Open a decision log file (or a rotated one) for reading, never blocking (issue 19 item 3).
+
+    ``O_NONBLOCK``: a FIFO at the path (``.1`` included, which the config check does not see)
+    would block the reader until someone writes; it is refused like any file that is not a
+    regular one, with one line (``ConfigError``, exit 2). ``FileNotFoundError`` is passed on.
+    """
+    from memstaged.log import not_a_log_file
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise ConfigError(f"log file {path}: {err.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"log file {path}: {not_a_log_file(mode)}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
 def parse_line(line: bytes) -> Event | None:
     """One log line as an event, or ``None`` for a line that is not a JSON object.
 
@@ -231,7 +257,7 @@ class FileSource:
         printed before the last are read. :meth:`follow` goes on from where this ends."""
         for older in rotated_files(self.path):
             try:
-                with older.open("rb") as fh:
+                with open_log(older) as fh:
                     yield from self._chunks(fh, complete=True)
             except FileNotFoundError:
                 continue  # rotated away meanwhile
@@ -246,7 +272,8 @@ class FileSource:
         ``.2`` …, each read whole (a file is at most ``log_max_bytes``) and walked backwards."""
         for path in [self.path, *reversed(rotated_files(self.path))]:
             try:
-                data = path.read_bytes()
+                with open_log(path) as fh:
+                    data = fh.read()
             except FileNotFoundError:
                 continue
             except OSError as err:
@@ -300,11 +327,9 @@ class FileSource:
 
     def _open(self) -> bool:
         try:
-            self._fh = self.path.open("rb")
+            self._fh = open_log(self.path)
         except FileNotFoundError:
             return False
-        except OSError as err:
-            raise ConfigError(f"log file {self.path}: {err.strerror}") from None
         self._ino = os.fstat(self._fh.fileno()).st_ino
         self._partial = b""
         return True

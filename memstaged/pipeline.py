@@ -18,12 +18,14 @@ import stat
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Final
 
 import msgspec
 
 from memstaged import apply as applying
 from memstaged import fsio
+from memstaged.errors import LogUnwritable
 from memstaged.fsio import Identity
 from memstaged.locks import LockHeld, LockInfo, read_lock, remove_stale_own_lock
 from memstaged.memdir import (
@@ -165,12 +167,13 @@ class Pipeline:
         options: Options,
         logger: Any,
         clock: Callable[[], float] = time.time,
-        sync_log: Callable[[], None] | None = None,
+        durable_log: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.options = options
         self.log = logger
         self.clock = clock
-        self._sync_log = sync_log if sync_log is not None else _sync_decision_log
+        #: The decision log's :func:`memstaged.log.durable` (a test's recording logger has none).
+        self._durable_log = durable_log if durable_log is not None else _durable_decision_log
         self._stamp: tuple[int, str] = (-1, "")
         self._first_seen = FirstSeen()
         #: Memory dirs whose ``staging/`` could not be listed at the last :meth:`scan`.
@@ -340,10 +343,10 @@ class Pipeline:
         announced: set[str] = set()
 
         def announce(plans: Sequence[Plan]) -> None:
-            for plan in plans:
-                self._finish_event(plan.event, by_name[plan.name].started)
-                announced.add(plan.name)
-            self._sync_log()
+            with self._durable_log():  # raises LogUnwritable: nothing of the plans is done
+                for plan in plans:
+                    self._finish_event(plan.event, by_name[plan.name].started)
+                    announced.add(plan.name)
 
         outcomes: dict[str, Outcome] = {}
         fsio.load_libc()  # once per process, and not between an announcement and its change
@@ -361,6 +364,19 @@ class Pipeline:
             for item in pending:
                 outcomes[item.plan.name] = self._after(
                     item, announced, Decision.DEFERRED, str(held), blocked_by_lock=True
+                )
+            return outcomes
+        except LogUnwritable as err:
+            # SPEC 5 and 7 (issue 19 item 1): retried with the backoff of an error, and decided
+            # once the log can be written again; the log's own line on stderr said why.
+            for item in pending:
+                outcomes[item.plan.name] = self._after(
+                    item,
+                    announced,
+                    Decision.DEFERRED,
+                    err.reason,
+                    retry_at=self.clock() + self.options.settle,
+                    error=True,
                 )
             return outcomes
         except OSError as err:
@@ -587,10 +603,10 @@ class Pipeline:
             return []
 
 
-def _sync_decision_log() -> None:
-    from memstaged.log import sync
+def _durable_decision_log() -> AbstractContextManager[object]:
+    from memstaged.log import durable
 
-    sync()
+    return durable()
 
 
 def _describe(event: dict[str, Any], verdict: Verdict) -> None:

@@ -7,6 +7,7 @@ tmpfs directory with real renames, so every round takes exactly the interleaving
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -103,7 +104,7 @@ def test_1_inode_reuse_in_a_batch_loses_no_version(
     target = mdir / "staging" / "a.json"
     _during_decide(monkeypatch, "z2.json", lambda: _replace_twice(target, middle, newest))
     log = RecordingLogger()
-    outcomes = Pipeline(Options(settle=0), log, sync_log=lambda: None).process_batch(
+    outcomes = Pipeline(Options(settle=0), log, durable_log=contextlib.nullcontext).process_batch(
         memory_dir_of(mdir), sorted(p.name for p in (mdir / "staging").iterdir())
     )
     assert newest in _staged(mdir), "the writer's newest version was lost"
@@ -139,9 +140,9 @@ def test_2_an_in_place_rewrite_that_keeps_size_and_mtime_is_kept(
         os.utime(target, (OLD, OLD))
 
     _during_decide(monkeypatch, "b.json", in_place)
-    Pipeline(Options(settle=0), RecordingLogger(), sync_log=lambda: None).process_batch(
-        memory_dir_of(mdir), ["a.json", "b.json"]
-    )
+    Pipeline(
+        Options(settle=0), RecordingLogger(), durable_log=contextlib.nullcontext
+    ).process_batch(memory_dir_of(mdir), ["a.json", "b.json"])
     assert newest in _staged(mdir)
 
 
@@ -166,9 +167,9 @@ def test_2_an_in_place_rewrite_in_the_last_instant_before_the_exchange_is_kept(
         real(dir_fd, a, b)
 
     monkeypatch.setattr(fsio, "exchange", exchange)
-    outcome = Pipeline(Options(settle=0), RecordingLogger(), sync_log=lambda: None).process(
-        memory_dir_of(mdir), "a.json"
-    )
+    outcome = Pipeline(
+        Options(settle=0), RecordingLogger(), durable_log=contextlib.nullcontext
+    ).process(memory_dir_of(mdir), "a.json")
     assert newest in _staged(mdir)
     assert outcome.decision is Decision.DEFERRED
 
@@ -198,7 +199,7 @@ def test_3_something_already_at_a_deadletter_name_is_not_trusted(
         else:
             path.write_bytes(b"" if plant == "empty-file" else b"someone else's bytes")
     log = RecordingLogger()
-    outcome = Pipeline(Options(settle=0), log, sync_log=lambda: None).process(
+    outcome = Pipeline(Options(settle=0), log, durable_log=contextlib.nullcontext).process(
         memory_dir_of(mdir), "bad.json"
     )
     assert outcome.decision is Decision.QUARANTINED
@@ -378,7 +379,7 @@ def test_10_a_huge_sparse_file_is_moved_not_copied_and_fills_no_disk(tmp_path: P
         ino = huge.stat().st_ino
         free = os.statvfs(mnt).f_bavail
         log = RecordingLogger()
-        outcome = Pipeline(Options(settle=0), log, sync_log=lambda: None).process(
+        outcome = Pipeline(Options(settle=0), log, durable_log=contextlib.nullcontext).process(
             memory_dir_of(mdir), "huge.json"
         )
         assert outcome.decision is Decision.QUARANTINED
@@ -415,7 +416,7 @@ def test_10_a_file_replaced_while_it_was_being_moved_is_put_back(
 
     monkeypatch.setattr(fsio, "rename_noreplace", racing)
     outcome = Pipeline(
-        Options(settle=0, max_file_size=4096), RecordingLogger(), sync_log=lambda: None
+        Options(settle=0, max_file_size=4096), RecordingLogger(), durable_log=contextlib.nullcontext
     ).process(memory_dir_of(mdir), "big.json")
     assert outcome.decision is Decision.DEFERRED
     assert newest in _staged(mdir)
@@ -436,7 +437,7 @@ def test_10_where_no_rename_can_move_it_at_most_max_quarantine_copy_is_copied(
     with mounted(mdir / "deadletter", "-t", "tmpfs", "-o", "size=1m", "tmpfs"):
         log = RecordingLogger()
         options = Options(settle=0, max_file_size=4096, max_quarantine_copy=max_copy)
-        outcome = Pipeline(options, log, sync_log=lambda: None).process(
+        outcome = Pipeline(options, log, durable_log=contextlib.nullcontext).process(
             memory_dir_of(mdir), "big.json"
         )
         kept = [p.read_bytes() for p in (mdir / "deadletter").rglob("*.orig")]

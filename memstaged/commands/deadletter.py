@@ -52,7 +52,7 @@ from memstaged.deadletter import (
     text_or_none,
 )
 from memstaged.ecma import encode_json, pretty
-from memstaged.errors import ConfigError, UsageError
+from memstaged.errors import UsageError
 from memstaged.pipeline import MemoryDir
 from memstaged.recover import Action, Outcome, Report, preview, recover
 
@@ -161,7 +161,7 @@ def _records(mdirs: list[MemoryDir], *, light: bool = False) -> list[RecordFile]
 
 def _logger(settings: Settings) -> Any:
     """The decision log, for recover and purge: what an operator changed is on record too."""
-    from memstaged.log import configure, get_logger
+    from memstaged.log import configure, get_logger, open_error
 
     try:
         configure(
@@ -169,9 +169,10 @@ def _logger(settings: Settings) -> Any:
             max_bytes=settings.log_max_bytes,
             backups=settings.log_backups,
             console="off",
+            quiet_file=True,  # a change the log cannot take stops the command with one line
         )
     except OSError as err:
-        raise ConfigError(f"log file {settings.log_file}: {err.strerror}") from None
+        raise open_error(settings.log_file, err) from None
     return get_logger()
 
 
