@@ -105,7 +105,8 @@ def _decide_all(
             time.sleep(min(delay, pipeline.options.settle))
         outcome = pipeline.process(mdir, name)
         _count(mdir, name, outcome, counts, cache, rewritten)
-    _look_at_rewrites(pipeline, mdir, rewritten, counts, cache)
+    if not pipeline.options.dry_run:  # a dry run rewrote nothing: there is nothing to look at
+        _look_at_rewrites(pipeline, mdir, rewritten, counts, cache)
     cache.keep_only(set(names))
     return counts, len(held)
 
