@@ -282,7 +282,6 @@ class Pipeline:
     ) -> tuple[Outcome, Plan | None]:
         """A file's final outcome (logged), or the plan that carries its decision out."""
         event = self._event(mdir, name)
-        rewrite = self._rewrites.pop((mdir.path, name), None)
         if not is_staging_name(name):
             return self._final(
                 event, Decision.SKIPPED, "not a staging file name", started=started
@@ -293,6 +292,9 @@ class Pipeline:
         version: Version | None = None
         try:
             read = read_version(staging_fd, name, self.options.max_file_size)
+            # What was read there is either memstaged's own rewrite or what replaced it: it
+            # is known no longer (a lock or an I/O error above keeps it for the next look).
+            rewrite = self._rewrites.pop((mdir.path, name), None)
             if isinstance(read, Skip):
                 outcome = self._final(event, Decision(read.decision), read.reason, started=started)
                 return msgspec.structs.replace(outcome, identity=read.identity), None
