@@ -201,6 +201,15 @@ class Daemon:
         self.lock_waiting.pop(path, None)
         self._forget(lambda key: key[0] == path)
 
+    def _limit(self, max_file_size: int) -> None:
+        """A lower size limit: files decided under the old one that are over it now are decided
+        again (too large to read); the others stay decided (issue 21 item 3)."""
+        for cache in self.seen.values():
+            cache.limit(max_file_size)
+        over = {k for k, ident in self.identities.items() if ident.size > max_file_size}
+        if over:
+            self._forget(over.__contains__)
+
     def _forget(self, which: Callable[[Key], bool]) -> None:
         self.due.forget(which)
         for key in [k for k in self.identities if which(k)]:
@@ -351,7 +360,8 @@ class Daemon:
         self.in_hand = key
         outcome = self.pipeline.process(mdir, key[1])
         self.in_hand = None
-        self.counts[outcome.decision.value] += 1
+        if not outcome.own_rewrite:  # the look at its own rewrite is no second decision
+            self.counts[outcome.decision.value] += 1
         cache = self.seen.get(key[0])
         if cache is not None:
             if outcome.decision in _FINAL and not outcome.changed:
@@ -509,6 +519,7 @@ class Daemon:
                 # Decisions made from now on are not those the cache holds: start a new one.
                 for path, mdir in self.mdirs.items():
                     self.seen[path] = seen_cache(new, mdir)
+            self._limit(new.options.max_file_size)
             self.next_rescan = self.clock() + self.rescan_interval
             if new.observer != old.observer:
                 self._new_watcher(new.observer)

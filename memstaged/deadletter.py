@@ -27,7 +27,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged import apply as applying
-from memstaged import fsio
+from memstaged import fsio, reasons
 from memstaged.apply import Admit
 from memstaged.ecma import Parsed, is_nonempty_string, parse_json, trim
 from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
@@ -128,8 +128,32 @@ class RecordFile(msgspec.Struct, frozen=True):
 
     @property
     def errors(self) -> list[str]:
+        """The validation errors, those no repair fixes first (an old record's are reordered)."""
         found = self.meta.get("errors")
-        return [str(e) for e in found] if isinstance(found, list) else []
+        if not isinstance(found, list):
+            return []
+        left, fixed = reasons.split([str(e) for e in found], self.meta.get("repairable"))
+        return [*left, *fixed]
+
+    @property
+    def repairable(self) -> list[str]:
+        """The errors a repair would have fixed: not why the candidate was dead-lettered."""
+        found = self.meta.get("errors")
+        if not isinstance(found, list):
+            return []
+        return reasons.split([str(e) for e in found], self.meta.get("repairable"))[1]
+
+    @property
+    def quarantined_for(self) -> str | None:
+        """Why it was dead-lettered: its own first error that no repair fixes, or else its
+        file's (a valid candidate goes with its file; the record says which error took it)."""
+        found = self.meta.get("errors")
+        if isinstance(found, list):
+            left = reasons.split([str(e) for e in found], self.meta.get("repairable"))[0]
+            if left:
+                return left[0]
+        value = self.meta.get("quarantined_for")
+        return f"with its file: {value}" if isinstance(value, str) else None
 
     @property
     def source_file(self) -> str | None:

@@ -115,7 +115,9 @@ def message(event: MutableMapping[str, Any]) -> str:
             text = f"{decision} (dry run) {display.name(event.get('path'))}"
         repairs = [r for r in event.get("repairs") or [] if isinstance(r, dict)]
         reasons = event.get("reasons") or []
-        if repairs:
+        if event.get("own_rewrite"):
+            text += ": memstaged's own rewrite, looked at again (not a new decision)"
+        elif repairs:
             text += f": repaired by {display.repairs(repairs)}"
         elif reasons:
             text += f": {display.text(reasons[0])}" + (

@@ -113,8 +113,14 @@ class EventFilter(msgspec.Struct, frozen=True, kw_only=True):
         is_decision = event.get("event") == "decision"
         if (self.decisions or self.decisions_only) and not is_decision:
             return False
-        if self.decisions and event.get("decision") not in self.decisions:
+        if (
+            self.decisions
+            and event.get("decision") not in self.decisions
+            and not ("quarantined" in self.decisions and partly_quarantined(event))
+        ):
             return False
+        if self.decisions and event.get("own_rewrite"):
+            return False  # the look at memstaged's own rewrite is no decision (SPEC 7)
         if self.since is not None or self.until is not None:
             when = event_time(event)
             if when is None:
@@ -135,6 +141,19 @@ class EventFilter(msgspec.Struct, frozen=True, kw_only=True):
                 return False
             return any(fnmatch.fnmatchcase(normalize(mdir), p) for p in self.memory_dirs)
         return True
+
+
+def partly_quarantined(event: Mapping[str, Any]) -> bool:
+    """A ``repaired`` file whose invalid candidates R4 dead-lettered: what a query for the
+    quarantines must find too (issue 21 item 5). Older logs say it only by the repairs' rule."""
+    if event.get("decision") != "repaired":
+        return False
+    if event.get("partly_quarantined"):
+        return True
+    repairs = event.get("repairs")
+    return isinstance(repairs, list) and any(
+        isinstance(r, dict) and r.get("rule") == "R4" for r in repairs
+    )
 
 
 def _path_matches(path: object, pattern: str) -> bool:

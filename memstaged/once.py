@@ -45,8 +45,13 @@ def _settle(
     waiting: list[tuple[float, str]],
     cache: SeenCache,
     advance: Callable[[], None],
+    rewritten: list[str],
 ) -> None:
-    """Count a batch's outcomes; a file that changed meanwhile is decided again on its own."""
+    """Count a batch's outcomes; a file that changed meanwhile is decided again on its own.
+
+    The names of files repaired go to ``rewritten``: their rewrites are looked at once the
+    others are decided (SPEC 1), as the daemon looks at them when it sees them appear.
+    """
     for name, first in outcomes.items():
         outcome = first
         for _ in range(_CHANGED_RETRIES):
@@ -56,9 +61,24 @@ def _settle(
         if outcome.decision is Decision.DEFERRED and outcome.retry_at is not None:
             waiting.append((outcome.retry_at, name))
         else:
-            counts[outcome.decision.value] += 1
-            remember_outcome(cache, mdir, name, outcome)
+            _count(mdir, name, outcome, counts, cache, rewritten)
         advance()
+
+
+def _count(
+    mdir: MemoryDir,
+    name: str,
+    outcome: Outcome,
+    counts: Counter[str],
+    cache: SeenCache,
+    rewritten: list[str],
+) -> None:
+    """One decision counted (a look at memstaged's own rewrite is none, SPEC 7) and cached."""
+    if not outcome.own_rewrite:
+        counts[outcome.decision.value] += 1
+    if outcome.decision is Decision.REPAIRED and not outcome.changed:
+        rewritten.append(name)
+    remember_outcome(cache, mdir, name, outcome)
 
 
 def _decide_all(
@@ -67,6 +87,7 @@ def _decide_all(
     """Decide every file; returns the counts per decision and how many were unchanged."""
     counts: Counter[str] = Counter()
     waiting: list[tuple[float, str]] = []
+    rewritten: list[str] = []
     todo, held = split_unchanged(cache, mdir.staging, names)
     todo.sort()  # files are decided in name order; the unchanged ones need no order
     counts.update(held)
@@ -74,7 +95,7 @@ def _decide_all(
         for _ in held:
             advance()
     for batch in pipeline.batches(mdir, todo):
-        _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance)
+        _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance, rewritten)
     waiting.sort()
     if waiting:
         _say_waiting(mdir, waiting, pipeline.options.settle)
@@ -83,10 +104,30 @@ def _decide_all(
         if delay > 0:
             time.sleep(min(delay, pipeline.options.settle))
         outcome = pipeline.process(mdir, name)
-        counts[outcome.decision.value] += 1
-        remember_outcome(cache, mdir, name, outcome)
+        _count(mdir, name, outcome, counts, cache, rewritten)
+    if not pipeline.options.dry_run:  # a dry run rewrote nothing: there is nothing to look at
+        _look_at_rewrites(pipeline, mdir, rewritten, counts, cache)
     cache.keep_only(set(names))
     return counts, len(held)
+
+
+def _look_at_rewrites(
+    pipeline: Pipeline,
+    mdir: MemoryDir,
+    rewritten: list[str],
+    counts: Counter[str],
+    cache: SeenCache,
+) -> None:
+    """Decide each rewrite again (SPEC 1: it must be valid), as the daemon does on seeing it.
+
+    The look is logged as memstaged's own (``own_rewrite``) and not counted; the file is then
+    remembered as decided, so a later run neither reads it again nor logs a decision for it
+    (issue 21 item 3). A version a writer put there meanwhile gets its own decision, counted
+    (a deferred one too: the exit code says that something waits for the next run).
+    """
+    for batch in pipeline.batches(mdir, rewritten):
+        for name, outcome in batch.outcomes.items():
+            _count(mdir, name, outcome, counts, cache, [])
 
 
 #: A settle wait from this long on is said on stderr: a silent pause looks like a hang.

@@ -12,6 +12,7 @@ decision log. Data flows one way; each module only calls downwards.
 from __future__ import annotations
 
 import errno
+import hashlib
 import itertools
 import os
 import stat
@@ -68,6 +69,10 @@ BATCH_BYTES: Final = 32 * 1024 * 1024
 #: ... and at most this many versions held open until they are applied (SPEC 6: descriptors
 #: stay bounded; a service manager's default soft limit is 1,024).
 BATCH_HELD: Final = 256
+#: Rewrites remembered until they are looked at: more means a watcher that misses events, and
+#: the oldest are then forgotten (a forgotten one is logged as a plain ``valid``, which
+#: ``stats`` still tells from a decision by its ``rewrite_sha256``).
+MAX_REWRITES: Final = 100_000
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -84,6 +89,8 @@ class Outcome(msgspec.Struct, frozen=True):
     #: Deferred by an error (an I/O error carrying the decision out, a file too large to move):
     #: retried with a growing backoff, as a file that cannot be read is, never at once.
     error: bool = False
+    #: memstaged's look at its own rewrite (SPEC 1): logged as such, never a decision again.
+    own_rewrite: bool = False
 
 
 class Batch:
@@ -176,6 +183,9 @@ class Pipeline:
         self._durable_log = durable_log if durable_log is not None else _durable_decision_log
         self._stamp: tuple[int, str] = (-1, "")
         self._first_seen = FirstSeen()
+        #: (memory dir, name) -> the SHA-256 of the rewrite memstaged put there and has not
+        #: looked at yet: the version it reads there next is its own rewrite (SPEC 1 and 7).
+        self._rewrites: dict[tuple[str, str], str] = {}
         #: Memory dirs whose ``staging/`` could not be listed at the last :meth:`scan`.
         self.unlisted: dict[str, str] = {}
 
@@ -285,11 +295,14 @@ class Pipeline:
         version: Version | None = None
         try:
             read = read_version(staging_fd, name, self.options.max_file_size)
+            # What was read there is either memstaged's own rewrite or what replaced it: it
+            # is known no longer (a lock or an I/O error above keeps it for the next look).
+            rewrite = self._rewrites.pop((mdir.path, name), None)
             if isinstance(read, Skip):
                 outcome = self._final(event, Decision(read.decision), read.reason, started=started)
                 return msgspec.structs.replace(outcome, identity=read.identity), None
             version = read
-            outcome, plan = self._decide(mdir, version, event, started)
+            outcome, plan = self._decide(mdir, version, event, started, rewrite)
             if plan is not None:
                 version = None  # the transaction owns it now
             return outcome, plan
@@ -305,7 +318,12 @@ class Pipeline:
                 version.close()
 
     def _decide(
-        self, mdir: MemoryDir, version: Version, event: dict[str, Any], started: float
+        self,
+        mdir: MemoryDir,
+        version: Version,
+        event: dict[str, Any],
+        started: float,
+        rewrite: str | None = None,
     ) -> tuple[Outcome, Plan | None]:
         now = self.clock()
         changed_at = self._first_seen.changed_at(version, now)
@@ -319,6 +337,12 @@ class Pipeline:
         )
         verdict = self._verdict(version, ctx)
         _describe(event, verdict)
+        if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
+            # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
+            # as what it is, and is not a second decision of the file.
+            event["own_rewrite"] = True
+            self._finish_event(event, started)
+            return Outcome(Decision.VALID, version.identity, own_rewrite=True), None
         if verdict.decision is Decision.DEFERRED:
             retry = changed_at + self.options.settle
             self._finish_event(event, started)
@@ -395,6 +419,9 @@ class Pipeline:
             applied, final = results[name]
             if applied is applying.Applied.DONE:
                 outcomes[name] = Outcome(Decision(item.event["decision"]), final)
+                rewrite = item.event.get("rewrite_sha256")
+                if rewrite is not None:
+                    self._remember_rewrite(item.event["memory_dir"], name, rewrite)
             elif applied is applying.Applied.GONE:
                 outcomes[name] = self._after(
                     item, announced, Decision.SKIPPED, "vanished before the decision was applied"
@@ -445,6 +472,11 @@ class Pipeline:
             event["level_hint"] = "error"
         self._finish_event(event, item.started)
         return Outcome(decision, item.plan.version.identity, error=error, **extra)
+
+    def _remember_rewrite(self, memory_dir: str, name: str, sha256: str) -> None:
+        if len(self._rewrites) >= MAX_REWRITES:
+            del self._rewrites[next(iter(self._rewrites))]
+        self._rewrites[(memory_dir, name)] = sha256
 
     # -- logging --------------------------------------------------------------------------------
 
@@ -618,8 +650,17 @@ def _describe(event: dict[str, Any], verdict: Verdict) -> None:
         size=verdict.size,
         reasons=list(verdict.reasons),
     )
+    if verdict.repairable:  # reasons that a repair would fix: the last ones (SPEC 7)
+        event["repairable"] = list(verdict.repairable)
     if verdict.repairs:
         event["repairs"] = [msgspec.to_builtins(r) for r in verdict.repairs]
+        if any(r.rule == "R4" for r in verdict.repairs):
+            # Candidates went to deadletter/: a query for quarantines finds them (issue 21
+            # item 5); journalctl MEMSTAGED_DECISION=quarantined + MEMSTAGED_PARTLY_QUARANTINED=true
+            event["partly_quarantined"] = True
+    if verdict.new_bytes is not None:
+        # Names the version memstaged puts in place: its look at it is told from a decision.
+        event["rewrite_sha256"] = hashlib.sha256(verdict.new_bytes).hexdigest()
     names = [f"{DEADLETTER}/{r.name}" for r in verdict.deadletter]
     if verdict.original is not None:
         names.append(f"{DEADLETTER}/{ORIGINALS_DIR}/{verdict.original}")

@@ -46,7 +46,10 @@ EMBED_FACTOR: Final = 16
 class Origin(msgspec.Struct, frozen=True):
     """What every record of one decision shares: where the bytes came from and why they failed.
 
-    ``errors`` are the file-level validation errors; each record adds its own candidate's.
+    ``errors`` are the file-level validation errors, those no repair fixes first and then
+    ``repairable``, those a repair would have fixed; each record adds its own candidate's.
+    ``reason`` is the first error of the whole file that no repair fixes: why it was quarantined,
+    which a record of a valid candidate does not otherwise say (issue 21 item 1).
     """
 
     file_name: str
@@ -55,6 +58,8 @@ class Origin(msgspec.Struct, frozen=True):
     size: int
     decided_at: str
     errors: tuple[str, ...]
+    repairable: tuple[str, ...] = ()
+    reason: str | None = None
 
 
 def safe_component(text: str) -> str:
@@ -117,6 +122,7 @@ class _Shared:
         "original",
         "problems",
         "produced_at",
+        "remaining",
         "session_id",
     )
 
@@ -126,11 +132,14 @@ class _Shared:
         origin: Origin,
         exotic: bool,
         problems: Mapping[tuple[str, int], tuple[Problem, ...]],
+        remaining: Mapping[tuple[str, int], tuple[Problem, ...]] | None = None,
     ) -> None:
         self.doc = doc
         self.origin = origin
         self.exotic = exotic
         self.problems = problems
+        #: Each candidate's errors left after every repair (None: no repair touches them).
+        self.remaining = remaining
         self.session_id = _session_id(doc, origin)
         produced = doc.get("produced_at") if isinstance(doc, dict) else None
         self.produced_at = canonical_or_epoch(produced)
@@ -139,8 +148,28 @@ class _Shared:
         #: The original's name in ``originals/``; the apply path changes it when that is taken.
         self.original = original_name(origin.file_name, origin.sha256)
 
-    def render(self, category: str, candidate: Any, attempts: Any, errors: list[str]) -> bytes:
+    def render(
+        self,
+        category: str,
+        candidate: Any,
+        attempts: Any,
+        errors: list[str],
+        repairable: list[str],
+    ) -> bytes:
         origin = self.origin
+        own: dict[str, Any] = {
+            "source_path": origin.source_path,
+            "source_file": origin.file_name,
+            "original": f"{ORIGINALS_DIR}/{self.original}",
+            "sha256": origin.sha256,
+            "size": origin.size,
+            "errors": errors,
+            "decided_at": origin.decided_at,
+        }
+        if repairable:
+            own["repairable"] = repairable
+        if origin.reason is not None:
+            own["quarantined_for"] = origin.reason
         record = {
             "session_id": self.session_id,
             "produced_at": self.produced_at,
@@ -148,15 +177,7 @@ class _Shared:
             "last_gate_reason": GATE_REASON,
             "category": category,
             "candidate": candidate,
-            "memstaged": {
-                "source_path": origin.source_path,
-                "source_file": origin.file_name,
-                "original": f"{ORIGINALS_DIR}/{self.original}",
-                "sha256": origin.sha256,
-                "size": origin.size,
-                "errors": errors,
-                "decided_at": origin.decided_at,
-            },
+            "memstaged": own,
         }
         return _encode(record, self.exotic)
 
@@ -191,14 +212,27 @@ class DeadLetter:
     @property
     def body(self) -> bytes:
         shared = self._shared
-        file_errors = list(shared.origin.errors)
+        origin = shared.origin
+        file_fixed = list(origin.repairable)
+        file_left = list(origin.errors[: len(origin.errors) - len(file_fixed)])
         if self._index is None:
-            return shared.render(self.category, shared.doc, 0, file_errors)
+            return shared.render(
+                self.category, shared.doc, 0, [*file_left, *file_fixed], file_fixed
+            )
         item = shared.doc["candidates"][self.category][self._index]
-        own = shared.problems.get((self.category, self._index), ())
+        key = (self.category, self._index)
+        own = [str(p) for p in shared.problems.get(key, ())]
+        if shared.remaining is None:
+            own_left, own_fixed = own, []
+        else:
+            own_left = [str(p) for p in shared.remaining.get(key, ())]
+            own_fixed = [e for e in own if e not in set(own_left)]
         wrapped = {"candidate": item, "original_staging_file": shared.embedded}
-        errors = file_errors + [str(p) for p in own]
-        return shared.render(self.category, wrapped, _attempts(item), errors)
+        # Those no repair fixes first (SPEC 7): what a reader of the record sees first.
+        errors = [*file_left, *own_left, *file_fixed, *own_fixed]
+        return shared.render(
+            self.category, wrapped, _attempts(item), errors, [*file_fixed, *own_fixed]
+        )
 
     def renamed(self, name: str) -> DeadLetter:
         """The same record under another file name (SPEC 4: a name under deadletter/ is taken)."""
@@ -263,18 +297,21 @@ def candidate_records(
     origin: Origin,
     *,
     problems: Mapping[tuple[str, int], tuple[Problem, ...]] | None = None,
+    remaining: Mapping[tuple[str, int], tuple[Problem, ...]] | None = None,
     only: set[tuple[str, int]] | None = None,
     exotic: bool = False,
 ) -> list[DeadLetter]:
     """One record per candidate found (SPEC 4.2), or only those in ``only`` (repair R4).
 
     ``problems`` are each candidate's own validation errors, as :func:`schema.check_file` found
-    them; a record lists its own and the file-level ones (``origin.errors``).
+    them; a record lists its own and the file-level ones (``origin.errors``). ``remaining``, each
+    candidate's errors once every repair was applied: the others are marked ``repairable`` and
+    listed last.
     """
     positions = _positions(doc, only)
     if not positions:
         return []
-    shared = _Shared(doc, origin, exotic, problems or {})
+    shared = _Shared(doc, origin, exotic, problems or {}, remaining)
     encoded = encode_json(doc, exotic=exotic)
     if len(encoded) * len(positions) > max(EMBED_FACTOR * origin.size, EMBED_LIMIT):
         shared.embedded = {

@@ -196,7 +196,9 @@ def _made_valid(
         return parse_json(verdict.new_bytes).value["candidates"][category][0], None
     if verdict.decision is Decision.FOREIGN:
         return None, f"it belongs to another project: {'; '.join(verdict.reasons)}"
-    return None, f"cannot be made valid: {'; '.join(verdict.reasons)}"
+    fixed = set(verdict.repairable)  # R5 adds the categories this one-candidate file lacks
+    left = [r for r in verdict.reasons if r not in fixed] or list(verdict.reasons)
+    return None, f"cannot be made valid: {'; '.join(left)}"
 
 
 def plan(

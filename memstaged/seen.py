@@ -5,7 +5,8 @@ A repeated ``--once`` (and the daemon's start-up scan) need not read such a file
 write, rename or ``chmod`` changes the ctime). The cache lives under
 ``$XDG_STATE_HOME/memstaged/seen/``, one file per memory dir. It is only a cache: a missing,
 corrupt or outdated one costs a re-read, never a wrong decision, and it is dropped whole when the
-engine or a setting that changes decisions differs from the run that wrote it.
+engine differs from the run that wrote it. No setting changes a ``valid`` or ``foreign``
+decision except the size limit, which drops the entries of files over it.
 
 ``--once`` and the daemon share the file of a memory dir: they never work on one memory dir at the
 same time (the instance lock), so neither sees the other's half-written state, and whatever one
@@ -41,7 +42,8 @@ _ENGINE: Final = ("ecma", "schema", "timestamps", "repair", "triage", "project",
 
 Key = tuple[int, int, int, int, int]
 
-#: Decisions that leave a file as it is in staging/: worth remembering.
+#: Decisions that leave a file as it is in staging/: worth remembering. A repaired file's
+#: rewrite is remembered once memstaged looked at it and found it valid (SPEC 1).
 STAYS: Final = frozenset({Decision.VALID, Decision.FOREIGN})
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -163,6 +165,13 @@ class SeenCache:
         if self.entries.pop(name, None) is not None:
             self.dirty = True
 
+    def limit(self, max_file_size: int) -> None:
+        """Drop files larger than the size limit: under it, they are no longer decided as they
+        were (SPEC 6: too large to read), and must be decided again."""
+        for name in [n for n, (key, _d) in self.entries.items() if key[2] > max_file_size]:
+            del self.entries[name]
+            self.dirty = True
+
     def keep_only(self, names: set[str]) -> None:
         """Drop files that are gone from ``staging/``."""
         for name in [n for n in self.entries if n not in names]:
@@ -207,15 +216,23 @@ def _encode(fingerprint: str, entries: dict[str, tuple[Key, str]]) -> bytes:
 
 
 def settings_key(options: Options) -> str:
-    """The settings that change decisions: a cache written under others does not apply."""
-    return f"split={options.split_invalid_candidates}|max={options.max_file_size}"
+    """The settings that change a ``valid`` or ``foreign`` decision, and so what the cache holds:
+    none. ``split_invalid_candidates`` changes only what becomes of an invalid file, and such a
+    file is never cached: a change of it keeps the cache (issue 21 item 3: a restart after it
+    logged again ten files whose bytes were already decided). The size limit makes a file too
+    large to be valid: it is applied to the entries (:meth:`SeenCache.limit`), not to the whole.
+    """
+    del options
+    return "v2"
 
 
 def seen_cache(settings: Settings, mdir: MemoryDir) -> SeenCache:
     """The cache of ``mdir`` as ``--once`` and the daemon use it (empty when it does not apply)."""
-    return SeenCache.load(
+    cache = SeenCache.load(
         settings.state_dir, mdir.path, mdir.project_root, settings_key(settings.options)
     )
+    cache.limit(settings.options.max_file_size)
+    return cache
 
 
 def remember_outcome(cache: SeenCache, mdir: MemoryDir, name: str, outcome: Outcome) -> None:

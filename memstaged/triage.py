@@ -87,6 +87,9 @@ class Verdict(msgspec.Struct, frozen=True):
     #: The name under ``deadletter/originals/`` for the original bytes, when they go there: for
     #: ``quarantined``, for R4, and for R6 (then with no records), always before any rewrite.
     original: str | None = None
+    #: For ``quarantined``: the ``reasons`` a repair would have fixed. They come last: the
+    #: reasons lead with the errors that remain after every repair (SPEC 7, issue 21 item 1).
+    repairable: tuple[str, ...] = ()
 
 
 def _session_id(doc: object) -> str | None:
@@ -113,7 +116,11 @@ def _foreign_root(doc: object, project_root: str) -> str | None:
 
 
 def _origin(ctx: Context, sha: str, size: int, errors: list[str]) -> Origin:
-    return Origin(ctx.file_name, ctx.source_path, sha, size, ctx.decided_at, tuple(errors))
+    """The origin of records whose errors no repair touches (not JSON, too large, R4)."""
+    reason = errors[0] if errors else None
+    return Origin(
+        ctx.file_name, ctx.source_path, sha, size, ctx.decided_at, tuple(errors), reason=reason
+    )
 
 
 def decide(data: bytes, ctx: Context) -> Verdict:
@@ -130,6 +137,18 @@ def _reasons(errors: list[str]) -> tuple[str, ...]:
         return tuple(errors)
     more = len(errors) - MAX_REASONS
     return (*errors[:MAX_REASONS], f"... and {more} more (each record lists its own)")
+
+
+def _irreparable_first(before: list[str], after: list[str]) -> tuple[list[str], list[str]]:
+    """The errors of a quarantined file, those no repair fixes first, and those a repair fixes.
+
+    ``after`` are the errors left once every repair was applied (what made the file
+    irreparable); ``before`` are the file's errors as it was. An error of ``before`` that is
+    not left in ``after`` is one a repair would have fixed: it is kept, after the others.
+    """
+    left = set(after)
+    fixed = [e for e in before if e not in left]
+    return [*after, *fixed], fixed
 
 
 def _unparseable(data: bytes, ctx: Context, sha: str, size: int, err: NotJSON) -> Verdict:
@@ -175,6 +194,7 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
     report = check_file(doc)
     errors = [str(p) for p in report.problems()]
     original = original_name(ctx.file_name, sha)
+    after = report  # the errors left once every repair was applied
     if isinstance(doc, dict):
         fixed, r3 = repair_timestamp(doc)
         fixed, r5 = repair_categories(fixed)
@@ -196,10 +216,30 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
         split = ctx.split_invalid_candidates and not after.file_problems
         if split and _has_valid_candidate(fixed, len(after.candidate_problems)):
             return _split(doc, fixed, after.candidate_problems, ctx, sha, size, exotic, repairs)
-    origin = _origin(ctx, sha, size, [str(p) for p in report.file_problems])
+    ordered, fixed_errors = _irreparable_first(errors, [str(p) for p in after.problems()])
+    reasons = _reasons(ordered)
+    fixed_set = set(fixed_errors)
+    file_after = [str(p) for p in after.file_problems]
+    file_fixed = [e for e in (str(p) for p in report.file_problems) if e not in set(file_after)]
+    origin = Origin(
+        ctx.file_name,
+        ctx.source_path,
+        sha,
+        size,
+        ctx.decided_at,
+        (*file_after, *file_fixed),
+        repairable=tuple(file_fixed),
+        reason=next((r for r in ordered if r not in fixed_set), None),
+    )
     records: list[DeadLetter] = []
     if isinstance(doc, dict):
-        records = candidate_records(doc, origin, problems=report.candidate_problems, exotic=exotic)
+        records = candidate_records(
+            doc,
+            origin,
+            problems=report.candidate_problems,
+            remaining=after.candidate_problems,
+            exotic=exotic,
+        )
     if not records:
         records = [whole_file_record(doc, origin, exotic=exotic)]
     return Verdict(
@@ -207,9 +247,10 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
         sha,
         size,
         session,
-        _reasons(errors),
+        reasons,
         deadletter=tuple(records),
         original=original,
+        repairable=tuple(r for r in reasons if r in fixed_set),
     )
 
 

@@ -213,9 +213,10 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 
 
 def decisions(path: Path) -> dict[str, str]:
-    """File name -> last decision logged for it."""
+    """File name -> last decision logged for it (memstaged's look at its own rewrite, logged
+    ``own_rewrite``, is no decision: SPEC 7)."""
     out: dict[str, str] = {}
     for event in read_log(path):
-        if event.get("event") == "decision":
+        if event.get("event") == "decision" and not event.get("own_rewrite"):
             out[Path(event["path"]).name] = event["decision"]
     return out

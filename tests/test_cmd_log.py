@@ -76,8 +76,8 @@ def test_path_session_and_memory_dir_filters(
 ) -> None:
     """--path matches a file name or a full path (globs), --session a session_id, --memory-dir
     the memory dir the event is about."""
-    _, out, _ = run(capsys, "log", "--json", "--path", "fix*")
-    assert _decisions(out) == [("fixme.json", "repaired")]
+    _, out, _ = run(capsys, "log", "--json", "--path", "fix*")  # the look at its rewrite too
+    assert _decisions(out) == [("fixme.json", "repaired"), ("fixme.json", "valid")]
     _, out, _ = run(capsys, "log", "--json", "--path", str(memory_dir / "staging" / "good.json"))
     assert _decisions(out) == [("good.json", "valid")]
     _, out, _ = run(capsys, "log", "--json", "--session", "mix*")
@@ -130,7 +130,7 @@ def test_reasons_in_full(capsys: pytest.CaptureFixture[str], prepared: Path) -> 
     """Without --reasons a repaired decision names its repairs on its one line (issue 13: a
     repaired line says which repair), not what they wrote; with it, every validation error and
     every repair, with what it wrote."""
-    _, short, _ = run(capsys, "log", "--path", "fixme.json")
+    _, short, _ = run(capsys, "log", "--path", "fixme.json", "--decision", "repaired")
     assert "repaired by R3 at produced_at; R1 at candidates.lessons[0].triggers" in short
     assert short.count("\n") == 1
     assert '"type":"topic"' not in short
@@ -296,9 +296,9 @@ def test_journal_gives_the_same_output_as_the_file(
             assert done.returncode == 0, done.stderr
             journal_dir: str | None = str(sd.journal_dir)
             systemd_env.wait_until(
-                lambda: _journal_decisions(journal_dir, memory_dir) >= 3,
+                lambda: _journal_decisions(journal_dir, memory_dir) >= 4,
                 timeout=30,
-                what="3 decisions in the journal",
+                what="3 decisions and the look at the rewrite in the journal",
             )
             journal = _log_json(
                 capsys,
@@ -316,13 +316,13 @@ def test_journal_gives_the_same_output_as_the_file(
         }
         assert subprocess.run(argv, env=env, check=False, timeout=60).returncode == 0
         systemd_env.wait_until(
-            lambda: _journal_decisions(None, memory_dir) >= 3,
+            lambda: _journal_decisions(None, memory_dir) >= 4,
             timeout=30,
-            what="3 decisions in the journal",
+            what="3 decisions and the look at the rewrite in the journal",
         )
         journal = _log_json(capsys, "--journal", "--memory-dir", str(memory_dir))
     from_file = _log_json(capsys, "--memory-dir", str(memory_dir))
-    assert len(json_lines(from_file)) == 3
+    assert len(json_lines(from_file)) == 4  # fixme.json's rewrite is looked at (own_rewrite)
     assert journal == from_file
 
 

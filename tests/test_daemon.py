@@ -865,13 +865,15 @@ def test_seen_cache_is_written_at_rescans_not_per_decision(
     assert cache.stat().st_mode & 0o777 == 0o600
 
 
-def test_reload_that_changes_decisions_starts_a_new_seen_cache(
+def test_reload_keeps_the_seen_cache_unless_a_file_is_now_too_large(
     tmp_path: Path, project: Path, memory_dir: Path
 ) -> None:
-    """A reload that changes a setting that changes decisions: what was decided before is saved
-    under the old settings, and what is decided after goes in a cache for the new ones."""
+    """Issue 21 item 3: a reload that turns split_invalid_candidates on keeps what the cache
+    holds (a valid file is valid whatever becomes of invalid ones), so a restart decides none
+    of it again; a reload that lowers the size limit below a decided file's size has that file
+    decided again at the next rescan, and forgotten by the cache."""
     state = tmp_path / "state"
-    conf = _config(tmp_path / "config.toml", memory_dir)
+    conf = _config(tmp_path / "config.toml", memory_dir, settle=0)
     rig = Rig(
         _with_state(settings_from_file(conf), state),
         reload_settings=lambda: _with_state(settings_from_file(conf), state),
@@ -880,14 +882,27 @@ def test_reload_that_changes_decisions_starts_a_new_seen_cache(
     rig.daemon.start()
     rig.daemon.work()
     mdir = MemoryDir(str(memory_dir), str(project))
-    before = rig.daemon.settings
     conf.write_text(conf.read_text() + "split_invalid_candidates = true\n")
     rig.daemon.reload()
-    assert set(seen_cache(before, mdir).entries) == {"old.json"}
-    write(memory_dir / "staging" / "new.json", staging_doc(project, "new"))
+    write(memory_dir / "staging" / "new.json", staging_doc(project, "n"))  # a byte smaller
     rig.send(Signal(Kind.COMPLETE, str(memory_dir), "new.json"))
     rig.daemon.shutdown()
-    assert set(seen_cache(rig.daemon.settings, mdir).entries) == {"new.json"}
+    assert set(seen_cache(rig.daemon.settings, mdir).entries) == {"old.json", "new.json"}
+
+    again = Rig(
+        _with_state(settings_from_file(conf), state),
+        reload_settings=lambda: _with_state(settings_from_file(conf), state),
+    )
+    again.daemon.start()
+    again.daemon.work()
+    assert again.log.decisions() == []  # a restart after the change: nothing decided again
+    big = memory_dir / "staging" / "old.json"  # untouched: only the limit changes
+    conf.write_text(conf.read_text() + f"max_file_size = {big.stat().st_size - 1}\n")
+    again.daemon.reload()
+    again.after(again.daemon.rescan_interval)
+    assert again.log.decisions() == ["quarantined"]
+    again.daemon.shutdown()
+    assert set(seen_cache(again.daemon.settings, mdir).entries) == {"new.json"}
 
 
 def test_a_decision_that_cannot_be_carried_out_backs_off(memory_dir: Path) -> None:

@@ -17,7 +17,8 @@ from conftest import staging_doc
 
 
 def _once(tmp_path: Path, memory_dir: Path, *extra: str) -> list[dict[str, Any]]:
-    """``memstaged --once`` on ``memory_dir``; the decision events it logged."""
+    """``memstaged --once`` on ``memory_dir``; the decisions it logged (not its looks at its
+    own rewrites, ``own_rewrite``: no decisions, SPEC 7)."""
     log_file = tmp_path / "decisions.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTAGED_")}
     env.update(
@@ -34,7 +35,7 @@ def _once(tmp_path: Path, memory_dir: Path, *extra: str) -> list[dict[str, Any]]
     )
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     events = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
-    return [e for e in events if e.get("event") == "decision"]
+    return [e for e in events if e.get("event") == "decision" and not e.get("own_rewrite")]
 
 
 def _wrapped_doc(project: Path) -> bytes:

@@ -310,17 +310,22 @@ def test_second_run_does_not_reread_unchanged_files(
     assert "unchanged=2" in summary
 
 
-def test_seen_cache_is_dropped_when_a_setting_changes(
+def test_seen_cache_outlives_a_change_of_split_but_not_a_lower_size_limit(
     project: Path, memory_dir: Path, log_file: Path, tmp_path: Path
 ) -> None:
-    """A setting that changes decisions (split_invalid_candidates) invalidates the cache."""
+    """Issue 21 item 3: split_invalid_candidates changes only what becomes of invalid files,
+    which are never cached, so a run after a change of it decides nothing again; a size limit
+    lowered below a cached file's size has that file decided again (now too large)."""
     write(memory_dir / "staging" / "a.json", staging_doc(project, "a"))
     assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
     log_file.unlink()
     config = tmp_path / "config.toml"
     config.write_text("split_invalid_candidates = true\n")
     assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 0
-    assert decisions(log_file) == {"a.json": "valid"}
+    assert decisions(log_file) == {}
+    config.write_text("split_invalid_candidates = true\nmax_file_size = 100\nsettle = 0\n")
+    assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 0
+    assert decisions(log_file) == {"a.json": "quarantined"}
 
 
 def _backlog(project: Path, memory_dir: Path, n: int) -> dict[str, str]:
@@ -372,7 +377,10 @@ def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
     assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 0
 
     events = [e for e in read_log(log_file) if e.get("event") == "decision"]
-    assert sorted(Path(e["path"]).name for e in events) == sorted(expected)
+    decided = [e for e in events if not e.get("own_rewrite")]
+    assert sorted(Path(e["path"]).name for e in decided) == sorted(expected)
+    looks = [Path(e["path"]).name for e in events if e.get("own_rewrite")]
+    assert sorted(looks) == sorted(n for n, d in expected.items() if d == "repaired")
     assert decisions(log_file) == expected
     left = sorted(p.name for p in staging.iterdir())
     assert left == sorted(n for n, d in expected.items() if d != "quarantined")

@@ -188,6 +188,8 @@ def record_summary(record: RecordFile) -> dict[str, Any]:
         "attempts": record.attempts,
         "reason": record.reason,
         "errors": record.errors,
+        "repairable": record.repairable,
+        "quarantined_for": record.quarantined_for,
         "session_id": record.session_id,
         "source_file": record.source_file,
         "source_path": record.source_path,
@@ -222,7 +224,8 @@ def run_list(args: argparse.Namespace) -> int:
 def record_line(record: RecordFile, out: Output | None = None) -> str:
     """One record on one line, ID first and in full (postqueue's and git's shape): the ID is
     what ``show`` and ``recover --id`` take, so it must be copyable as it is."""
-    reason = record.reason + (f": {record.errors[0]}" if record.errors else "")
+    why = record.quarantined_for
+    reason = record.reason + (f": {why}" if why else "")
     ident = display.name(record.id)
     if out is not None:
         ident = out.paint(ident, "bold")
@@ -321,9 +324,15 @@ def _show_text(
         f"source: {display.name(record.source_path or record.source_file or '-')}",
         f"recovery now: {display.text(_recovery_line(outcome))}",
     ]
+    if record.quarantined_for:
+        lines.insert(3, f"quarantined for: {display.text(record.quarantined_for)}")
     if record.errors:
+        fixed = set(record.repairable)
         lines.append("validation errors when it was dead-lettered:")
-        lines.extend(f"  - {display.text(e)}" for e in record.errors)
+        lines.extend(
+            f"  - {display.text(e)}" + ("  (a repair would fix this one)" if e in fixed else "")
+            for e in record.errors
+        )
     if record.error is None:
         lines.append("record:")
         lines.extend(display.text(line) for line in _pretty(record).splitlines())

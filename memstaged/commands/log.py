@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from memstaged import display
+from memstaged import display, reasons
 from memstaged.argtypes import count
 from memstaged.commands._common import (
     DECISION_STYLES,
@@ -46,6 +46,8 @@ from memstaged.triage import Decision
 
 #: ``--follow`` starts with this many past events, as ``tail -f`` and ``journalctl -f`` do.
 FOLLOW_HISTORY = 10
+#: What a look at memstaged's own rewrite says (SPEC 1 and 7): no decision of its own.
+OWN_REWRITE = "memstaged's own rewrite, looked at again: valid (not a new decision)"
 #: How many repairs the one-line form names before "(+N more)".
 SHOWN_REPAIRS = 3
 _SHOWN_ELSEWHERE = frozenset(
@@ -67,7 +69,10 @@ def register(sub: Any) -> None:
         action="append",
         metavar="DECISION",
         choices=[d.value for d in Decision],
-        help="only these decisions (repeatable): " + ", ".join(d.value for d in Decision),
+        help="only these decisions (repeatable): "
+        + ", ".join(d.value for d in Decision)
+        + "; quarantined also finds the repaired files whose invalid candidates went to "
+        "deadletter/ (R4)",
     )
     parser.add_argument("-S", "--since", metavar="WHEN", help=f"from this time on: {_WHEN_HELP}")
     parser.add_argument("-U", "--until", metavar="WHEN", help=f"up to this time: {_WHEN_HELP}")
@@ -293,17 +298,24 @@ def _why(event: Event) -> str:
         return ", ".join(
             f"{key}={_short(value)}" for key, value in event.items() if key not in _SHOWN_ELSEWHERE
         )
+    if event.get("own_rewrite"):
+        return OWN_REWRITE
     repairs = event.get("repairs")
     if repairs:
         return "repaired by " + display.repairs(
             [r for r in repairs if isinstance(r, dict)], SHOWN_REPAIRS
         )
-    reasons = event.get("reasons")
-    if not reasons:
+    left, fixed = reasons.of_event(event)  # what made a file irreparable comes first
+    shown = [*left, *fixed]
+    if not shown:
         return ""
-    first = reasons[0]
-    first = one_line(first if isinstance(first, str) else str(first))
-    return f"{first} (+{len(reasons) - 1} more)" if len(reasons) > 1 else first
+    first = one_line(shown[0])
+    if len(shown) == 1:
+        return first
+    more = f"+{len(shown) - 1} more"
+    if fixed and left:
+        more += f", {len(fixed)} repairable"
+    return f"{first} ({more})"
 
 
 def why_lines(event: Event, *, full: bool) -> list[str]:
@@ -314,10 +326,11 @@ def why_lines(event: Event, *, full: bool) -> list[str]:
         return [why] if why else []
     if event.get("event") != "decision":
         return why_lines(event, full=False)
-    reasons = [str(r) for r in event.get("reasons") or []]
+    left, fixed = reasons.of_event(event)
     repairs = [r for r in event.get("repairs") or [] if isinstance(r, dict)]
     deadletter = [str(d) for d in event.get("deadletter") or []]
-    lines = [f"- {one_line(r)}" for r in reasons]
+    lines = [f"- {one_line(r)}" for r in left]
+    lines += [f"- {one_line(r)} (a repair would fix this one)" for r in fixed]
     lines += [
         f"repair {display.text(r.get('rule'))} at {display.text(r.get('where'))}: "
         f"{_short(r.get('wrote'), True)}"

@@ -3,6 +3,13 @@
 :func:`compute` is a pure function of the events, the clock and an ``exists`` check, so the counts
 are tested without a log file. Counts cover the window (``--since``/``--until``); what is stuck is
 judged over the whole log, since a file deferred before the window began is still stuck now.
+
+One version of one file is one decision (SPEC 7, issue 21 item 3): memstaged's look at its own
+rewrite is not counted (``own_rewrite: true``; in an older log, the ``valid`` that follows a
+file's ``repaired``), nor is a version decided again with the same outcome (a restart, a lost
+cache, a decision logged again after a crash: the same path, bytes and decision as the file's
+last decision). A ``deferred`` is a wait, not a decision (item 4): waits are counted apart, with
+how long the oldest file still waiting has waited.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged import display
+from memstaged import display, reasons
 from memstaged.argtypes import count
 from memstaged.commands import _common
 from memstaged.commands._common import (
@@ -38,7 +45,8 @@ from memstaged.commands.log import build_filter, open_source
 from memstaged.logread import Event, EventFilter, event_time
 from memstaged.triage import Decision
 
-DECISIONS: Final = [d.value for d in Decision]
+#: The decisions counted: a deferral is a wait, counted apart (issue 21 item 4).
+DECISIONS: Final = [d.value for d in Decision if d is not Decision.DEFERRED]
 _INDEX: Final = re.compile(r"\[[0-9]+\]")
 #: Reasons whose tail varies with the input (offsets, sizes): counted under their head.
 #: The last two are contract v1's reasons, still found in older logs.
@@ -59,10 +67,24 @@ class Stuck(msgspec.Struct, frozen=True):
     exists: bool
 
 
+class Waits(msgspec.Struct, frozen=True):
+    """Deferrals: waits for a file to settle or for a lock, not decisions (SPEC 7)."""
+
+    #: ``deferred`` events in the window.
+    deferrals: int
+    #: Files deferred at least once in the window.
+    files: int
+    #: Files still waiting now (deferred, never decided since, still there), and the oldest.
+    waiting: int
+    oldest_path: str | None
+    oldest_seconds: float | None
+
+
 class Stats(msgspec.Struct, frozen=True):
     since: str | None
     until: str | None
     by: str
+    #: Decisions, one per version of a file: no deferral, no look at memstaged's own rewrite.
     total: int
     decisions: dict[str, int]
     #: Decisions of ``--dry-run`` runs in the window: logged, never carried out, so counted
@@ -70,8 +92,15 @@ class Stats(msgspec.Struct, frozen=True):
     dry_run: int
     memory_dirs: dict[str, dict[str, int]]
     periods: dict[str, dict[str, int]]
+    #: The errors that dead-lettered something: a quarantine's errors no repair fixes, and the
+    #: errors of candidates R4 split off (issue 21 item 2).
     top_errors: list[dict[str, Any]]
+    #: The repairs made, by rule and place: ``[{rule, where, count}]``.
+    top_repairs: list[dict[str, Any]]
+    waits: Waits
     stuck: list[Stuck]
+    #: Looks at memstaged's own rewrites and repeated decisions of one version: not counted.
+    not_counted: int = 0
 
 
 def register(sub: Any) -> None:
@@ -98,7 +127,7 @@ def register(sub: Any) -> None:
         type=count,
         default=10,
         metavar="N",
-        help="how many of the most frequent validation errors (default 10)",
+        help="how many of the most frequent errors and repairs (default 10)",
     )
     parser.add_argument(
         "--stuck-after",
@@ -145,8 +174,13 @@ def compute(
     per_dir: dict[str, Counter[str]] = {}
     per_period: dict[str, Counter[str]] = {}
     errors: Counter[str] = Counter()
+    repairs: Counter[tuple[str, str]] = Counter()
     streaks: dict[str, list[Event]] = {}
+    last: dict[str, Event] = {}
+    deferrals = 0
+    deferred_files: set[str] = set()
     dry_runs = 0
+    not_counted = 0
     for event in events:
         if event.get("event") != "decision" or not everywhere.matches(event):
             continue
@@ -156,17 +190,26 @@ def compute(
         path, decision = str(event.get("path")), str(event.get("decision"))
         if decision == Decision.DEFERRED.value:
             streaks.setdefault(path, []).append(event)
-        else:
-            streaks.pop(path, None)
+            if window.matches(event):
+                deferrals += 1
+                deferred_files.add(path)
+            continue
+        streaks.pop(path, None)
+        again = _decided_before(event, last.get(path))
+        last[path] = event
         if not window.matches(event):
+            continue
+        if again:
+            not_counted += 1
             continue
         decisions[decision] += 1
         per_dir.setdefault(str(event.get("memory_dir")), Counter())[decision] += 1
         when = event_time(event)
         if when is not None:
             per_period.setdefault(_bucket(when, by), Counter())[decision] += 1
-        if decision in (Decision.REPAIRED.value, Decision.QUARANTINED.value):
-            errors.update(error_key(str(r)) for r in event.get("reasons") or [])
+        _count_errors(event, errors, repairs)
+    stuck = _stuck(streaks, float("-inf"), clock, exists)
+    waiting = [s for s in stuck if s.exists]
     return Stats(
         since=iso_utc(window.since),
         until=iso_utc(window.until),
@@ -177,8 +220,51 @@ def compute(
         memory_dirs={k: _full(c) for k, c in sorted(per_dir.items())},
         periods={k: _full(c) for k, c in sorted(per_period.items())},
         top_errors=[{"error": e, "count": n} for e, n in errors.most_common(max(top, 0))],
-        stuck=_stuck(streaks, stuck_after, clock, exists),
+        top_repairs=[
+            {"rule": rule, "where": where, "count": n}
+            for (rule, where), n in repairs.most_common(max(top, 0))
+        ],
+        waits=Waits(
+            deferrals=deferrals,
+            files=len(deferred_files),
+            waiting=len(waiting),
+            oldest_path=waiting[0].path if waiting else None,
+            oldest_seconds=waiting[0].for_seconds if waiting else None,
+        ),
+        stuck=[s for s in stuck if s.for_seconds > stuck_after],
+        not_counted=not_counted,
     )
+
+
+def _decided_before(event: Event, previous: Event | None) -> bool:
+    """Is ``event`` no new decision: memstaged's look at its own rewrite, or the version its
+    file's last decision was about, decided the same way again?"""
+    if event.get("own_rewrite"):
+        return True
+    if previous is None:
+        return False
+    decision, before = event.get("decision"), previous.get("decision")
+    if before == Decision.REPAIRED.value and decision == Decision.VALID.value:
+        rewrite = previous.get("rewrite_sha256")
+        # An older log does not name the rewrite's bytes: the valid that follows is its look.
+        return rewrite is None or rewrite == event.get("sha256")
+    sha = event.get("sha256")
+    return sha is not None and decision == before and sha == previous.get("sha256")
+
+
+def _count_errors(event: Event, errors: Counter[str], repairs: Counter[tuple[str, str]]) -> None:
+    """The errors that dead-lettered something, and the repairs made (issue 21 item 2)."""
+    decision = event.get("decision")
+    if decision == Decision.QUARANTINED.value:
+        left, _fixed = reasons.of_event(event)
+        errors.update(error_key(r) for r in left)
+        return
+    if decision != Decision.REPAIRED.value:
+        return
+    made = [r for r in event.get("repairs") or [] if isinstance(r, dict)]
+    if any(r.get("rule") == "R4" for r in made):  # the reasons are the split candidates'
+        errors.update(error_key(str(r)) for r in event.get("reasons") or [])
+    repairs.update((str(r.get("rule")), error_key(str(r.get("where")))) for r in made)
 
 
 def _full(counts: Counter[str]) -> dict[str, int]:
@@ -196,7 +282,7 @@ def _stuck(
         age = clock - first.timestamp()
         if age <= threshold:
             continue
-        reasons = streak[-1].get("reasons") or ["(no reason logged)"]
+        why = streak[-1].get("reasons") or ["(no reason logged)"]
         out.append(
             Stuck(
                 path=path,
@@ -206,7 +292,7 @@ def _stuck(
                 last_seen=iso_utc(last),
                 for_seconds=round(age, 3),
                 deferrals=len(streak),
-                reason=str(reasons[-1]),
+                reason=str(why[-1]),
                 exists=exists(path),
             )
         )
@@ -244,7 +330,27 @@ def _render(stats: Stats, out: Output) -> None:
         f"decisions ({span})",
         ["decision", "count"],
         [[d, str(n)] for d, n in stats.decisions.items()]
-        + [["total", str(stats.total)], ["(dry run, not carried out)", str(stats.dry_run)]],
+        + [
+            ["total", str(stats.total)],
+            ["(dry run, not carried out)", str(stats.dry_run)],
+            ["(looked at again, not counted)", str(stats.not_counted)],
+        ],
+        right=["count"],
+    )
+    waits = stats.waits
+    oldest = "-"
+    if waits.oldest_path is not None:
+        oldest = f"{human_age(waits.oldest_seconds)} ({display.name(waits.oldest_path)})"
+    render_table(
+        out,
+        "waits: deferred, not decisions",
+        ["wait", "count"],
+        [
+            ["deferrals", str(waits.deferrals)],
+            ["files deferred", str(waits.files)],
+            ["still waiting", str(waits.waiting)],
+            ["oldest still waiting", oldest],
+        ],
         right=["count"],
     )
     short = DECISIONS
@@ -264,9 +370,16 @@ def _render(stats: Stats, out: Output) -> None:
     )
     render_table(
         out,
-        "most frequent validation errors",
+        "most frequent errors that caused a quarantine",
         ["count", "error"],
         [[str(e["count"]), one_line(e["error"])] for e in stats.top_errors],
+        right=["count"],
+    )
+    render_table(
+        out,
+        "repairs by rule",
+        ["count", "rule", "where"],
+        [[str(r["count"]), r["rule"], one_line(r["where"])] for r in stats.top_repairs],
         right=["count"],
     )
     render_table(
