@@ -8,6 +8,7 @@ the daemon catch up (the writers that pause do so because slow writers pause).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import resource
@@ -83,13 +84,32 @@ class DaemonProcess:
         except FileNotFoundError:
             return self._events
         if self._ino is not None and ino != self._ino:
-            rotated = self.log_file.with_name(self.log_file.name + ".1")
-            if rotated.stat().st_ino == self._ino:
-                self._read_from(rotated)  # the rest of the file we were reading
+            self._read_rotated()
             self._offset = 0
         self._ino = ino
         self._read_from(self.log_file)
         return self._events
+
+    def _read_rotated(self) -> None:
+        """The rest of the file being read, now ``<log>.N``, then every newer one, oldest first.
+
+        A test that was not scheduled for a while on a busy machine may find the log rotated
+        more than once since its last read (a decision of 120,000 repairs is megabytes): it
+        used to look at ``<log>.1`` only, and lost the events in between (issue 19 item 8).
+        """
+        newer: list[Path] = []
+        for n in itertools.count(1):
+            rotated = self.log_file.with_name(f"{self.log_file.name}.{n}")
+            try:
+                if rotated.stat().st_ino == self._ino:
+                    self._read_from(rotated)
+                    break
+            except FileNotFoundError:
+                raise AssertionError(f"{self.log_file} rotated past its backups unread") from None
+            newer.append(rotated)
+        for path in reversed(newer):
+            self._offset = 0
+            self._read_from(path)
 
     def _read_from(self, path: Path) -> None:
         with path.open("rb") as fh:
@@ -251,18 +271,18 @@ def test_file_written_in_pieces_is_never_quarantined(
 def test_renamed_in_files_are_decided_without_waiting_for_settle(
     tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
-    """With --settle 30, files renamed in (from a temp name in staging/, or from another
-    directory) are still decided within seconds: a rename is a complete write."""
-    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "30")
-    started = time.monotonic()
+    """With --settle 3600, files renamed in (from a temp name in staging/, or from another
+    directory) are decided at once, never deferred: a rename is a complete write. (Not timed:
+    with an hour to settle, a wait for it would outlast the guard; issue 19 item 8.)"""
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "3600")
     tmp_inside = memory_dir / "staging" / ".in.json.tmp"
     tmp_inside.write_bytes(_doc_bytes(project, "inside"))
     os.rename(tmp_inside, memory_dir / "staging" / "inside.json")
     outside = tmp_path / "outside.tmp"
     outside.write_bytes(b'["not", "a", "staging", "file"]')
     os.rename(outside, memory_dir / "staging" / "outside.json")
-    final = daemon.wait_decided("inside.json", "outside.json", timeout=10)
-    assert time.monotonic() - started < 10
+    final = daemon.wait_decided("inside.json", "outside.json")
+    assert "deferred" not in daemon.decisions("inside.json") + daemon.decisions("outside.json")
     assert final["inside.json"]["decision"] == "valid"
     assert final["outside.json"]["decision"] == "quarantined"
     assert not (memory_dir / "staging" / "outside.json").exists()
@@ -364,14 +384,15 @@ def test_editor_style_saves_are_decided_on_the_new_content(
 def test_sigterm_mid_burst_exits_0_quickly_and_leaves_nothing_half_done(
     project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
-    """SIGTERM while 2,000 files are being decided: exit code 0 within 5 s, a `stop` event,
-    no temp file left, and every file either still in staging/ or in deadletter/ with its
-    bytes."""
+    """SIGTERM while 2,000 files are being decided: exit code 0, a `stop` event, no temp file
+    left, and every file either still in staging/ or in deadletter/ with its bytes. The time
+    to exit is printed, not asserted: a busy machine stretches it (issue 19 item 8); SPEC 6's
+    second is measured by `make bench` (measure 14)."""
     daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5")
     files = _burst(project, memory_dir, 2000)
     started = time.monotonic()
     assert daemon.stop(signal.SIGTERM) == 0
-    assert time.monotonic() - started < 5
+    print(f"SIGTERM mid-burst: exited {time.monotonic() - started:.3f} s later")
     assert daemon.events()[-1]["event"] == "stop"
     assert _no_temp_files(memory_dir)
     originals_dir = memory_dir / "deadletter" / "originals"

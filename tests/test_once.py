@@ -251,12 +251,11 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
         for path in (base, project, project / ".pi", memory_dir.parent, memory_dir, staging):
             os.chmod(path, 0o777)  # noqa: S103 - the unprivileged run must reach the dir
         log = base / "decisions.jsonl"
-        env = dict(
-            os.environ,
-            MEMSTAGED_LOG_FILE=str(log),
-            HOME=str(base),
-            XDG_CONFIG_HOME=str(base / "cfg"),
-        )
+        # Nothing of this process's environment but what any run gets (memstaged_env): no
+        # MEMSTAGED_* setting, no systemd socket or journal stream of the test's own.
+        env = memstaged_env(base / "work", HOME=str(base))
+        env["MEMSTAGED_LOG_FILE"] = str(log)
+        os.chmod(base / "work", 0o777)  # noqa: S103 - the unprivileged run's config and state
         result = subprocess.run(
             [
                 "setpriv",
@@ -274,11 +273,11 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
             text=True,
             env=env,
             check=False,
-            timeout=60,
+            timeout=300,
         )
         assert result.returncode == 1, result.stderr
         assert (staging / "secret.json").read_bytes() == data
-        assert decisions(log) == {"secret.json": "deferred"}
+        assert decisions(log) == {"secret.json": "deferred"}, (read_log(log), result.stderr)
         assert "permission denied" in log.read_text()
         assert "Traceback" not in result.stderr
     finally:
