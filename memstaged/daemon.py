@@ -616,6 +616,10 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
         logger.critical("crash", error=repr(err), action="exiting; systemd restarts the service")
         raise
     finally:
+        # The stop's grace timer, if still armed, would fire while Python exits, after it has
+        # put back SIGALRM's default action: the process died of SIGALRM instead of exiting 0
+        # when its exit took more than STOP_GRACE, as on a busy machine (issue 19 item 8).
+        signal.setitimer(signal.ITIMER_REAL, 0)
         if not daemon.stopping:  # a crash: stop the watcher threads too
             daemon.watcher.stop()
 

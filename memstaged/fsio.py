@@ -84,13 +84,23 @@ def syncfs(fd: int) -> None:
         raise OSError(err, f"syncfs: {os.strerror(err)}")
 
 
-def _crash_plan(spec: str) -> tuple[str, int] | None:
+def _crash_plan(spec: str) -> tuple[str, int, signal.Signals] | None:
     step, _, count = spec.rpartition(":")
-    return (step, int(count)) if step and count.isdigit() and int(count) > 0 else None
+    sig = signal.SIGKILL
+    if not count.isdigit():  # <step>:<n>:<signal>
+        name = count.upper()
+        step, _, count = step.rpartition(":")
+        try:
+            sig = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+        except KeyError:
+            return None
+    return (step, int(count), sig) if step and count.isdigit() and int(count) > 0 else None
 
 
 #: Test hook, read once at import: ``MEMSTAGED_CRASH_AT=<step>:<n>`` kills this process with
-#: SIGKILL the n-th time :func:`crash_point` reaches ``<step>`` (``any`` matches every step).
+#: SIGKILL the n-th time :func:`crash_point` reaches ``<step>`` (``any`` matches every step);
+#: ``<step>:<n>:<signal>`` (``INT``, ``TERM``) sends that signal instead, so that a test can
+#: interrupt a run at a known step rather than guess when it is there (issue 19 item 8).
 _CRASH_AT: Final = _crash_plan(os.environ.get("MEMSTAGED_CRASH_AT", ""))
 _crash_counts: Counter[str] = Counter()
 
@@ -104,12 +114,12 @@ def crash_point(step: str) -> None:
     """
     if _CRASH_AT is None:
         return
-    wanted, nth = _CRASH_AT
+    wanted, nth, sig = _CRASH_AT
     if wanted not in (step, "any"):
         return
     _crash_counts[wanted] += 1
     if _crash_counts[wanted] == nth:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
 
 
 class Identity(msgspec.Struct, frozen=True, array_like=True):

@@ -8,6 +8,7 @@ the daemon catch up (the writers that pause do so because slow writers pause).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import resource
@@ -27,6 +28,10 @@ from helpers import carried_out
 from memstaged.discovery import FD_RESERVE
 
 FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
+#: The guard of every wait for an event (seconds). Only a failure guard: a wait returns as soon
+#: as its event is logged; it is generous because a daemon's start alone takes seconds on a
+#: 2-core machine that runs other work beside the tests (issue 19 item 8).
+WAIT = 60.0
 
 
 class DaemonProcess:
@@ -79,13 +84,32 @@ class DaemonProcess:
         except FileNotFoundError:
             return self._events
         if self._ino is not None and ino != self._ino:
-            rotated = self.log_file.with_name(self.log_file.name + ".1")
-            if rotated.stat().st_ino == self._ino:
-                self._read_from(rotated)  # the rest of the file we were reading
+            self._read_rotated()
             self._offset = 0
         self._ino = ino
         self._read_from(self.log_file)
         return self._events
+
+    def _read_rotated(self) -> None:
+        """The rest of the file being read, now ``<log>.N``, then every newer one, oldest first.
+
+        A test that was not scheduled for a while on a busy machine may find the log rotated
+        more than once since its last read (a decision of 120,000 repairs is megabytes): it
+        used to look at ``<log>.1`` only, and lost the events in between (issue 19 item 8).
+        """
+        newer: list[Path] = []
+        for n in itertools.count(1):
+            rotated = self.log_file.with_name(f"{self.log_file.name}.{n}")
+            try:
+                if rotated.stat().st_ino == self._ino:
+                    self._read_from(rotated)
+                    break
+            except FileNotFoundError:
+                raise AssertionError(f"{self.log_file} rotated past its backups unread") from None
+            newer.append(rotated)
+        for path in reversed(newer):
+            self._offset = 0
+            self._read_from(path)
 
     def _read_from(self, path: Path) -> None:
         with path.open("rb") as fh:
@@ -96,7 +120,7 @@ class DaemonProcess:
         self._events += [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def wait_for(
-        self, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 15
+        self, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = WAIT
     ) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
         while True:
@@ -109,7 +133,7 @@ class DaemonProcess:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             time.sleep(0.02)
 
-    def wait_ready(self, timeout: float = 15) -> None:
+    def wait_ready(self, timeout: float = WAIT) -> None:
         self.wait_for(lambda ev: any(e["event"] == "ready" for e in ev), "ready", timeout)
 
     def decisions(self, name: str) -> list[str]:
@@ -119,7 +143,7 @@ class DaemonProcess:
             if e["event"] == "decision" and Path(e["path"]).name == name
         ]
 
-    def wait_decided(self, *names: str, timeout: float = 15) -> dict[str, dict[str, Any]]:
+    def wait_decided(self, *names: str, timeout: float = WAIT) -> dict[str, dict[str, Any]]:
         """Wait until each file has a final decision, carried out; returns the last event of each.
 
         A decision is logged before its change (SPEC 5): until the change is made, a quarantined
@@ -143,7 +167,37 @@ class DaemonProcess:
         self.wait_for(done, f"{len(wanted)} decisions", timeout)
         return final(self.events())
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5) -> int:
+    def wait_decided_version(self, name: str, data: bytes, timeout: float = WAIT) -> dict[str, Any]:
+        """Wait for the final decision of this version of ``name`` (the one whose bytes are
+        ``data``), carried out; returns its event.
+
+        Not the file's latest decision: a repair is followed by the daemon's look at its own
+        rewrite (``valid``, SPEC 1), and a loaded machine may log that before the test reads
+        (issue 19 item 8).
+        """
+        digest = hashlib.sha256(data).hexdigest()
+
+        def mine(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+            for e in events:
+                if (
+                    e["event"] == "decision"
+                    and e["decision"] in FINAL
+                    and e.get("sha256") == digest
+                    and Path(e["path"]).name == name
+                ):
+                    return e
+            return None
+
+        def done(events: list[dict[str, Any]]) -> bool:
+            event = mine(events)
+            return event is not None and carried_out(event)
+
+        self.wait_for(done, f"the decision of {name} ({digest[:12]})", timeout)
+        event = mine(self.events())
+        assert event is not None
+        return event
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT) -> int:
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=timeout)
 
@@ -163,7 +217,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
         name: str = "daemon",
         ready: bool = True,
         nofile: tuple[int, int] | None = None,
-        ready_timeout: float = 15,
+        ready_timeout: float = WAIT,
     ) -> DaemonProcess:
         daemon = DaemonProcess(tmp_path, *args, name=name, nofile=nofile)
         started.append(daemon)
@@ -217,18 +271,18 @@ def test_file_written_in_pieces_is_never_quarantined(
 def test_renamed_in_files_are_decided_without_waiting_for_settle(
     tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
-    """With --settle 30, files renamed in (from a temp name in staging/, or from another
-    directory) are still decided within seconds: a rename is a complete write."""
-    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "30")
-    started = time.monotonic()
+    """With --settle 3600, files renamed in (from a temp name in staging/, or from another
+    directory) are decided at once, never deferred: a rename is a complete write. (Not timed:
+    with an hour to settle, a wait for it would outlast the guard; issue 19 item 8.)"""
+    daemon = spawn("--memory-dir", str(memory_dir), "--settle", "3600")
     tmp_inside = memory_dir / "staging" / ".in.json.tmp"
     tmp_inside.write_bytes(_doc_bytes(project, "inside"))
     os.rename(tmp_inside, memory_dir / "staging" / "inside.json")
     outside = tmp_path / "outside.tmp"
     outside.write_bytes(b'["not", "a", "staging", "file"]')
     os.rename(outside, memory_dir / "staging" / "outside.json")
-    final = daemon.wait_decided("inside.json", "outside.json", timeout=10)
-    assert time.monotonic() - started < 10
+    final = daemon.wait_decided("inside.json", "outside.json")
+    assert "deferred" not in daemon.decisions("inside.json") + daemon.decisions("outside.json")
     assert final["inside.json"]["decision"] == "valid"
     assert final["outside.json"]["decision"] == "quarantined"
     assert not (memory_dir / "staging" / "outside.json").exists()
@@ -330,14 +384,15 @@ def test_editor_style_saves_are_decided_on_the_new_content(
 def test_sigterm_mid_burst_exits_0_quickly_and_leaves_nothing_half_done(
     project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
-    """SIGTERM while 2,000 files are being decided: exit code 0 within 5 s, a `stop` event,
-    no temp file left, and every file either still in staging/ or in deadletter/ with its
-    bytes."""
+    """SIGTERM while 2,000 files are being decided: exit code 0, a `stop` event, no temp file
+    left, and every file either still in staging/ or in deadletter/ with its bytes. The time
+    to exit is printed, not asserted: a busy machine stretches it (issue 19 item 8); SPEC 6's
+    second is measured by `make bench` (measure 14)."""
     daemon = spawn("--memory-dir", str(memory_dir), "--settle", "0.5")
     files = _burst(project, memory_dir, 2000)
     started = time.monotonic()
     assert daemon.stop(signal.SIGTERM) == 0
-    assert time.monotonic() - started < 5
+    print(f"SIGTERM mid-burst: exited {time.monotonic() - started:.3f} s later")
     assert daemon.events()[-1]["event"] == "stop"
     assert _no_temp_files(memory_dir)
     originals_dir = memory_dir / "deadletter" / "originals"
@@ -360,6 +415,7 @@ def _holds_open(pid: int, path: Path) -> bool:
     return False
 
 
+@pytest.mark.timeout(600)  # 30-90 s on a busy 2-core machine
 def test_sigterm_is_acted_on_within_a_second_whatever_file_is_in_hand(
     tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
@@ -393,10 +449,11 @@ def test_sigterm_is_acted_on_within_a_second_whatever_file_is_in_hand(
     assert daemon.decisions("huge.json") == []
     assert path.read_bytes() == data
     again = spawn("--config", str(conf), name="again", ready_timeout=120)
-    assert again.wait_decided("huge.json", timeout=120)["huge.json"]["decision"] == "repaired"
+    assert again.wait_decided_version("huge.json", data, timeout=240)["decision"] == "repaired"
     assert _no_temp_files(memory_dir)
 
 
+@pytest.mark.timeout(600)  # 30-90 s on a busy 2-core machine
 def test_sigterm_while_a_quarantine_writes_its_records_leaves_them_to_recovery(
     tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:

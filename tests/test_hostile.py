@@ -556,7 +556,7 @@ def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
             ],
             env=env,
             capture_output=True,
-            timeout=60,
+            timeout=300,
             check=False,
             cwd=base,
         )
@@ -564,6 +564,8 @@ def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
         assert (mdir / "staging" / "secret.json").read_bytes() == secret
         events = [e for e in read_events(base / "decisions.jsonl") if e.get("event") == "decision"]
         by_name = {Path(e["path"]).name: e for e in events}
+        # Said with what the run printed: a bare KeyError said nothing (issue 19 item 8).
+        assert set(by_name) == {"secret.json", "fix.json"}, (events, result.stderr)
         assert by_name["secret.json"]["decision"] == "deferred"
         assert "permission denied" in by_name["secret.json"]["reasons"][0]
         assert by_name["fix.json"]["decision"] == "repaired"

@@ -106,7 +106,7 @@ def test_status_finds_the_holder_without_taking_the_lock(
     assert instance_holder(str(mdir)) == proc.pid
     proc.kill()
     proc.wait()
-    assert wait_for(lambda: instance_holder(str(mdir)) is None, 5)
+    assert wait_for(lambda: instance_holder(str(mdir)) is None, 60)
     lock = InstanceLock(str(mdir))
     lock.acquire(wait=False)  # the kernel dropped the killed holder's lock
     lock.release()

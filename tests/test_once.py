@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -253,12 +251,11 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
         for path in (base, project, project / ".pi", memory_dir.parent, memory_dir, staging):
             os.chmod(path, 0o777)  # noqa: S103 - the unprivileged run must reach the dir
         log = base / "decisions.jsonl"
-        env = dict(
-            os.environ,
-            MEMSTAGED_LOG_FILE=str(log),
-            HOME=str(base),
-            XDG_CONFIG_HOME=str(base / "cfg"),
-        )
+        # Nothing of this process's environment but what any run gets (memstaged_env): no
+        # MEMSTAGED_* setting, no systemd socket or journal stream of the test's own.
+        env = memstaged_env(base / "work", HOME=str(base))
+        env["MEMSTAGED_LOG_FILE"] = str(log)
+        os.chmod(base / "work", 0o777)  # noqa: S103 - the unprivileged run's config and state
         result = subprocess.run(
             [
                 "setpriv",
@@ -276,11 +273,11 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
             text=True,
             env=env,
             check=False,
-            timeout=60,
+            timeout=300,
         )
         assert result.returncode == 1, result.stderr
         assert (staging / "secret.json").read_bytes() == data
-        assert decisions(log) == {"secret.json": "deferred"}
+        assert decisions(log) == {"secret.json": "deferred"}, (read_log(log), result.stderr)
         assert "permission denied" in log.read_text()
         assert "Traceback" not in result.stderr
     finally:
@@ -415,15 +412,20 @@ def test_a_backlog_waits_for_the_reconcilers_lock_in_every_batch(
     assert json.loads(lock.read_text())["pid"] == holder.pid
 
 
+@pytest.mark.timeout(600)  # two runs over 20,000 records: 35-45 s on a busy 2-core machine
 def test_ctrl_c_during_a_large_quarantine_exits_130_and_the_next_run_finishes(
     tmp_path: Path,
 ) -> None:
     """Ctrl-C (SIGINT) while ``--once`` writes the 20,000 record temps of a quarantine: exit
     130 with the one line ``memstaged: interrupted`` and no traceback, the staging file as it
     was; the temps are left as a kill leaves them (README), and the next run deletes them and
-    carries the quarantine out: exit 0, the original, the records, no temp."""
+    carries the quarantine out: exit 0, the original, the records, no temp.
+
+    The SIGINT comes when the 200th temp is created (the crash hook with a signal): sent by
+    the test once it had counted 200 temps, it came after the last one when the test was not
+    scheduled for the second or two the temps take, on a busy machine (issue 19 item 8)."""
     mdir = make_memory_dir(tmp_path)
-    env = memstaged_env(tmp_path)
+    env = memstaged_env(tmp_path, MEMSTAGED_CRASH_AT="temp-created:200:INT")
     doc = staging_doc(project_root_of(mdir), "many")
     doc["candidates"]["lessons"] = [{}] * 20_000
     data = write(mdir / "staging" / "many.json", doc)
@@ -435,20 +437,17 @@ def test_ctrl_c_during_a_large_quarantine_exits_130_and_the_next_run_finishes(
         stderr=subprocess.PIPE,
     )
     dl = mdir / "deadletter"
-    deadline = time.monotonic() + 60
-    while sum(1 for _ in dl.glob(".memstaged~*")) < 200 if dl.is_dir() else True:
-        assert proc.poll() is None, "the run ended before it wrote its temps"
-        assert time.monotonic() < deadline, "the run never wrote the records' temps"
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=30)
+    _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130
     assert stderr.decode().splitlines()[-1] == "memstaged: interrupted"
     assert b"Traceback" not in stderr
     assert (mdir / "staging" / "many.json").read_bytes() == data
-    assert list(dl.rglob(".memstaged~*")), "the interrupted run unlinked its temps"
+    left = len(list(dl.rglob(".memstaged~*")))
+    assert 0 < left < 20_001, f"{left} temps: not interrupted while writing them"
+    assert not list(dl.glob("*.json")), "the interrupted run installed records"
 
-    again = run_once(mdir, env)
+    del env["MEMSTAGED_CRASH_AT"]
+    again = run_once(mdir, env, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert not (mdir / "staging" / "many.json").exists()
     assert [p.read_bytes() for p in (dl / "originals").iterdir()] == [data]

@@ -102,7 +102,7 @@ def _soak(tmp_path: Path, seconds: float, rate: float) -> dict[str, float]:
         sentinel = corpus_file(random.Random(1), "sentinel", project_root_of(mdirs[0]))
         (mdirs[0] / "staging" / sentinel.name).write_bytes(sentinel.data)
         path = str(mdirs[0] / "staging" / sentinel.name)
-        assert wait_for(lambda: any(e.get("path") == path for e in read_events(log)), 5), (
+        assert wait_for(lambda: any(e.get("path") == path for e in read_events(log)), 60), (
             "the daemon no longer reacts"
         )
         proc.send_signal(signal.SIGTERM)
