@@ -13,6 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
+from memstaged import timestamps
 from memstaged.ecma import (
     JS_WHITESPACE_SET,
     decode_utf8,
@@ -122,7 +123,10 @@ def decide(data: bytes, ctx: Context) -> Verdict:
     Nesting depth does not matter: parsing and encoding go without recursion where msgspec
     cannot follow (:mod:`memstaged.ecma`), so a document is never quarantined for its depth.
     """
-    return _decide(data, ctx)
+    try:
+        return _decide(data, ctx)
+    finally:
+        timestamps.forget()
 
 
 def _reasons(errors: list[str]) -> tuple[str, ...]:
