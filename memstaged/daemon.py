@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from memstaged import progress
 from memstaged.config import Settings, check_memory_dir
 from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike, raise_fd_limit
 from memstaged.errors import ConfigError, MemstagedError
@@ -586,6 +587,9 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
         return daemon.settings
 
     install_signal_handlers(daemon)
+    # The engine's long loops feed the watchdog too: one hostile file may take seconds to
+    # decide, and the pings must not wait for it (issue 19 item 5).
+    progress.set_hook(daemon.keepalive)
     try:
         return daemon.run()
     except MemstagedError:
@@ -594,6 +598,7 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
         logger.critical("crash", error=repr(err), action="exiting; systemd restarts the service")
         raise
     finally:
+        progress.set_hook(None)
         if not daemon.stopping:  # a crash: stop the watcher threads too
             daemon.watcher.stop()
 
