@@ -205,17 +205,17 @@ def test_one_decision_parses_produced_at_once(monkeypatch: pytest.MonkeyPatch) -
     ``produced_at`` is parsed afresh."""
     import json
 
-    from memstaged import timestamps
+    from memstaged import dateparse
     from memstaged.triage import Context, Decision, decide
 
     texts: list[str] = []
-    real = timestamps.parse
+    real = dateparse.parse
 
     def counted(text: str) -> int | None:
         texts.append(text)
         return real(text)
 
-    monkeypatch.setattr(timestamps, "parse", counted)
+    monkeypatch.setattr("memstaged.timestamps.parse", counted)
     doc = {"schemaVersion": 1, "session_id": "s", "project_root": "/p", "produced_at": "1:" * 50}
     doc["candidates"] = {"lessons": [], "preferences": [{}], "decisions": []}
     ctx = Context(project_root="/p", file_name="s.json")
