@@ -82,12 +82,14 @@ class _Last:
 
     One decision asks about the same string up to five times (validity before and after the
     repairs, the report, the records' canonical form); a hostile 8 MiB one is parsed once
-    (issue 19 item 5). :func:`forget` drops it when the decision is made, so no file's text
+    (issue 19 item 5). Only within a decision (:func:`remember` to :func:`forget`): the answer
+    depends on the local time zone, which may change between decisions, and no file's text
     outlives its decision here. One tuple, replaced whole: a reader in another thread sees a
     text with its own result or nothing.
     """
 
     pair: tuple[str, int | None] | None = None
+    active = False
 
 
 def parse_timestamp(value: str) -> int | None:
@@ -96,12 +98,19 @@ def parse_timestamp(value: str) -> int | None:
     if last is not None and last[0] is value:
         return last[1]
     result = parse(trim(value))
-    _Last.pair = (value, result)
+    if _Last.active:
+        _Last.pair = (value, result)
     return result
+
+
+def remember() -> None:
+    """A decision begins: the text it parses is asked about again until :func:`forget`."""
+    _Last.active = True
 
 
 def forget() -> None:
     """A decision is made: the text it parsed is not asked about again."""
+    _Last.active = False
     _Last.pair = None
 
 

@@ -123,6 +123,7 @@ def decide(data: bytes, ctx: Context) -> Verdict:
     Nesting depth does not matter: parsing and encoding go without recursion where msgspec
     cannot follow (:mod:`memstaged.ecma`), so a document is never quarantined for its depth.
     """
+    timestamps.remember()
     try:
         return _decide(data, ctx)
     finally:
