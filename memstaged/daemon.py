@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from memstaged import display
+from memstaged import display, progress
 from memstaged.config import Settings, check_memory_dir
 from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike, raise_fd_limit
 from memstaged.errors import ConfigError, MemstagedError
@@ -608,6 +608,9 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
         return daemon.settings
 
     install_signal_handlers(daemon)
+    # The engine's long loops feed the watchdog too: one hostile file may take seconds to
+    # decide, and the pings must not wait for it (issue 19 item 5).
+    progress.set_hook(daemon.keepalive)
     try:
         return daemon.run()
     except MemstagedError:
@@ -620,6 +623,7 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
         # put back SIGALRM's default action: the process died of SIGALRM instead of exiting 0
         # when its exit took more than STOP_GRACE, as on a busy machine (issue 19 item 8).
         signal.setitimer(signal.ITIMER_REAL, 0)
+        progress.set_hook(None)
         if not daemon.stopping:  # a crash: stop the watcher threads too
             daemon.watcher.stop()
 

@@ -8,11 +8,13 @@ compatibility with old browsers. This module is written from that documented gra
 Node's own answers (``tests/test_dateparse_node.py`` compares the two on every example of SPEC and
 on a seeded corpus of generated strings in three time zones); it shares no code with V8.
 
-The scanner turns the text into tokens once: numbers (their value from the first nine significant
-digits, and their length in characters, leading zeros included), the symbols ``: - + . )``, runs
-of whitespace, words (a run of characters from ``A`` upwards that are not whitespace, classified by
-their first three letters lower-cased: month names, ``am``/``pm``, zone names, ``t``, or nothing),
-parenthesised comments and anything else, which is ignored. A NUL character ends the text, as in V8.
+The scanner reads the text lazily, one token of look-ahead, as V8's does: numbers (their value
+from the first nine significant digits, and their length in characters, leading zeros included),
+the symbols ``: - + . )``, words (a run of characters from ``A`` upwards that are not whitespace,
+classified by their first three letters lower-cased: month names, ``am``/``pm``, zone names, ``t``,
+or nothing), and runs of whitespace, parenthesised comments and anything else, which are ignored.
+A NUL character ends the text, as in V8. V8 gives up within a few tokens on most garbage, and so
+does this parser: a long text costs only the part of it that is read (issue 19 item 5).
 
 Local time is the machine's zone (``TZ``, else ``/etc/localtime``), read with ``time.localtime``;
 a local time that occurs twice is read with the offset in force before the change, and one that
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import re
 import time
+from itertools import accumulate, repeat
 from typing import Final
 
 from memstaged.ecma import JS_WHITESPACE_SET
+from memstaged.progress import tick
 
 #: What V8's date scanner takes for whitespace: ECMAScript's, less U+2028 and U+2029 (which it
 #: reads as letters of a word). Measured with Node 20.
@@ -96,7 +100,21 @@ Token = tuple[int, int, int, int]
 meaning (month number, hour offset, zone offset in hours) and its class."""
 
 _END_TOKEN: Final[Token] = (_END, 0, 0, _W_NONE)
+_WS_TOKEN: Final[Token] = (_WS, 0, 1, _W_NONE)
+_OTHER_TOKEN: Final[Token] = (_OTHER, 0, 0, _W_NONE)
+_SYMBOLS: Final = {c: (_SYM, ord(c), 1, _W_NONE) for c in ":-+.)"}
 _DIGITS: Final = re.compile(r"[0-9]+")
+_ZEROS: Final = re.compile(r"0*")
+#: A word: characters from ``A`` upwards that are not whitespace.
+_WORD_RUN: Final = re.compile("[^\\x00-@" + re.escape("".join(sorted(_SPACE))) + "]+")
+#: Whitespace, and characters that are nothing to the parser: below ``A`` and none of
+#: ``0-9 : - + . ( )`` (a ``(`` opens a comment, skipped apart).
+_IGNORED: Final = re.compile("[\\x00-'*,/;-@" + re.escape("".join(sorted(_SPACE))) + "]+")
+_PAREN_STEP: Final = {"(": 1, ")": -1}
+#: A comment is skipped this many characters at a time, with C-speed counting.
+_CHUNK: Final = 1 << 16
+#: The legacy reader reports progress (:func:`memstaged.progress.tick`) every so many tokens.
+_TICK_EVERY: Final = 4096
 
 
 def _lower3(word: str) -> str:
@@ -104,9 +122,9 @@ def _lower3(word: str) -> str:
     return "".join(chr(ord(c) | 0x20) for c in word[:3])
 
 
-def _classify_word(word: str) -> tuple[int, int]:
-    prefix = _lower3(word)
-    length = len(word) + sum(1 for c in word if ord(c) > 0xFFFF)  # UTF-16 code units
+def _classify_word(prefix: str, length: int) -> tuple[int, int]:
+    """What a word means, from its first three characters and its length in UTF-16 units."""
+    prefix = _lower3(prefix)
     if length <= 3:
         found = _SHORT_WORDS.get(prefix)
         if found is not None:
@@ -116,53 +134,94 @@ def _classify_word(word: str) -> tuple[int, int]:
     return _W_NONE, 0
 
 
-def _number(digits: str) -> Token:
-    significant = digits.lstrip("0")[:_SIGNIFICANT]
-    return _NUM, int(significant) if significant else 0, len(digits), _W_NONE
-
-
-def tokenize(text: str) -> list[Token]:
-    """The whole text as tokens, ending with one end token."""
-    out: list[Token] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "\0":
-            break
-        if "0" <= c <= "9":
-            match = _DIGITS.match(text, i)
-            assert match is not None
-            out.append(_number(match[0]))
-            i = match.end()
-        elif c in ":-+.)":
-            out.append((_SYM, ord(c), 1, _W_NONE))
-            i += 1
-        elif c >= "A" and c not in _SPACE:
-            j = i + 1
-            while j < n and text[j] >= "A" and text[j] not in _SPACE:
-                j += 1
-            word_class, value = _classify_word(text[i:j])
-            out.append((_WORD, value, j - i, word_class))
-            i = j
-        elif c in _SPACE:
-            out.append((_WS, 0, 1, _W_NONE))
-            i += 1
-        elif c == "(":
-            depth = 0
-            while i < n and text[i] != "\0":
-                if text[i] == "(":
-                    depth += 1
-                elif text[i] == ")":
-                    depth -= 1
-                i += 1
-                if depth <= 0:
-                    break
-            out.append((_OTHER, 0, 0, _W_NONE))
+def _skip_comment(text: str, i: int) -> int:
+    """Past the parenthesised comment that opens at ``i``: where its ``(`` are all closed, or the
+    end of the text. Counted a chunk at a time in C: a comment may be the whole 8 MiB text."""
+    depth, j, n = 1, i + 1, len(text)
+    while j < n:
+        k = min(j + _CHUNK, n)
+        closes = text.count(")", j, k)
+        if depth > closes:  # cannot close in this chunk
+            depth += text.count("(", j, k) - closes
         else:
-            out.append((_OTHER, 0, 0, _W_NONE))
-            i += 1
-    out.append(_END_TOKEN)
-    return out
+            steps = accumulate(map(_PAREN_STEP.get, text[j:k], repeat(0)), initial=depth)
+            sums = list(steps)
+            if 0 in sums:
+                return j + sums.index(0)
+            depth = sums[-1]
+        j = k
+        tick()
+    return n
+
+
+class _Scanner:
+    """V8's date tokenizer: one token of look-ahead, each scanned only when it is reached.
+
+    V8 gives up on most garbage within a few tokens; scanning lazily does the same, so a long
+    text costs only what is read of it (issue 19 item 5: a token list of the whole 8 MiB text
+    took 700 MB). A run of whitespace, characters the parser ignores and comments is one token,
+    of the kind of its first character: every reader ignores all but that first one.
+    """
+
+    __slots__ = ("end", "i", "next_token", "text")
+
+    def __init__(self, text: str) -> None:
+        nul = text.find("\0")
+        self.text = text
+        self.end = len(text) if nul < 0 else nul  # a NUL character ends the text, as in V8
+        self.i = 0
+        self.next_token = self._scan()
+
+    def _scan(self) -> Token:
+        text, i, n = self.text, self.i, self.end
+        if i >= n:
+            return _END_TOKEN
+        c = text[i]
+        if "0" <= c <= "9":
+            end = _DIGITS.match(text, i, n).end()  # type: ignore[union-attr]
+            first = _ZEROS.match(text, i, end).end()  # type: ignore[union-attr]
+            value = int(text[first : min(first + _SIGNIFICANT, end)]) if first < end else 0
+            self.i = end
+            return _NUM, value, end - i, _W_NONE
+        symbol = _SYMBOLS.get(c)
+        if symbol is not None:
+            self.i = i + 1
+            return symbol
+        if c >= "A" and c not in _SPACE:
+            end = _WORD_RUN.match(text, i, n).end()  # type: ignore[union-attr]
+            head = text[i : min(i + 4, end)]
+            # UTF-16 length, exact up to 4: a character outside the BMP counts two.
+            length = len(head) + sum(1 for h in head if ord(h) > 0xFFFF)
+            word_class, value = _classify_word(head, length)
+            self.i = end
+            return _WORD, value, length, word_class
+        token = _WS_TOKEN if c in _SPACE else _OTHER_TOKEN
+        while i < n:  # the whole ignorable run, comments included
+            if text[i] == "(":
+                i = min(_skip_comment(text, i), n)
+                continue
+            run = _IGNORED.match(text, i, n)
+            if run is None:
+                break
+            i = run.end()
+        self.i = i
+        return token
+
+    def peek(self) -> Token:
+        return self.next_token
+
+    def next(self) -> Token:
+        token = self.next_token
+        if token[0] != _END:
+            self.next_token = self._scan()
+        return token
+
+    def skip(self, char: str) -> bool:
+        token = self.next_token
+        if token[0] == _SYM and token[1] == ord(char):
+            self.next_token = self._scan()
+            return True
+        return False
 
 
 def _is_sym(token: Token, char: str) -> bool:
@@ -288,27 +347,6 @@ class _Parts:
         return self.sign * total
 
 
-class _Scanner:
-    def __init__(self, text: str) -> None:
-        self.tokens = tokenize(text)
-        self.pos = 0
-
-    def peek(self) -> Token:
-        return self.tokens[self.pos]
-
-    def next(self) -> Token:
-        token = self.tokens[self.pos]
-        if token[0] != _END:
-            self.pos += 1
-        return token
-
-    def skip(self, char: str) -> bool:
-        if _is_sym(self.tokens[self.pos], char):
-            self.pos += 1
-            return True
-        return False
-
-
 #: Returned by the ISO reader when the text can be nothing at all.
 _INVALID: Final[Token] = (-1, 0, 0, _W_NONE)
 
@@ -421,7 +459,11 @@ def _read_legacy_offset(scan: _Scanner, parts: _Parts, sign: Token) -> bool:
 def _read_legacy(scan: _Scanner, parts: _Parts, token: Token) -> bool:
     """V8's legacy reader, from ``token`` on; False when the text is no date."""
     has_number = bool(parts.day)
+    count = 0
     while token[0] != _END:
+        count += 1
+        if count % _TICK_EVERY == 0:
+            tick()
         kind = token[0]
         if kind == _NUM:
             has_number = True

@@ -32,6 +32,10 @@ _JS_WHITESPACE_RUN: Final = re.compile("[" + re.escape(JS_WHITESPACE) + "]+")
 
 #: JavaScript turns an integer literal longer than this into Infinity; Python would refuse it.
 _MAX_INT_DIGITS: Final = 4000
+#: The integer literal ``-0`` (not ``-0.0``, ``-0e0``, ``-01``): ``JSON.parse`` reads minus zero,
+#: msgspec and ``int()`` read zero. It may match inside a string too; that only costs a slower
+#: parse. ``b"-0" in data`` first: a C-speed scan that most files answer before the regex runs.
+_NEGATIVE_ZERO: Final = re.compile(rb"-0(?![0-9.eE])")
 
 _decoder: Final = msgspec.json.Decoder()
 
@@ -213,6 +217,8 @@ def _parse_int(literal: str) -> int | float:
     # JSON.parse reads every number as a double: a literal this long is +/-Infinity there.
     if len(literal) > _MAX_INT_DIGITS:
         return -math.inf if literal.startswith("-") else math.inf
+    if literal == "-0":
+        return -0.0  # minus zero, as JSON.parse reads it; a repair writes it back as -0.0
     return int(literal)
 
 
@@ -222,16 +228,24 @@ def parse_json(data: bytes) -> Parsed:
     The bytes are decoded as Node decodes them (:func:`decode_utf8`), and nesting is limited
     only by their size. msgspec is the fast path. It refuses what ``JSON.parse`` accepts in three
     cases: numbers beyond the double range (``1e400`` is Infinity in JavaScript), lone surrogate
-    escapes (``"\\ud800"``) and deep nesting; then the standard library's parser is used, or for
+    escapes (``"\\ud800"``) and deep nesting, and it reads the integer ``-0`` as zero where
+    ``JSON.parse`` reads minus zero; then the standard library's parser is used, or for
     a document nested deeper than it can recurse, :func:`_parse_iterative`. Such a value is marked
     ``exotic`` so that :func:`encode_json` writes it back without loss.
     """
     try:
-        return Parsed(_decoder.decode(data))
+        value = _decoder.decode(data)
     except msgspec.DecodeError as fast_error:
         reason = str(fast_error)
     except RecursionError:
         reason = "nested too deep for msgspec"
+    else:
+        if b"-0" not in data or _NEGATIVE_ZERO.search(data) is None:
+            return Parsed(value)
+        # msgspec read an integer -0 as 0: a repair would write 0 where JSON.parse reads -0
+        # (issue 19 item 4). The standard library's parser below keeps it (_parse_int).
+        del value
+        reason = "minus zero"
     text = decode_utf8(data)
     replaced = None if "\ufffd" not in text or text.encode("utf-8") == data else text
     try:

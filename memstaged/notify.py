@@ -3,11 +3,14 @@
 Notifications go through ``systemd.daemon.notify`` (systemd-python); outside systemd (no
 ``NOTIFY_SOCKET``) they are no-ops, so the daemon runs the same in a terminal.
 
-:class:`Notifier` sends one message; :class:`Heartbeat` decides when: ``WATCHDOG=1`` every half
-``WATCHDOG_USEC``, ``EXTEND_TIMEOUT_USEC=`` while the start-up backlog is decided, and ``STATUS=``
-at most once a second and only when its text changed. The daemon calls :meth:`Heartbeat.beat`
-between two files, so the pings come from the thread that decides files: a worker stuck on one
-file stops pinging, and systemd restarts the service.
+:class:`Notifier` sends one message; :class:`Heartbeat` decides when: ``WATCHDOG=1`` every quarter
+of ``WATCHDOG_USEC``, ``EXTEND_TIMEOUT_USEC=`` while the start-up backlog is decided, and
+``STATUS=`` at most once a second and only when its text changed. The daemon calls
+:meth:`Heartbeat.beat` between two files, and the engine's long loops call it through
+:func:`memstaged.progress.tick` while one file is decided, so the pings come from the thread that
+decides files, from where its work happens: a worker stuck (a hung read, a loop that makes no
+progress) stops pinging, and systemd restarts the service, but a hostile file that takes seconds
+to decide does not leave a gap longer than a third of ``WatchdogSec=`` (issue 19 item 5).
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ START_EXTENSION: Final = 60.0
 
 
 class Notifier:
-    """sd_notify, and the watchdog interval systemd asked for (half of ``WATCHDOG_USEC``)."""
+    """sd_notify, and the watchdog interval: a quarter of ``WATCHDOG_USEC``.
+
+    A ping is sent at the first beat after the interval, so the gap between two pings is the
+    interval plus the longest stretch of work without a beat: a quarter leaves room under the
+    third of ``WatchdogSec=`` that no gap may exceed.
+    """
 
     def __init__(
         self,
@@ -43,7 +51,7 @@ class Notifier:
         pid = env.get("WATCHDOG_PID", "")
         wanted = usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid()))
         #: Seconds between WATCHDOG=1 pings, or None when systemd does not watch us.
-        self.watchdog_interval: float | None = int(usec) / 2e6 if wanted else None
+        self.watchdog_interval: float | None = int(usec) / 4e6 if wanted else None
 
     def send(self, *lines: str) -> None:
         if self._notify is not None:

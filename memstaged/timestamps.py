@@ -77,9 +77,41 @@ def format_epoch_ms(epoch_ms: int) -> str:
     return f"{ytext}-{month:02d}-{day:02d}T{hours:02d}:{minutes:02d}:{seconds:02d}.{millis:03d}Z"
 
 
+class _Last:
+    """The last ``produced_at`` parsed and what it gave, by identity.
+
+    One decision asks about the same string up to five times (validity before and after the
+    repairs, the report, the records' canonical form); a hostile 8 MiB one is parsed once
+    (issue 19 item 5). Only within a decision (:func:`remember` to :func:`forget`): the answer
+    depends on the local time zone, which may change between decisions, and no file's text
+    outlives its decision here. One tuple, replaced whole: a reader in another thread sees a
+    text with its own result or nothing.
+    """
+
+    pair: tuple[str, int | None] | None = None
+    active = False
+
+
 def parse_timestamp(value: str) -> int | None:
     """``Date.parse`` of the trimmed text (SPEC 2.3): epoch milliseconds, or ``None`` for NaN."""
-    return parse(trim(value))
+    last = _Last.pair
+    if last is not None and last[0] is value:
+        return last[1]
+    result = parse(trim(value))
+    if _Last.active:
+        _Last.pair = (value, result)
+    return result
+
+
+def remember() -> None:
+    """A decision begins: the text it parses is asked about again until :func:`forget`."""
+    _Last.active = True
+
+
+def forget() -> None:
+    """A decision is made: the text it parsed is not asked about again."""
+    _Last.active = False
+    _Last.pair = None
 
 
 def is_timestamp(value: str) -> bool:

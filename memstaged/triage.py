@@ -13,6 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
+from memstaged import timestamps
 from memstaged.ecma import (
     JS_WHITESPACE_SET,
     decode_utf8,
@@ -129,7 +130,11 @@ def decide(data: bytes, ctx: Context) -> Verdict:
     Nesting depth does not matter: parsing and encoding go without recursion where msgspec
     cannot follow (:mod:`memstaged.ecma`), so a document is never quarantined for its depth.
     """
-    return _decide(data, ctx)
+    timestamps.remember()
+    try:
+        return _decide(data, ctx)
+    finally:
+        timestamps.forget()
 
 
 def _reasons(errors: list[str]) -> tuple[str, ...]:

@@ -718,14 +718,14 @@ def test_reload_that_changes_the_observer_rebuilds_the_watches(
 # -- systemd notifications ------------------------------------------------------------------
 
 
-def test_watchdog_is_pinged_at_half_its_interval_even_in_a_long_backlog(
+def test_watchdog_is_pinged_at_a_quarter_of_its_interval_even_in_a_long_backlog(
     project: Path, memory_dir: Path
 ) -> None:
-    """WATCHDOG_USEC=10 s gives a ping every 5 s, from the loop that decides files: a backlog
-    that takes 40 s (fake) sends a ping every 5 s of it."""
+    """WATCHDOG_USEC=20 s gives a ping every 5 s (a quarter: issue 19 item 5), from the loop that
+    decides files: a backlog that takes 40 s (fake) sends a ping every 5 s of it."""
     for i in range(40):
         write(memory_dir / "staging" / f"f{i}.json", staging_doc(project, f"s{i}"))
-    rig = Rig(settings(memory_dir), watchdog_usec=10_000_000)
+    rig = Rig(settings(memory_dir), watchdog_usec=20_000_000)
     rig.log.hooks.append(lambda e: rig.clock.advance(1) if e["event"] == "decision" else None)
     rig.daemon.start()
     assert rig.daemon.work() == 40

@@ -14,8 +14,11 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,7 +46,9 @@ class DaemonProcess:
         *args: str,
         name: str = "daemon",
         nofile: tuple[int, int] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        extra_env = env or {}
         self.log_file = tmp_path / f"{name}.jsonl"
         self.stderr_file = tmp_path / f"{name}.stderr"
         env = {
@@ -57,6 +62,7 @@ class DaemonProcess:
             XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
             XDG_STATE_HOME=str(tmp_path / "xdg-state"),
         )
+        env.update(extra_env)
 
         def limit_descriptors() -> None:  # in the child, before exec: as a service manager would
             if nofile is not None:
@@ -218,8 +224,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
         ready: bool = True,
         nofile: tuple[int, int] | None = None,
         ready_timeout: float = WAIT,
+        env: dict[str, str] | None = None,
     ) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, name=name, nofile=nofile)
+        daemon = DaemonProcess(tmp_path, *args, name=name, nofile=nofile, env=env)
         started.append(daemon)
         if ready:
             daemon.wait_ready(ready_timeout)
@@ -451,6 +458,77 @@ def test_sigterm_is_acted_on_within_a_second_whatever_file_is_in_hand(
     again = spawn("--config", str(conf), name="again", ready_timeout=120)
     assert again.wait_decided_version("huge.json", data, timeout=240)["decision"] == "repaired"
     assert _no_temp_files(memory_dir)
+
+
+class _NotifySocket:
+    """A service manager's ``NOTIFY_SOCKET``: every datagram received, in order, by a thread."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="ms-notify-")  # AF_UNIX paths: 108 bytes at most
+        self.path = os.path.join(self.dir, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self.closing = False
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while not self.closing:
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        self.closing = True
+        self.thread.join(timeout=5)
+        self.sock.close()
+        shutil.rmtree(self.dir)
+
+
+def test_watchdog_pings_keep_coming_while_a_hostile_file_is_decided(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 19 item 5: while the daemon decided one hostile file (24 s for an 8 MiB
+    ``produced_at``), no ``WATCHDOG=1`` was sent, and systemd killed it. A real daemon under a
+    ``NOTIFY_SOCKET`` with ``WATCHDOG_USEC`` of 0.3 s is handed a 2 MB file whose
+    ``produced_at`` is ``"jan "`` 500,000 times (the date parser reads every word of it: V8
+    takes it too, as a date with no number, and says NaN): pings keep coming from inside that
+    decision, at least three between the moment the daemon holds the file open and the
+    decision in the log (the pings came only between files: none). The file is quarantined."""
+    notify = _NotifySocket()
+    try:
+        daemon = spawn(
+            "--memory-dir",
+            str(memory_dir),
+            "--settle",
+            "0.1",
+            env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "300000"},
+        )
+        doc = staging_doc(project, "slow")
+        doc["produced_at"] = "jan " * 500_000
+        path = memory_dir / "staging" / "slow.json"
+        tmp = memory_dir / "staging" / ".slow.json.tmp"
+        tmp.write_bytes(json.dumps(doc).encode())
+        os.rename(tmp, path)
+        deadline = time.monotonic() + 30
+        while not _holds_open(daemon.proc.pid, path):
+            assert time.monotonic() < deadline, "the daemon never opened the file"
+            time.sleep(0.001)
+        before = len(notify.messages)
+        assert daemon.decisions("slow.json") == []  # still deciding it
+        daemon.wait_for(lambda ev: bool(daemon.decisions("slow.json")), "its decision", 120)
+        during = notify.messages[before:]
+        decided = daemon.decisions("slow.json")
+        assert decided == ["quarantined"]
+        pings = sum("WATCHDOG=1" in m.split("\n") for m in during)
+        print(f"{pings} pings while the file was decided")
+        assert pings >= 3
+        assert daemon.stop(signal.SIGTERM, timeout=20) == 0
+    finally:
+        notify.close()
 
 
 @pytest.mark.timeout(600)  # 30-90 s on a busy 2-core machine

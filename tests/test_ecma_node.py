@@ -230,3 +230,92 @@ def test_json_parse_million_levels(node: Node) -> None:
     found = compare(node, "parses", inputs, _parses, raw=True)
     assert found == [], "\n".join(found)
     assert [_parses(x) for x in inputs] == [True, True, False]
+
+
+#: Number literals whose value a parser can get subtly wrong: minus zero written four ways, zero
+#: with an exponent, upper-case exponents, beyond the double range either way, below its smallest
+#: subnormal, integers beyond 2^53, a 4,001-digit integer, and minus zero in containers.
+NUMBER_LITERALS = [
+    "-0",
+    "-0e0",
+    "-0E+0",
+    "-0.0",
+    "-0.000e-3",
+    "0e-5",
+    "0",
+    "1E+2",
+    "1e2",
+    "100.0",
+    "1e400",
+    "-1e400",
+    "-1e-400",
+    "1e-400",
+    "5e-324",
+    "1.7976931348623157e308",
+    "9007199254740993",
+    "-9007199254740993",
+    "123456789012345678901234567890",
+    "1" * 4001,
+    "-" + "9" * 4001,
+    "0.1",
+    "[-0, 0, -0.0, -0e0]",
+    '{"z": -0}',
+    "[" * 900 + "-0" + "]" * 900,  # nested
+]
+
+
+def _numbers_file(literal: str, schema_version: str) -> bytes:
+    """A staging file holding ``literal`` under three keys that no repair touches: at the top, in
+    a candidate, and in ``extractor``. Without a ``domain`` array (R5 repairs that)."""
+    return (
+        '{"schemaVersion":' + schema_version + ',"session_id":"s","project_root":"/p",'
+        '"produced_at":"2026-01-01T00:00:00Z","extra":' + literal + ","
+        '"extractor":{"n":[' + literal + "]},"
+        '"candidates":{"lessons":[],"decisions":[],"preferences":[{"text":"t","n":'
+        + literal
+        + ',"source_evidence":{"lesson_candidate_marker_ids":["m"]}}]}}'
+    ).encode()
+
+
+def test_repairs_and_records_keep_every_number_as_json_parse_reads_it(node: Node) -> None:
+    """Issue 19 item 4, SPEC 3 and 4: a repair keeps every key it does not fix exactly as it
+    was, and a record holds its candidate and the file as they were. ``JSON.parse`` of the
+    repaired file, and of each dead-letter record, gives the same numbers under the untouched
+    keys as ``JSON.parse`` of the original, minus zero included: the integer literal ``-0`` came
+    back as ``0`` (msgspec and ``int()`` read it as zero)."""
+    from memstaged.triage import Context, Decision, decide
+
+    ctx = Context(project_root="/p", file_name="s.json")
+    originals: list[bytes] = []
+    outputs: list[tuple[str, bytes]] = []  # (how, bytes) per original
+    for literal in NUMBER_LITERALS:
+        repairable = _numbers_file(literal, "1")
+        verdict = decide(repairable, ctx)
+        assert verdict.decision is Decision.REPAIRED, (literal, verdict.reasons)
+        assert verdict.new_bytes is not None
+        originals.append(repairable)
+        outputs.append(("repaired", verdict.new_bytes))
+        broken = _numbers_file(literal, '"1"')  # schemaVersion "1": quarantined
+        verdict = decide(broken, ctx)
+        assert verdict.decision is Decision.QUARANTINED, (literal, verdict.reasons)
+        [record] = verdict.deadletter
+        originals.append(broken)
+        outputs.append(("record", record.body))
+    before = [json.loads(s) for s in node.ask_bytes("exact", originals)]
+    after = [json.loads(s) for s in node.ask_bytes("exact", [b for _, b in outputs])]
+    wrong = []
+    for literal, was, (how, _bytes), now in zip(
+        [x for x in NUMBER_LITERALS for _ in (0, 1)], before, outputs, after, strict=True
+    ):
+        if how == "repaired":
+            kept = {k: now[k] for k in ("extra", "extractor")}
+            kept["candidate"] = now["candidates"]["preferences"][0]
+            expected = {k: was[k] for k in ("extra", "extractor")}
+            expected["candidate"] = was["candidates"]["preferences"][0]
+        else:
+            kept = {"file": now["candidate"]["original_staging_file"]}
+            kept["candidate"] = now["candidate"]["candidate"]
+            expected = {"file": was, "candidate": was["candidates"]["preferences"][0]}
+        if kept != expected:
+            wrong.append(f"{literal[:40]!r} ({how}): node reads {kept!r}, was {expected!r}"[:400])
+    assert wrong == [], "\n".join(wrong)

@@ -195,3 +195,35 @@ def test_canonical_or_epoch(value: object, expected: str) -> None:
 def test_format_epoch_ms_is_to_iso_string(epoch_ms: int, text: str) -> None:
     """``Date.prototype.toISOString``, expanded years included."""
     assert format_epoch_ms(epoch_ms) == text
+
+
+def test_one_decision_parses_produced_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19 item 5: deciding one file ran ``Date.parse`` on its ``produced_at`` five times
+    (validity before and after the repairs, twice the report, the records). A file whose
+    ``produced_at`` is no timestamp and whose other faults no repair fixes is quarantined with
+    its record's ``produced_at`` the epoch, having parsed that text once; the next file's own
+    ``produced_at`` is parsed afresh."""
+    import json
+
+    from memstaged import dateparse
+    from memstaged.triage import Context, Decision, decide
+
+    texts: list[str] = []
+    real = dateparse.parse
+
+    def counted(text: str) -> int | None:
+        texts.append(text)
+        return real(text)
+
+    monkeypatch.setattr("memstaged.timestamps.parse", counted)
+    doc = {"schemaVersion": 1, "session_id": "s", "project_root": "/p", "produced_at": "1:" * 50}
+    doc["candidates"] = {"lessons": [], "preferences": [{}], "decisions": []}
+    ctx = Context(project_root="/p", file_name="s.json")
+    verdict = decide(json.dumps(doc).encode(), ctx)
+    assert verdict.decision is Decision.QUARANTINED
+    [record] = verdict.deadletter
+    assert json.loads(record.body)["produced_at"] == "1970-01-01T00:00:00.000Z"
+    assert texts == ["1:" * 50]
+    doc["produced_at"] = "2026-06-10 10:00:00 UTC"
+    assert decide(json.dumps(doc).encode(), ctx).decision is Decision.QUARANTINED
+    assert texts == ["1:" * 50, "2026-06-10 10:00:00 UTC"]

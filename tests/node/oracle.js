@@ -68,6 +68,11 @@ const ops = {
   // JSON.parse of the bytes as fs.readFileSync(path, "utf-8") reads them: parses or not.
   parses: (b64) => { try { JSON.parse(Buffer.from(b64, "base64").toString("utf-8")); return true; } catch (e) { return false; } },
   valid: (b64) => validFile(Buffer.from(b64, "base64").toString("utf-8")),
+  // The value JSON.parse reads, every number written as its exact JavaScript value ("-0" for
+  // minus zero, which JSON.stringify would write as 0) and every string tagged apart from them.
+  exact: (b64) => JSON.stringify(JSON.parse(Buffer.from(b64, "base64").toString("utf-8")),
+    (k, v) => typeof v === "number" ? "n:" + (Object.is(v, -0) ? "-0" : String(v))
+      : typeof v === "string" ? "s:" + v : v),
   // The whole-file text of SPEC 3.1's keyword topic, computed in JavaScript.
   keyword: (s) => s.toLowerCase().replace(/[`*_#>\[\](){}:;,.!?\/\\|<=+~$%^&\-0-9]+/g, " ").split(/\s+/)
     .filter((w) => w.length >= 3 && !STOP.has(w)).slice(0, 4).join(" "),
