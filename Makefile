@@ -10,11 +10,13 @@ DEMO_MDIR := $(DEMO)/example-project/.pi/memory/project
 PREFIX ?= $(HOME)/.local
 # Debian packages: a C compiler, Python's headers and venv, and libsystemd to build
 # systemd-python; systemd and the user D-Bus for the real-service tests; Node.js (20 on Debian
-# 13) for the differential tests that compare memstaged's JavaScript semantics with Node's.
+# 13) for the differential tests that compare memstaged's JavaScript semantics with Node's;
+# bash-completion, man-db and tmux for the tests that press Tab in a real bash and read the man
+# page on an 80-column terminal.
 APT_PACKAGES := python3-venv python3-dev gcc libsystemd-dev pkg-config systemd \
-	dbus-user-session nodejs
+	dbus-user-session nodejs bash-completion man-db tmux
 
-.PHONY: setup sysdeps demo install completions test test-slow lint bench clean
+.PHONY: setup sysdeps demo install uninstall completions test test-slow lint bench clean
 
 setup: $(STAMP)
 
@@ -23,7 +25,9 @@ sysdeps:
 		|| ! command -v gcc >/dev/null || ! command -v node >/dev/null \
 		|| ! $(PYTHON) -c 'import ensurepip, sysconfig, os.path as p; \
 			assert p.exists(p.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \
-		|| [ ! -e /usr/lib/systemd/user/dbus.socket ]; then \
+		|| [ ! -e /usr/lib/systemd/user/dbus.socket ] \
+		|| [ ! -e /usr/share/bash-completion/bash_completion ] \
+		|| ! command -v man >/dev/null || ! command -v tmux >/dev/null; then \
 		echo "installing Debian packages: $(APT_PACKAGES)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
@@ -56,9 +60,23 @@ demo: $(RUNTIME_STAMP)
 
 # memstaged on PATH ($(PREFIX)/bin, ~/.local/bin by default) as a link to this clone's venv,
 # with its shell completions and man page where bash-completion, zsh, fish and man look.
+# A memstaged already there that is not this clone's (pipx's link, say) is not replaced
+# silently: `make install FORCE=1` replaces it. `make uninstall` removes exactly these files.
+LINK := $(PREFIX)/bin/memstaged
+INSTALLED := $(PREFIX)/share/bash-completion/completions/memstaged \
+	$(PREFIX)/share/zsh/site-functions/_memstaged \
+	$(PREFIX)/share/fish/vendor_completions.d/memstaged.fish \
+	$(PREFIX)/share/man/man1/memstaged.1
 install: $(RUNTIME_STAMP)
+	@if [ -z "$(FORCE)" ] && { [ -e $(LINK) ] || [ -L $(LINK) ]; } \
+		&& [ "$$(readlink $(LINK))" != "$(CURDIR)/$(BIN)/memstaged" ]; then \
+		echo "make install: $(LINK) is $$(readlink $(LINK) || echo 'a file'), not this clone's" \
+			"$(CURDIR)/$(BIN)/memstaged: remove that installation first (pipx uninstall" \
+			"memstaged), or run make install FORCE=1 to replace it" >&2; \
+		exit 2; \
+	fi
 	mkdir -p $(PREFIX)/bin
-	ln -sf $(CURDIR)/$(BIN)/memstaged $(PREFIX)/bin/memstaged
+	ln -sfn $(CURDIR)/$(BIN)/memstaged $(LINK)
 	install -D -m 0644 memstaged/data/completions/bash/memstaged \
 		$(PREFIX)/share/bash-completion/completions/memstaged
 	install -D -m 0644 memstaged/data/completions/zsh/_memstaged \
@@ -66,7 +84,16 @@ install: $(RUNTIME_STAMP)
 	install -D -m 0644 memstaged/data/completions/fish/memstaged.fish \
 		$(PREFIX)/share/fish/vendor_completions.d/memstaged.fish
 	install -D -m 0644 memstaged/data/man/memstaged.1 $(PREFIX)/share/man/man1/memstaged.1
-	@echo "memstaged is $(PREFIX)/bin/memstaged (is $(PREFIX)/bin on your PATH?)"
+	@echo "memstaged is $(LINK) (is $(PREFIX)/bin on your PATH?)"
+
+# The link only while it is this clone's (another installation's stays), and the files above.
+uninstall:
+	@if [ "$$(readlink $(LINK))" = "$(CURDIR)/$(BIN)/memstaged" ]; then \
+		rm -f $(LINK) && echo "removed $(LINK)"; \
+	elif [ -e $(LINK) ] || [ -L $(LINK) ]; then \
+		echo "kept $(LINK): it is not this clone's ($$(readlink $(LINK) || echo 'a file'))"; \
+	fi
+	rm -f $(INSTALLED)
 
 # Shell completions and the man page, generated from the argparse parser by shtab and
 # argparse-manpage (tests/test_completions.py fails when the committed files are stale).

@@ -23,7 +23,16 @@ EXIT_USAGE: Final = 2
 
 #: The subcommands, each ``memstaged.commands.<name>`` with ``register(subparsers)`` setting
 #: ``func`` on its parser, in the order ``--help`` lists them.
-_SUBCOMMANDS: Final = ("check", "service", "config", "log", "stats", "status", "deadletter")
+_SUBCOMMANDS: Final = (
+    "check",
+    "service",
+    "config",
+    "log",
+    "stats",
+    "status",
+    "deadletter",
+    "completion",
+)
 #: The top-level options that take a value (the rest are flags).
 _VALUED: Final = ("--memory-dir", "--config", "--project-root", "--settle")
 

@@ -43,16 +43,23 @@ def render() -> dict[str, str]:
     import shtab
     from argparse_manpage.manpage import Manpage
 
+    from memstaged.manpage import sections
+
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "80"
     try:
         parser = _parser()
         out = {shell: shtab.complete(parser, shell=shell) for shell in ("bash", "zsh", "fish")}
+        # Both in DESCRIPTION, in this order: the epilog is not "COMMENTS" (issue 22 item 8).
+        about = [parser.description, parser.epilog]
+        parser.description = parser.epilog = None
         page = Manpage(parser, format="single-commands-section")
         page.date = RELEASE_DATE
         page.source = f"memstaged {__version__}"
         page.manual = "memstaged manual"
         page.description = "validate, repair or quarantine agent-memory staging files"
+        for heading, content in sections(about).items():
+            page.add_section(heading, "=", content)
         out["man"] = str(page)
     finally:
         if saved is None:

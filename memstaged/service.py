@@ -37,6 +37,8 @@ __all__ = [  # Notifier is re-exported: it lived here before memstaged.notify
 UNIT_NAME: Final = "memstaged.service"
 #: What to run once memory dirs are configured (said when ``install --enable`` does not start).
 ENABLE_COMMAND: Final = "systemctl --user enable --now memstaged"
+#: What makes a running service run the unit just installed.
+RESTART_COMMAND: Final = "systemctl --user restart memstaged"
 #: The drop-in ``install --sandbox`` writes, beside the unit.
 SANDBOX_DROPIN: Final = f"{UNIT_NAME}.d/sandbox.conf"
 #: The throwaway unit that checks, before the drop-in is written, that the manager can run it.
@@ -237,6 +239,47 @@ class Installed:
     cannot_start: CannotStart | None = None
     #: With ``--sandbox``: the only trees the service may write to.
     writable: tuple[str, ...] = ()
+    #: The settings of the unit that differ from the one installed before, as (name, old
+    #: values, new values): ``ExecStart`` after an upgrade or a move to another installation.
+    changed: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = ()
+    #: The service runs, and still runs the unit as it was before (not restarted).
+    running_old: bool = False
+    #: It was restarted (``--restart``) and now runs the unit just written.
+    restarted: bool = False
+
+
+def _settings(text: str) -> dict[str, tuple[str, ...]]:
+    """A unit's settings by name, each with its values in order (a setting may repeat)."""
+    found: dict[str, list[str]] = {}
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = line
+        elif line and not line.startswith(("#", ";")):
+            name, _, value = line.partition("=")
+            found.setdefault(f"{section}{name.strip()}", []).append(value.strip())
+    return {name: tuple(values) for name, values in found.items()}
+
+
+def unit_changes(
+    old: str | None, new: str
+) -> tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]:
+    """Which settings ``new`` changes in the unit ``old`` (nothing when there was none), named
+    without their section when it is ``[Service]``, as ``systemctl cat`` users know them."""
+    if old is None:
+        return ()
+    before, after = _settings(old), _settings(new)
+    changes = []
+    for key in [*after, *(k for k in before if k not in after)]:
+        if before.get(key, ()) != after.get(key, ()):
+            changes.append((key.removeprefix("[Service]"), before.get(key, ()), after.get(key, ())))
+    return tuple(changes)
+
+
+def is_active() -> bool:
+    """Whether the service runs now (``systemctl --user is-active``)."""
+    return systemctl("is-active", "--quiet", UNIT_NAME).returncode == 0
 
 
 def _write_atomically(target: Path, text: str) -> None:
@@ -300,11 +343,25 @@ def check_sandbox(unit: str, dropin: str, executable: str) -> None:
         systemctl("reset-failed", SANDBOX_CHECK_UNIT)  # fails harmlessly when it did not fail
 
 
-def install(*, enable: bool, sandbox: bool = False) -> Installed:
-    """Write the unit to ``~/.config/systemd/user/``, reload, optionally enable and (re)start it.
+def _read_if_there(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from None
 
-    The file is written atomically, so a running manager never reads half a unit. With
-    ``enable``, a service that already runs is restarted so that it runs the unit just written.
+
+def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> Installed:
+    """Write the unit to ``~/.config/systemd/user/``, reload, optionally enable, start or
+    restart it.
+
+    The file is written atomically, so a running manager never reads half a unit. The settings
+    that differ from the unit installed before are returned (``ExecStart`` names another
+    installation after ``pipx install`` then ``make install``, say). With ``enable`` it is
+    enabled and started if it is not running; a running service is restarted only with
+    ``restart`` (issue 22 item 9: an install must not silently swap the program under a running
+    daemon), else the result says that it still runs the old unit.
     When the service would exit at once (no memory dir configured, a bad config file), the unit
     is written but neither enabled nor started: starting it would only leave a failed unit, and
     an enabled one would fail again at every login.
@@ -316,9 +373,12 @@ def install(*, enable: bool, sandbox: bool = False) -> Installed:
     target = unit_dir() / UNIT_NAME
     executable = installed_executable()
     text = unit_text(executable)
+    previous = _read_if_there(target)
+    changed = unit_changes(previous, text)
     _write_atomically(target, text)
     env = manager_environment() or dict(os.environ)
     dropin = unit_dir() / SANDBOX_DROPIN
+    old_dropin = _read_if_there(dropin)
     trees: list[str] = []
     if sandbox:
         trees = writable_trees(env)
@@ -336,18 +396,102 @@ def install(*, enable: bool, sandbox: bool = False) -> Installed:
         dropin.unlink()
         with contextlib.suppress(OSError):  # other drop-ins of the user's stay
             dropin.parent.rmdir()
+    if previous is not None:  # a drop-in added or removed changes the service as much
+        new_dropin = _read_if_there(dropin)
+        changed += tuple(
+            (f"{SANDBOX_DROPIN}: {name}", old, new)
+            for name, old, new in unit_changes(old_dropin or "", new_dropin or "")
+        )
     _checked("daemon-reload")
+    running_old = bool(changed) and not restart and is_active()
     reason = why_it_cannot_start(env)
     if reason is not None:
-        return Installed(target, started=False, cannot_start=reason, writable=tuple(trees))
+        return Installed(
+            target,
+            started=False,
+            cannot_start=reason,
+            writable=tuple(trees),
+            changed=changed,
+            running_old=running_old,
+        )
     if enable:
         _checked("enable", UNIT_NAME)
+    if restart:
         _checked("restart", UNIT_NAME)
-    return Installed(target, started=enable, writable=tuple(trees))
+    elif enable:
+        _checked("start", UNIT_NAME)  # a running service is left as it runs
+    return Installed(
+        target,
+        started=enable or restart,
+        writable=tuple(trees),
+        changed=changed,
+        running_old=running_old,
+        restarted=restart,
+    )
 
 
-def uninstall() -> Path:
-    """Stop and disable the unit if it is known, remove it, reload."""
+@dataclass(frozen=True)
+class Uninstalled:
+    """What ``uninstall`` did, and what it left (issue 22 item 9)."""
+
+    path: Path
+    #: memstaged's own files and directories removed (``purge``).
+    removed: tuple[Path, ...]
+    #: memstaged's own files and directories left in place (without ``purge``), as (what, path).
+    kept: tuple[tuple[str, Path], ...]
+    #: Each memory dir's ``deadletter/``: never removed, by ``purge`` either.
+    deadletters: tuple[Path, ...]
+    #: Why the memory dirs could not be listed (a bad config file), if so.
+    unlisted: str | None = None
+
+
+def own_files(env: Mapping[str, str]) -> list[tuple[str, Path]]:
+    """memstaged's own config and state, and the decision log where it is configured outside
+    the state dir, as (what, path), those that exist."""
+    from memstaged.commands.completion import targets
+
+    found = [
+        ("config", config.default_config_path(env).parent),
+        ("state (the decision log, the seen cache)", config.default_state_dir(env)),
+    ]
+    try:
+        log_file = config.load(env=env).log_file
+    except ConfigError:
+        log_file = None
+    if log_file is not None and not log_file.is_relative_to(found[1][1]):
+        found.append(("decision log", log_file))
+        found += [("decision log", p) for p in sorted(log_file.parent.glob(log_file.name + ".*"))]
+    found += [
+        (f"{t.what} completion" if t.what != "man" else "man page", t.path) for t in targets(env)
+    ]
+    return [(what, path) for what, path in found if path.exists() or path.is_symlink()]
+
+
+def _memory_dirs(env: Mapping[str, str]) -> tuple[list[Path], str | None]:
+    """The configured memory dirs (globs expanded now), or why they cannot be known."""
+    try:
+        return [Path(m.path) for m in config.load(env=env).memory_dirs()], None
+    except ConfigError as err:
+        return [], str(err)
+
+
+def _remove(path: Path, keep: list[Path]) -> bool:
+    """Remove ``path`` (a tree too), unless one of ``keep`` (the memory dirs) is inside it."""
+    if path.is_dir() and not path.is_symlink():
+        if any(k == path or k.is_relative_to(path) for k in keep):
+            return False
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    return True
+
+
+def uninstall(*, purge: bool = False) -> Uninstalled:
+    """Stop and disable the unit if it is known, remove it, reload; with ``purge`` also remove
+    memstaged's own config and state (:func:`own_files`). A memory dir's contents, its
+    ``deadletter/`` included, are never removed: they are the writers' data and the only copy
+    of what was quarantined.
+    """
     target = unit_dir() / UNIT_NAME
     systemctl("disable", "--now", UNIT_NAME)  # fails harmlessly when it was never enabled
     systemctl("stop", UNIT_NAME)  # started without being enabled
@@ -358,4 +502,20 @@ def uninstall() -> Path:
         dropin.parent.rmdir()
     _checked("daemon-reload")
     systemctl("reset-failed", UNIT_NAME)  # forget a failed state; fails when there is none
-    return target
+    env = manager_environment() or dict(os.environ)
+    memory_dirs, unlisted = _memory_dirs(env)
+    deadletters = tuple(d for d in (m / "deadletter" for m in memory_dirs) if d.is_dir())
+    own = own_files(env)
+    if not purge:
+        return Uninstalled(target, (), tuple(own), deadletters, unlisted)
+    removed, kept = [], []
+    for what, path in own:
+        try:
+            gone = _remove(path, memory_dirs)
+        except OSError as err:
+            raise ConfigError(f"cannot remove {path}: {err.strerror}") from None
+        if gone:
+            removed.append(path)
+        else:
+            kept.append((what, path))
+    return Uninstalled(target, tuple(removed), tuple(kept), deadletters, unlisted)

@@ -34,6 +34,7 @@ SKIPPED: Final = {
     "systemctl": "needs a running systemd --user manager",
     "journalctl": "needs journald holding memstaged's entries",
     "$EDITOR": "interactive",
+    "git": "updates the clone from its remote (the upgrade steps)",
 }
 #: memstaged subcommands that need a user manager, likewise.
 SKIPPED_MEMSTAGED: Final = {"service": "needs a running systemd --user manager"}

@@ -205,7 +205,7 @@ def test_service_install_reads_the_config_the_service_will_read(
         )
     )
     assert main(["service", "install", "--enable"]) == 0  # ~/.pi/memory/project of the service
-    assert "--user --no-ask-password restart memstaged.service" in _calls(fake_systemctl)
+    assert "--user --no-ask-password start memstaged.service" in _calls(fake_systemctl)
 
 
 def _configure(
@@ -219,14 +219,14 @@ def _configure(
 def test_service_install_enable_starts_it_and_uninstall_undoes_it(
     fake_systemctl: Path, tmp_path: Path
 ) -> None:
-    """--enable also enables and (re)starts the unit when memory dirs are configured (a glob
+    """--enable also enables and starts the unit when memory dirs are configured (a glob
     that matches nothing yet is fine: the daemon waits for it); uninstall stops, disables,
     removes the file and reloads."""
     _configure(tmp_path)
     assert main(["service", "install", "--enable"]) == 0
     assert _calls(fake_systemctl)[2:] == [
         "--user --no-ask-password enable memstaged.service",
-        "--user --no-ask-password restart memstaged.service",
+        "--user --no-ask-password start memstaged.service",
     ]
     fake_systemctl.unlink()
     assert main(["service", "uninstall"]) == 0
@@ -242,12 +242,12 @@ def test_service_install_failure_is_one_line_and_exit_2(
 ) -> None:
     """A systemctl failure ends as one line naming the command, exit code 2, no traceback."""
     _configure(Path(os.environ["XDG_CONFIG_HOME"]).parent)
-    monkeypatch.setenv("FAIL_ON", "restart")
+    monkeypatch.setenv("FAIL_ON", "start")
     assert main(["service", "install", "--enable"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "memstaged: systemctl --user restart memstaged.service: "
-        "Failed to restart: Unit memstaged.service has a bad setting."
+        "memstaged: systemctl --user start memstaged.service: "
+        "Failed to start: Unit memstaged.service has a bad setting."
     ]
 
 
@@ -379,3 +379,102 @@ def test_service_install_sandbox_refused_when_the_manager_cannot_run_it(
     assert not (units / "memstaged.service.d").exists()
     assert not (units / "memstaged-sandbox-check.service").exists()
     assert not any(" enable " in c for c in _calls(fake_systemctl))
+
+
+# -- upgrades and uninstalls (issue 22 item 9) -------------------------------------------------
+
+
+def _active_systemctl(fake_systemctl: Path) -> None:
+    """The stand-in systemctl answers ``is-active`` with 0: the service runs."""
+    script = Path(shutil.which("systemctl") or "")
+    assert script.parent == fake_systemctl.parent / "bin"
+    text = script.read_text().replace(
+        "case", '[ "$3" = "is-active" ] && exit 0\n[ "$3" = "show-environment" ] && exit 0\ncase', 1
+    )
+    script.write_text(text)
+
+
+def test_service_install_says_what_changed_and_restarts_only_when_asked(
+    fake_systemctl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22 item 9: `service install --enable` over a unit that ran another installation's
+    memstaged (pipx's) says the old and the new ExecStart, and does not restart the running
+    service: it says how; `--restart` restarts it."""
+    _configure(tmp_path)
+    _active_systemctl(fake_systemctl)
+    unit = tmp_path / "config" / "systemd" / "user" / "memstaged.service"
+    old = "/home/ana/.local/pipx/venvs/memstaged/bin/memstaged"
+    unit.parent.mkdir(parents=True)
+    unit.write_text(service.unit_text(old))
+    assert main(["service", "install", "--enable"]) == 0
+    new = service.installed_executable()
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:6] == [
+        "changed ExecStart:",
+        f"  - ExecStart={old}",
+        f"  + ExecStart={new}",
+        "changed ExecReload:",
+        f"  - ExecReload={old} config check --reload $MAINPID",
+    ]
+    assert (
+        "memstaged.service is running as it was installed before; to run the unit just "
+        "written: systemctl --user restart memstaged (or service install --restart)"
+    ) in out
+    calls = _calls(fake_systemctl)
+    assert not any("restart" in c for c in calls)
+    assert "--user --no-ask-password start memstaged.service" in calls  # a no-op when running
+
+    fake_systemctl.unlink()
+    assert main(["service", "install", "--restart"]) == 0  # unchanged now: nothing to say
+    out = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith("changed ") for line in out)
+    assert "restarted memstaged.service" in out
+    assert "--user --no-ask-password restart memstaged.service" in _calls(fake_systemctl)
+
+
+def test_service_uninstall_lists_what_stays_and_purge_keeps_the_memory_dirs(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 22 item 9: `service uninstall` lists what it leaves (the config, the state, each
+    memory dir's deadletter/); `--purge` removes memstaged's own config and state and nothing
+    of a memory dir: its staging/ and deadletter/ keep every byte."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.delenv("MEMSTAGED_CONFIG", raising=False)
+    monkeypatch.delenv("MEMSTAGED_MEMORY_DIRS", raising=False)
+    monkeypatch.delenv("MEMSTAGED_LOG_FILE", raising=False)
+    mdir = home / "src" / "app" / ".pi" / "memory" / "project"
+    (mdir / "staging").mkdir(parents=True)
+    (mdir / "staging" / "s.json").write_bytes(b"[]")
+    (mdir / "deadletter" / "originals").mkdir(parents=True)
+    (mdir / "deadletter" / "r.json").write_bytes(b'{"record": 1}')
+    _configure(tmp_path, 'memory_dirs = ["~/src/*/.pi/memory/project"]\n')
+    config_dir = tmp_path / "config" / "memstaged"
+    state = home / ".local" / "state" / "memstaged"
+    state.mkdir(parents=True)
+    (state / "decisions.jsonl").write_text("{}\n")
+    before = {p: p.read_bytes() for p in mdir.rglob("*") if p.is_file()}
+
+    assert main(["service", "uninstall"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == [
+        "kept (--purge removes them):",
+        f"  {config_dir}  (config)",
+        f"  {state}  (state (the decision log, the seen cache))",
+        "kept, never removed by uninstall (quarantined files: recover or purge them with "
+        "memstaged deadletter before uninstalling):",
+        f"  {mdir / 'deadletter'}",
+    ]
+    assert config_dir.is_dir() and state.is_dir()
+
+    assert main(["service", "uninstall", "--purge"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:3] == [f"removed {config_dir}", f"removed {state}"]
+    assert f"  {mdir / 'deadletter'}" in out
+    assert not config_dir.exists() and not state.exists()
+    assert {p: p.read_bytes() for p in mdir.rglob("*") if p.is_file()} == before

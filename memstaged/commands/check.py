@@ -38,6 +38,19 @@ EXIT_CODES: Final = {
 }
 #: Worst first: the exit code of several files is the worst of theirs.
 _SEVERITY: Final = {0: 0, 5: 1, 3: 2, 1: 3, 4: 4, 6: 5, 2: 6}
+#: What each exit code means, for --help and the man page's EXIT STATUS.
+EXIT_MEANINGS: Final = (
+    (0, "valid"),
+    (
+        1,
+        "deferred: it does not parse and changed within the settle interval (still being written?)",
+    ),
+    (2, "usage error, or a file that cannot be read"),
+    (3, "repairable: --once would rewrite it (--diff shows how)"),
+    (4, "would be quarantined"),
+    (5, "foreign: it names another project root (see --project-root)"),
+    (6, "skipped: not a staging file (a link, a FIFO, a directory, a name not ending in .json)"),
+)
 _EPILOG: Final = """\
 check decides exactly as --once (and the daemon) would with the same settings, and changes
 nothing: the size limit (max_file_size), the settle interval, links and FIFOs (skipped, never
@@ -45,14 +58,7 @@ opened for reading), the project root (--project-root, the config file's project
 three levels up from the file's memory dir <project>/.pi/memory/project/staging/FILE).
 
 exit codes (the worst over all files):
-  0  valid
-  1  deferred: it does not parse and changed within the settle interval (still being written?)
-  2  usage error, or a file that cannot be read
-  3  repairable: --once would rewrite it (--diff shows how)
-  4  would be quarantined
-  5  foreign: it names another project root (see --project-root)
-  6  skipped: not a staging file (a link, a FIFO, a directory, a name not ending in .json)
-"""
+""" + "".join(f"  {code}  {meaning}\n" for code, meaning in EXIT_MEANINGS)
 
 
 def register(sub: Any) -> None:
@@ -165,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
             print(display.json_line(dumps(_json_line(path, decision, reason, verdict))))
             continue
         _print_text(path, decision, reason, verdict, data, diff=args.diff)
+        if decision == Decision.DEFERRED.value:
+            print(f"  {settle_note(settings.options.settle)}")
     # Foreign files and none valid or repairable: most likely the project root is not the one
     # the files name (the shipped examples checked where the clone is), not a foreign batch.
     settled = {Decision.VALID.value, Decision.REPAIRED.value}
@@ -177,6 +185,16 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return worst
+
+
+def settle_note(settle: float) -> str:
+    """What happens to a deferred file next (issue 22 item 11): a writer that appends in pieces
+    with pauses longer than ``settle`` has each piece decided apart (SPEC 5), so the line says
+    which setting a slow writer needs."""
+    return (
+        f"would be decided once unchanged for {settle:g} seconds (settle);\n"
+        "  a writer that pauses longer between pieces needs a larger settle"
+    )
 
 
 def _json_line(

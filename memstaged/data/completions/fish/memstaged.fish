@@ -50,7 +50,7 @@ function _shtab_memstaged_using
   test "$_shtab_memstaged_cmdpath" = "$argv"
 end
 
-set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' config 'config check' 'config show' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge'
+set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' config 'config check' 'config show' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge' completion
 set -g _shtab_memstaged_opts_with_value --by --color --config --decision --grace --id --journal-dir --lines --max-age --max-bytes --memory-dir --older-than --path --project-root --reload --session --settle --since --stuck-after --top --until --wait -S -U -n
 
 complete -c memstaged -e
@@ -80,10 +80,12 @@ complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npo
 complete -c memstaged -n '_shtab_memstaged_using service' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using service; and test $_shtab_memstaged_npos -eq 0' -a install -d 'write ~/.config/systemd/user/memstaged.service and daemon-reload'
 complete -c memstaged -n '_shtab_memstaged_using service install' -s h -l help -d 'show this help message and exit'
-complete -c memstaged -n '_shtab_memstaged_using service install' -l enable -d 'also enable the service and (re)start it now; with no memory dir configured (or a bad config file) it says what to do and exits 1 instead, starting nothing'
+complete -c memstaged -n '_shtab_memstaged_using service install' -l enable -d 'also enable the service and start it if it is not running (a running one is restarted only with --restart); with no memory dir configured (or a bad config file) it says what to do and exits 1 instead, starting nothing'
 complete -c memstaged -n '_shtab_memstaged_using service install' -l sandbox -d 'also confine the service with a drop-in (PrivateUsers=, ProtectSystem=strict, writable only in the memory dirs'"'"' trees and the state dir), if this user manager can run it; run install again after adding a memory dir outside those trees'
-complete -c memstaged -n '_shtab_memstaged_using service; and test $_shtab_memstaged_npos -eq 0' -a uninstall -d 'stop, disable and remove the service'
+complete -c memstaged -n '_shtab_memstaged_using service install' -l restart -d 'also restart the service now (start it if stopped), so that it runs the unit just written: after an upgrade; without it a running service keeps running as it was'
+complete -c memstaged -n '_shtab_memstaged_using service; and test $_shtab_memstaged_npos -eq 0' -a uninstall -d 'stop, disable and remove the service; say what stays'
 complete -c memstaged -n '_shtab_memstaged_using service uninstall' -s h -l help -d 'show this help message and exit'
+complete -c memstaged -n '_shtab_memstaged_using service uninstall' -l purge -d 'also remove memstaged'"'"'s own config (~/.config/memstaged), state (~/.local/state/memstaged), completions and man page; never a memory dir'"'"'s contents (deadletter/ stays)'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a config -d 'The settings as a run resolves them: command-line option, then MEMSTAGED_* environment variable, then the config file, then the default.'
 complete -c memstaged -n '_shtab_memstaged_using config' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using config; and test $_shtab_memstaged_npos -eq 0' -a check -d 'Resolve the settings as the daemon would (the config file and the MEMSTAGED_* variables) and change nothing. Exit 0 when they load, 2 with one line naming the file and the key when they do not.'
@@ -186,3 +188,7 @@ complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l memory-dir
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l config -x -d 'the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l color -xka "auto always never" -d 'colour the output: auto (on a terminal, unless NO_COLOR is set), always, never'
+complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a completion -d 'Print the completion script of a shell, or with --install write the'
+complete -c memstaged -n '_shtab_memstaged_using completion' -s h -l help -d 'show this help message and exit'
+complete -c memstaged -n '_shtab_memstaged_using completion' -l install -d 'write every shell'"'"'s script and the man page under ~/.local/share (see below)'
+complete -c memstaged -n '_shtab_memstaged_using completion; and test $_shtab_memstaged_npos -eq 0' -ka "bash fish zsh" -d 'the shell'
