@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from cmd_support import json_lines, mixed_doc, record_files, run
 from conftest import staging_doc, write
-from helpers import make_memory_dir, memstaged_env, mounted, read_events, reap
+from helpers import make_memory_dir, memstaged_cmd, memstaged_env, mounted, read_events, reap
 
 from memstaged.cli import main
 from memstaged.commands import _common
@@ -95,8 +95,7 @@ def test_once_never_moves_a_file_foreign_through_the_first_path(
         first = str(two_paths.other / "*" / ".pi" / "memory" / "project")
         second = str(two_paths.src / "*" / ".pi" / "memory" / "project")
     done = subprocess.run(
-        [sys.executable, "-m", "memstaged", "--once", "--settle", "0"]
-        + ["--memory-dir", first, "--memory-dir", second],
+        [*memstaged_cmd("--once", "--settle", "0"), "--memory-dir", first, "--memory-dir", second],
         env=memstaged_env(tmp_path),
         capture_output=True,
         text=True,
