@@ -178,12 +178,12 @@ def test_the_daemon_holds_each_memory_dir_once_whatever_the_number_of_globs(
         (str(two_paths.alias("p")), str(two_paths.other / "p")),
         (str(two_paths.alias("q")), str(two_paths.other / "q")),
     ]
+    assert _events(tmp_path, "memory_dir_busy") == []  # it was, against the daemon's own lock
     skipped = [(e["memory_dir"], e["same_as"]) for e in _events(tmp_path, "memory_dir_skipped")]
     assert skipped == [
         (str(two_paths.real("p")), str(two_paths.alias("p"))),
         (str(two_paths.real("q")), str(two_paths.alias("q"))),
     ]
-    assert _events(tmp_path, "memory_dir_busy") == []
     decided = [(e["path"], e["decision"]) for e in _events(tmp_path, "decision")]
     assert decided == [
         (str(two_paths.alias("p") / "staging" / "f.json"), "foreign"),
@@ -219,24 +219,24 @@ def test_recover_and_purge_work_once_on_a_memory_dir_given_twice(
 
     code, out, err = run(capsys, "deadletter", "recover", "--all", "--json", *both)
     outcomes = json_lines(out)
-    assert code == 1, (out, err)  # the bad lesson stays
-    assert err.splitlines() == [said]
     assert sorted(o["id"] for o in outcomes) == sorted(n[: -len(".json")] for n in records)
     assert sorted((o["memory_dir"], o["action"]) for o in outcomes) == [
         (str(real), "left"),
         *[(str(real), "recovered")] * 3,
     ]
+    assert code == 1, (out, err)  # the bad lesson stays
+    assert err.splitlines() == [said]
     [record] = record_files(real)
     assert [p.name for p in (real / "staging").iterdir()] == ["mixed.recovered-1.json"]
 
     later = _common.now() + 2 * 86_400
     monkeypatch.setattr(_common, "now", lambda: later)
     code, out, err = run(capsys, "deadletter", "purge", "--older-than", "1d", "--json", *both)
-    assert code == 0, (out, err)
-    assert err.splitlines() == [said]
     assert [(r["memory_dir"], r["name"]) for r in json_lines(out) if r["kind"] == "record"] == [
         (str(real), record)
     ]
+    assert code == 0, (out, err)
+    assert err.splitlines() == [said]
     code, out, err = run(capsys, "deadletter", "purge", "--older-than", "1d", "--yes", *both)
     assert code == 0, (out, err)
     assert err.splitlines() == [said]
