@@ -204,7 +204,7 @@ def _configure_logging(settings: object, *, console: str = "auto") -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from memstaged import config
-    from memstaged.config import check_memory_dir
+    from memstaged.config import check_memory_dir, one_path_each
 
     settings = config.load(
         config=args.config,
@@ -216,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json and not args.once:
         raise UsageError("--json is for --once (and the commands): the daemon logs JSON lines")
     literal = settings.literal_dirs()  # before any log is opened: a wrong path is one line, exit 2
-    for mdir in settings.memory_dirs():
+    for mdir in one_path_each(settings.memory_dirs())[0]:  # a second path is only said
         if mdir.path in literal:  # a glob's matches are only what it matched
             check_memory_dir(mdir, writable=not settings.options.dry_run)
     if args.verbose and not args.once:

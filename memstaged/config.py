@@ -11,9 +11,9 @@ import glob
 import math
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
@@ -168,6 +168,42 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             for p in self.memory_dir_patterns
             if not glob.has_magic(os.path.expanduser(p))
         )
+
+
+class Alias(NamedTuple):
+    """A path to a memory dir that an earlier path already reaches (issue 19 item 7)."""
+
+    mdir: MemoryDir
+    first: MemoryDir
+
+    @property
+    def reason(self) -> str:
+        return f"same directory as {self.first.path}"
+
+
+def one_path_each(mdirs: Iterable[MemoryDir]) -> tuple[list[MemoryDir], list[Alias]]:
+    """The memory dirs with one path each, and the other paths to them.
+
+    Memory dirs are keyed by path, and a project root is derived from the path: through a bind
+    mount or a linked literal prefix, one directory reached by two paths would be decided twice,
+    with two project roots, and a file foreign by one would be moved by the other (issue 19
+    item 7, SPEC 2.4). The directory's ``(st_dev, st_ino)`` tells: the first path in the order
+    given (the order of configuration, then sorted glob matches) is kept and gives the project
+    root. A path that cannot be opened has no identity and is kept, for its error to be said.
+    """
+    kept: list[MemoryDir] = []
+    aliases: list[Alias] = []
+    first: dict[tuple[int, int], MemoryDir] = {}
+    for mdir in mdirs:
+        dir_id = mdir.identity()
+        if dir_id is None:
+            kept.append(mdir)
+        elif dir_id in first:
+            aliases.append(Alias(mdir, first[dir_id]))
+        else:
+            first[dir_id] = mdir
+            kept.append(mdir)
+    return kept, aliases
 
 
 def link_on_the_way(mdir: MemoryDir) -> str | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from memstaged import display, progress
-from memstaged.config import Settings, check_memory_dir
+from memstaged.config import Settings, check_memory_dir, one_path_each
 from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike, raise_fd_limit
 from memstaged.errors import ConfigError, MemstagedError
 from memstaged.fsio import Identity
@@ -147,7 +147,7 @@ class Daemon:
         self.dirs.watch_globs(self.settings.memory_dir_patterns, observer=self.settings.observer)
         mdirs = self.settings.memory_dirs()
         literal = self.settings.literal_dirs()
-        for mdir in mdirs:
+        for mdir in one_path_each(mdirs)[0]:  # a second path to one is said when it is added
             if mdir.path in literal:
                 check_memory_dir(mdir, writable=not self.settings.options.dry_run)
         if not mdirs and not self.settings.memory_dir_patterns:

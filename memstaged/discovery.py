@@ -144,6 +144,10 @@ class MemoryDirs:
         self.locks: dict[str, InstanceLock] = {}
         #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
         self.dir_ids: dict[str, tuple[int, int]] = {}
+        #: The path each held directory is worked on as: a second path to it is not added
+        #: (issue 19 item 7), and the path it was skipped for, so that it is said once.
+        self.held_ids: dict[tuple[int, int], str] = {}
+        self.aliases_said: dict[str, str] = {}
         self.busy_logged: set[str] = set()
         #: Memory dirs that could not be opened (a link, permissions), logged once each.
         self.unopened_logged: set[str] = set()
@@ -223,6 +227,32 @@ class MemoryDirs:
             action="not watched; retried on each rescan",
         )
 
+    def _held_as_another(self, mdir: MemoryDir) -> bool:
+        """Whether the directory of ``mdir`` is already worked on through another path (a bind
+        mount, a linked literal prefix): it is then not added, and that is said once.
+
+        Issue 19 item 7: the path it was added by keeps it, with its project root, for as long
+        as it is held; in one expansion of the globs that is the first path in the order of
+        configuration (:meth:`sync` adds in that order). Its ``flock`` would only say "busy".
+        """
+        dir_id = mdir.identity()
+        first = self.held_ids.get(dir_id) if dir_id is not None else None
+        if first is not None and _dir_id(first) != dir_id:
+            first = None  # the held one went, and its inode number was given to a new directory
+        if first is None:
+            self.aliases_said.pop(mdir.path, None)
+            return False
+        if self.aliases_said.get(mdir.path) != first:
+            self.aliases_said[mdir.path] = first
+            self.log.warning(
+                "memory_dir_skipped",
+                memory_dir=mdir.path,
+                same_as=first,
+                reason=f"same directory as {first}",
+                action="not watched; looked at again on each rescan",
+            )
+        return True
+
     def _room_for_one_more(self, mdir: MemoryDir, *, strict: bool) -> bool:
         """Whether one more instance lock leaves :data:`FD_RESERVE` descriptors free."""
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -249,6 +279,8 @@ class MemoryDirs:
         """Start working on a memory dir: lock, clean up after a crash, watch, scan."""
         if mdir.path in self.mdirs or not Path(mdir.path).is_dir():
             return False
+        if self._held_as_another(mdir):
+            return False
         if not self._room_for_one_more(mdir, strict=strict):
             return False
         lock = self._lock(mdir, strict=strict, waiting=waiting)
@@ -262,6 +294,7 @@ class MemoryDirs:
         self.locks[mdir.path] = lock
         self.mdirs[mdir.path] = mdir
         self.dir_ids[mdir.path] = dir_id
+        self.held_ids[dir_id] = mdir.path
         self.owner.prepare(mdir)
         observer = self.watch(mdir)
         self.log.info(
@@ -296,12 +329,16 @@ class MemoryDirs:
         if lock is not None:
             lock.release()
         self.mdirs.pop(path, None)
-        self.dir_ids.pop(path, None)
+        dir_id = self.dir_ids.pop(path, None)
+        if dir_id is not None and self.held_ids.get(dir_id) == path:
+            del self.held_ids[dir_id]
         self.log.info("memory_dir_removed", memory_dir=path, why=why)
 
     def sync(self, wanted_dirs: list[MemoryDir]) -> None:
         """Make the memory dirs held those configured: add new ones, drop vanished ones."""
         wanted = {m.path: m for m in wanted_dirs}
+        for path in [p for p in self.aliases_said if p not in wanted]:
+            del self.aliases_said[path]
         for path in list(self.mdirs):
             if path not in wanted:
                 self.drop(path, "no longer configured")

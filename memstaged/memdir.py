@@ -33,6 +33,24 @@ class MemoryDir(msgspec.Struct, frozen=True):
         """The memory dir's descriptor, opened without following a link below the anchor."""
         return fsio.open_below(self.anchor, self.path)
 
+    def identity(self) -> tuple[int, int] | None:
+        """``(st_dev, st_ino)`` of the directory itself, opened as its instance lock opens it.
+
+        Two paths to one memory dir (a bind mount of the project, a linked literal prefix) have
+        the same identity, and must not be decided twice with two project roots (issue 19 item
+        7). None when it cannot be opened (gone, a link below the anchor): whoever opens it next
+        says why.
+        """
+        try:
+            fd = self.open()
+        except (OSError, ValueError):  # ValueError: a NUL in the path
+            return None
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return (st.st_dev, st.st_ino)
+
 
 class Options(msgspec.Struct, frozen=True):
     """The settings that change how a file is decided or applied."""

@@ -23,7 +23,14 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
 from memstaged import display
-from memstaged.config import Settings, check_memory_dir, link_on_the_way, unwritable
+from memstaged.config import (
+    Alias,
+    Settings,
+    check_memory_dir,
+    link_on_the_way,
+    one_path_each,
+    unwritable,
+)
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import raise_fd_limit
 from memstaged.locks import InstanceLock
@@ -174,7 +181,8 @@ def run_once(
 ) -> int:
     """Exit 0 when every file got a decision; 1 when some file is still deferred or busy."""
     stream = out if out is not None else sys.stdout
-    mdirs = settings.memory_dirs()
+    # issue 19 item 7: one directory, one decision (the other paths are said below)
+    mdirs, aliases = one_path_each(settings.memory_dirs())
     literal = settings.literal_dirs()
     for mdir in mdirs:
         if mdir.path in literal:  # a glob's unwritable match is said below, and skipped
@@ -186,6 +194,8 @@ def run_once(
         )
     raise_fd_limit()  # SPEC 6: the soft limit of a service manager is 1,024
     pipeline = Pipeline(settings.options, _logger())
+    for alias in aliases:
+        _same_directory(pipeline, alias)
     results: dict[str, Counter[str]] = {}
     unchanged: dict[str, int] = {}
     busy: dict[str, str] = {}
@@ -280,6 +290,21 @@ def _unopened(pipeline: Pipeline, mdir: MemoryDir, err: OSError, busy: dict[str,
     _stderr(f"memstaged: memory dir {display.name(mdir.path)}: {why}")
     pipeline.log.error("memory_dir_error", memory_dir=mdir.path, error=why)
     busy[mdir.path] = why
+
+
+def _same_directory(pipeline: Pipeline, alias: Alias) -> None:
+    """A second path to a memory dir decided through an earlier one: one stderr line and one
+    logged event, and the exit code is left alone (nothing is left undecided)."""
+    _stderr(
+        f"memstaged: memory dir {display.name(alias.mdir.path)} skipped: same directory as "
+        f"{display.name(alias.first.path)}"
+    )
+    pipeline.log.warning(
+        "memory_dir_skipped",
+        memory_dir=alias.mdir.path,
+        same_as=alias.first.path,
+        reason=alias.reason,
+    )
 
 
 def _silence(stream: IO[str]) -> None:

@@ -25,6 +25,7 @@ inotify queue, and make an overflow during a burst twice as likely.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import logging
 import os
 import queue
@@ -215,8 +216,10 @@ def fs_type(path: str) -> str:
 # -- inotify: raw events, one descriptor --------------------------------------------------------
 
 _IN = InotifyConstants
-#: Every watch: directories only, never through a link, no events of already-unlinked files.
-_FLAGS: Final = _IN.IN_ONLYDIR | _IN.IN_DONT_FOLLOW | _IN.IN_EXCL_UNLINK
+#: Every watch: directories only, never through a link, no events of already-unlinked files;
+#: a directory watched through two paths (a bind mount, a linked literal prefix: one inotify
+#: watch) keeps the events each path asked for (``IN_MASK_ADD``), not only the last path's.
+_FLAGS: Final = _IN.IN_ONLYDIR | _IN.IN_DONT_FOLLOW | _IN.IN_EXCL_UNLINK | _IN.IN_MASK_ADD
 _SELF: Final = _IN.IN_DELETE_SELF | _IN.IN_MOVE_SELF
 #: What each role of a watch asks the kernel for (no opens, no reads, no attribute changes).
 _MASKS: Final[dict[str, int]] = {
@@ -224,8 +227,10 @@ _MASKS: Final[dict[str, int]] = {
     "memory": _IN.IN_DELETE | _IN.IN_MOVE | _IN.IN_CREATE | _SELF,
     "level": _IN.IN_DELETE | _IN.IN_MOVE | _IN.IN_CREATE | _SELF,
 }
-#: The callback id of each role: a directory watched in two roles keeps one inotify watch.
-_ROLE_IDS: Final = {"staging": CallbackId(1), "memory": CallbackId(2), "level": CallbackId(3)}
+#: Each role of each watched path has a callback id of its own: a directory watched in two
+#: roles, or through two paths (issue 19 item 7: one inotify watch, whose events each path's
+#: callback turns into its own signal), keeps one inotify watch and every callback.
+_CALLBACK_IDS: Final = itertools.count(1)
 
 
 def staging_signal(mdir: str, event: InotifyEvent) -> Signal | None:
@@ -289,6 +294,7 @@ class _Callback:
         self.path = path
         self.mdir = mdir
         self.patterns: frozenset[str] = frozenset()
+        self.id = CallbackId(next(_CALLBACK_IDS))
 
     def on_event(self, event: InotifyEvent) -> None:
         if self.role == "staging":
@@ -375,7 +381,7 @@ class Watcher:
         with self._lock:
             current = self._dirs.get(path)
             mask = _MASKS[role] | (current.mask if current is not None else 0)
-            wd = fd.add_callback(os.fsencode(path), Mask(mask | _FLAGS), callback, _ROLE_IDS[role])
+            wd = fd.add_callback(os.fsencode(path), Mask(mask | _FLAGS), callback, callback.id)
             if wd < 0:  # watchdog returns -1 instead of raising for EACCES
                 raise PermissionError(13, "Permission denied", path)
             if current is None or current.wd != wd:
@@ -390,7 +396,8 @@ class Watcher:
     def _remove(self, role: str, path: str) -> None:
         with self._lock:
             current = self._dirs.get(path)
-            if current is None or current.callbacks.pop(role, None) is None:
+            callback = current.callbacks.pop(role, None) if current is not None else None
+            if current is None or callback is None:
                 return
             if not current.callbacks:
                 del self._dirs[path]
@@ -398,7 +405,7 @@ class Watcher:
             fd = self._fd
         if fd is not None:
             try:
-                fd.remove_callbacks([(current.wd, _ROLE_IDS[role])])
+                fd.remove_callbacks([(current.wd, callback.id)])
             except OSError:
                 return  # already gone with its directory
 

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Final, ParamSpec
 
 from memstaged import config, display
-from memstaged.config import Settings, check_memory_dir, unwritable
+from memstaged.config import Alias, Settings, check_memory_dir, one_path_each, unwritable
 from memstaged.errors import ConfigError, UsageError
 from memstaged.memdir import MemoryDir
 
@@ -131,13 +131,23 @@ def load_settings(args: argparse.Namespace) -> Settings:
     )
 
 
-def memory_dirs(settings: Settings, *, writable: bool) -> list[MemoryDir]:
+def memory_dirs(
+    settings: Settings, *, writable: bool, aliases: list[Alias] | None = None
+) -> list[MemoryDir]:
     """The memory dirs to work on; one named on the command line must exist (exit 2 if not).
 
     ``writable`` (recover, purge): every one must be writable, a glob's match too, whichever
     way it was configured; else exit 2 before anything is changed (docs/inspection.md).
+
+    A memory dir reached by two paths (a bind mount, a linked literal prefix) is worked on
+    through the first only, with its project root (issue 19 item 7): each other path is said in
+    one stderr line and added to ``aliases``, for a command that logs to log it.
     """
-    mdirs = settings.memory_dirs()
+    mdirs, found = one_path_each(settings.memory_dirs())
+    for alias in found:
+        say_same_directory(alias)
+    if aliases is not None:
+        aliases.extend(found)
     for mdir in mdirs:
         if settings.explicit_dirs:
             check_memory_dir(mdir, writable=writable)
@@ -149,6 +159,27 @@ def memory_dirs(settings: Settings, *, writable: bool) -> list[MemoryDir]:
             "or run in a project that has .pi/memory/project"
         )
     return mdirs
+
+
+def say_same_directory(alias: Alias) -> None:
+    """The one stderr line for a path not worked on: its directory is, through another path."""
+    print(
+        f"memstaged: memory dir {display.name(alias.mdir.path)} skipped: same directory as "
+        f"{display.name(alias.first.path)}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def log_same_directory(logger: Any, aliases: Sequence[Alias]) -> None:
+    """The decision log's event for each path not worked on (recover and purge log theirs)."""
+    for alias in aliases:
+        logger.warning(
+            "memory_dir_skipped",
+            memory_dir=alias.mdir.path,
+            same_as=alias.first.path,
+            reason=alias.reason,
+        )
 
 
 # -- time -------------------------------------------------------------------------------------

@@ -31,13 +31,14 @@ from memstaged.commands._common import (
     iso_utc,
     load_settings,
     local_time,
+    log_same_directory,
     memory_dirs,
     one_line,
     parse_duration,
     print_json,
     render_table,
 )
-from memstaged.config import Settings
+from memstaged.config import Alias, Settings
 from memstaged.deadletter import (
     DEFAULT_WAIT,
     RecordFile,
@@ -385,9 +386,12 @@ def run_recover(args: argparse.Namespace) -> int:
         raise UsageError("deadletter recover: choose what to recover with --session, --id or --all")
     dry_run = getattr(args, "dry_run", False)
     settings = load_settings(args)
-    mdirs = memory_dirs(settings, writable=not dry_run)
+    aliases: list[Alias] = []
+    mdirs = memory_dirs(settings, writable=not dry_run, aliases=aliases)
     wanted = _selection(args, mdirs)
     logger = None if dry_run else _logger(settings)
+    if logger is not None:
+        log_same_directory(logger, aliases)
     waiter = _waiter(args)
     reports: list[Report] = []
     for mdir in mdirs:
@@ -490,10 +494,13 @@ def _show_recovery(
 def run_purge(args: argparse.Namespace) -> int:
     age = parse_duration(args.older_than, "--older-than")
     settings = load_settings(args)
-    mdirs = memory_dirs(settings, writable=args.yes)
+    aliases: list[Alias] = []
+    mdirs = memory_dirs(settings, writable=args.yes, aliases=aliases)
     clock = _common.now()
     cutoff = _common.at(clock - age)
     logger = _logger(settings) if args.yes else None
+    if logger is not None:
+        log_same_directory(logger, aliases)
     waiter = _waiter(args)
     rows: list[dict[str, Any]] = []
     busy = False
