@@ -7,9 +7,9 @@ candidates whose ids start with ``cid-<PREFIX>-<n>-``: valid files, files with o
 lesson (quarantined: their good preference and decision are for ``deadletter recover``), and
 files that are not JSON at all (a whole-file record; kept by their bytes).
 
-Before each rename the version is appended to ``JOURNAL`` (one JSON line, one ``write``), so a
-SIGKILL can leave a journalled version that never reached its name: its temp is then still
-there with its bytes, which is how the harness tells.
+Each version is written complete to its temp, then appended to ``JOURNAL`` (one JSON line, one
+``write``), then renamed into place. A SIGKILL can leave a journalled version that never reached
+its name: its temp is then still there with exactly its bytes, which is how the harness tells.
 
 Self-contained (standard library only): it is what a foreign writer would be.
 """
@@ -95,10 +95,10 @@ def main(argv: list[str]) -> int:
             "sha256": hashlib.sha256(data).hexdigest(),
             "ids": ids,
         }
-        os.write(log_fd, (json.dumps(entry) + "\n").encode())
         tmp = os.path.join(staging, f".{name}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(data)
+        os.write(log_fd, (json.dumps(entry) + "\n").encode())
         os.rename(tmp, os.path.join(staging, name))
         n += 1
         time.sleep(rng.uniform(0.005, 0.04))

@@ -38,7 +38,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -163,12 +162,16 @@ class Ledger:
         self._read = len(self.log.events)
 
     def writer_killed(self) -> None:
-        """A killed writer's last journalled version never got its name if its temp is still
-        there; such temps are the writer's own, removed before it is restarted."""
+        """A killed writer's last journalled version never got its name if its temp still holds
+        its bytes (the temp is complete before the version is journalled); the writer's temps
+        are its own, removed here before it is restarted."""
         self.update()
         temps = [n for n in os.listdir(self.staging) if n.startswith(".w-") and n.endswith(".tmp")]
-        if self.versions and f".{self.versions[-1].name}.tmp" in temps:
-            self.versions[-1].placed = False
+        if self.versions:
+            last = self.versions[-1]
+            tmp = self.staging / f".{last.name}.tmp"
+            if tmp.name in temps and hashlib.sha256(tmp.read_bytes()).hexdigest() == last.sha256:
+                last.placed = False
         for name in temps:
             (self.staging / name).unlink()
 
@@ -265,6 +268,21 @@ class Ledger:
     def check(self, *, final: bool = False) -> list[str]:
         """Every problem of the ledger now (see the module docstring)."""
         self.update()
+        if not self.versions:
+            return []
+        last = self.versions[-1]
+        tmp = self.staging / f".{last.name}.tmp"
+        try:
+            pending = hashlib.sha256(tmp.read_bytes()).hexdigest() == last.sha256
+        except FileNotFoundError:
+            pending = False
+        placed, last.placed = last.placed, last.placed and not pending  # stopped before its rename
+        try:
+            return self._check(final)
+        finally:
+            last.placed = placed
+
+    def _check(self, final: bool) -> list[str]:
         staged, staged_shas, invalid = self._staging()
         recorded, records, original_shas, problems = self._store()
         purged = {
@@ -275,20 +293,24 @@ class Ledger:
         newest = {v.name: v for v in self.versions if v.placed}
         for v in self.required():
             where = f"{v.name} v{v.prefix}-{v.n} ({v.kind})"
-            if v.kind == "notjson":
-                if (
-                    v.sha256 not in staged_shas
-                    and v.sha256 not in original_shas
-                    and (v.sha256[:16], "file", 0) not in purged
-                ):
-                    problems.append(f"{where}: lost: its bytes are neither in staging/ nor kept")
+            if v.kind == "notjson" and (
+                v.sha256 not in staged_shas
+                and v.sha256 not in original_shas
+                and (v.sha256[:16], "file", 0) not in purged
+            ):
+                problems.append(f"{where}: lost: its bytes are neither in staging/ nor kept")
             for cat in CATEGORIES:
                 for i, cid in enumerate(v.ids[cat]):
                     is_purged = (v.sha256[:16], cat, i) in purged
                     if staged[cid] + recorded[cid] == 0 and not is_purged:
                         problems.append(f"{where}: candidate {cid} lost")
                     bad = v.kind == "bad" and cat == "lessons"
-                    if final and not bad and not is_purged and (staged[cid], recorded[cid]) != (1, 0):
+                    if (
+                        final
+                        and not bad
+                        and not is_purged
+                        and (staged[cid], recorded[cid]) != (1, 0)
+                    ):
                         problems.append(
                             f"{where}: {cid} in {staged[cid]} staging file(s) and "
                             f"{recorded[cid]} record(s) after the last recovery"
@@ -363,13 +385,21 @@ class Attack:
         proc = self.procs.get(what)
         return proc is not None and proc.poll() is None
 
-    def start_daemon(self) -> None:
+    def _crash_env(self, most: int) -> dict[str, str]:
+        """Half the time, a SIGKILL at the n-th step of any kind (``MEMSTAGED_CRASH_AT``): a
+        kill inside a transaction, which a kill at a random moment seldom lands in."""
+        env = dict(self.env)
+        if self.rng.random() < 0.5:
+            env["MEMSTAGED_CRASH_AT"] = f"any:{self.rng.randint(1, most)}"
+        return env
+
+    def start_daemon(self, *, crash: bool = True) -> None:
         self.ledger.update()
         before = sum(e.get("event") == "ready" for e in self.ledger.log.events)
         with self.stderr.open("ab") as err:
             self.procs["daemon"] = subprocess.Popen(
                 memstaged_cmd("--memory-dir", str(self.mdir), "--settle", "0.3"),
-                env=self.env,
+                env=self._crash_env(60) if crash else self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=err,
@@ -377,7 +407,9 @@ class Attack:
 
         def ready() -> bool:
             self.ledger.update()
-            return sum(e.get("event") == "ready" for e in self.ledger.log.events) > before
+            if sum(e.get("event") == "ready" for e in self.ledger.log.events) > before:
+                return True
+            return not self.alive("daemon")  # its crash point came before it was ready
 
         assert wait_for(ready, 30), "the daemon never got ready"
 
@@ -385,14 +417,20 @@ class Attack:
         self.writers += 1
         prefix = f"w{self.writers}"
         self.procs["writer"] = subprocess.Popen(
-            [sys.executable, str(WRITER), str(self.mdir), str(self.journal),
-             str(self.rng.randrange(1 << 30)), prefix],
+            [
+                sys.executable,
+                str(WRITER),
+                str(self.mdir),
+                str(self.journal),
+                str(self.rng.randrange(1 << 30)),
+                prefix,
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
 
-    def start_command(self, what: str) -> None:
+    def start_command(self, what: str, *, crash: bool = True) -> None:
         if what == "recover":
             args = ["recover", "--all", "--json", "--wait=20"]
         else:
@@ -400,22 +438,24 @@ class Attack:
             args = ["purge", "--older-than", age, "--yes", "--json", "--wait=20"]
         self.procs[what] = subprocess.Popen(
             memstaged_cmd("deadletter", *args, "--memory-dir", str(self.mdir)),
-            env=self.env,
+            env=self._crash_env(12) if crash else self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
 
-    def reap(self, what: str, *, killed: bool = False) -> None:
-        """A command that ended: by itself (exit 0 or 1, no traceback), or by our SIGKILL."""
+    def reap(self, what: str, *, killed: bool = False) -> bool:
+        """A command that ended: by itself (exit 0 or 1, no traceback), or by a SIGKILL, ours
+        or its crash point's (then True)."""
         proc = self.procs.pop(what)
-        out, err = proc.communicate(timeout=120)
-        if killed:
-            self.counts[f"killed {what}"] += 1
-            return
+        _out, err = proc.communicate(timeout=120)
+        if killed or proc.returncode == -signal.SIGKILL:
+            self.counts[f"killed {what}" if killed else f"crashed {what}"] += 1
+            return True
         assert b"Traceback" not in err, err.decode(errors="replace")
         assert proc.returncode in (0, 1), (what, proc.returncode, err.decode(errors="replace"))
         self.counts[f"{what} exit {proc.returncode}"] += 1
+        return False
 
     def kill(self, what: str) -> None:
         proc = self.procs[what]
@@ -429,20 +469,42 @@ class Attack:
             self.counts[f"killed {what}"] += 1
 
     def check(self, step: int, *, final: bool = False) -> None:
-        problems = self.ledger.check(final=final)
+        """The ledger, with every live process stopped (SIGSTOP) while it is read: a snapshot
+        of one instant, which the invariant must hold at as it must after any crash (a look
+        at staging/ then deadletter/ while a recovery moves a candidate the other way would
+        miss it, and a record read before its logged decision would look unlogged)."""
+        frozen = [p for p in self.procs.values() if p.poll() is None]
+        for proc in frozen:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            problems = self.ledger.check(final=final)
+        finally:
+            for proc in frozen:
+                proc.send_signal(signal.SIGCONT)
         assert not problems, (
             f"seed {self.seed}, step {step}: {len(problems)} problem(s): {problems[:8]}"
         )
 
-    def step(self, n: int) -> None:
+    def _crashed(self, n: int) -> None:
+        """Check after every process its crash point killed; restart the daemon."""
         for what in ("recover", "purge"):
-            if what in self.procs and self.procs[what].poll() is not None:
-                self.reap(what)
+            if what in self.procs and self.procs[what].poll() is not None and self.reap(what):
+                self.check(n)
+        daemon = self.procs.get("daemon")
+        if daemon is not None and daemon.poll() is not None:
+            assert daemon.returncode == -signal.SIGKILL, f"the daemon exited {daemon.returncode}"
+            self.counts["crashed daemon"] += 1
+            self.check(n)
+            self.start_daemon()
+
+    def step(self, n: int) -> None:
+        self._crashed(n)
         if not self.alive("recover") and self.rng.random() < 0.8:
             self.start_command("recover")
         if not self.alive("purge") and self.rng.random() < 0.35:
             self.start_command("purge")
         time.sleep(self.rng.uniform(0.02, 0.6))  # a random moment for the kill, not a wait
+        self._crashed(n)
         victim = self.rng.choice(VICTIMS)
         if self.alive(victim):
             self.kill(victim)
@@ -459,12 +521,14 @@ class Attack:
         for what in ("recover", "purge"):
             if what in self.procs:
                 self.procs[what].wait(timeout=120)
-                self.reap(what)
-        if not self.alive("daemon"):
-            self.start_daemon()
+                if self.reap(what):
+                    self.check(steps)
+        if self.alive("daemon"):
+            self.kill("daemon")
+        self.start_daemon(crash=False)
         assert wait_for(self.ledger.settled, 60), f"seed {self.seed}: never settled"
         self.check(steps)
-        self.start_command("recover")
+        self.start_command("recover", crash=False)
         self.procs["recover"].wait(timeout=120)
         self.reap("recover")
         assert wait_for(self.ledger.settled, 60), f"seed {self.seed}: never settled"
