@@ -315,9 +315,9 @@ class Ledger:
                             f"{where}: {cid} in {staged[cid]} staging file(s) and "
                             f"{recorded[cid]} record(s) after the last recovery"
                         )
-            if newest[v.name] is v and v.sha256 not in staged_shas:
-                if v.sha256 not in self.seen.quarantined:
-                    problems.append(f"{where}: gone from staging/, and no quarantine logged")
+            gone = newest[v.name] is v and v.sha256 not in staged_shas
+            if gone and v.sha256 not in self.seen.quarantined:
+                problems.append(f"{where}: gone from staging/, and no quarantine logged")
         problems += [f"{c}: in {n} staging files" for c, n in sorted(staged.items()) if n > 1]
         problems += [f"staging/{n}: an invalid candidate was recovered" for n in invalid]
         problems += [
