@@ -161,6 +161,13 @@ class Ledger:
                 seen.originals_deleted.update(event.get("originals") or ())
         self._read = len(self.log.events)
 
+    def daemon_died(self) -> None:
+        """The last quarantine the dead daemon announced may never have been carried out."""
+        self.update()
+        if self.seen.last_quarantine is not None:
+            self.seen.unfinished.add(self.seen.last_quarantine)
+            self.seen.last_quarantine = None
+
     def writer_killed(self) -> None:
         """A killed writer's last journalled version never got its name if its temp still holds
         its bytes (the temp is complete before the version is journalled); the writer's temps
@@ -463,6 +470,8 @@ class Attack:
         proc.wait()
         if what == "writer":
             self.ledger.writer_killed()
+        elif what == "daemon":
+            self.ledger.daemon_died()
         if what in ("recover", "purge"):
             self.reap(what, killed=True)
         else:
@@ -494,6 +503,7 @@ class Attack:
         if daemon is not None and daemon.poll() is not None:
             assert daemon.returncode == -signal.SIGKILL, f"the daemon exited {daemon.returncode}"
             self.counts["crashed daemon"] += 1
+            self.ledger.daemon_died()
             self.check(n)
             self.start_daemon()
 
@@ -539,6 +549,9 @@ class Attack:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
         self.ledger.close()
 
 
