@@ -360,6 +360,15 @@ class Ledger:
         return True
 
 
+def _stopped(proc: subprocess.Popen[bytes]) -> bool:
+    """Is the process stopped by a signal (or already dead), as /proc/<pid>/stat says?"""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("T", "t", "Z", "X")
+
+
 def _cid(candidate: Any) -> str | None:
     if not isinstance(candidate, dict):
         return None
@@ -438,6 +447,10 @@ class Attack:
         )
 
     def start_command(self, what: str, *, crash: bool = True) -> None:
+        if what in self.procs:  # ended since the last look: its exit is checked all the same
+            self.procs[what].wait(timeout=120)
+            if self.reap(what):
+                self.check(-1)
         if what == "recover":
             args = ["recover", "--all", "--json", "--wait=20"]
         else:
@@ -486,6 +499,9 @@ class Attack:
         for proc in frozen:
             proc.send_signal(signal.SIGSTOP)
         try:
+            # The signal is delivered asynchronously: a process on the other CPU may still
+            # rename a file after kill() returned. Stopped is what /proc says ("T").
+            assert wait_for(lambda: all(_stopped(p) for p in frozen), 30), "never stopped"
             problems = self.ledger.check(final=final)
         finally:
             for proc in frozen:
