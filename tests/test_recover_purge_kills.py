@@ -495,6 +495,9 @@ class Attack:
         of one instant, which the invariant must hold at as it must after any crash (a look
         at staging/ then deadletter/ while a recovery moves a candidate the other way would
         miss it, and a record read before its logged decision would look unlogged)."""
+        daemon = self.procs.get("daemon")
+        if daemon is not None and daemon.poll() is not None:
+            self.ledger.daemon_died()  # its crash point, since the last look
         frozen = [p for p in self.procs.values() if p.poll() is None]
         for proc in frozen:
             proc.send_signal(signal.SIGSTOP)
