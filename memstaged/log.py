@@ -125,7 +125,7 @@ def message(event: MutableMapping[str, Any]) -> str:
     extras = ", ".join(
         f"{k}={display.text(v)}"
         for k, v in event.items()
-        if k not in ("event", "timestamp", "level")
+        if k not in ("event", "timestamp", "level") and v is not None  # not "abandoned=None"
     )
     return f"{kind}: {extras}" if extras else str(kind)
 
