@@ -10,9 +10,10 @@ DEMO_MDIR := $(DEMO)/example-project/.pi/memory/project
 PREFIX ?= $(HOME)/.local
 # Debian packages: a C compiler, Python's headers and venv, and libsystemd to build
 # systemd-python; systemd and the user D-Bus for the real-service tests; Node.js (20 on Debian
-# 13) for the differential tests that compare memstaged's JavaScript semantics with Node's.
+# 13) for the differential tests that compare memstaged's JavaScript semantics with Node's; tmux
+# and less for the tests that read what a terminal of 80 columns shows (issue 22).
 APT_PACKAGES := python3-venv python3-dev gcc libsystemd-dev pkg-config systemd \
-	dbus-user-session nodejs
+	dbus-user-session nodejs tmux less
 
 .PHONY: setup sysdeps demo install completions test test-slow lint bench clean
 
@@ -21,6 +22,7 @@ setup: $(STAMP)
 sysdeps:
 	@if ! pkg-config --exists libsystemd 2>/dev/null || ! command -v systemctl >/dev/null \
 		|| ! command -v gcc >/dev/null || ! command -v node >/dev/null \
+		|| ! command -v tmux >/dev/null || ! command -v less >/dev/null \
 		|| ! $(PYTHON) -c 'import ensurepip, sysconfig, os.path as p; \
 			assert p.exists(p.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \
 		|| [ ! -e /usr/lib/systemd/user/dbus.socket ]; then \
