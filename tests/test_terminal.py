@@ -49,7 +49,8 @@ class Pane:
     def __init__(self, where: Path, env: dict[str, str], argv: list[str]) -> None:
         self.socket = str(where / "sock")
         conf = where / "tmux.conf"
-        conf.write_text("set -g remain-on-exit on\n")  # the screen stays once the command ends
+        # The screen stays once the command ends; "screen" is a terminal every terminfo has.
+        conf.write_text("set -g remain-on-exit on\nset -g default-terminal screen\n")
         env = {k: v for k, v in env.items() if k not in ("TMUX", "PAGER", "MEMSTAGED_PAGER")}
         self._tmux(
             "-f", str(conf), "new-session", "-d", "-x", str(WIDTH), "-y", "24", shlex.join(argv),
@@ -85,6 +86,15 @@ class Pane:
 
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", *keys)
+
+    def paged(self) -> list[str]:
+        """The screen once the pager shows the end (or has quit: less -F on one screen), and
+        the pane once the pager is left as a person leaves it (q)."""
+        screen = self.wait(lambda rows: any("(END)" in row for row in rows) or self.dead())
+        if not self.dead():
+            self.keys("q")
+            self.wait(lambda rows: self.dead())
+        return screen
 
     def close(self) -> None:
         subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, check=False)
@@ -124,16 +134,14 @@ def test_log_at_80_columns_shows_project_file_and_reason(
     prepare(project, memory_dir, log_file)
     pane = Pane(short_dir, pane_env, memstaged_cmd("log"))
     try:
-        screen = pane.wait(lambda rows: any("(END)" in row for row in rows))
-        [mixed] = _rows(screen, "mixed.json")
-        assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d  quarantined  example-project  ", mixed)
-        assert "mixed.json  candidates." in mixed  # the reason starts on screen
-        for name in ("good.json", "fixme.json", "broken.json", "other.json"):
-            assert len(_rows(screen, f"  example-project  {name}")) == 1, screen
-        pane.keys("q")
-        pane.wait(lambda rows: pane.dead())
+        screen = pane.paged()
     finally:
         pane.close()
+    [mixed] = _rows(screen, "mixed.json")
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d  quarantined  example-project  ", mixed)
+    assert "mixed.json  candidates." in mixed  # the reason starts on screen
+    for name in ("good.json", "fixme.json", "broken.json", "other.json"):
+        assert len(_rows(screen, f"  example-project  {name}")) == 1, screen
 
 
 def test_lifecycle_lines_name_their_memory_dir_and_full_gives_paths(
@@ -211,6 +219,24 @@ def test_deadletter_list_has_project_since_and_newest_last(
     assert [re.search(r"from=(\S+)", ln)[1] for ln in out.splitlines()] == [  # type: ignore[index]
         "alpha.json"
     ]
+
+
+def test_deadletter_list_at_80_columns_shows_the_project(
+    project: Path, memory_dir: Path, log_file: Path, pane_env: dict[str, str], short_dir: Path
+) -> None:
+    """Issue 22 item 2: on a terminal of 80 columns, through less -S, each record's line shows
+    its full ID, when, and its project (only ``--json`` named the memory dir)."""
+    prepare(project, memory_dir, log_file)
+    ids = [n[: -len(".json")] for n in record_files(memory_dir)]
+    argv = memstaged_cmd("deadletter", "list", "--memory-dir", str(memory_dir))
+    pane = Pane(short_dir, pane_env, argv)
+    try:
+        screen = pane.paged()
+    finally:
+        pane.close()
+    for ident in ids:
+        [row] = _rows(screen, ident)
+        assert re.match(rf"{re.escape(ident)}  \S+ \S+  example-project", row), screen
 
 
 # -- item 3: deadletter show ---------------------------------------------------------------------
