@@ -327,6 +327,10 @@ def test_purge_by_id_and_session_lists_first(
     code, _, err = purge("--id", "zzz", "--yes")
     assert code == 2
     assert "zzz" in one_line_error(err)
+    code, out, err = purge("--session", "nobody", "--yes")
+    assert code == 0
+    assert "no dead-letter record of session 'nobody'" in err
+    assert "deleted 0 record(s) and 0 original(s)" in out
 
 
 # -- item 5: small slips -------------------------------------------------------------------------

@@ -585,10 +585,11 @@ def _purge_choice(
     record, or several, is a usage error before anything is listed or deleted."""
     if not (args.id or args.session):
         return None
-    ids: set[tuple[str, str]] = set()
-    if args.id:
-        ids = {(r.memory_dir, r.name) for r in resolve_ids(_records(mdirs, light=True), args.id)}
+    records = _records(mdirs, light=True)
+    ids = {(r.memory_dir, r.name) for r in resolve_ids(records, args.id or [])}
     sessions = set(args.session or ())
+    for session in sorted(sessions - {r.session_id for r in records}):
+        print(f"memstaged: no dead-letter record of session {session!r}", file=sys.stderr)
 
     def chosen(record: RecordFile) -> bool:
         return (not ids or (record.memory_dir, record.name) in ids) and (
