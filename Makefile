@@ -11,10 +11,10 @@ PREFIX ?= $(HOME)/.local
 # Debian packages: a C compiler, Python's headers and venv, and libsystemd to build
 # systemd-python; systemd and the user D-Bus for the real-service tests; Node.js (20 on Debian
 # 13) for the differential tests that compare memstaged's JavaScript semantics with Node's;
-# bash-completion, man-db and tmux for the tests that press Tab in a real bash and read the man
-# page on an 80-column terminal.
+# bash-completion, man-db, tmux and less for the tests that press Tab in a real bash, read the man
+# page and read what a terminal of 80 columns shows (issue 22).
 APT_PACKAGES := python3-venv python3-dev gcc libsystemd-dev pkg-config systemd \
-	dbus-user-session nodejs bash-completion man-db tmux
+	dbus-user-session nodejs bash-completion man-db tmux less
 
 .PHONY: setup sysdeps demo install uninstall completions test test-slow lint bench clean
 
@@ -23,6 +23,7 @@ setup: $(STAMP)
 sysdeps:
 	@if ! pkg-config --exists libsystemd 2>/dev/null || ! command -v systemctl >/dev/null \
 		|| ! command -v gcc >/dev/null || ! command -v node >/dev/null \
+		|| ! command -v tmux >/dev/null || ! command -v less >/dev/null \
 		|| ! $(PYTHON) -c 'import ensurepip, sysconfig, os.path as p; \
 			assert p.exists(p.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \
 		|| [ ! -e /usr/lib/systemd/user/dbus.socket ] \

@@ -612,22 +612,41 @@ def hexdump(data: bytes, width: int = 16) -> str:
 
 
 def plan_purge(
-    records: Sequence[RecordFile], originals: Sequence[Original], *, cutoff: dt.datetime
+    records: Sequence[RecordFile],
+    originals: Sequence[Original],
+    *,
+    cutoff: dt.datetime | None,
+    select: Callable[[RecordFile], bool] | None = None,
 ) -> tuple[list[RecordFile], list[Original]]:
-    """The records dead-lettered before ``cutoff``, and the originals that go with them.
+    """The records dead-lettered before ``cutoff`` (any age when ``None``) that ``select``
+    chooses (all when ``None``), and the originals that go with them.
 
-    An original goes when no remaining record needs it and either a purged record named it or
-    it is itself older than ``cutoff`` (an original whose records were deleted by other tools).
+    An original goes when no remaining record needs it and either a purged record named it or,
+    in a purge by age alone, it is itself older than ``cutoff`` (an original whose records were
+    deleted by other tools). A purge of chosen records (``--id``, ``--session``) deletes only
+    their own originals.
     """
-    old = [r for r in records if r.when < cutoff]
-    kept = [r for r in records if r.when >= cutoff]
+
+    def chosen(r: RecordFile) -> bool:
+        return (cutoff is None or r.when < cutoff) and (select is None or select(r))
+
+    old = [r for r in records if chosen(r)]
+    kept = [r for r in records if not chosen(r)]
     names, hashes = referenced(kept)
     named_by_old, _ = referenced(old)
+    orphans_too = cutoff is not None and select is None
     drop = [
         o
         for o in originals
         if not still_needed(o.name, names, hashes)
-        and (o.name in named_by_old or dt.datetime.fromtimestamp(o.mtime, dt.UTC) < cutoff)
+        and (
+            o.name in named_by_old
+            or (
+                orphans_too
+                and cutoff is not None
+                and dt.datetime.fromtimestamp(o.mtime, dt.UTC) < cutoff
+            )
+        )
     ]
     return old, drop
 
@@ -648,8 +667,16 @@ class Purged(msgspec.Struct, kw_only=True):
 PURGE_CHUNK: Final = 256
 
 
-def purge(mdir: MemoryDir, *, cutoff: dt.datetime, waiter: Waiter, logger: Any) -> Purged:
-    """Delete the records dead-lettered before ``cutoff`` and the originals that go with them.
+def purge(
+    mdir: MemoryDir,
+    *,
+    cutoff: dt.datetime | None,
+    waiter: Waiter,
+    logger: Any,
+    select: Callable[[RecordFile], bool] | None = None,
+) -> Purged:
+    """Delete the records dead-lettered before ``cutoff`` that ``select`` chooses (see
+    :func:`plan_purge`) and the originals that go with them.
 
     Planned without the lock (:func:`plan_purge` on a listing), carried out through
     :func:`transact` in short transactions, each deleting only records that are still the very
@@ -657,7 +684,7 @@ def purge(mdir: MemoryDir, *, cutoff: dt.datetime, waiter: Waiter, logger: Any) 
     Originals go last, once no record present then needs them, the daemon's newest included.
     """
     records = list_records(mdir)
-    old, originals = plan_purge(records, list_originals(mdir), cutoff=cutoff)
+    old, originals = plan_purge(records, list_originals(mdir), cutoff=cutoff, select=select)
     done = Purged(deleted=[], originals=[], left={}, not_tried=[])
     if not old and not originals:
         return done

@@ -88,6 +88,10 @@ _PRIORITIES: Final = {
 _LEVEL_PRIORITIES: Final = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
 
+#: The standard library's separators as msgspec writes them.
+_COMPACT: Final = (",", ":")
+
+
 def _json_default(value: object) -> object:
     return str(value)
 
@@ -97,7 +101,9 @@ def dumps(event: Any) -> str:
     try:
         return msgspec.json.encode(event).decode()
     except (TypeError, UnicodeEncodeError, OverflowError):
-        return json.dumps(event, default=_json_default)
+        # Compact as msgspec writes: one command's --json lines must not change form when a
+        # file name is not UTF-8 (issue 22 item 5: status --json's later objects had spaces).
+        return json.dumps(event, default=_json_default, separators=_COMPACT)
 
 
 def message(event: MutableMapping[str, Any]) -> str:
@@ -127,7 +133,7 @@ def message(event: MutableMapping[str, Any]) -> str:
     extras = ", ".join(
         f"{k}={display.text(v)}"
         for k, v in event.items()
-        if k not in ("event", "timestamp", "level")
+        if k not in ("event", "timestamp", "level") and v is not None  # not "abandoned=None"
     )
     return f"{kind}: {extras}" if extras else str(kind)
 
@@ -172,10 +178,10 @@ def _render(event: Mapping[str, Any]) -> bytes:
     except (TypeError, UnicodeEncodeError, OverflowError):
         pass  # msgspec refuses it: the standard library's encoder below says it differently
     try:
-        return json.dumps(event, default=_json_default).encode() + b"\n"
+        return json.dumps(event, default=_json_default, separators=_COMPACT).encode() + b"\n"
     except (TypeError, ValueError, RecursionError):
         flat = {str(key): _json_default(value) for key, value in event.items()}
-        return json.dumps(flat).encode() + b"\n"
+        return json.dumps(flat, separators=_COMPACT).encode() + b"\n"
 
 
 def _say(text: str) -> None:

@@ -358,14 +358,33 @@ def _summary(
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     out.write(f"memstaged --once{suffix}\n")
-    for row in [header, *rows]:
-        cells = [row[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
-        ]
-        out.write("  ".join(cells).rstrip() + "\n")
+    if sum(widths) + 2 * (len(widths) - 1) > _columns(out):
+        # Too wide for the terminal, where it wrapped mid-word ("to / tal" at 100 columns,
+        # issue 22 item 5): each memory dir on its own line, its counts under it.
+        tail = widths[1:]
+        out.write("  " + "  ".join(c.rjust(w) for c, w in zip(header[1:], tail, strict=True)))
+        out.write("\n")
+        for row in rows:
+            out.write(row[0] + "\n")
+            cells = [c.rjust(w) for c, w in zip(row[1:], tail, strict=True)]
+            out.write("  " + "  ".join(cells) + "\n")
+    else:
+        for row in [header, *rows]:
+            cells = [row[0].ljust(widths[0])] + [
+                c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+            ]
+            out.write("  ".join(cells).rstrip() + "\n")
     skipped = sum(unchanged.values())
     if skipped:
         out.write(f"{skipped} files unchanged since they were decided were not read again.\n")
+
+
+def _columns(out: IO[str]) -> int:
+    """The terminal's width; 80 when it does not say (a terminal of zero columns, say)."""
+    try:
+        return os.get_terminal_size(out.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
 
 
 def _is_terminal(out: IO[str]) -> bool:

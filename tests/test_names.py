@@ -118,6 +118,12 @@ def test_random_byte_names_through_once_the_caches_the_log_and_the_commands(
     lines = out.splitlines()
     assert len(lines) == len(expected)  # a newline in a name does not split its line
     assert "\x1b" not in out and "\r" not in out
+    for name in expected:  # the project, then the name within the memory dir (issue 22)
+        assert f"  {project.name}  {display.name(os.fsdecode(name))}" in out
+    code, out, _ = run(capsys, "log", "--full", "--decision", "valid", "--decision", "quarantined")
+    assert code == 0
+    assert len(out.splitlines()) == len(expected)
+    assert "\x1b" not in out and "\r" not in out
     staging = os.fsencode(mdir / "staging")
     for name in expected:
         assert display.name(os.fsdecode(os.path.join(staging, name))) in out

@@ -468,8 +468,8 @@ def test_lines_reverse_and_journalctl_words_for_days(
     midnight = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, 0, 0, 0, 0, 0, -1))
     _events(log_file, [midnight - 40 * 3600, midnight - 12 * 3600, now])
 
-    def names(out: str) -> list[str]:
-        return [line.split("/m/staging/")[1].split()[0] for line in out.splitlines()]
+    def names(out: str) -> list[str]:  # time, decision, project label, file name (issue 22)
+        return [line.split()[4] for line in out.splitlines()]
 
     assert names(run(capsys, "log")[1]) == ["f0.json", "f1.json", "f2.json"]
     assert names(run(capsys, "log", "--reverse")[1]) == ["f2.json", "f1.json", "f0.json"]

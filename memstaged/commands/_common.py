@@ -25,7 +25,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Final, ParamSpec
 
@@ -180,6 +180,76 @@ def log_same_directory(logger: Any, aliases: Sequence[Alias]) -> None:
             same_as=alias.first.path,
             reason=alias.reason,
         )
+
+
+#: What ends a memory dir's path when it is the usual ``<project>/.pi/memory/project``.
+_MEMORY_SUFFIX: Final = "/.pi/memory/project"
+
+
+def project_root_of(memory_dir: str) -> str:
+    """The directory holding ``.pi`` for a usual memory dir; any other is its own root."""
+    path = memory_dir.rstrip("/") or "/"
+    if path.endswith(_MEMORY_SUFFIX):
+        return path[: -len(_MEMORY_SUFFIX)] or "/"
+    return path
+
+
+class ProjectLabels:
+    """Short names for memory dirs, as a person calls the project: ``gamma`` for
+    ``/home/ana/src/gamma/.pi/memory/project`` (issue 22 item 1: at 80 columns the absolute
+    path left no room for the file's name and the reason).
+
+    A label is the last component of the project root, or as many last components as it takes
+    to tell it from the other roots it is shown with (``src/gamma``, ``old/gamma``). The roots
+    known before anything is shown (the configured memory dirs) are told apart from each other
+    up front; one first met later gets the shortest label no one else has, so that a label once
+    shown never changes meaning within one output. Labels are raw: escape them for a terminal.
+    """
+
+    def __init__(self, known: Iterable[str] = ()) -> None:
+        self._roots = sorted({project_root_of(d) for d in known})
+        self._labels: dict[str, str] = {}
+        self._taken: set[str] = set()
+        for root in self._roots:
+            self._assign(root)
+
+    def __call__(self, memory_dir: str) -> str:
+        label = self._labels.get(memory_dir)
+        if label is None:
+            label = self._labels[memory_dir] = self._assign(project_root_of(memory_dir))
+        return label
+
+    def _assign(self, root: str) -> str:
+        label = self._labels.get("\0" + root)  # keyed apart from memory dirs: \0 is in no path
+        if label is not None:
+            return label
+        parts = [p for p in root.split("/") if p]
+        label = root
+        for k in range(1, len(parts) + 1):
+            candidate = "/".join(parts[-k:])
+            if candidate in self._taken:
+                continue
+            if any(other != root and _ends_with(other, candidate) for other in self._roots):
+                continue
+            label = candidate
+            break
+        self._taken.add(label)
+        self._labels["\0" + root] = label
+        return label
+
+
+def _ends_with(path: str, suffix: str) -> bool:
+    return path == suffix or path.endswith("/" + suffix)
+
+
+def within(path: str, memory_dir: str) -> str | None:
+    """A file's name within its memory dir (a staging file's without ``staging/``), or
+    ``None`` when it is not in it."""
+    base = memory_dir.rstrip("/") + "/"
+    if not path.startswith(base) or len(path) == len(base):
+        return None
+    rest = path[len(base) :]
+    return rest[len("staging/") :] if rest.startswith("staging/") and len(rest) > 8 else rest
 
 
 # -- time -------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import argparse
 import base64
 import fnmatch
 import sys
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -22,6 +23,7 @@ from memstaged.argtypes import count, wait_seconds
 from memstaged.commands import _common
 from memstaged.commands._common import (
     Output,
+    ProjectLabels,
     add_json_option,
     add_memory_dir_options,
     add_output_options,
@@ -35,6 +37,7 @@ from memstaged.commands._common import (
     memory_dirs,
     one_line,
     parse_duration,
+    parse_when,
     print_json,
     render_table,
 )
@@ -53,7 +56,7 @@ from memstaged.deadletter import (
     text_or_none,
 )
 from memstaged.ecma import encode_json, pretty
-from memstaged.errors import UsageError
+from memstaged.errors import ConfigError, UsageError
 from memstaged.pipeline import MemoryDir
 from memstaged.recover import Action, Outcome, Report, preview, recover
 
@@ -72,13 +75,20 @@ def register(sub: Any) -> None:
 
     lister = actions.add_parser(
         "list",
-        help="the records, one line each, grouped by the staging file they came from",
-        description="One line per record: its full ID (what show and recover take), when it "
-        "was dead-lettered, its category, session, source file, summary and reason. Through a "
-        "pager on a terminal.",
+        help="the records, one line each, oldest first",
+        description="One line per record, oldest first (as log): its full ID (what show, "
+        "recover and purge take), when it was dead-lettered, its project, category, session, "
+        "source file, summary and reason. Through a pager on a terminal.",
     )
     add_memory_dir_options(lister)
     lister.add_argument("--session", metavar="GLOB", help="only records of this session_id")
+    lister.add_argument(
+        "-S",
+        "--since",
+        metavar="WHEN",
+        help="only records dead-lettered from this time on: today, yesterday, 10m, 2h, 3d or "
+        "an ISO time (local unless it has an offset)",
+    )
     add_json_option(lister)
     add_output_options(lister, pager=True)
     lister.set_defaults(func=run_list)
@@ -135,15 +145,27 @@ def register(sub: Any) -> None:
 
     purger = actions.add_parser(
         "purge",
-        help="delete records older than --older-than (lists them without --yes)",
-        description="The only way records are deleted without being recovered. Works while "
-        "the daemon runs, in short transactions under canonical-writer.lock.",
+        help="delete records by age, ID or session (lists them without --yes)",
+        description="The only way records are deleted without being recovered. Choose them "
+        "with --older-than, --id or --session (given together, a record must match each). "
+        "Works while the daemon runs, in short transactions under canonical-writer.lock.",
     )
     purger.add_argument(
         "--older-than",
-        required=True,
         metavar="DURATION",
         help="records dead-lettered longer ago than this, e.g. 30d",
+    )
+    purger.add_argument(
+        "--id",
+        action="append",
+        metavar="ID",
+        help="this record (repeatable; a unique prefix will do)",
+    )
+    purger.add_argument(
+        "--session",
+        action="append",
+        metavar="SESSION",
+        help="the records of this session_id (repeatable)",
     )
     purger.add_argument("--yes", action="store_true", help="really delete them")
     _add_wait_option(purger)
@@ -205,10 +227,16 @@ def record_summary(record: RecordFile) -> dict[str, Any]:
 @guard_output
 def run_list(args: argparse.Namespace) -> int:
     settings = load_settings(args)
-    records = _records(memory_dirs(settings, writable=False), light=True)
+    since = parse_when(args.since, "--since") if args.since else None
+    mdirs = memory_dirs(settings, writable=False)
+    records = _records(mdirs, light=True)
     if args.session:
         records = [r for r in records if fnmatch.fnmatchcase(r.session_id or "", args.session)]
-    records.sort(key=lambda r: (r.memory_dir, r.source_file or "", r.when, r.name))
+    if since is not None:
+        records = [r for r in records if r.when >= since]
+    records.sort(key=lambda r: (r.when, r.memory_dir, r.name))  # newest last, as log
+    by_path = {m.path: m for m in mdirs}
+    labels = ProjectLabels(by_path)
     with Output(args, paged=True) as out:
         if args.json:
             for record in records:
@@ -216,28 +244,73 @@ def run_list(args: argparse.Namespace) -> int:
         else:
             write = out.write
             for record in records:
-                write(record_line(record, out))
+                write(record_line(record, out, labels, by_path.get(record.memory_dir)))
     if not records:
         print("no dead-letter records", file=sys.stderr)
     return 0
 
 
-def record_line(record: RecordFile, out: Output | None = None) -> str:
+def record_line(
+    record: RecordFile,
+    out: Output | None = None,
+    labels: ProjectLabels | None = None,
+    mdir: MemoryDir | None = None,
+) -> str:
     """One record on one line, ID first and in full (postqueue's and git's shape): the ID is
-    what ``show`` and ``recover --id`` take, so it must be copyable as it is."""
+    what ``show``, ``recover --id`` and ``purge --id`` take, so it must be copyable as it is.
+    Then when, and the project (issue 22 item 2: only ``--json`` named the memory dir)."""
     why = record.quarantined_for
     reason = record.reason + (f": {why}" if why else "")
     ident = display.name(record.id)
     if out is not None:
         ident = out.paint(ident, "bold")
+    project = (labels or ProjectLabels())(record.memory_dir)
     return (
-        f"{ident}  {local_time(record.when)}  {record.category or '?'}"
+        f"{ident}  {local_time(record.when)}  {display.name(project)}  {record.category or '?'}"
         f"  session={display.name(record.session_id or '-')}"
         f"  from={display.name(record.source_file or '-')}"
-        f"  {one_line(record.text, 60)}  [{one_line(reason)}]"
+        f"  {summary(record, mdir, 60)}  [{one_line(reason)}]"
         + (f"  attempts={record.attempts}" if record.attempts else "")
         + "\n"
     )
+
+
+#: How many bytes of a whole-file record's original its summary shows.
+_PREVIEW_BYTES: Final = 256
+
+
+def summary(record: RecordFile, mdir: MemoryDir | None, limit: int | None = None) -> str:
+    """The record's summary or text on one line, escaped; a whole-file record's is marked as
+    such and shows its original's first bytes escaped (issue 22 item 3: a file that is not
+    UTF-8 showed its raw undecodable bytes, as U+FFFD replacement marks)."""
+    if record.kind != "whole-file":
+        return one_line(record.text, limit)
+    data = None
+    if record.original is not None and mdir is not None:
+        try:
+            got = read_original(mdir, record.original, _PREVIEW_BYTES)
+        except ConfigError:
+            got = None
+        data = got[0] if got is not None else None
+    if data is not None:
+        raw = data.decode("utf-8", "surrogateescape")  # shown as \xNN, byte for byte
+    else:  # no original to read: the record's text, where bad bytes are U+FFFD, said so
+        cand = record.candidate
+        raw = cand if isinstance(cand, str) else record.text
+    return _escaped_prefix("(whole file) ", raw, limit)
+
+
+def _escaped_prefix(head: str, raw: str, limit: int | None) -> str:
+    """``head`` and ``raw`` escaped, cut at ``limit`` between two escapes, never inside one."""
+    parts, size = [head], len(head)
+    for char in raw:
+        shown = "\\ufffd" if char == "\ufffd" else display.text(char)
+        if limit is not None and size + len(shown) > limit - 1:
+            parts.append("…")
+            break
+        parts.append(shown)
+        size += len(shown)
+    return "".join(parts)
 
 
 # -- show -----------------------------------------------------------------------------------------
@@ -259,7 +332,7 @@ def run_show(args: argparse.Namespace) -> int:
         print_json(_show_json(record, outcome, original))
         return 0
     with Output(args, paged=True) as out:
-        _show_text(record, outcome, original, out)
+        _show_text(record, outcome, original, out, mdir)
     return 0
 
 
@@ -294,8 +367,29 @@ def _show_json(
     return out
 
 
-def _pretty(record: RecordFile) -> str:
-    encoded = encode_json(record.value, exotic=record.exotic)
+#: What stands in the record's JSON for the original file shown below it.
+_SHOWN_BELOW: Final = "(the original file: shown below)"
+
+
+def _without_original(record: RecordFile) -> Any:
+    """The record's value with the staging file it embeds replaced by :data:`_SHOWN_BELOW`:
+    ``show`` printed the whole original twice, in the record and then as text (issue 22 item
+    3). Only the embedded whole file goes; a bounded record's reference to it stays."""
+    value = record.value
+    if not isinstance(value, dict):
+        return value
+    if record.wrapped:
+        embedded = value["candidate"]["original_staging_file"]
+        if isinstance(embedded, dict) and "memstaged_original" in embedded:
+            return value
+        return {**value, "candidate": {**value["candidate"], "original_staging_file": _SHOWN_BELOW}}
+    if record.kind == "whole-file" and value.get("candidate") is not None:
+        return {**value, "candidate": _SHOWN_BELOW}
+    return value
+
+
+def _pretty(record: RecordFile, value: Any) -> str:
+    encoded = encode_json(value, exotic=record.exotic)
     try:
         return pretty(encoded).decode("utf-8", "replace")
     except (msgspec.DecodeError, ValueError):
@@ -313,7 +407,11 @@ def _recovery_line(outcome: Outcome | None) -> str:
 
 
 def _show_text(
-    record: RecordFile, outcome: Outcome | None, original: tuple[bytes, int] | None, out: Output
+    record: RecordFile,
+    outcome: Outcome | None,
+    original: tuple[bytes, int] | None,
+    out: Output,
+    mdir: MemoryDir,
 ) -> None:
     lines = [
         f"record {display.name(record.id)}  "
@@ -322,6 +420,7 @@ def _show_text(
         f"{display.name(record.session_id or '-')}   attempts: {record.attempts}   when: "
         f"{local_time(record.when)}   kind: {record.kind}",
         f"reason: {display.text(record.reason or '-')}",
+        f"summary: {summary(record, mdir, 200)}",
         f"source: {display.name(record.source_path or record.source_file or '-')}",
         f"recovery now: {display.text(_recovery_line(outcome))}",
     ]
@@ -334,12 +433,14 @@ def _show_text(
             f"  - {display.text(e)}" + ("  (a repair would fix this one)" if e in fixed else "")
             for e in record.errors
         )
+    info = _original_info(record, original)
+    shown_below = info is not None and not info.get("missing")
     if record.error is None:
+        value = _without_original(record) if shown_below else record.value
         lines.append("record:")
-        lines.extend(display.text(line) for line in _pretty(record).splitlines())
+        lines.extend(display.text(line) for line in _pretty(record, value).splitlines())
     else:
         lines.append(f"record: unreadable: {display.text(record.error)}")
-    info = _original_info(record, original)
     if info is None:
         lines.append("original: none recorded")
     elif info.get("missing"):
@@ -490,31 +591,61 @@ def _show_recovery(
 # -- purge ----------------------------------------------------------------------------------------
 
 
+def _purge_choice(
+    args: argparse.Namespace, mdirs: list[MemoryDir]
+) -> Callable[[RecordFile], bool] | None:
+    """Which records ``--id`` and ``--session`` choose (``None``: any); an ID that names no
+    record, or several, is a usage error before anything is listed or deleted."""
+    if not (args.id or args.session):
+        return None
+    records = _records(mdirs, light=True)
+    ids = {(r.memory_dir, r.name) for r in resolve_ids(records, args.id or [])}
+    sessions = set(args.session or ())
+    for session in sorted(sessions - {r.session_id for r in records}):
+        print(f"memstaged: no dead-letter record of session {session!r}", file=sys.stderr)
+
+    def chosen(record: RecordFile) -> bool:
+        return (not ids or (record.memory_dir, record.name) in ids) and (
+            not sessions or record.session_id in sessions
+        )
+
+    return chosen
+
+
 @guard_verdict
 def run_purge(args: argparse.Namespace) -> int:
-    age = parse_duration(args.older_than, "--older-than")
+    if not (args.older_than or args.id or args.session):
+        raise UsageError(
+            "deadletter purge: choose what to delete with --older-than, --id or --session"
+        )
+    age = parse_duration(args.older_than, "--older-than") if args.older_than else None
     settings = load_settings(args)
     aliases: list[Alias] = []
     mdirs = memory_dirs(settings, writable=args.yes, aliases=aliases)
+    select = _purge_choice(args, mdirs)
     clock = _common.now()
-    cutoff = _common.at(clock - age)
+    cutoff = _common.at(clock - age) if age is not None else None
     logger = _logger(settings) if args.yes else None
     if logger is not None:
         log_same_directory(logger, aliases)
     waiter = _waiter(args)
     rows: list[dict[str, Any]] = []
     busy = False
+    chosen_by = {"ids": args.id, "sessions": args.session}
     for mdir in mdirs:
         if not args.yes:
-            old, originals = plan_purge(list_records(mdir), list_originals(mdir), cutoff=cutoff)
+            old, originals = plan_purge(
+                list_records(mdir), list_originals(mdir), cutoff=cutoff, select=select
+            )
             rows.extend(_purge_rows(mdir, old, [o.name for o in originals], clock, done=False))
             continue
-        done = purge(mdir, cutoff=cutoff, waiter=waiter, logger=logger)
+        done = purge(mdir, cutoff=cutoff, select=select, waiter=waiter, logger=logger)
         assert logger is not None
         logger.info(
             "deadletter_purged",
             memory_dir=mdir.path,
             older_than=args.older_than,
+            **{key: value for key, value in chosen_by.items() if value},
             records=[r.name for r in done.deleted],
             originals=done.originals,
             left=done.left,

@@ -20,6 +20,7 @@ from memstaged.argtypes import count
 from memstaged.commands._common import (
     DECISION_STYLES,
     Output,
+    ProjectLabels,
     add_json_option,
     add_memory_dir_options,
     add_output_options,
@@ -28,8 +29,9 @@ from memstaged.commands._common import (
     local_time,
     one_line,
     parse_when,
+    within,
 )
-from memstaged.errors import UsageError
+from memstaged.errors import ConfigError, UsageError
 from memstaged.log import dumps
 from memstaged.logread import (
     Event,
@@ -104,6 +106,11 @@ def register(sub: Any) -> None:
         "--reasons", action="store_true", help="show every validation error and repair in full"
     )
     parser.add_argument(
+        "--full",
+        action="store_true",
+        help="name files and memory dirs by their full paths, not by project and file name",
+    )
+    parser.add_argument(
         "--journal",
         action="store_true",
         help="read journald (SYSLOG_IDENTIFIER=memstaged) instead of the file",
@@ -131,6 +138,18 @@ def build_filter(args: argparse.Namespace) -> EventFilter:
     )
 
 
+def project_labels(args: argparse.Namespace) -> ProjectLabels | None:
+    """The short project labels, told apart among the configured memory dirs from the start;
+    ``None`` with ``--full`` (or ``--json``, which keeps every path as logged)."""
+    if args.full or args.json:
+        return None
+    try:
+        known = [m.path for m in load_settings(args).memory_dirs()]
+    except ConfigError:
+        known = []  # the log names its memory dirs: labels are made as they are met
+    return ProjectLabels(known)
+
+
 def open_source(args: argparse.Namespace, filt: EventFilter) -> tuple[Source, str]:
     """The source and a name for it in messages."""
     if args.journal_dir and not args.journal:
@@ -149,16 +168,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--follow and --reverse exclude each other")
     filt = build_filter(args)
     source, where = open_source(args, filt)
+    labels = project_labels(args)
     shown = -1  # unknown: the reader quit the pager before the end
     try:
         with Output(args, paged=not args.follow) as out:
-            shown = _history(source, filt, args, out)
+            shown = _history(source, filt, args, out, labels)
         _warn_bad_lines(source, where)
         if not args.follow:
             if not shown and isinstance(source, FileSource) and not source.path.exists():
                 print(f"memstaged log: no decision log at {where} yet", file=sys.stderr)
             return 0
-        render = Renderer(out, full=args.reasons, as_json=args.json)
+        render = Renderer(out, full=args.reasons, as_json=args.json, labels=labels)
         try:
             for event in source.follow(stop=lambda: False):
                 if filt.matches(event):
@@ -171,7 +191,13 @@ def run(args: argparse.Namespace) -> int:
         source.close()
 
 
-def _history(source: Source, filt: EventFilter, args: argparse.Namespace, out: Output) -> int:
+def _history(
+    source: Source,
+    filt: EventFilter,
+    args: argparse.Namespace,
+    out: Output,
+    labels: ProjectLabels | None,
+) -> int:
     """Print the matching events there are now, one at a time as they are read; their count."""
     events = source.iter_reverse() if args.reverse else source.iter_history()
     matching: Iterator[Event] = (e for e in events if filt.matches(e))
@@ -182,7 +208,7 @@ def _history(source: Source, filt: EventFilter, args: argparse.Namespace, out: O
         else:  # the last N: every event is read, N are kept
             kept = collections.deque(matching, maxlen=limit) if limit else ()
             matching = iter(kept)
-    render = Renderer(out, full=args.reasons, as_json=args.json)
+    render = Renderer(out, full=args.reasons, as_json=args.json, labels=labels)
     count = 0
     write = out.write
     for event in matching:
@@ -210,15 +236,24 @@ def _warn_bad_lines(source: Source, where: str) -> None:
 class Renderer:
     """One event as its line (or lines, with ``--reasons``), newline included.
 
-    journalctl's shape: time, what, the file, the session, then why. This is the log's hot loop
-    (issue 13's target: 100,000 events/s into a pipe), so what repeats is worked out once: the
-    local time of each second of the log, and each decision's padded, coloured label.
+    journalctl's shape: time, what, the project and file, then why, then the session. This is
+    the log's hot loop (issue 13's target: 100,000 events/s into a pipe), so what repeats is
+    worked out once: the local time of each second of the log, each decision's padded, coloured
+    label, and each memory dir's project label.
     """
 
-    def __init__(self, out: Output, *, full: bool = False, as_json: bool = False) -> None:
+    def __init__(
+        self,
+        out: Output,
+        *,
+        full: bool = False,
+        as_json: bool = False,
+        labels: ProjectLabels | None = None,
+    ) -> None:
         self.out = out
         self.full = full
         self.as_json = as_json
+        self.labels = labels
         self._times: dict[str, str] = {}
         self._labels: dict[tuple[object, object, bool], str] = {}
 
@@ -233,7 +268,7 @@ class Renderer:
             if len(self._labels) > 256:
                 self._labels.clear()
             label = self._labels[key] = _label(event, self.out)
-        return _line(event, self._when(event), label, self.full) + "\n"
+        return _line(event, self._when(event), label, self.full, self.labels) + "\n"
 
     def _when(self, event: Event) -> str:
         stamp = event.get("timestamp")
@@ -265,30 +300,48 @@ def _label(event: Event, out: Output | None) -> str:
 
 
 def event_line(
-    event: Event, *, full: bool = False, out: Output | None = None, when: str | None = None
+    event: Event,
+    *,
+    full: bool = False,
+    out: Output | None = None,
+    when: str | None = None,
+    labels: ProjectLabels | None = None,
 ) -> str:
-    """One event as text: time, decision, file, session, then why (indented lines when full).
+    """One event as text: time, decision, project and file (full path without ``labels``),
+    why (indented lines when full), then the session.
 
     Every part that came from a file is escaped: a name with a newline cannot fake a second
     event, nor an ESC colour the terminal.
     """
     if when is None:
         when = local_time(event_time(event))
-    return _line(event, when, _label(event, out), full)
+    return _line(event, when, _label(event, out), full, labels)
 
 
-def _line(event: Event, when: str, label: str, full: bool) -> str:
+def _line(
+    event: Event, when: str, label: str, full: bool, labels: ProjectLabels | None = None
+) -> str:
     head = f"{when}  {label}"
     path = event.get("path")
-    if path:
+    mdir = event.get("memory_dir")
+    if labels is not None and isinstance(mdir, str):
+        # What a person needs first at 80 columns: the project and the file's own name.
+        head += "  " + display.name(labels(mdir))
+        name = within(path, mdir) if isinstance(path, str) else None
+        if name is not None:
+            head += "  " + display.name(name)
+        elif path:
+            head += "  " + display.name(path)
+    elif path:
         head += "  " + display.name(path)
+    elif labels is None and isinstance(mdir, str) and event.get("event") != "decision":
+        head += "  " + display.name(mdir)  # --full: a lifecycle line names its memory dir too
     session = event.get("session_id")
-    if session:
-        head += "  session=" + display.name(session)
+    tail = "  session=" + display.name(session) if session else ""
     if not full:
         why = _why(event)
-        return f"{head}  {why}" if why else head
-    return "\n".join([head, *(f"    {line}" for line in why_lines(event, full=True))])
+        return f"{head}  {why}{tail}" if why else head + tail
+    return "\n".join([head + tail, *(f"    {line}" for line in why_lines(event, full=True))])
 
 
 def _why(event: Event) -> str:
@@ -296,7 +349,9 @@ def _why(event: Event) -> str:
     they fixed are in ``--reasons``) or its first reason; another event's fields."""
     if event.get("event") != "decision":
         return ", ".join(
-            f"{key}={_short(value)}" for key, value in event.items() if key not in _SHOWN_ELSEWHERE
+            f"{key}={_short(value)}"
+            for key, value in event.items()
+            if key not in _SHOWN_ELSEWHERE and value is not None  # "abandoned=null" says nothing
         )
     if event.get("own_rewrite"):
         return OWN_REWRITE
