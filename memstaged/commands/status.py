@@ -245,13 +245,12 @@ def _log_file(results: list[DirStatus], settings: Settings) -> None:
 def _unwritable(path: str) -> str | None:
     if os.path.lexists(path):
         return None if os.access(path, os.W_OK) else "cannot be written"
-    parent = os.path.dirname(path) or "."
-    while not os.path.isdir(parent):  # created with its parents at the first event
-        up = os.path.dirname(parent)
-        if up == parent:
-            return "cannot be created"
-        parent = up
-    return None if os.access(parent, os.W_OK | os.X_OK) else "cannot be created"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):  # created with its parents at the first event
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        return "cannot be created"
+    return None
 
 
 def _critical(r: DirStatus, text: str) -> None:
