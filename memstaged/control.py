@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from memstaged.log import private_dirs
-from memstaged.watcher import Kind, Signal
 
 if TYPE_CHECKING:
     from memstaged.daemon import Daemon
@@ -85,6 +84,12 @@ class Live(msgspec.Struct, frozen=True, kw_only=True):
 
 class Unanswered(Exception):
     """The daemon did not answer (why is the message)."""
+
+
+def wire(text: str) -> str:
+    """``text`` as JSON can carry it: a path that is not UTF-8 (SPEC 6: any name) has lone
+    surrogates, which no encoder takes; both ends compare paths in this form."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
 def runtime_dir(env: Mapping[str, str] | None = None) -> Path | None:
@@ -162,11 +167,19 @@ class Control:
     """The daemon's end: the listening socket, and the connections the loop has to answer."""
 
     def __init__(
-        self, daemon: Daemon, path: Path, started: float, *, touch: Callable[[], None]
+        self,
+        daemon: Daemon,
+        path: Path,
+        started: float,
+        *,
+        wake: Callable[[], None],
+        touch: Callable[[], None],
     ) -> None:
         self.daemon = daemon
         self.path = path
         self.started = started
+        #: Puts a WAKE signal on the loop's queue (safe from any thread).
+        self.wake = wake
         self.touch = touch
         self.waiting: collections.deque[socket.socket] = collections.deque()
         private_dirs(path.parent)
@@ -201,13 +214,13 @@ class Control:
             if request == TOUCH:
                 conn.close()
                 self.touch()
-                self.daemon.queue.put(Signal(Kind.WAKE))
+                self.wake()
                 continue
             if request != REQUEST:
                 conn.close()
                 continue
             self.waiting.append(conn)
-            self.daemon.queue.put(Signal(Kind.WAKE))
+            self.wake()
 
     def tick(self) -> None:
         """Answer every waiting client (from the loop, between two files)."""
@@ -295,7 +308,7 @@ def live(daemon: Daemon, started: float) -> Live:
             oldest = mtime if oldest is None else min(oldest, mtime)
         dirs.append(
             DirLive(
-                memory_dir=path,
+                memory_dir=wire(path),
                 watched=daemon.watcher.staging_watched(path),
                 staging_exists=os.path.isdir(mdir.staging),
                 waiting=len(waiting.get(path, [])),
@@ -304,12 +317,12 @@ def live(daemon: Daemon, started: float) -> Live:
             )
         )
     not_watched = {  # a glob's match that is a link is not followed (SPEC 6): not a failure
-        path: "cannot be opened"
+        wire(path): "cannot be opened"
         for path in daemon.dirs.unopened_logged
         if path not in daemon.mdirs and os.path.realpath(path) == path
     }
     not_watched |= {
-        path: "descriptor limit reached"
+        wire(path): "descriptor limit reached"
         for path in daemon.dirs.over_limit
         if path not in daemon.mdirs
     }
@@ -322,7 +335,7 @@ def live(daemon: Daemon, started: float) -> Live:
         decided=dict(daemon.counts),
         unchanged=daemon.unchanged,
         log_failing=log_failing(),
-        reload_error=daemon.reload_error,
+        reload_error=None if daemon.reload_error is None else wire(daemon.reload_error),
         memory_dirs=dirs,
         not_watched=not_watched,
     )

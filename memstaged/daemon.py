@@ -21,6 +21,7 @@ only the pipeline looks at wall-clock time, to compare it with a file's mtime.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import signal
@@ -633,7 +634,10 @@ def attach(daemon: Daemon, tally: metrics.Tally) -> None:
     path = control.socket_path(os.getpid())
     if path is not None:
         try:
-            daemon.hooks.append(control.Control(daemon, path, started, touch=tally.touch))
+            wake = functools.partial(daemon.queue.put, Signal(Kind.WAKE))
+            daemon.hooks.append(
+                control.Control(daemon, path, started, wake=wake, touch=tally.touch)
+            )
         except OSError as err:
             daemon.log.error(
                 "control_failed",

@@ -439,3 +439,24 @@ def test_config_show_and_check_cover_metrics_file(
     assert code == 2
     assert "key 'metrics_file'" in one_line_error(err)
     assert config.load(config=None, env={"HOME": str(tmp_path)}).metrics_file is None
+
+
+def test_a_memory_dir_whose_name_is_not_utf8_is_answered_for(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    spawn: Callable[..., DaemonProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 21 item 6 with SPEC 6 (a name is bytes): the daemon's answer carries a memory dir
+    path that is not UTF-8, and status matches it; the daemon keeps running."""
+    project = tmp_path / os.fsdecode(b"caf\xe9")
+    memory_dir = project / ".pi" / "memory" / "project"
+    (memory_dir / "staging").mkdir(parents=True)
+    daemon = spawn("--memory-dir", str(memory_dir))
+    _daemon_env(tmp_path, monkeypatch, daemon)
+    code, text, _ = _check(capsys, "--memory-dir", str(memory_dir), "--require-daemon")
+    assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir(s), nothing needs attention")
+    code, result = _status_json(capsys, memory_dir)
+    assert (result["daemon_answered"], result["watched"]) == (True, True)
+    assert daemon.proc.poll() is None
+    assert daemon.stop() == 0

@@ -200,9 +200,10 @@ def run_ack(args: argparse.Namespace) -> int:
             chosen[record.memory_dir].append(record.name)
     for mdir in mdirs:
         present = set(names[mdir.path])
-        seen = acks.load(state_dir, mdir.path) & present  # gone records: forgotten
+        stored = acks.load(state_dir, mdir.path)
+        seen = stored & present  # marks of records gone (recovered, purged) are dropped
         new = [n for n in chosen[mdir.path] if n not in seen]
-        if new or len(seen) != len(acks.load(state_dir, mdir.path)):
+        if new or seen != stored:
             try:
                 acks.save(state_dir, mdir.path, seen | set(new))
             except OSError as err:

@@ -208,11 +208,12 @@ def _ask_daemons(
             _critical(r, f"the memstaged daemon (pid {pid}) does not answer: {answer}")
             continue
         r.daemon_answered = True
-        live = next((d for d in answer.memory_dirs if d.memory_dir == r.memory_dir), None)
+        here = control.wire(r.memory_dir)
+        live = next((d for d in answer.memory_dirs if d.memory_dir == here), None)
         if answer.log_failing:
             _critical(r, "the daemon cannot write its decision log")
         if live is None:
-            why = answer.not_watched.get(r.memory_dir, "not among its memory dirs")
+            why = answer.not_watched.get(here, "not among its memory dirs")
             _critical(r, f"the daemon holding it does not watch it: {why}")
             continue
         r.watched = live.watched
