@@ -139,6 +139,8 @@ class DirStatus(msgspec.Struct, kw_only=True):
     critical: list[str] = []
     #: What the daemon holding the memory dir said of it (its control socket), when it answered.
     daemon_answered: bool | None = None
+    #: The daemon's live counts, as its ``STATUS=`` says them (all its memory dirs).
+    daemon_status: str | None = None
     watched: bool | None = None
     waiting: int | None = None
     oldest_wait_seconds: float | None = None

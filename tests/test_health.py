@@ -285,6 +285,7 @@ def test_status_shows_the_daemons_live_queue_and_waits(
     assert result["oldest_wait_seconds"] is not None
     code, out, _ = run(capsys, "status", "--memory-dir", str(memory_dir))
     assert "  files waiting\t1" in out.splitlines()
+    assert "  says\twatching 1 memory dirs; 0 decided, 0 quarantined, 0 repaired, 1 waiting" in out
     code, text, perf = _check(capsys, "--memory-dir", str(memory_dir), "--max-wait", "0s")
     assert code == 1
     assert "for its decision (more than --max-wait)" in text

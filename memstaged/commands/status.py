@@ -208,6 +208,7 @@ def _ask_daemons(
             _critical(r, f"the memstaged daemon (pid {pid}) does not answer: {answer}")
             continue
         r.daemon_answered = True
+        r.daemon_status = answer.status
         here = control.wire(r.memory_dir)
         live = next((d for d in answer.memory_dirs if d.memory_dir == here), None)
         if answer.log_failing:
@@ -442,6 +443,7 @@ def _daemon_rows(r: DirStatus) -> list[list[str]]:
         return [["  answers", "no"]]
     return [
         ["  answers", "yes"],
+        ["  says", r.daemon_status or "-"],
         ["  watches staging/", "-" if r.watched is None else "yes" if r.watched else "no"],
         ["  files waiting", "-" if r.waiting is None else str(r.waiting)],
         ["  oldest wait", human_age(r.oldest_wait_seconds)],
