@@ -103,7 +103,8 @@ def register(sub: Any) -> None:
         "--max-wait",
         default="5m",
         metavar="DURATION",
-        help="--check: WARNING when a file has waited longer for its decision (default 5m)",
+        help="flag a file the daemon has held longer than this without a decision (--check: "
+        "WARNING; default 5m)",
     )
     parser.add_argument(
         "--max-unseen",
@@ -146,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     grace = parse_duration(args.grace, "--grace")
     max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
+    max_wait = parse_duration(args.max_wait, "--max-wait")
     settings = load_settings(args)
-    results = look(settings, args, grace=grace, max_age=max_age)
+    results = look(settings, args, grace=grace, max_age=max_age, max_wait=max_wait)
     if args.json:
         for result in results:
             print_json(msgspec.to_builtins(result))
