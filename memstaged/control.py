@@ -112,6 +112,25 @@ def socket_path(pid: int, env: Mapping[str, str] | None = None) -> Path | None:
     return None if base is None else base / f"daemon-{pid}.sock"
 
 
+def daemon_pids(env: Mapping[str, str] | None = None) -> list[int]:
+    """The daemons of this user that have a control socket and are alive (a socket left by a
+    killed one names a pid that is gone)."""
+    base = runtime_dir(env)
+    if base is None:
+        return []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if name.startswith("daemon-") and name.endswith(".sock"):
+            pid = name.removeprefix("daemon-").removesuffix(".sock")
+            if pid.isdigit() and os.path.exists(f"/proc/{pid}"):
+                found.append(int(pid))
+    return sorted(found)
+
+
 @contextlib.contextmanager
 def _short_name(path: Path) -> Iterator[str]:
     """``path`` by a name short enough for ``sun_path`` (108 bytes): the directory opened, and

@@ -194,8 +194,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Starts real daemons (tests/test_daemon_process.py's), ready; killed at the end."""
     started: list[DaemonProcess] = []
 
-    def start(*args: str) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args)
+    def start(*args: str, nofile: tuple[int, int] | None = None) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, *args, nofile=nofile)
         started.append(daemon)
         daemon.wait_ready()
         return daemon
@@ -460,4 +460,30 @@ def test_a_memory_dir_whose_name_is_not_utf8_is_answered_for(
     code, result = _status_json(capsys, memory_dir)
     assert (result["daemon_answered"], result["watched"]) == (True, True)
     assert daemon.proc.poll() is None
+    assert daemon.stop() == 0
+
+
+def test_memory_dirs_a_daemon_cannot_work_on_are_critical(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    spawn: Callable[..., DaemonProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 21 item 6: a memory dir the daemon found but cannot watch (here: beyond its hard
+    descriptor limit, 64 for 50 projects) is held by no memstaged, so status used to see
+    nothing wrong; the daemon says so when asked, and `status --check` is CRITICAL for it."""
+    src = tmp_path / "src"
+    for i in range(50):
+        (src / f"p{i:02}" / ".pi" / "memory" / "project" / "staging").mkdir(parents=True)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'memory_dirs = ["{src}/*/.pi/memory/project"]\n')
+    daemon = spawn("--config", str(cfg), nofile=(64, 64))
+    _daemon_env(tmp_path, monkeypatch, daemon)
+    refused = [e["memory_dir"] for e in daemon.events() if e["event"] == "memory_dir_error"]
+    assert refused  # the premise: some are beyond the limit
+    code, text, perf = _check(capsys, "--config", str(cfg))
+    assert code == 2
+    assert f"{refused[0]}: the memstaged daemon (pid {daemon.proc.pid}) cannot work on it: " in text
+    assert "descriptor limit reached" in text
+    assert f"critical={len(refused)};;0;0" in perf
     assert daemon.stop() == 0

@@ -234,6 +234,30 @@ def _ask_daemons(
                 f"a file has waited {human_age(r.oldest_wait_seconds)} for its decision "
                 f"(more than --max-wait)"
             )
+    unheld = [r for r in results if r.memstaged_pid is None]
+    if unheld:
+        _not_worked_on(unheld, answers, timeout)
+
+
+def _not_worked_on(
+    unheld: list[DirStatus], answers: dict[int, control.Live | str], timeout: float
+) -> None:
+    """A memory dir no memstaged holds may be one a daemon found and could not work on (it
+    cannot be opened, the descriptor limit): every daemon of this user (its socket under the
+    runtime dir) is asked, once, whether it is."""
+    for pid in control.daemon_pids():
+        if pid not in answers:
+            try:
+                answers[pid] = control.ask(pid, timeout)
+            except control.Unanswered as err:
+                answers[pid] = str(err)
+    for r in unheld:
+        here = control.wire(r.memory_dir)
+        for pid, answer in sorted(answers.items()):
+            if not isinstance(answer, str) and here in answer.not_watched:
+                why = answer.not_watched[here]
+                _critical(r, f"the memstaged daemon (pid {pid}) cannot work on it: {why}")
+                break
 
 
 def _log_file(results: list[DirStatus], settings: Settings) -> None:
