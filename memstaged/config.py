@@ -75,6 +75,7 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
     log_file: str = ""
     log_max_bytes: int = 10 * 1024 * 1024
     log_backups: int = 5
+    metrics_file: str = ""
 
 
 #: The settings, in the order ``config show`` lists them: the config file's keys.
@@ -110,6 +111,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     explicit_dirs: bool
     #: Where memstaged keeps its own state (the seen cache): ``$XDG_STATE_HOME/memstaged``.
     state_dir: Path | None = None
+    #: Where the daemon writes its metrics (issue 21 item 7); None: it does not.
+    metrics_file: Path | None = None
     #: Where each setting of :data:`SETTING_NAMES` (and ``config``, the file) came from.
     origins: dict[str, Origin] = {}
 
@@ -129,6 +132,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "log_file": str(self.log_file),
             "log_max_bytes": self.log_max_bytes,
             "log_backups": self.log_backups,
+            "metrics_file": "" if self.metrics_file is None else str(self.metrics_file),
         }
 
     def changed_from(self, old: Settings) -> dict[str, list[Any]]:
@@ -311,7 +315,7 @@ def _read_config(path: Path) -> tuple[FileConfig, frozenset[str]]:
         if len(where) == 2:
             raise ConfigError(f"{path}: key '{where[1].rstrip('`')}': {where[0]}") from None
         raise ConfigError(f"{path}: {text}") from None
-    paths = [("log_file", parsed.log_file)]
+    paths = [("log_file", parsed.log_file), ("metrics_file", parsed.metrics_file)]
     paths += [("memory_dirs", p) for p in parsed.memory_dirs]
     paths += [(f"project_roots.{k}", v) for k, v in parsed.project_roots.items()]
     for key, value in paths:
@@ -480,6 +484,11 @@ def load(
         origins["log_file"] = DEFAULT  # log_file = "" in the file means the default
     log_path = Path(os.path.expanduser(log_file)) if log_file else default_log_file(env)
     check_log_file(log_path)
+    metrics_file = env.get(ENV_PREFIX + "METRICS_FILE") or file_config.metrics_file
+    if env.get(ENV_PREFIX + "METRICS_FILE"):
+        origins["metrics_file"] = origin("metrics_file", variable="METRICS_FILE")
+    elif not file_config.metrics_file:
+        origins["metrics_file"] = DEFAULT  # metrics_file = "" in the file: none, the default
     return Settings(
         config_path=used_config,
         memory_dir_patterns=tuple(patterns),
@@ -496,6 +505,7 @@ def load(
         log_file=log_path,
         log_max_bytes=file_config.log_max_bytes,
         log_backups=file_config.log_backups,
+        metrics_file=Path(os.path.expanduser(metrics_file)) if metrics_file else None,
         explicit_dirs=explicit,
         state_dir=default_state_dir(env),
         origins=origins,

@@ -21,6 +21,7 @@ only the pipeline looks at wall-clock time, to compare it with a file's mtime.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import signal
@@ -28,9 +29,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from memstaged import display, progress
+from memstaged import control, display, metrics, progress
 from memstaged.config import Settings, check_memory_dir, one_path_each
 from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike, raise_fd_limit
 from memstaged.errors import ConfigError, MemstagedError
@@ -57,6 +58,14 @@ STOP_GRACE: Final = 0.5
 _FINAL: Final = frozenset(
     {Decision.VALID, Decision.FOREIGN, Decision.SKIPPED, Decision.REPAIRED, Decision.QUARANTINED}
 )
+
+
+class Hook(Protocol):
+    """Something the loop serves between two files: the control socket, the metrics file."""
+
+    def tick(self) -> None: ...
+    def deadline(self) -> float | None: ...
+    def close(self) -> None: ...
 
 
 class Abandoned(BaseException):
@@ -117,6 +126,8 @@ class Daemon:
         self.next_rescan = now + self.rescan_interval
         self.next_lock_poll = now + LOCK_POLL
         self.heartbeat = Heartbeat(self.notifier, clock, self.status_text)
+        #: Served from this loop between two files (see :func:`run_daemon`).
+        self.hooks: list[Hook] = []
 
     @property
     def mdirs(self) -> dict[str, MemoryDir]:
@@ -408,6 +419,8 @@ class Daemon:
     def keepalive(self) -> None:
         """Watchdog ping, start-up extension and STATUS= when due (see :class:`Heartbeat`)."""
         self.heartbeat.beat(ready=self.ready)
+        for hook in self.hooks:
+            hook.tick()
 
     def maintain(self) -> None:
         """Watchdog and status, a dead observer, the periodic rescan, and lock polls when due."""
@@ -467,6 +480,7 @@ class Daemon:
         """How long the loop may sleep: until the next file, ping, rescan, poll or status."""
         now = self.clock()
         deadlines = [self.next_rescan, *self.heartbeat.deadlines()]
+        deadlines += [d for d in (hook.deadline() for hook in self.hooks) if d is not None]
         if self.lock_waiting:
             deadlines.append(self.next_lock_poll)
         due = self.due.next_due()
@@ -589,13 +603,16 @@ class Daemon:
             )
         else:
             self.log.error("stop", decided=sum(self.counts.values()), pending=pending, error=error)
+        for hook in self.hooks:
+            hook.close()
 
 
 def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], Settings]) -> int:
     """The daemon of ``memstaged`` (no ``--once``): signal handlers, then :meth:`Daemon.run`."""
     from memstaged.log import get_logger
 
-    logger = get_logger()
+    tally = metrics.Tally(get_logger())
+    logger: Any = tally
 
     def reload_all() -> Settings:
         new = reload()
@@ -607,6 +624,7 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
     def settings_now() -> Settings:
         return daemon.settings
 
+    attach(daemon, tally)
     install_signal_handlers(daemon)
     # The engine's long loops feed the watchdog too: one hostile file may take seconds to
     # decide, and the pings must not wait for it (issue 19 item 5).
@@ -626,6 +644,27 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
         progress.set_hook(None)
         if not daemon.stopping:  # a crash: stop the watcher threads too
             daemon.watcher.stop()
+
+
+def attach(daemon: Daemon, tally: metrics.Tally) -> None:
+    """The control socket (when ``$XDG_RUNTIME_DIR`` is set) and the metrics file (issue 21
+    items 6 and 7); a socket that cannot be made is logged and the daemon works on without."""
+    started = time.time()
+    path = control.socket_path(os.getpid())
+    if path is not None:
+        try:
+            wake = functools.partial(daemon.queue.put, Signal(Kind.WAKE))
+            daemon.hooks.append(
+                control.Control(daemon, path, started, wake=wake, touch=tally.touch)
+            )
+        except OSError as err:
+            daemon.log.error(
+                "control_failed",
+                path=str(path),
+                error=err.strerror or str(err),
+                action="memstaged status cannot ask this daemon",
+            )
+    daemon.hooks.append(metrics.Metrics(daemon, tally, daemon.clock, started))
 
 
 def install_signal_handlers(daemon: Daemon) -> None:

@@ -65,6 +65,9 @@ MESSAGE_IDS: Final = {
     "staging_changed": "a8e4907125ee4ee396ef6669bfe3bb82",
     "watch_failed": "cb27afd0a35d49a4a4901ed0657842aa",
     "observer_died": "845149373c7f4d0fa061fbb6413af8a4",
+    "control_failed": "dfc8f1892cbe4ffd83b817134dcdef71",
+    "metrics_failed": "5375906a46224e4abcd49393fe7fc4ad",
+    "metrics_recovered": "714d20d2c80246c6ba5d198511111131",
     "conflict_parked": "023eb8ebcf7c4082b4de5aaa93ec199c",
     "crash": "0613292014ac4ba1b43dd000e3254af1",
     "deadletter_recovery": "f2daf41895f2415ca6db03d959d24115",
@@ -427,6 +430,11 @@ class FileSink:
             self._rotating.recovered()
         return True
 
+    @property
+    def failing(self) -> bool:
+        """Whether its last write failed (``status`` and the metrics report it)."""
+        return self._writing.failing
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -707,6 +715,11 @@ def durable() -> Iterator[None]:
     yield
     for sink in _file_sinks():
         sink.sync(marks.get(id(sink), 0))
+
+
+def file_failing() -> bool:
+    """Whether the decision log file could not be written at the last try."""
+    return any(isinstance(sink, FileSink) and sink.failing for sink in _FANOUT.sinks)
 
 
 def close() -> None:

@@ -109,7 +109,8 @@ def _literal_prefix(pattern: str, home: str) -> str:
 def writable_trees(env: Mapping[str, str]) -> list[str]:
     """What the sandbox leaves writable: each memory-dir pattern's literal prefix (its nearest
     directory that exists now, so a memory dir created later below it is writable too), the
-    state dir and the decision log's directory. Everything else is read-only to the service."""
+    state dir, the decision log's directory, ``$XDG_RUNTIME_DIR`` (the control socket) and the
+    metrics file's directory. Everything else is read-only to the service."""
     settings = config.load(env=env)
     home = env.get("HOME") or str(Path.home())
     file_config = config.read_config(Path(settings.config_path)) if settings.config_path else None
@@ -125,6 +126,13 @@ def writable_trees(env: Mapping[str, str]) -> list[str]:
         trees.append(tree)
     state = settings.state_dir or config.default_state_dir(env)
     trees += [str(state), str(settings.log_file.parent)]
+    # Issue 21 items 6 and 7: the control socket under $XDG_RUNTIME_DIR (ProtectSystem=strict
+    # makes /run read-only), and the metrics file's directory.
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/"):
+        trees.append(runtime)
+    if settings.metrics_file is not None:
+        trees.append(str(settings.metrics_file.parent))
     return sorted(set(trees))
 
 

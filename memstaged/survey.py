@@ -16,8 +16,8 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged import fsio
-from memstaged.deadletter import is_record_name, list_originals
+from memstaged import acks, fsio
+from memstaged.deadletter import list_originals
 from memstaged.errors import MemstagedError
 from memstaged.locks import instance_holder, read_lock
 from memstaged.pipeline import (
@@ -127,11 +127,23 @@ class DirStatus(msgspec.Struct, kw_only=True):
     oldest_file: str | None = None
     oldest_age_seconds: float | None = None
     deadletter_records: int = 0
+    #: Records not marked seen (``memstaged deadletter ack``): only these need attention.
+    deadletter_unseen: int = 0
     deadletter_originals: int = 0
     canonical_lock: dict[str, Any] | None = None
     memstaged_pid: int | None = None
     memstaged_kind: str | None = None
     attention: list[str] = []
+    #: Of ``attention``, what a monitor reports as CRITICAL (``status --check``): the memory dir
+    #: cannot be looked into or watched, no daemon where one should run, no log written.
+    critical: list[str] = []
+    #: What the daemon holding the memory dir said of it (its control socket), when it answered.
+    daemon_answered: bool | None = None
+    #: The daemon's live counts, as its ``STATUS=`` says them (all its memory dirs).
+    daemon_status: str | None = None
+    watched: bool | None = None
+    waiting: int | None = None
+    oldest_wait_seconds: float | None = None
 
 
 def _holder_kind(pid: int) -> str:
@@ -149,13 +161,11 @@ def _holder_kind(pid: int) -> str:
     return "daemon"
 
 
-def _deadletter_counts(mdir: MemoryDir) -> tuple[int, int]:
-    try:
-        with fsio.opened_dir(mdir.path) as mem_fd, fsio.opened_dir(DEADLETTER, mem_fd) as dl_fd:
-            records = sum(1 for n in os.listdir(dl_fd) if is_record_name(n))
-    except (FileNotFoundError, NotADirectoryError):
-        return 0, 0
-    return records, len(list_originals(mdir))
+def _deadletter_counts(mdir: MemoryDir, acked: set[str]) -> tuple[int, int, int]:
+    names = acks.record_names(mdir)
+    if not names and not Path(mdir.path, DEADLETTER).is_dir():
+        return 0, 0, 0
+    return len(names), acks.unseen(names, acked), len(list_originals(mdir))
 
 
 def survey(
@@ -166,8 +176,12 @@ def survey(
     grace: float = 60.0,
     max_age: float | None = None,
     require_daemon: bool = False,
+    acked: set[str] | None = None,
 ) -> DirStatus:
-    """Look at ``mdir`` without changing it, and say what needs an operator's attention."""
+    """Look at ``mdir`` without changing it, and say what needs an operator's attention.
+
+    Dead-letter records need it only until they are marked seen (``acked``, see
+    :mod:`memstaged.acks`): a quarantine is a normal outcome (issue 21 item 6)."""
     status = DirStatus(
         memory_dir=mdir.path,
         project_root=mdir.project_root,
@@ -176,23 +190,25 @@ def survey(
     )
     attention = status.attention
     if not Path(mdir.path).is_dir():
-        attention.append("the memory dir does not exist")
+        _critical(status, "the memory dir does not exist")
         return status
     try:
         status.files = [entry for entry, _v, _d in iter_staging(mdir, options, clock)]
     except OSError as err:
         why = "a symbolic link" if err.errno == errno.ELOOP else err.strerror
-        attention.append(f"cannot look into staging/: {why}")
+        _critical(status, f"cannot look into staging/: {why}")
     counts = Counter(e.decision for e in status.files)
     status.staging = {o: counts.get(o, 0) for o in OUTCOMES} | {"total": len(status.files)}
     _staging_attention(status, clock, grace, max_age)
     try:
-        status.deadletter_records, status.deadletter_originals = _deadletter_counts(mdir)
+        found = _deadletter_counts(mdir, acked or set())
+        status.deadletter_records, status.deadletter_unseen, status.deadletter_originals = found
     except (OSError, MemstagedError) as err:
         attention.append(f"cannot look into deadletter/: {getattr(err, 'strerror', None) or err}")
-    if status.deadletter_records:
+    if status.deadletter_unseen:
         attention.append(
-            f"{status.deadletter_records} dead-letter record(s): memstaged deadletter list"
+            f"{status.deadletter_unseen} dead-letter record(s) not yet seen: memstaged "
+            "deadletter list, then memstaged deadletter ack"
         )
     _lock_status(status, mdir, require_daemon)
     return status
@@ -242,4 +258,9 @@ def _lock_status(status: DirStatus, mdir: MemoryDir, require_daemon: bool) -> No
         status.memstaged_pid = pid
         status.memstaged_kind = _holder_kind(pid)
     elif require_daemon:
-        status.attention.append("no memstaged daemon is running on it")
+        _critical(status, "no memstaged daemon is running on it")
+
+
+def _critical(status: DirStatus, text: str) -> None:
+    status.attention.append(text)
+    status.critical.append(text)

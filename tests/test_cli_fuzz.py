@@ -226,7 +226,7 @@ def test_every_numeric_option_is_parsed_by_a_function_that_bounds_it() -> None:
     for path, action in NUMERIC:
         assert action.type not in (int, float), (path, action.option_strings)
     counts = {max(a.option_strings, key=len) for _, a in NUMERIC if a.type is argtypes.count}
-    assert counts == {"--lines", "--top", "--max-bytes"}
+    assert counts == {"--lines", "--top", "--max-bytes", "--max-unseen"}
 
 
 def _run_numeric(

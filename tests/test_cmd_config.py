@@ -92,6 +92,7 @@ def test_config_show_gives_each_value_and_where_it_came_from(
         f'default\tlog_file="{state}"',
         "default\tlog_max_bytes=10485760",
         "default\tlog_backups=5",
+        'default\tmetrics_file=""',
     ]
 
     mdir = home / "p" / ".pi" / "memory" / "project"
@@ -132,6 +133,7 @@ def test_config_show_gives_each_value_and_where_it_came_from(
         "log_file",
         "log_max_bytes",
         "log_backups",
+        "metrics_file",
     ]
 
 

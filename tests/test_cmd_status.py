@@ -157,7 +157,10 @@ def test_locks_and_a_running_memstaged(
     finally:
         held.release()
     assert result["memstaged_pid"] == os.getpid()
-    assert code == 0
+    # This process holds the lock as a daemon would but answers no status (issue 21 item 6).
+    assert code == 1
+    assert result["daemon_answered"] is False
+    assert any("does not answer" in a for a in result["critical"])
     code, result = _status(capsys, memory_dir, "--require-daemon")
     assert code == 1
     assert "no memstaged daemon is running on it" in result["attention"]

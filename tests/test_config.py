@@ -136,9 +136,34 @@ def test_each_setting_has_the_origin_of_the_layer_that_set_it(
         "log_file": "default",
         "log_max_bytes": "default",
         "log_backups": f"file:{cfg}",
+        "metrics_file": "default",
     }
     assert settings.memory_dir_patterns == (config.DEFAULT_MEMORY_DIR,)
     env["MEMSTAGED_MEMORY_DIRS"] = "/a:/b"
     settings = config.load(config=cfg, env=env)
     assert str(settings.origins["memory_dirs"]) == "env:MEMSTAGED_MEMORY_DIRS"
     assert settings.values()["memory_dirs"] == ["/a", "/b"]
+
+
+def test_metrics_file_is_off_by_default_and_set_by_the_file_or_the_environment(
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 7: `metrics_file` is off unless set; the variable wins over the file, `~`
+    is expanded (as for log_file: the process's home), each origin is kept for `config show`,
+    a reload says it changed, and a NUL in it is refused naming the key."""
+    env = {"HOME": str(tmp_path)}
+    off = config.load(config=_write(tmp_path, "memory_dirs = []\n"), env=env)
+    assert str(off.origins["metrics_file"]) == "default"
+    assert off.metrics_file is None
+    assert off.values()["metrics_file"] == ""
+    cfg = _write(tmp_path, 'memory_dirs = []\nmetrics_file = "~/m/memstaged.prom"\n')
+    from_file = config.load(config=cfg, env=env)
+    wanted = Path.home() / "m" / "memstaged.prom"  # the test's own home (conftest)
+    assert from_file.metrics_file == wanted
+    assert str(from_file.origins["metrics_file"]) == f"file:{cfg}"
+    assert from_file.changed_from(off) == {"metrics_file": ["", str(wanted)]}
+    from_env = config.load(config=cfg, env={**env, "MEMSTAGED_METRICS_FILE": "/run/x.prom"})
+    assert from_env.metrics_file == Path("/run/x.prom")
+    assert str(from_env.origins["metrics_file"]) == "env:MEMSTAGED_METRICS_FILE"
+    with pytest.raises(ConfigError, match="key 'metrics_file': a path cannot hold a NUL byte"):
+        config.load(config=_write(tmp_path, 'metrics_file = "a\\u0000b"\n'), env=env)

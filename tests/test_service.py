@@ -352,6 +352,32 @@ def test_sandbox_writable_trees_follow_the_config(tmp_path: Path) -> None:
     )
 
 
+def test_sandbox_leaves_the_control_socket_and_the_metrics_file_writable(
+    tmp_path: Path,
+) -> None:
+    """Issue 21 items 6 and 7: under `install --sandbox` (ProtectSystem=strict: /run is
+    read-only) the daemon must still make its control socket under $XDG_RUNTIME_DIR and write
+    its metrics file: both directories are among the writable trees."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = tmp_path / "config" / "memstaged" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(
+        f'memory_dirs = ["{home}/p/.pi/memory/project"]\n'
+        f'log_file = "{home}/decisions.jsonl"\n'
+        f'metrics_file = "{tmp_path}/textfile/memstaged.prom"\n'
+    )
+    env = {
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "XDG_RUNTIME_DIR": "/run/user/1000",
+    }
+    trees = service.writable_trees(env)
+    assert "/run/user/1000" in trees
+    assert str(tmp_path / "textfile") in trees
+
+
 def test_sandbox_drop_in_quotes_paths_for_systemd() -> None:
     """A tree with a space, %, a quote or a backslash is one ReadWritePaths= word naming that
     directory ("-": skipped, not fatal, if it is gone at start)."""

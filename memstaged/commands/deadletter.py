@@ -1,10 +1,13 @@
-"""``memstaged deadletter list|show|recover|purge``: the dead-letter store, for an operator.
+"""``memstaged deadletter list|show|recover|purge|ack``: the dead-letter store, for an operator.
 
 ``list`` and ``show`` only read. ``recover`` puts candidates back into ``staging/`` (see
 :mod:`memstaged.recover`); ``purge`` is the only way records are ever deleted without being
 recovered, and without ``--yes`` it only lists what it would delete. Both change the store only
 under ``canonical-writer.lock`` (beside a running daemon), and log what they did to the decision
 log.
+
+``ack`` marks records seen (issue 21 item 6): ``status`` stops asking for attention because of
+them. The mark is memstaged's own, in its state dir (:mod:`memstaged.acks`), never in the store.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged import display
+from memstaged import acks, control, display
 from memstaged.argtypes import count, wait_seconds
 from memstaged.commands import _common
 from memstaged.commands._common import (
@@ -57,6 +60,7 @@ from memstaged.deadletter import (
 )
 from memstaged.ecma import encode_json, pretty
 from memstaged.errors import ConfigError, UsageError
+from memstaged.locks import instance_holder
 from memstaged.pipeline import MemoryDir
 from memstaged.recover import Action, Outcome, Report, preview, recover
 
@@ -173,6 +177,79 @@ def register(sub: Any) -> None:
     add_json_option(purger)
     add_output_options(purger)
     purger.set_defaults(func=run_purge)
+
+    acker = actions.add_parser(
+        "ack",
+        help="mark records seen: status and status --check stop flagging them",
+        description="Mark dead-letter records seen, so that memstaged status (and status "
+        "--check) no longer asks for attention because of them. The records stay where they "
+        "are, for recover; the mark is kept in memstaged's state dir "
+        "($XDG_STATE_HOME/memstaged/acked/), never in the memory dir. Records dead-lettered "
+        "later are unseen again.",
+    )
+    acker.add_argument(
+        "ids",
+        nargs="*",
+        metavar="ID",
+        help="a record's ID (its file name without .json), or a unique prefix of it",
+    )
+    acker.add_argument("--all", action="store_true", help="mark every record seen")
+    add_memory_dir_options(acker)
+    add_json_option(acker)
+    acker.set_defaults(func=run_ack)
+
+
+def run_ack(args: argparse.Namespace) -> int:
+    if bool(args.ids) == bool(args.all):
+        raise UsageError(
+            "memstaged deadletter ack: name the records (ID...) or give --all, not both"
+        )
+    settings = load_settings(args)
+    state_dir = settings.state_dir
+    if state_dir is None:
+        raise ConfigError("no state dir: the marks have nowhere to be kept")
+    mdirs = memory_dirs(settings, writable=False)
+    names: dict[str, list[str]] = {m.path: [] for m in mdirs}
+    for mdir in mdirs:
+        try:
+            names[mdir.path] = acks.record_names(mdir)
+        except OSError as err:
+            raise ConfigError(f"{mdir.path}/deadletter: {err.strerror}") from None
+    if args.all:
+        chosen = names
+    else:
+        chosen = {m.path: [] for m in mdirs}
+        for record in resolve_ids(_records(mdirs, light=True), args.ids):
+            chosen[record.memory_dir].append(record.name)
+    for mdir in mdirs:
+        present = set(names[mdir.path])
+        stored = acks.load(state_dir, mdir.path)
+        seen = stored & present  # marks of records gone (recovered, purged) are dropped
+        new = [n for n in chosen[mdir.path] if n not in seen]
+        if new or seen != stored:
+            try:
+                acks.save(state_dir, mdir.path, seen | set(new))
+            except OSError as err:
+                raise ConfigError(f"cannot keep the marks in {state_dir}: {err.strerror}") from None
+            pid = instance_holder(mdir.path)
+            if pid is not None:
+                control.touch(pid)  # its metrics file says the new unseen count
+        unseen = len(present - seen - set(new))
+        if args.json:
+            print_json(
+                {
+                    "memory_dir": mdir.path,
+                    "marked": len(new),
+                    "seen": len(seen) + len(new),
+                    "unseen": unseen,
+                }
+            )
+        else:
+            print(
+                f"{display.name(mdir.path)}: {len(new)} record(s) marked seen, "
+                f"{unseen} not yet seen"
+            )
+    return 0
 
 
 def _records(mdirs: list[MemoryDir], *, light: bool = False) -> list[RecordFile]:

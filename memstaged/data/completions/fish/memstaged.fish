@@ -50,8 +50,8 @@ function _shtab_memstaged_using
   test "$_shtab_memstaged_cmdpath" = "$argv"
 end
 
-set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' config 'config check' 'config show' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge' completion
-set -g _shtab_memstaged_opts_with_value --by --color --config --decision --grace --id --journal-dir --lines --max-age --max-bytes --memory-dir --older-than --path --project-root --reload --session --settle --since --stuck-after --top --until --wait -S -U -n
+set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' config 'config check' 'config show' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge' 'deadletter ack' completion
+set -g _shtab_memstaged_opts_with_value --by --color --config --decision --grace --id --journal-dir --lines --max-age --max-bytes --max-unseen --max-wait --memory-dir --older-than --path --project-root --reload --session --settle --since --stuck-after --timeout --top --until --wait -S -U -n
 
 complete -c memstaged -e
 complete -c memstaged -f
@@ -131,7 +131,7 @@ complete -c memstaged -n '_shtab_memstaged_using stats' -l journal -d 'read jour
 complete -c memstaged -n '_shtab_memstaged_using stats' -l journal-dir -x -d 'with --journal: read the journal files in DIR'
 complete -c memstaged -n '_shtab_memstaged_using stats' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using stats' -l color -xka "auto always never" -d 'colour the output: auto (on a terminal, unless NO_COLOR is set), always, never'
-complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a status -d 'Look at each memory dir without changing anything. Exit 0 when nothing needs attention, 1 otherwise.'
+complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a status -d 'Look at each memory dir without changing anything, and ask the daemon that holds it (through its control socket). Exit 0 when nothing needs attention, 1 otherwise. With --check: one line and the Monitoring Plugins exit codes (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN), for Nagios, Icinga, Zabbix or a systemd timer.'
 complete -c memstaged -n '_shtab_memstaged_using status' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using status' -l memory-dir -x -d 'a memory dir (<project>/.pi/memory/project); repeatable; globs allowed'
 complete -c memstaged -n '_shtab_memstaged_using status' -l config -x -d 'the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)'
@@ -141,6 +141,11 @@ complete -c memstaged -n '_shtab_memstaged_using status' -l grace -x -d 'a file 
 complete -c memstaged -n '_shtab_memstaged_using status' -l max-age -x -d 'also flag a memory dir whose oldest staging file is older'
 complete -c memstaged -n '_shtab_memstaged_using status' -l require-daemon -d 'flag a memory dir no memstaged daemon is running on'
 complete -c memstaged -n '_shtab_memstaged_using status' -l files -d 'list every staging file with the decision it would get'
+complete -c memstaged -n '_shtab_memstaged_using status' -s v -l verbose -d 'the detail of every memory dir (default: with several, one line each)'
+complete -c memstaged -n '_shtab_memstaged_using status' -l check -d 'one line and the Monitoring Plugins exit codes: WARNING for unseen dead-letter records and files waiting longer than --max-wait, CRITICAL for a daemon that does not answer, a memory dir that cannot be watched, a log that cannot be written'
+complete -c memstaged -n '_shtab_memstaged_using status' -l max-wait -x -d 'flag a file the daemon has held longer than this without a decision (--check: WARNING; default 5m)'
+complete -c memstaged -n '_shtab_memstaged_using status' -l max-unseen -x -d '--check: WARNING when more than N dead-letter records are not marked seen (default 0)'
+complete -c memstaged -n '_shtab_memstaged_using status' -l timeout -x -d 'how long a daemon has to answer (default 5s)'
 complete -c memstaged -n '_shtab_memstaged_using status' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using status' -l color -xka "auto always never" -d 'colour the output: auto (on a terminal, unless NO_COLOR is set), always, never'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a deadletter -d 'The dead-letter store: <memory dir>/deadletter/.'
@@ -192,6 +197,12 @@ complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l memory-dir
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l config -x -d 'the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l color -xka "auto always never" -d 'colour the output: auto (on a terminal, unless NO_COLOR is set), always, never'
+complete -c memstaged -n '_shtab_memstaged_using deadletter; and test $_shtab_memstaged_npos -eq 0' -a ack -d 'Mark dead-letter records seen, so that memstaged status (and status --check) no longer asks for attention because of them. The records stay where they are, for recover; the mark is kept in memstaged'"'"'s state dir ($XDG_STATE_HOME/memstaged/acked/), never in the memory dir. Records dead-lettered later are unseen again.'
+complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -s h -l help -d 'show this help message and exit'
+complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -l all -d 'mark every record seen'
+complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -l memory-dir -x -d 'a memory dir (<project>/.pi/memory/project); repeatable; globs allowed'
+complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -l config -x -d 'the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)'
+complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a completion -d 'Print the completion script of a shell, or with --install write the'
 complete -c memstaged -n '_shtab_memstaged_using completion' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using completion' -l install -d 'write every shell'"'"'s script and the man page under ~/.local/share (see below)'
