@@ -259,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run memstaged; returns the exit code."""
     try:
         words = sys.argv[1:] if argv is None else list(argv)
+        if words[:2] == ["deadletter", "ids"]:  # what a Tab press waits for (issue 22 item 7)
+            from memstaged.commands import ids
+
+            return ids.main(words[2:])
         parser = build_parser(words)
         args = parser.parse_args(words)
         func: Callable[[argparse.Namespace], int] = getattr(args, "func", _run)

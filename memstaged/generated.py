@@ -37,6 +37,21 @@ def _parser() -> Any:
     return build_parser()
 
 
+def _drop_hidden(parser: Any) -> None:
+    """Remove the subcommands added without help (``deadletter ids``, for the completion
+    scripts only) from ``parser``, as shtab leaves them out: argparse-manpage would document
+    them, since it hides only a help of ``SUPPRESS``, which argparse of Python 3.11 prints."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            public = {choice.dest for choice in action._choices_actions}
+            for name in [n for n in action.choices if n not in public]:
+                del action.choices[name]
+            for sub in action.choices.values():
+                _drop_hidden(sub)
+
+
 def render() -> dict[str, str]:
     """Every generated file's text, by the key of :data:`FILES`, formatted for 80 columns
     whatever the terminal (argparse reads ``COLUMNS`` when it formats help)."""
@@ -53,6 +68,7 @@ def render() -> dict[str, str]:
         # Both in DESCRIPTION, in this order: the epilog is not "COMMENTS" (issue 22 item 8).
         about = [parser.description, parser.epilog]
         parser.description = parser.epilog = None
+        _drop_hidden(parser)
         page = Manpage(parser, format="single-commands-section")
         page.date = RELEASE_DATE
         page.source = f"memstaged {__version__}"

@@ -31,6 +31,7 @@ ENVIRONMENT: Final = (
     ("MEMSTAGED_SPLIT_INVALID_CANDIDATES", "true or false (split_invalid_candidates)."),
     ("MEMSTAGED_OBSERVER", "auto, inotify or polling (observer)."),
     ("MEMSTAGED_LOG_FILE", "The JSON-lines decision log (log_file)."),
+    ("MEMSTAGED_METRICS_FILE", "Where the daemon writes its Prometheus metrics (metrics_file)."),
     (
         "MEMSTAGED_PAGER",
         "The pager of log and deadletter list on a terminal, before $PAGER "

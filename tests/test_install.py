@@ -89,6 +89,68 @@ def test_bash_completes_memstaged_in_a_new_shell_after_completion_install(
     assert bash.read_text() == (DATA / FILES["bash"]).read_text()
 
 
+def _quarantined(mdir: Path, env: dict[str, str], *names: str) -> list[str]:
+    """The IDs of the dead-letter records a real ``memstaged --once`` made of one unparseable
+    staging file per name (old enough to be past the settle time), sorted."""
+    (mdir / "staging").mkdir(parents=True)
+    for name in names:
+        path = mdir / "staging" / f"{name}.json"
+        path.write_bytes(b'{"session_id": "%s", ' % name.encode())
+        os.utime(path, (1e9, 1e9))
+    decided = subprocess.run(
+        [str(MEMSTAGED), "--once", "--memory-dir", str(mdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert decided.returncode == 0, decided.stderr
+    ids = sorted(p.name[: -len(".json")] for p in (mdir / "deadletter").glob("*.json"))
+    assert [i.split("-")[0] for i in ids] == sorted(names)
+    return ids
+
+
+def test_tab_offers_the_dead_letter_ids_in_bash(tmp_path: Path) -> None:
+    """Issue 22 item 7: in a new interactive bash after ``memstaged completion --install``,
+    Tab completes a record ID after ``deadletter show``, ``recover --id`` and ``purge --id``
+    (the IDs of the memory dir the user's config file names: a second Tab lists them all), and
+    after a ``--memory-dir`` typed on the line, that memory dir's, ``~`` and all. Before, Tab
+    offered file names there."""
+    if not Path("/usr/share/bash-completion/bash_completion").is_file():
+        pytest.skip("bash-completion is not installed (make sysdeps installs it)")
+    home, env = _fresh_home(tmp_path)
+    alpha, beta = _quarantined(home / "proj" / ".pi" / "memory" / "project", env, "alpha", "beta")
+    [gamma] = _quarantined(home / "other" / ".pi" / "memory" / "project", env, "gamma")
+    (home / ".config" / "memstaged").mkdir(parents=True)
+    (home / ".config" / "memstaged" / "config.toml").write_text(
+        f'memory_dirs = ["{home}/proj/.pi/memory/project"]\n'
+    )
+    with terminal(["bash", "-i"], env, str(home)) as term:
+        term.run("memstaged completion --install", r"^new shells complete memstaged")
+        term.type("exec bash -i")
+        term.send("Enter")
+        term.run("clear; echo ready-$((40 + 4))", r"^ready-44$")
+        for typed, completed in [
+            ("memstaged deadletter show al", f"memstaged deadletter show {alpha} X"),
+            ("memstaged deadletter recover --id b", f"memstaged deadletter recover --id {beta} X"),
+            (
+                "memstaged deadletter show --memory-dir ~/other/.pi/memory/project ",
+                f"memstaged deadletter show --memory-dir ~/other/.pi/memory/project {gamma} X",
+            ),
+        ]:
+            term.type(typed)
+            term.send("Tab")
+            term.type("X")  # a marker: it follows whatever Tab completed
+            term.wait_for(rf"^[^\n]*{re.escape(completed)}$")
+            term.send("C-c")
+        term.type("memstaged deadletter purge --id ")
+        term.send("Tab")
+        term.send("Tab")  # the second Tab lists what the first could not choose between
+        # Exactly the configured memory dir's two IDs on the line bash lists them on.
+        term.wait_for(rf"^{re.escape(alpha)}\s+{re.escape(beta)}\s*$")
+
+
 def test_man_finds_the_page_completion_install_wrote(tmp_path: Path) -> None:
     """Issue 22 items 6 and 8: after ``memstaged completion --install``, ``man memstaged`` of
     the fresh account (its manpath derived from ~/.local/bin on PATH) shows the page on an

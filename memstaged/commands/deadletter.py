@@ -68,6 +68,55 @@ SHOW_BYTES: Final = 64 * 1024
 _ACTION_STYLES: Final = {"recovered": "green", "duplicate": "cyan", "left": "yellow"}
 
 
+#: The shell functions that complete a record ID (issue 22 item 7): each runs the hidden
+#: ``memstaged deadletter ids`` (see :mod:`memstaged.commands.ids`), which lists the names in
+#: ``deadletter/`` of the configured memory dirs. bash also passes on the ``--memory-dir`` and
+#: ``--config`` already typed, and runs the memstaged being completed (``COMP_WORDS[0]``, its
+#: ``~`` expanded). Errors go to /dev/null: a completion that fails offers nothing.
+_ID_BASH: Final = r"""
+# $1=the word being completed; prints the dead-letter IDs that start with it, one a line
+_shtab_memstaged_record_ids() {
+  local prog=${COMP_WORDS[0]} i word value
+  [[ $prog == "~/"* ]] && prog=$HOME/${prog#"~/"}
+  local -a chosen=()
+  for ((i = 1; i < COMP_CWORD; i++)); do
+    word=${COMP_WORDS[i]}
+    [[ $word == --memory-dir || $word == --config ]] || continue
+    value=${COMP_WORDS[i + 1]-}
+    [[ $value == = ]] && value=${COMP_WORDS[i + 2]-}  # --config=FILE: "=" is a word of its own
+    [[ $value == "~/"* ]] && value=$HOME/${value#"~/"}
+    [[ -n $value ]] && chosen+=("$word=$value")
+  done
+  "$prog" deadletter ids "${chosen[@]}" -- "$1" 2>/dev/null
+}
+"""
+_ID_ZSH: Final = r"""
+# the dead-letter IDs of the configured memory dirs
+_shtab_memstaged_record_ids() {
+  local -a ids
+  ids=(${(f)"$(memstaged deadletter ids 2>/dev/null)"})
+  compadd -a ids
+}
+"""
+_ID_FISH: Final = r"""
+# the dead-letter IDs of the configured memory dirs
+function _shtab_memstaged_record_ids
+  memstaged deadletter ids -- (commandline -ct) 2>/dev/null
+end
+"""
+RECORD_IDS: Final = {
+    "bash": "_shtab_memstaged_record_ids",
+    "zsh": "_shtab_memstaged_record_ids",
+    "fish": "(_shtab_memstaged_record_ids)",
+    "preamble": {"bash": _ID_BASH, "zsh": _ID_ZSH, "fish": _ID_FISH},
+}
+
+
+def _ids_completed(action: argparse.Action) -> None:
+    """Tab offers the record IDs there (shtab's custom completer: ``action.complete``)."""
+    action.complete = RECORD_IDS  # type: ignore[attr-defined]
+
+
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "deadletter",
@@ -98,8 +147,12 @@ def register(sub: Any) -> None:
     lister.set_defaults(func=run_list)
 
     shower = actions.add_parser("show", help="one record, its errors and its original's bytes")
-    shower.add_argument(
-        "id", metavar="ID", help="the record's file name without .json, or a unique prefix of it"
+    _ids_completed(
+        shower.add_argument(
+            "id",
+            metavar="ID",
+            help="the record's file name without .json, or a unique prefix of it",
+        )
     )
     add_memory_dir_options(shower, triage=True)
     shower.add_argument(
@@ -128,11 +181,13 @@ def register(sub: Any) -> None:
         metavar="SESSION",
         help="recover the records of this session_id (repeatable)",
     )
-    recoverer.add_argument(
-        "--id",
-        action="append",
-        metavar="ID",
-        help="recover this record (repeatable; a unique prefix will do)",
+    _ids_completed(
+        recoverer.add_argument(
+            "--id",
+            action="append",
+            metavar="ID",
+            help="recover this record (repeatable; a unique prefix will do)",
+        )
     )
     recoverer.add_argument("--all", action="store_true", help="recover every record")
     recoverer.add_argument(
@@ -159,11 +214,13 @@ def register(sub: Any) -> None:
         metavar="DURATION",
         help="records dead-lettered longer ago than this, e.g. 30d",
     )
-    purger.add_argument(
-        "--id",
-        action="append",
-        metavar="ID",
-        help="this record (repeatable; a unique prefix will do)",
+    _ids_completed(
+        purger.add_argument(
+            "--id",
+            action="append",
+            metavar="ID",
+            help="this record (repeatable; a unique prefix will do)",
+        )
     )
     purger.add_argument(
         "--session",
@@ -187,16 +244,25 @@ def register(sub: Any) -> None:
         "($XDG_STATE_HOME/memstaged/acked/), never in the memory dir. Records dead-lettered "
         "later are unseen again.",
     )
-    acker.add_argument(
-        "ids",
-        nargs="*",
-        metavar="ID",
-        help="a record's ID (its file name without .json), or a unique prefix of it",
+    _ids_completed(
+        acker.add_argument(
+            "ids",
+            nargs="*",
+            metavar="ID",
+            help="a record's ID (its file name without .json), or a unique prefix of it",
+        )
     )
     acker.add_argument("--all", action="store_true", help="mark every record seen")
     add_memory_dir_options(acker)
     add_json_option(acker)
     acker.set_defaults(func=run_ack)
+
+    # Hidden (no help): what the completion scripts call for the IDs (see commands/ids.py).
+    from memstaged.commands import ids
+
+    lister_of_ids = actions.add_parser("ids", add_help=False)
+    ids.add_arguments(lister_of_ids)
+    lister_of_ids.set_defaults(func=ids.run)
 
 
 def run_ack(args: argparse.Namespace) -> int:

@@ -4,6 +4,14 @@
 # 2) Ensure a binary named memstaged is in your PATH
 # See also: https://fishshell.com/docs/current/completions.html#where-to-put-completions
 
+# Custom Preamble
+
+# the dead-letter IDs of the configured memory dirs
+function _shtab_memstaged_record_ids
+  memstaged deadletter ids -- (commandline -ct) 2>/dev/null
+end
+
+# End Custom Preamble
 
 # Parse current commandline:
 # - _shtab_memstaged_cmdpath=(sub)command path seen so far
@@ -173,10 +181,11 @@ complete -c memstaged -n '_shtab_memstaged_using deadletter show' -l max-bytes -
 complete -c memstaged -n '_shtab_memstaged_using deadletter show' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using deadletter show' -l color -xka "auto always never" -d 'colour the output: auto (on a terminal, unless NO_COLOR is set), always, never'
 complete -c memstaged -n '_shtab_memstaged_using deadletter show' -l no-pager -d 'on a terminal, print straight to it instead of through $PAGER (less -FRSX)'
+complete -c memstaged -n '_shtab_memstaged_using deadletter show; and test $_shtab_memstaged_npos -eq 0' -ka "(_shtab_memstaged_record_ids)" -d 'the record'"'"'s file name without .json, or a unique prefix of it'
 complete -c memstaged -n '_shtab_memstaged_using deadletter; and test $_shtab_memstaged_npos -eq 0' -a recover -d 'Put the chosen records'"'"' candidates back into staging/ as new files <session>.recovered-<n>.json, keeping only candidates that are now valid (after repairs) and not already in staging/. Records are deleted only once the staging file holding their candidate is durably written. Works while the daemon runs: changes are made in short transactions under canonical-writer.lock, which the daemon obeys.'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l session -x -d 'recover the records of this session_id (repeatable)'
-complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l id -x -d 'recover this record (repeatable; a unique prefix will do)'
+complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l id -xka "(_shtab_memstaged_record_ids)" -d 'recover this record (repeatable; a unique prefix will do)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l all -d 'recover every record'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l dry-run -d 'show what would happen, change nothing'
 complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l wait -x -d 'when canonical-writer.lock is held (the reconciler at work), wait up to SECONDS (default 30) for it instead of exiting 1'
@@ -189,7 +198,7 @@ complete -c memstaged -n '_shtab_memstaged_using deadletter recover' -l color -x
 complete -c memstaged -n '_shtab_memstaged_using deadletter; and test $_shtab_memstaged_npos -eq 0' -a purge -d 'The only way records are deleted without being recovered. Choose them with --older-than, --id or --session (given together, a record must match each). Works while the daemon runs, in short transactions under canonical-writer.lock.'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l older-than -x -d 'records dead-lettered longer ago than this, e.g. 30d'
-complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l id -x -d 'this record (repeatable; a unique prefix will do)'
+complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l id -xka "(_shtab_memstaged_record_ids)" -d 'this record (repeatable; a unique prefix will do)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l session -x -d 'the records of this session_id (repeatable)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l yes -d 'really delete them'
 complete -c memstaged -n '_shtab_memstaged_using deadletter purge' -l wait -x -d 'when canonical-writer.lock is held (the reconciler at work), wait up to SECONDS (default 30) for it instead of exiting 1'
@@ -203,6 +212,7 @@ complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -l all -d 'mark
 complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -l memory-dir -x -d 'a memory dir (<project>/.pi/memory/project); repeatable; globs allowed'
 complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -l config -x -d 'the TOML config file (default $XDG_CONFIG_HOME/memstaged/config.toml)'
 complete -c memstaged -n '_shtab_memstaged_using deadletter ack' -l json -d 'one JSON object per line, for scripts'
+complete -c memstaged -n '_shtab_memstaged_using deadletter ack; and test $_shtab_memstaged_npos -ge 0' -ka "(_shtab_memstaged_record_ids)" -d 'a record'"'"'s ID (its file name without .json), or a unique prefix of it'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a completion -d 'Print the completion script of a shell, or with --install write the'
 complete -c memstaged -n '_shtab_memstaged_using completion' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using completion' -l install -d 'write every shell'"'"'s script and the man page under ~/.local/share (see below)'

@@ -1,0 +1,90 @@
+"""``memstaged deadletter ids``: the hidden listing the completion scripts call for record IDs.
+
+Issue 22 item 7: ``deadletter show <Tab>``, ``recover --id <Tab>`` and ``purge --id <Tab>``
+offer the IDs of the configured memory dirs, from a listing that reads only names and prints
+nothing at all when it cannot (whatever it printed would land under the user's prompt). Run as
+the shell runs it: a real ``memstaged`` process, against a store a real ``--once`` wrote. The
+Tab presses themselves are in tests/test_install.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from cmd_support import prepare, record_files
+from helpers import memstaged_cmd, memstaged_env
+
+
+def _ids(work: Path, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        memstaged_cmd("deadletter", "ids", *argv),
+        env=memstaged_env(work, **env),
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_ids_lists_every_record_of_the_configured_memory_dirs_by_name_only(
+    tmp_path: Path, project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 22 item 7: one ID per line (the record's name without .json, what show and --id
+    take), sorted, from every configured memory dir; memstaged's temp files, other files and
+    a name a shell would have to quote are not offered; a prefix keeps those starting with it.
+    Records are not opened: one made unreadable (a FIFO, which an open would wait on) is
+    listed as its name says."""
+    prepare(project, memory_dir, log_file)
+    expected = sorted(n[: -len(".json")] for n in record_files(memory_dir))
+    assert len(expected) >= 2
+    store = memory_dir / "deadletter"
+    os.mkfifo(store / "agent-made-fifo.json")
+    (store / ".tmp-memstaged-1.json").write_bytes(b"{}")
+    (store / "notes.txt").write_bytes(b"{}")
+    (store / "two words.json").write_bytes(b"{}")
+    other = tmp_path / "other" / ".pi" / "memory" / "project"
+    (other / "staging").mkdir(parents=True)
+    (other / "deadletter").mkdir()
+    (other / "deadletter" / "elsewhere-1.json").write_bytes(b"{}")
+    config = tmp_path / "memstaged.toml"
+    config.write_text(f'memory_dirs = ["{memory_dir}", "{other}"]\n')
+
+    listed = _ids(tmp_path, "--config", str(config))
+    assert (listed.returncode, listed.stderr) == (0, "")
+    assert listed.stdout.splitlines() == sorted([*expected, "agent-made-fifo", "elsewhere-1"])
+
+    first = expected[0]
+    prefixed = _ids(tmp_path, "--config", str(config), "--", first[:-1])
+    assert prefixed.stdout.splitlines() == [first]
+
+    by_env = _ids(tmp_path, MEMSTAGED_MEMORY_DIRS=str(other))
+    assert by_env.stdout.splitlines() == ["elsewhere-1"]
+
+
+def test_ids_prints_nothing_when_it_cannot_list(tmp_path: Path, memory_dir: Path) -> None:
+    """Issue 22 item 7: a completion that fails prints nothing, neither on stdout (it would be
+    offered as an ID) nor on stderr (it would land under the prompt): a broken config file, a
+    memory dir that does not exist, a linked deadletter/ (not followed, as by every command),
+    a bad option. The exit code says it, but where there is no store (none, or a link that is
+    not followed, as ``deadletter list`` says "no dead-letter records" there)."""
+    broken = tmp_path / "broken.toml"
+    broken.write_text("memory_dirs = [\n")
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_bytes(b"")
+    store = tmp_path / "elsewhere"
+    store.mkdir()
+    (store / "not-mine-1.json").write_bytes(b"{}")
+    (memory_dir / "deadletter").symlink_to(store)
+    for argv, env, code in [
+        (["--config", str(broken)], {}, 1),
+        (["--memory-dir", str(tmp_path / "nowhere")], {}, 0),
+        (["--memory-dir", str(memory_dir)], {}, 0),  # as deadletter list: no store there
+        (["--memory-dir", str(not_a_dir)], {}, 1),
+        (["--no-such-option"], {}, 2),
+        ([], {"MEMSTAGED_CONFIG": str(broken)}, 1),
+    ]:
+        listed = _ids(tmp_path, *argv, **env)
+        assert (listed.returncode, listed.stdout, listed.stderr) == (code, "", ""), argv
