@@ -412,6 +412,9 @@ class _Transaction:
         self.store = _Store(mem_fd)
         #: Temp files not yet installed or handed on: removed if the transaction stops.
         self.ours: set[tuple[int, str]] = set()
+        #: The descriptors holding the ``flock`` of new staging files' temps (see
+        #: :meth:`write_ahead`), closed once each temp is renamed or removed.
+        self.held: dict[tuple[int, str], int] = {}
         #: Whether the dead-letter temps are written (before the lock, or under it in ``run``).
         self.written_ahead = False
 
@@ -443,6 +446,9 @@ class _Transaction:
             for dir_fd, tmp in self.ours:
                 fsio.unlink_quietly(dir_fd, tmp)
         self.ours.clear()
+        for fd in self.held.values():  # after the unlinks: a temp is never named and unlocked
+            os.close(fd)
+        self.held.clear()
         self.store.close()
 
     def write_records_ahead(self, plans: Sequence[Plan], *, sync: bool) -> None:
@@ -549,13 +555,15 @@ class _Transaction:
         Each temp is named as a partial write until it gets its name under the lock: a
         memstaged starting after a crash deletes it (the records it holds are all still in the
         store) instead of keeping it as a staging file, which would stage its candidates twice.
+        This process holds each temp's ``flock`` until then, so that a daemon starting while it
+        runs (its crash recovery) leaves the temp alone: it is no leftover of a crash.
         """
         creates = [c for c in changes if c.kind is Kind.CREATE]
         batch = len(creates) > 1
         for change in creates:
             assert change.data is not None
             try:
-                change.tmp = fsio.write_temp(
+                change.tmp, held = fsio.write_held_temp(
                     self.staging_fd,
                     change.data,
                     fsio.PARTIAL,
@@ -566,6 +574,7 @@ class _Transaction:
                 change.failed = f"could not write the staging file: {err.strerror or err}"
                 continue
             self.ours.add((self.staging_fd, change.tmp))
+            self.held[(self.staging_fd, change.tmp)] = held
         if batch and any(c.tmp is not None for c in creates):
             fsio.syncfs(self.mem_fd)  # every new staging file's data is durable from here on
 
@@ -591,6 +600,9 @@ class _Transaction:
                 change.failed = f"could not write the staging file: {err.strerror or err}"
                 return False
         self.ours.discard((self.staging_fd, change.tmp))
+        held = self.held.pop((self.staging_fd, change.tmp), None)
+        if held is not None:
+            os.close(held)  # renamed: no temp of that name is left to guard
         change.tmp = None
         fsio.crash_point("created")
         return True
@@ -895,7 +907,10 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
     copy: it is deleted. A temp file in ``staging/`` may hold a writer's version that was
     displaced at the moment of the crash, so it is deleted only when the same bytes (or their
     repair) are safe elsewhere; otherwise it is kept as a new staging file and decided on its
-    own. Every directory is opened one component at a time without following a link (item 7).
+    own. A temp in ``staging/`` whose ``flock`` a live process holds (a recovery running beside
+    this daemon, between writing its new staging file and naming it) is no leftover: it is left
+    alone, and nothing is logged about it. Every directory is opened one component at a time
+    without following a link (item 7).
 
     Returns the listing of ``staging/`` when it had no temp file (the usual case), so that a
     scan need not list a directory of thousands of files a second time.
@@ -928,8 +943,8 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
             return names
         for entry in temps:
             parsed = fsio.parse_temp_name(entry)
-            if parsed is None:
-                continue
+            if parsed is None or fsio.temp_in_use(staging_fd, entry):
+                continue  # a live recovery's new staging file, not yet named: not a leftover
             if parsed[0] == fsio.PARTIAL:  # still being written: never anyone's version
                 fsio.unlink_quietly(staging_fd, entry)
                 how.log.info("temp_recovered", path=f"{STAGING}/{entry}", action="deleted")

@@ -344,6 +344,28 @@ def write_temp(
     partial temp that recovery could not tell from a writer's version displaced by an exchange.
     (Without ``O_TMPFILE``, a :data:`PARTIAL` temp is renamed; recovery deletes those.)
     """
+    name, fd = _write_temp(dir_fd, data, role, for_name, sync=sync, hold=False)
+    os.close(fd)
+    return name
+
+
+def write_held_temp(
+    dir_fd: int, data: bytes, role: str, for_name: str = "", *, sync: bool = True
+) -> tuple[str, int]:
+    """:func:`write_temp`, and a descriptor of the temp holding an exclusive ``flock`` on it,
+    taken before it has its name; the caller closes it once the temp is renamed or removed.
+
+    For a temp written by a process that works beside the daemon (``deadletter recover``): a
+    memstaged starting meanwhile must not take it for a killed process's leftover and delete it
+    (:func:`temp_in_use`). The kernel drops the lock when the process dies, so a killed
+    writer's temps are still cleaned up.
+    """
+    return _write_temp(dir_fd, data, role, for_name, sync=sync, hold=True)
+
+
+def _write_temp(
+    dir_fd: int, data: bytes, role: str, for_name: str, *, sync: bool, hold: bool
+) -> tuple[str, int]:
     name = temp_name(role, for_name)
     fd = _unnamed(dir_fd)
     part = None
@@ -357,6 +379,8 @@ def write_temp(
         )
     crash_point("temp-created")
     try:
+        if hold:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new inode: no one else has it
         write_all(fd, data)
         if sync:
             os.fsync(fd)
@@ -369,8 +393,30 @@ def write_temp(
         if part is not None:
             unlink_quietly(dir_fd, part)
         raise
-    os.close(fd)
-    return name
+    return name, fd
+
+
+def temp_in_use(dir_fd: int, name: str) -> bool:
+    """Does a live process hold the ``flock`` of this temp (:func:`write_held_temp`)?
+
+    Then it is no leftover of a crash, and crash recovery leaves it alone. The lock is tried
+    and dropped at once (``LOCK_NB``); a temp that cannot be opened is not known to be in use.
+    """
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 def copy_to_temp(

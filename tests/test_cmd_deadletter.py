@@ -350,7 +350,7 @@ def test_nothing_is_lost_when_the_staging_write_fails(
     def disk_full(*_args: Any, **_kwargs: Any) -> NoReturn:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(fsio, "write_temp", disk_full)
+    monkeypatch.setattr(fsio, "write_held_temp", disk_full)
     code, out, _ = _dl(capsys, store, "recover", "--all", "--json")
     assert code == 1
     outcomes = json_lines(out)

@@ -378,3 +378,119 @@ def test_recovery_race_many_rounds(rig: Rig) -> None:
     """Issue 12 item 3, at length: 60 rounds of random disturbances (see MODES)."""
     rng = random.Random(1212)
     _race(rig, [rng.choice(MODES) for _ in range(60)], seed=1212)
+
+
+def _proc_state(pid: int) -> str:
+    """The state letter /proc gives a process (``T``: stopped), or ``gone``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat.rpartition(")")[2].split()[0]
+
+
+def test_a_daemon_starting_leaves_a_live_recoverys_temp_alone(
+    tmp_path: Path, memory_dir: Path
+) -> None:
+    """Issue 19, the attack's follow-up, finding 3: a daemon starting while a recovery has
+    written its new staging file as a temp (named as a partial write) but not yet taken the
+    lock used to delete that temp in its crash recovery; the recovery then logged a
+    ``deadletter_recovering`` naming a file that never appeared, failed and exited 1. The
+    recovery is stopped (SIGSTOP, its crash point) right there, the daemon started, the
+    recovery resumed: it completes, its file is in staging/ and the log names it."""
+    rig = Rig(tmp_path, memory_dir)
+    rig.start_daemon()
+    try:
+        writer = Writer(memory_dir, "tmp")
+        writer.write_one(0)  # quarantined: a bad lesson, a good preference and decision
+        rig.settle(writer.names)
+        rig.stop()
+        good = sorted(
+            p.stem
+            for p in (memory_dir / "deadletter").glob("*.json")
+            if not p.stem.endswith("-lessons-0")
+        )
+        assert len(good) == 2
+        ids = [arg for stem in good for arg in ("--id", stem)]
+        recovery = rig.command("recover", *ids, "--json", crash_at="lock-created:1:STOP")
+        staging = memory_dir / "staging"
+
+        def stopped_with_its_temp() -> bool:
+            temps = [n for n in os.listdir(staging) if n.startswith(TEMP_PREFIX)]
+            return _proc_state(recovery.pid) in ("T", "gone") and bool(temps)
+
+        assert wait_for(stopped_with_its_temp, 60), "the recovery never stopped at its point"
+        assert _proc_state(recovery.pid) == "T"
+        rig.start_daemon()  # its crash recovery of temps runs before it is ready
+        recovery.send_signal(signal.SIGCONT)
+        out, err = recovery.communicate(timeout=120)
+        assert (recovery.returncode, err) == (0, b""), err.decode(errors="replace")
+        outcomes = _outcomes(out.decode())
+        assert Counter(o["action"] for o in outcomes) == {"recovered": 2}
+        recovered = [n for n in os.listdir(staging) if ".recovered-" in n]
+        assert len(recovered) == 1
+        body = json.loads((staging / recovered[0]).read_bytes())
+        assert [c["text"].split()[0] for c in body["candidates"]["preferences"]] == ["cid-tmp-0-p"]
+        events = read_events(rig.log)
+        named = [e.get("staging_file") for e in events if e.get("event") == "deadletter_recovering"]
+        assert f"staging/{recovered[0]}" in named
+        assert not [e for e in events if e.get("event") == "deadletter_recover_failed"]
+        assert not [n for n in os.listdir(staging) if n.startswith(TEMP_PREFIX)]
+        assert not list((memory_dir / "deadletter").glob("*-preferences-0.json"))
+    finally:
+        rig.stop()
+        rig.kill_daemon()
+
+
+def test_recover_wait_is_bounded_beside_a_daemon_stuck_holding_the_lock(
+    tmp_path: Path, memory_dir: Path
+) -> None:
+    """Issue 19, the attack's follow-up, finding 2: a recovery's ``--wait`` bounds its wait
+    whatever the daemon does. The daemon is stopped (SIGSTOP, its crash point) right after it
+    took canonical-writer.lock, as a hung daemon would be: ``recover --wait=2`` exits 1 with
+    one line naming it, changing nothing; once the daemon goes on, the same recovery works."""
+    rig = Rig(tmp_path, memory_dir)
+    rig.start_daemon()
+    writer = Writer(memory_dir, "stuck")
+    try:
+        writer.write_one(0)
+        rig.settle(writer.names)
+        rig.stop()
+        records = sorted(p.name for p in (memory_dir / "deadletter").glob("*.json"))
+        good = [n.removesuffix(".json") for n in records if not n.endswith("-lessons-0.json")]
+        rig.env["MEMSTAGED_CRASH_AT"] = "lock-taken:1:STOP"
+        rig.start_daemon()
+        del rig.env["MEMSTAGED_CRASH_AT"]
+        daemon = rig.daemon
+        assert daemon is not None
+        writer.write_one(1)  # quarantined: the daemon takes the lock and stops there
+        assert wait_for(lambda: _proc_state(daemon.pid) == "T", 60), "the daemon never stopped"
+        lock = json.loads((memory_dir / "canonical-writer.lock").read_bytes())
+        assert lock["pid"] == daemon.pid
+
+        ids = [arg for stem in good for arg in ("--id", stem)]
+        proc = rig.command("recover", *ids, "--wait=2")
+        _out, err = proc.communicate(timeout=120)  # a failure guard, not a measure
+        assert proc.returncode == 1
+        lines = err.decode().splitlines()
+        assert len(lines) == 2  # what it waits for, said once; why it gave up
+        assert lines[0].startswith("memstaged: waiting up to 3 s for canonical-writer.lock")
+        assert lines[1] == (
+            f"memstaged: {memory_dir}: busy: canonical-writer.lock is held by pid "
+            f"{daemon.pid} (the memstaged daemon) (waited 3 s); nothing more was changed "
+            "there"
+        )
+        assert b"Traceback" not in err
+        assert sorted(p.name for p in (memory_dir / "deadletter").glob("*.json")) == records
+        assert not [n for n in os.listdir(memory_dir / "staging") if ".recovered-" in n]
+        assert rig.daemon_alive()
+
+        daemon.send_signal(signal.SIGCONT)
+        code, _text, text = rig.run("recover", *ids, "--wait=2")
+        assert (code, text) == (0, "")
+        assert [n for n in os.listdir(memory_dir / "staging") if ".recovered-" in n]
+    finally:
+        if rig.daemon is not None and rig.daemon.poll() is None:
+            rig.daemon.send_signal(signal.SIGCONT)
+        rig.stop()
+        rig.kill_daemon()
