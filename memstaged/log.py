@@ -167,6 +167,12 @@ _ROTATE_RETRY: Final = 1.0
 #: How many rotations by other processes one event follows before its write is given up: each
 #: means that another process rotated the file between this one's open and its lock.
 _FOLLOWS: Final = 100
+#: How long an append waits for another process's lock on the log. A line holds it for
+#: microseconds, a rotation for a few renames; a holder stopped inside (Ctrl-Z on a ``--once``
+#: while it logs) would otherwise hold every other memstaged for as long, the daemon with
+#: ``canonical-writer.lock`` in hand. Past this the event counts as not written: the change it
+#: announces waits, ``deferred``, and is retried with the back-off.
+LOCK_PATIENCE: Final = 5.0
 _ENCODER: Final = msgspec.json.Encoder()
 
 
@@ -307,6 +313,7 @@ class FileSink:
         self._end = -1
         #: Events not written (whole) so far, and the last reason: see :func:`durable`.
         self.failures = 0
+        self._lock_stuck = False  # the last append found the lock held too long
         self._error: OSError | None = None
         #: A file was created or renamed since the last sync: its directory is fsynced too.
         self._dir_changed = False
@@ -361,7 +368,14 @@ class FileSink:
             raise OSError(errno.EBADF, "the decision log file is closed", self._name)
         for _ in range(_FOLLOWS):
             fd = self._fd
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            # After one wait in vain, the next events try once until the lock is had again: a
+            # run's every event waiting its full patience would make a stop take minutes.
+            try:
+                _lock(fd, self._name, 0.0 if self._lock_stuck else LOCK_PATIENCE)
+            except OSError:
+                self._lock_stuck = True
+                raise
+            self._lock_stuck = False
             try:
                 if self._append_locked(fd, line):
                     return
@@ -489,6 +503,34 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _lock(fd: int, name: str, patience: float) -> None:
+    """``flock(LOCK_EX)`` on the log, waiting at most ``patience`` seconds; else ``OSError``.
+
+    Polled (1 ms, doubling to 50 ms): ``flock`` has no timeout, and an alarm would interrupt
+    whatever else the process does. Only a contended lock polls; an idle daemon takes none.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass  # held by another process: wait for it, a while
+    deadline = time.monotonic() + patience
+    pause = 0.001
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            continue
+    raise OSError(
+        errno.EWOULDBLOCK,
+        f"locked by another process for over {LOCK_PATIENCE:g} s (a stopped memstaged?)",
+        name,
+    )
 
 
 class ConsoleSink:

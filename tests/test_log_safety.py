@@ -457,3 +457,50 @@ def test_a_fifo_among_the_rotated_logs_does_not_block_the_reader(tmp_path: Path)
     err = done.stderr.decode().splitlines()
     assert done.returncode == 2, err
     assert err == [f"memstaged: log file {log}.1: {_not_regular('fifo')}"], err
+
+
+# -- a log locked by a stopped process -----------------------------------------------------------
+
+
+def test_once_waits_a_bounded_time_for_a_log_another_process_holds_locked(tmp_path: Path) -> None:
+    """Issue 19, found by the recover/purge attack: every append takes the log's ``flock``, and
+    a memstaged stopped while holding it (Ctrl-Z on a ``--once`` in the middle of its events)
+    made every other memstaged wait in ``flock`` for ever: the daemon with
+    ``canonical-writer.lock`` in hand, against SPEC 5's second. A real process holds the lock
+    and is stopped with SIGSTOP; ``--once`` gives up after ``LOCK_PATIENCE``, carries nothing out
+    and exits 1 with one line; once the holder is gone, the next run decides both files."""
+    mdir = make_memory_dir(tmp_path / "projects")
+    files = _populate(mdir)
+    log = tmp_path / "state" / "decisions.jsonl"
+    log.parent.mkdir()
+    log.write_bytes(b"")
+    env = memstaged_env(tmp_path, MEMSTAGED_LOG_FILE=str(log))
+    holder = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import fcntl, os, signal, sys\n"
+            "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGSTOP)\n",
+            str(log),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"locked\n"
+        done = run_once(mdir, env, "--settle", "0")
+        err = done.stderr.decode().splitlines()
+        assert done.returncode == 1, err
+        assert len(err) == 1 and "locked by another process" in err[0], err
+        _unchanged(mdir, files)
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    done = run_once(mdir, env, "--settle", "0")
+    assert done.returncode == 0, done.stderr
+    _carried_out(mdir, files, log)
