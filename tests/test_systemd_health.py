@@ -1,0 +1,169 @@
+"""The health check and the metrics file under the real service (issue 21 items 6 and 7).
+
+``tests/test_health.py`` runs the daemon as a plain subprocess; here it runs as a user would run
+it: ``memstaged service install --enable`` (with and without ``--sandbox``) under a real
+``systemd --user`` and a real journald (``tests/systemd_env.py``), over a copy of the demo's
+memory dir (``examples/memory-dir``). What the hardened unit might block is what a monitor needs:
+the control socket under ``$XDG_RUNTIME_DIR/memstaged/`` (``status --check``), the ``touch``
+``deadletter ack`` sends over it, and the metrics file (``metrics_file``), written from inside the
+unit's sandbox and read outside it. A bad config failing the reload is tested in
+``tests/test_systemd_service.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import staging_doc
+from prometheus_client.parser import text_string_to_metric_families
+from systemd_env import UserSystemd, unavailable_reason, user_systemd, wait_until
+
+REASON = unavailable_reason()
+pytestmark = [
+    pytest.mark.systemd,
+    pytest.mark.skipif(REASON is not None, reason=f"no private systemd here: {REASON}"),
+]
+
+UNIT = "memstaged.service"
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "examples" / "memory-dir"
+MEMSTAGED = Path(sys.executable).parent / "memstaged"
+#: What the demo's eight files come to (``make demo``; tests/test_counts.py).
+DEMO_DECISIONS = {
+    "valid": 1,
+    "repaired": 3,
+    "quarantined": 3,
+    "foreign": 1,
+    "deferred": 0,
+    "skipped": 0,
+}
+OK = "MEMSTAGED OK - 1 memory dir(s), nothing needs attention"
+
+
+def _demo(tmp_path: Path) -> tuple[Path, Path]:
+    """The demo's memory dir where ``make demo`` puts it (its files name ``../example-project``)."""
+    project = tmp_path / "example-project"
+    mdir = project / ".pi" / "memory" / "project"
+    shutil.copytree(DEMO, mdir)
+    return project, mdir
+
+
+def _metrics(path: Path) -> dict[str, float]:
+    """Every sample of the metrics file, keyed ``name{label=value,...}``, as parsed by
+    prometheus_client's own parser (what node_exporter's textfile collector accepts)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(path.read_text(encoding="utf-8")):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return found
+
+
+def _decisions(path: Path) -> dict[str, float]:
+    found = _metrics(path) if path.exists() else {}
+    return {d: found.get(f"memstaged_decisions_total{{decision={d}}}", -1) for d in DEMO_DECISIONS}
+
+
+def _check(sd: UserSystemd, *args: str) -> tuple[int, str]:
+    """``memstaged status --check --require-daemon``, run as the manager's user: its exit code
+    and its text (the one line, without the performance data)."""
+    done = sd.run(str(MEMSTAGED), "status", "--check", "--require-daemon", *args)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, (done.stdout, done.stderr)
+    return done.returncode, lines[0].partition(" | ")[0]
+
+
+def _process_state(pid: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("State:"):
+            return line.split()[1]
+    return ""
+
+
+@pytest.mark.parametrize("sandbox", [False, True], ids=["plain", "sandbox"])
+def test_status_check_ack_and_metrics_work_under_the_real_service(
+    tmp_path: Path, sandbox: bool
+) -> None:
+    """Issue 21 items 6 and 7 under the real service (plain unit, and with the --sandbox
+    drop-in): on the demo's data `status --check` asks the daemon over its control socket and
+    warns (exit 1) for the unseen dead letters; `deadletter ack --all` makes it OK (exit 0) and
+    the metrics file follows; the metrics file is written from inside the unit (0600, parsed
+    by prometheus_client) with the demo's decisions and follows a new file; with the daemon
+    SIGSTOPped the check is CRITICAL (exit 2) naming the daemon that does not answer, and OK
+    again after SIGCONT."""
+    project, mdir = _demo(tmp_path)
+    prom = tmp_path / "textfile" / "memstaged.prom"
+    prom.parent.mkdir()
+    with user_systemd() as sd:
+        config = Path(sd.env["XDG_CONFIG_HOME"]) / "memstaged" / "config.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text(
+            f"memory_dirs = [{json.dumps(str(mdir))}]\n"
+            f"metrics_file = {json.dumps(str(prom))}\n"
+            "settle = 0.5\n"
+        )
+        install = [str(MEMSTAGED), "service", "install", "--enable"]
+        installed = sd.run(*install, *(["--sandbox"] if sandbox else []))
+        assert installed.returncode == 0, installed.stderr
+        props = sd.show(UNIT, "ActiveState", "MainPID", "ProtectSystem")
+        assert props["ActiveState"] == "active"  # READY=1 came: enable --now waits for it
+        assert props["ProtectSystem"] == ("strict" if sandbox else "no")
+        pid = props["MainPID"]
+
+        # The demo decided; its quarantines left dead-letter records nobody has seen yet.
+        wait_until(
+            lambda: _decisions(prom) == DEMO_DECISIONS,
+            timeout=20,
+            what=f"the demo's decisions in {prom}",
+        )
+        assert stat.S_IMODE(prom.stat().st_mode) == 0o600
+        found = _metrics(prom)
+        assert found["memstaged_deadletter_unseen_records"] == 5
+        assert found["memstaged_memory_dirs_watched"] == 1
+        assert found["memstaged_log_write_failing"] == 0
+        assert not list(prom.parent.glob(".*.tmp"))
+        sock = Path(sd.env["XDG_RUNTIME_DIR"]) / "memstaged" / f"daemon-{pid}.sock"
+        assert stat.S_ISSOCK(sock.lstat().st_mode)
+        code, text = _check(sd)
+        assert (code, text) == (
+            1,
+            "MEMSTAGED WARNING - 5 dead-letter record(s) not yet seen (memstaged deadletter "
+            "list, then deadletter ack)",
+        )
+
+        acked = sd.run(str(MEMSTAGED), "deadletter", "ack", "--all")
+        assert acked.returncode == 0, acked.stderr
+        assert _check(sd) == (0, OK)
+        wait_until(  # ack told the daemon over the socket: the file is written again
+            lambda: _metrics(prom)["memstaged_deadletter_unseen_records"] == 0,
+            timeout=20,
+            what="the unseen count to be 0 in the metrics file after ack",
+        )
+
+        (mdir / "staging" / "new.json").write_text(json.dumps(staging_doc(project, "new")))
+        wait_until(
+            lambda: _decisions(prom)["valid"] == DEMO_DECISIONS["valid"] + 1,
+            timeout=20,
+            what="the new file's decision in the metrics file",
+        )
+
+        sd.systemctl("kill", "-s", "SIGSTOP", UNIT, check=True)
+        try:
+            wait_until(lambda: _process_state(pid) == "T", timeout=10, what="the daemon stopped")
+            code, text = _check(sd, "--timeout", "2")
+            assert code == 2, text
+            assert text.startswith("MEMSTAGED CRITICAL - ")
+            assert f"memstaged daemon (pid {pid}) does not answer" in text
+        finally:
+            sd.systemctl("kill", "-s", "SIGCONT", UNIT, check=True)
+        assert _check(sd) == (0, OK)
+        assert sd.show(UNIT, "MainPID", "NRestarts") == {"MainPID": pid, "NRestarts": "0"}
+
+        sd.systemctl("stop", UNIT, check=True)
+        assert not sock.exists()  # removed at a clean stop, from inside the sandbox too
+        assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
