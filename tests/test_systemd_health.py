@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import staging_doc
@@ -69,13 +71,26 @@ def _decisions(path: Path) -> dict[str, float]:
     return {d: found.get(f"memstaged_decisions_total{{decision={d}}}", -1) for d in DEMO_DECISIONS}
 
 
-def _check(sd: UserSystemd, *args: str) -> tuple[int, str]:
-    """``memstaged status --check --require-daemon``, run as the manager's user: its exit code
-    and its text (the one line, without the performance data)."""
-    done = sd.run(str(MEMSTAGED), "status", "--check", "--require-daemon", *args)
+def _check(sd: UserSystemd, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``memstaged status --check --require-daemon``, run as the manager's user (with ``env``
+    instead of the manager's): its exit code and its text (the one line, without the
+    performance data)."""
+    done = subprocess.run(
+        sd.command(str(MEMSTAGED), "status", "--check", "--require-daemon", *args),
+        env=sd.env if env is None else env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
     lines = done.stdout.splitlines()
     assert len(lines) == 1, (done.stdout, done.stderr)
     return done.returncode, lines[0].partition(" | ")[0]
+
+
+def _journal(sd: UserSystemd, match: str) -> list[dict[str, Any]]:
+    out = sd.journalctl(f"--user-unit={UNIT}", "-o", "json", match, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
 def _process_state(pid: str) -> str:
@@ -95,7 +110,8 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
     the metrics file follows; the metrics file is written from inside the unit (0600, parsed
     by prometheus_client) with the demo's decisions and follows a new file; with the daemon
     SIGSTOPped the check is CRITICAL (exit 2) naming the daemon that does not answer, and OK
-    again after SIGCONT."""
+    again after SIGCONT. A check run without XDG_RUNTIME_DIR (cron, NRPE) finds the daemon
+    too, and the journal has no control_failed or metrics_failed."""
     project, mdir = _demo(tmp_path)
     prom = tmp_path / "textfile" / "memstaged.prom"
     prom.parent.mkdir()
@@ -136,6 +152,10 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
             "list, then deadletter ack)",
         )
 
+        # A monitor run from cron or NRPE has no XDG_RUNTIME_DIR: /run/user/<uid> is found.
+        cron = {k: v for k, v in sd.env.items() if k != "XDG_RUNTIME_DIR"}
+        assert _check(sd, env=cron) == (1, text)
+
         acked = sd.run(str(MEMSTAGED), "deadletter", "ack", "--all")
         assert acked.returncode == 0, acked.stderr
         assert _check(sd) == (0, OK)
@@ -163,6 +183,10 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
             sd.systemctl("kill", "-s", "SIGCONT", UNIT, check=True)
         assert _check(sd) == (0, OK)
         assert sd.show(UNIT, "MainPID", "NRestarts") == {"MainPID": pid, "NRestarts": "0"}
+
+        assert len(_journal(sd, "MEMSTAGED_DECISION=quarantined")) == 3  # the demo's, in journald
+        for event in ("control_failed", "metrics_failed"):  # nothing refused by the unit
+            assert _journal(sd, f"MEMSTAGED_EVENT={event}") == []
 
         sd.systemctl("stop", UNIT, check=True)
         assert not sock.exists()  # removed at a clean stop, from inside the sandbox too
