@@ -191,3 +191,46 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
         sd.systemctl("stop", UNIT, check=True)
         assert not sock.exists()  # removed at a clean stop, from inside the sandbox too
         assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
+
+
+def test_a_metrics_file_set_by_a_reload_outside_the_sandbox_is_refused_until_reinstalled(
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 7 under `service install --sandbox`: the sandbox's writable trees are
+    fixed at install, so a `metrics_file` first set by a reload, in a directory outside them,
+    cannot be written (EROFS): the daemon says so once in the journal (`metrics_failed`, naming
+    the file) and works on; `service install --enable --sandbox --restart` makes that directory
+    writable and the file appears."""
+    project, mdir = _demo(tmp_path)
+    prom = tmp_path / "textfile" / "memstaged.prom"
+    prom.parent.mkdir()
+    with user_systemd() as sd:
+        config = Path(sd.env["XDG_CONFIG_HOME"]) / "memstaged" / "config.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text(f"memory_dirs = [{json.dumps(str(mdir))}]\nsettle = 0.5\n")
+        install = [str(MEMSTAGED), "service", "install", "--enable", "--sandbox"]
+        installed = sd.run(*install)
+        assert installed.returncode == 0, installed.stderr
+        assert str(prom.parent) not in installed.stdout
+
+        config.write_text(config.read_text() + f"metrics_file = {json.dumps(str(prom))}\n")
+        sd.systemctl("reload", UNIT, check=True)
+        (mdir / "staging" / "new.json").write_text(json.dumps(staging_doc(project, "new")))
+        wait_until(
+            lambda: bool(_journal(sd, "MEMSTAGED_EVENT=metrics_failed")),
+            timeout=20,
+            what="metrics_failed in the journal",
+        )
+        failed = _journal(sd, "MEMSTAGED_EVENT=metrics_failed")
+        assert [(e["MEMSTAGED_PATH"], e["MEMSTAGED_ERROR"]) for e in failed] == [
+            (str(prom), "Read-only file system")
+        ]
+        assert not prom.exists()
+        assert sd.show(UNIT, "ActiveState")["ActiveState"] == "active"
+
+        again = sd.run(*install, "--restart")
+        assert again.returncode == 0, again.stderr
+        assert str(prom.parent) in again.stdout
+        wait_until(prom.exists, timeout=20, what=f"{prom} after the reinstall")
+        assert _decisions(prom)["valid"] >= 1
+        assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
