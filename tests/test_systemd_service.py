@@ -259,16 +259,18 @@ def test_sandboxed_service_decides_files_in_its_trees_only(tmp_path: Path) -> No
         installed = sd.run(str(MEMSTAGED), "service", "install", "--enable", "--sandbox")
         assert installed.returncode == 0, installed.stderr
         state = Path(sd.env["XDG_STATE_HOME"]) / "memstaged"
-        assert f"sandbox: writable only in {mdir}, {state}" in installed.stdout
+        runtime = sd.env["XDG_RUNTIME_DIR"]  # the control socket (issue 21 item 6)
+        assert f"sandbox: writable only in {mdir}, {state}, {runtime}" in installed.stdout
         dropin = sd.unit_dir / "memstaged.service.d" / "sandbox.conf"
-        assert f'ReadWritePaths="-{mdir}" "-{state}"' in dropin.read_text().splitlines()
+        rw = f'ReadWritePaths="-{mdir}" "-{state}" "-{runtime}"'
+        assert rw in dropin.read_text().splitlines()
         assert not (sd.unit_dir / service.SANDBOX_CHECK_UNIT).exists()
         props = sd.show(UNIT, "ActiveState", "PrivateUsers", "ProtectSystem", "ReadWritePaths")
         assert props == {
             "ActiveState": "active",
             "PrivateUsers": "yes",
             "ProtectSystem": "strict",
-            "ReadWritePaths": f"-{mdir} -{state}",
+            "ReadWritePaths": f"-{mdir} -{state} -{runtime}",
         }
         assert not broken.exists()
         assert list((mdir / "deadletter" / "originals").iterdir())
