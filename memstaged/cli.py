@@ -17,7 +17,6 @@ from memstaged import __version__
 from memstaged.argtypes import settle_seconds
 from memstaged.errors import BusyError, LogUnwritable, MemstagedError, UsageError
 
-EXIT_OK: Final = 0
 EXIT_ATTENTION: Final = 1
 EXIT_USAGE: Final = 2
 

@@ -457,10 +457,6 @@ class MemoryDirs:
                 else:
                     self._unwatch_below(child, including=True)
 
-    def level_count(self) -> int:
-        """How many parent directories of the globs are watched."""
-        return len(self.levels)
-
     def release_all(self) -> None:
         """Release every instance lock (at stop; the memory dirs are no longer worked on)."""
         for lock in self.locks.values():

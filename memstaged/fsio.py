@@ -463,14 +463,6 @@ def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
-class Snapshot(msgspec.Struct, frozen=True):
-    """The bytes memstaged read of one file and the identity of the version they came from."""
-
-    identity: Identity
-    mtime: float
-    data: bytes | None  # None when the file is larger than the limit and was not read
-
-
 def open_regular_fd(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
     """Open a regular file without following links and without blocking on a FIFO.
 

@@ -41,7 +41,6 @@ import msgspec
 from memstaged import display
 from memstaged.errors import ConfigError, LogUnwritable, MemstagedError
 
-LOGGER_NAME: Final = "memstaged"
 JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
 
 #: One MESSAGE_ID per kind of event, so ``journalctl MESSAGE_ID=...`` finds them all.
@@ -726,9 +725,6 @@ class Logger:
         fields["event"] = event
         fields["level"] = level
         _FANOUT.emit(_STAMP(None, level, fields))
-
-    def debug(self, event: str, **fields: Any) -> None:
-        self._emit("debug", event, fields)
 
     def info(self, event: str, **fields: Any) -> None:
         self._emit("info", event, fields)

@@ -55,7 +55,6 @@ __all__ = [
     "Outcome",
     "Pipeline",
     "is_staging_name",
-    "list_staging",
     "skip_reason",
     "staging_names",
 ]
@@ -102,19 +101,6 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.outcomes)
-
-
-def list_staging(mdir: MemoryDir) -> list[str]:
-    """The staging-file names in ``staging/`` (of any file type: the pipeline checks).
-
-    ``staging/`` is opened without following a symbolic link (SPEC 6): a ``staging/`` that is a
-    link, or is missing, has no staging files. :meth:`Pipeline.scan` also says why in the log.
-    """
-    try:
-        with _opened_memory_dir(mdir) as (_mem_fd, staging_fd):
-            return staging_names(os.listdir(staging_fd))
-    except OSError:
-        return []
 
 
 class _opened_memory_dir:  # noqa: N801 - used as a context manager, like open()
@@ -194,13 +180,6 @@ class Pipeline:
     def process(self, mdir: MemoryDir, name: str) -> Outcome:
         """Decide ``staging/<name>`` of ``mdir`` and carry the decision out; never raises."""
         return self._transaction(mdir, iter((name,)), 1).outcomes[name]
-
-    def process_batch(self, mdir: MemoryDir, names: list[str]) -> dict[str, Outcome]:
-        """Decide ``names`` and carry their decisions out in batches (``--once``'s backlog)."""
-        outcomes: dict[str, Outcome] = {}
-        for batch in self.batches(mdir, names):
-            outcomes.update(batch.outcomes)
-        return outcomes
 
     def batches(self, mdir: MemoryDir, names: list[str]) -> Iterator[Batch]:
         """Transactions of up to :data:`BATCH` files, one after the other.

@@ -86,10 +86,6 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def key_of(st: os.stat_result) -> Key:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 class SeenCache:
     """Name -> (identity, decision) of one memory dir's files that stayed as they were decided."""
 

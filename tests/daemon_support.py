@@ -48,9 +48,6 @@ class RecordingLogger:
         for hook in list(self.hooks):
             hook(entry)
 
-    def debug(self, event: str, **fields: Any) -> None:
-        self._log("debug", event, **fields)
-
     def info(self, event: str, **fields: Any) -> None:
         self._log("info", event, **fields)
 

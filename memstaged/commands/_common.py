@@ -371,7 +371,7 @@ class Output:
         self,
         kind: type[BaseException] | None,
         value: BaseException | None,
-        tb: TracebackType | None,
+        _tb: TracebackType | None,
     ) -> bool:
         reader_gone = kind is not None and issubclass(kind, (BrokenPipeError, KeyboardInterrupt))
         if self._pager is None:

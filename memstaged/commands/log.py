@@ -264,20 +264,9 @@ def _label(event: Event, out: Output | None) -> str:
     return out.paint(label, style) if out is not None else label
 
 
-def event_line(
-    event: Event, *, full: bool = False, out: Output | None = None, when: str | None = None
-) -> str:
-    """One event as text: time, decision, file, session, then why (indented lines when full).
-
-    Every part that came from a file is escaped: a name with a newline cannot fake a second
-    event, nor an ESC colour the terminal.
-    """
-    if when is None:
-        when = local_time(event_time(event))
-    return _line(event, when, _label(event, out), full)
-
-
 def _line(event: Event, when: str, label: str, full: bool) -> str:
+    """Every part that came from a file is escaped: a name with a newline cannot fake a second
+    event, nor an ESC colour the terminal."""
     head = f"{when}  {label}"
     path = event.get("path")
     if path:
