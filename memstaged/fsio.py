@@ -16,9 +16,9 @@ import re
 import signal
 import stat
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -334,6 +334,73 @@ def _unnamed(dir_fd: int) -> int | None:
         raise
 
 
+_T = TypeVar("_T")
+
+
+def _create_private(dir_fd: int, name: str) -> int:
+    """A new file ``name`` in ``dir_fd``: 0600 from its creation, never through a link, never
+    one that is already there."""
+    return os.open(
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=dir_fd,
+    )
+
+
+def put_complete(
+    dir_fd: int,
+    name: str,
+    fill: Callable[[int], _T],
+    *,
+    partial: str | None,
+    unnamed: bool = True,
+    replace: bool = False,
+    sync: bool = True,
+    created: str = "",
+    complete: str = "",
+) -> _T:
+    """Put a file under ``name`` in ``dir_fd`` only once ``fill`` has written all of it.
+
+    The one way memstaged writes a file of its own (temps, dead-letter copies, the writer lock,
+    the seen cache): mode 0600 from creation (never the umask's, never a later ``chmod``), the
+    bytes written by ``fill(fd)`` and fsynced (unless ``sync`` is false) before the name
+    exists. With ``unnamed``, the bytes go to an ``O_TMPFILE`` inode that is linked under
+    ``name`` (``FileExistsError`` if it is taken); without one (or with ``replace``, which a
+    link cannot do), they go to the temp file ``partial``, renamed onto ``name`` (replacing it
+    with ``replace``, else ``RENAME_NOREPLACE``). With ``partial`` None the file is created
+    under ``name`` itself, and removed again if ``fill`` fails. ``created`` and ``complete``
+    name the crash points after the file is opened and after its bytes are durable.
+    """
+    fd = _unnamed(dir_fd) if unnamed and not replace else None
+    part = None
+    if fd is None:
+        part = name if partial is None else partial
+        fd = _create_private(dir_fd, part)
+    try:
+        if created:
+            crash_point(created)
+        result = fill(fd)
+        if sync:
+            os.fsync(fd)
+        if complete:
+            crash_point(complete)
+        if part is None:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
+        elif part != name:
+            if replace:
+                os.rename(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            else:
+                rename_noreplace(dir_fd, part, dir_fd, name)
+    except BaseException:
+        os.close(fd)
+        if part is not None:
+            unlink_quietly(dir_fd, part)  # never ``name`` once renamed: that failed, or raised
+        raise
+    os.close(fd)
+    return result
+
+
 def write_temp(
     dir_fd: int, data: bytes, role: str, for_name: str = "", *, sync: bool = True
 ) -> str:
@@ -345,31 +412,14 @@ def write_temp(
     (Without ``O_TMPFILE``, a :data:`PARTIAL` temp is renamed; recovery deletes those.)
     """
     name = temp_name(role, for_name)
-    fd = _unnamed(dir_fd)
-    part = None
-    if fd is None:
-        part = temp_name(PARTIAL, for_name)
-        fd = os.open(
-            part,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=dir_fd,
-        )
-    crash_point("temp-created")
-    try:
-        write_all(fd, data)
-        if sync:
-            os.fsync(fd)
-        if part is None:
-            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
-        else:
-            os.rename(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        os.close(fd)
-        if part is not None:
-            unlink_quietly(dir_fd, part)
-        raise
-    os.close(fd)
+    put_complete(
+        dir_fd,
+        name,
+        lambda fd: write_all(fd, data),
+        partial=temp_name(PARTIAL, for_name),
+        sync=sync,
+        created="temp-created",
+    )
     return name
 
 
@@ -382,15 +432,10 @@ def copy_to_temp(
     raises ``OSError(EFBIG)`` if there is more.
     """
     name = temp_name(role, for_name)
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(
-        name,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o600,
-        dir_fd=dir_fd,
-    )
-    try:
+
+    def copy(fd: int) -> tuple[str, int]:
+        digest = hashlib.sha256()
+        size = 0
         while chunk := os.pread(
             src_fd, CHUNK if most is None else min(CHUNK, most - size + 1), size
         ):
@@ -399,13 +444,10 @@ def copy_to_temp(
             digest.update(chunk)
             size += len(chunk)
             write_all(fd, chunk)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        unlink_quietly(dir_fd, name)
-        raise
-    os.close(fd)
-    return name, digest.hexdigest(), size
+        return digest.hexdigest(), size
+
+    sha256, size = put_complete(dir_fd, name, copy, partial=None, unnamed=False)
+    return name, sha256, size
 
 
 def hash_fd(fd: int) -> tuple[str, int]:

@@ -25,7 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged.errors import BusyError
-from memstaged.fsio import crash_point, rename_noreplace, temp_name, unlink_quietly, write_all
+from memstaged.fsio import crash_point, put_complete, temp_name, write_all
 from memstaged.timestamps import format_epoch_ms
 
 CANONICAL_LOCK: Final = "canonical-writer.lock"
@@ -207,33 +207,21 @@ def _create_lock(mem_fd: int, body: bytes) -> int | None:
     a crash leaves nothing behind; where ``O_TMPFILE`` is missing, a named temp file is renamed
     into place with ``RENAME_NOREPLACE`` instead (a crash's leftover is removed on the next start).
     """
-    flags = os.O_WRONLY | os.O_CLOEXEC
+
+    def fill(fd: int) -> int:
+        write_all(fd, body)
+        return os.fstat(fd).st_ino
+
     try:
-        fd = os.open(".", flags | os.O_TMPFILE, 0o600, dir_fd=mem_fd)
-        tmp = None
-    except OSError as err:
-        if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            raise
-        tmp = temp_name("lock", CANONICAL_LOCK)
-        fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=mem_fd)
-    try:
-        try:
-            write_all(fd, body)
-            os.fsync(fd)
-            ino = os.fstat(fd).st_ino
-            crash_point("lock-created")
-            if tmp is None:
-                os.link(f"/proc/self/fd/{fd}", CANONICAL_LOCK, dst_dir_fd=mem_fd)
-            else:
-                rename_noreplace(mem_fd, tmp, mem_fd, CANONICAL_LOCK)
-        finally:
-            os.close(fd)
+        return put_complete(
+            mem_fd,
+            CANONICAL_LOCK,
+            fill,
+            partial=temp_name("lock", CANONICAL_LOCK),
+            complete="lock-created",
+        )
     except FileExistsError:
         return None
-    finally:
-        if tmp is not None:
-            unlink_quietly(mem_fd, tmp)  # a no-op once it was renamed into place
-    return ino
 
 
 def _release(mem_fd: int, ino: int) -> None:

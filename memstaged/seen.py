@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from memstaged import __version__
+from memstaged import __version__, fsio
 from memstaged.log import private_dirs
 from memstaged.triage import Decision
 
@@ -175,21 +175,33 @@ class SeenCache:
             self.dirty = True
 
     def save(self) -> None:
-        """Write the cache (temp file and rename: a reader never sees half of it). Best effort:
-        a cache that cannot be written only means files are read again next time."""
+        """Write the cache (temp file and rename: a reader never sees half of it), 0600 from
+        its creation (SPEC 6). Best effort: a cache that cannot be written only means files are
+        read again next time. Not fsynced: a cache cut short by a crash fails to decode and is
+        started afresh."""
         if self.path is None or not self.dirty:
             return
         data = _encode(self.fingerprint, self.entries)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp = f".{self.path.name}.{os.getpid()}.tmp"
         try:
             private_dirs(self.path.parent)
-            tmp.write_bytes(data)
-            tmp.chmod(0o600)
-            tmp.replace(self.path)
+            dir_fd = os.open(self.path.parent, _DIR_FLAGS)
         except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             return
+        try:
+            fsio.unlink_quietly(dir_fd, tmp)  # a crashed run's, under the same pid
+            fsio.put_complete(
+                dir_fd,
+                self.path.name,
+                lambda fd: fsio.write_all(fd, data),
+                partial=tmp,
+                replace=True,
+                sync=False,
+            )
+        except OSError:
+            return
+        finally:
+            os.close(dir_fd)
         self.dirty = False
 
 
