@@ -18,7 +18,7 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
 import msgspec
 
@@ -206,22 +206,28 @@ def open_below(anchor: str, path: str) -> int:
         os.close(base)
 
 
-def raise_fd_limit() -> tuple[int, int]:
-    """Raise the soft limit of open descriptors to the hard limit (SPEC 6); returns both.
+class FdLimit(NamedTuple):
+    """``RLIMIT_NOFILE`` at start: the soft limit found, the one in force, the hard limit."""
 
-    A service manager's default soft limit is 1,024; the hard limit is far higher, and SPEC 6
-    says memstaged may raise the soft one to it, and then should.
-    """
+    found: int
+    soft: int
+    hard: int
+
+
+def raise_fd_limit() -> FdLimit:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (SPEC 6: a service manager's soft
+    limit is 1,024, its hard limit far higher; each memory dir holds one descriptor)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass  # a hard limit the kernel will not give (RLIM_INFINITY): keep the soft one
-    return soft, hard
+    infinite = resource.RLIM_INFINITY
+    if soft == infinite or (hard != infinite and soft >= hard):
+        return FdLimit(soft, soft, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        return FdLimit(soft, soft, hard)
+    return FdLimit(soft, hard, hard)
 
 
 @contextmanager

@@ -142,6 +142,35 @@ def read_lock(mem_fd: int) -> LockInfo | None:
     return LockInfo(pid, owner if isinstance(owner, str) else None, alive, st.st_ino)
 
 
+def memstaged_role(pid: int) -> str | None:
+    """What the memstaged process ``pid`` is, from its command line: ``once``, ``deadletter``
+    or ``daemon``; None when its command line cannot be read (gone, or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return None
+    if b"--once" in argv:
+        return "once"
+    if b"deadletter" in argv:
+        return "deadletter"
+    return "daemon"
+
+
+def log_stale_lock(logger: Any, info: LockInfo, removed: bool, **fields: Any) -> None:
+    """``lock_seen`` for a ``canonical-writer.lock`` whose process is gone: removed when it was
+    memstaged's own, else not obeyed (SPEC 7)."""
+    logger.warning(
+        "lock_seen",
+        lock=CANONICAL_LOCK,
+        pid=info.pid,
+        owner=info.owner,
+        alive=False,
+        action="removed (memstaged's own, its process is gone)" if removed else "not obeyed",
+        **fields,
+    )
+
+
 def remove_stale_own_lock(mem_fd: int, info: LockInfo) -> bool:
     """Remove a lock memstaged created whose process is gone, if it is still that same file."""
     if not info.ours or info.alive:

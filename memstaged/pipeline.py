@@ -28,7 +28,13 @@ from memstaged import apply as applying
 from memstaged import fsio
 from memstaged.errors import LogUnwritable
 from memstaged.fsio import Identity
-from memstaged.locks import LockHeld, LockInfo, read_lock, remove_stale_own_lock
+from memstaged.locks import (
+    LockHeld,
+    LockInfo,
+    log_stale_lock,
+    read_lock,
+    remove_stale_own_lock,
+)
 from memstaged.memdir import (
     DEADLETTER,
     STAGING,
@@ -39,7 +45,7 @@ from memstaged.memdir import (
 )
 from memstaged.plan import Plan, identity_hash, plan_of
 from memstaged.quarantine import ORIGINALS_DIR, stem
-from memstaged.read import FirstSeen, Skip, Version, read_version, skip_reason
+from memstaged.read import FirstSeen, Skip, Version, read_version
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide, decide_too_large
 
@@ -47,16 +53,9 @@ __all__ = [
     "BATCH",
     "BATCH_BYTES",
     "BATCH_HELD",
-    "DEADLETTER",
-    "STAGING",
     "Batch",
-    "MemoryDir",
-    "Options",
     "Outcome",
     "Pipeline",
-    "is_staging_name",
-    "skip_reason",
-    "staging_names",
 ]
 
 #: How many files a batch decides and carries out together: one syncfs and one fsync per
@@ -513,14 +512,7 @@ class Pipeline:
         return None
 
     def _on_stale(self, info: LockInfo, removed: bool) -> None:
-        self.log.warning(
-            "lock_seen",
-            lock="canonical-writer.lock",
-            pid=info.pid,
-            owner=info.owner,
-            alive=False,
-            action="removed (memstaged's own, its process is gone)" if removed else "not obeyed",
-        )
+        log_stale_lock(self.log, info, removed)
 
     def _park(self, from_fd: int, tmp: str, staging_fd: int, name: str) -> str:
         """Keep a displaced writer version as a new staging file, to be decided on its own."""

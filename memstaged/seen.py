@@ -35,7 +35,8 @@ from memstaged.triage import Decision
 
 if TYPE_CHECKING:
     from memstaged.config import Settings
-    from memstaged.pipeline import MemoryDir, Options, Outcome
+    from memstaged.memdir import MemoryDir, Options
+    from memstaged.pipeline import Outcome
 
 #: The modules whose code decides validity: a change in any of them invalidates every cache.
 _ENGINE: Final = ("ecma", "schema", "timestamps", "repair", "triage", "project", "quarantine")

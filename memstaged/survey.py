@@ -19,15 +19,9 @@ import msgspec
 from memstaged import fsio
 from memstaged.deadletter import is_record_name, list_originals
 from memstaged.errors import MemstagedError
-from memstaged.locks import instance_holder, read_lock
-from memstaged.pipeline import (
-    DEADLETTER,
-    STAGING,
-    MemoryDir,
-    Options,
-    is_staging_name,
-    skip_reason,
-)
+from memstaged.locks import instance_holder, memstaged_role, read_lock
+from memstaged.memdir import DEADLETTER, STAGING, MemoryDir, Options, is_staging_name
+from memstaged.read import skip_reason
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide
 
@@ -134,19 +128,18 @@ class DirStatus(msgspec.Struct, kw_only=True):
     attention: list[str] = []
 
 
+#: How ``status`` names the memstaged holding the instance lock, by its role.
+_ROLE_TEXT: Final = {
+    None: "memstaged",
+    "once": "--once run",
+    "deadletter": "deadletter command",
+    "daemon": "daemon",
+}
+
+
 def _holder_kind(pid: int) -> str:
     """What the memstaged holding the instance lock is, from its command line."""
-    if pid <= 0:
-        return "memstaged"
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "memstaged"
-    if b"--once" in argv:
-        return "--once run"
-    if b"deadletter" in argv:
-        return "deadletter command"
-    return "daemon"
+    return _ROLE_TEXT[memstaged_role(pid)] if pid > 0 else "memstaged"
 
 
 def _deadletter_counts(mdir: MemoryDir) -> tuple[int, int]:

@@ -57,7 +57,7 @@ from watchdog.observers.inotify_c import (
 )
 
 from memstaged.locks import CANONICAL_LOCK
-from memstaged.pipeline import STAGING, MemoryDir, is_staging_name
+from memstaged.memdir import STAGING, MemoryDir, is_staging_name
 
 if TYPE_CHECKING:  # imported when a network file system is polled (issue 14: the daemon's RSS)
     from watchdog.observers.polling import PollingObserver

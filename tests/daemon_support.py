@@ -17,8 +17,8 @@ from typing import Any
 from memstaged import config
 from memstaged.config import Settings
 from memstaged.daemon import Daemon
+from memstaged.memdir import MemoryDir
 from memstaged.notify import Notifier
-from memstaged.pipeline import MemoryDir
 from memstaged.watcher import Signal
 
 

@@ -60,7 +60,8 @@ from helpers import (
 )
 
 from memstaged import fsio
-from memstaged.pipeline import MemoryDir, Options, Pipeline
+from memstaged.memdir import MemoryDir, Options
+from memstaged.pipeline import Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision
 

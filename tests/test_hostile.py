@@ -45,7 +45,8 @@ from helpers import (
 from memstaged import fsio
 from memstaged.ecma import parse_json, trim
 from memstaged.locks import CANONICAL_LOCK
-from memstaged.pipeline import Options, Outcome, Pipeline
+from memstaged.memdir import Options
+from memstaged.pipeline import Outcome, Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision
 

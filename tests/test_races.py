@@ -48,7 +48,8 @@ from helpers import (
 )
 
 from memstaged.locks import CANONICAL_LOCK
-from memstaged.pipeline import Options, Pipeline
+from memstaged.memdir import Options
+from memstaged.pipeline import Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision, decide
 

@@ -32,7 +32,8 @@ from helpers import (
 
 from memstaged import fsio, pipeline, triage
 from memstaged.cli import main
-from memstaged.pipeline import Options, Pipeline
+from memstaged.memdir import Options
+from memstaged.pipeline import Pipeline
 from memstaged.triage import Context, Decision
 
 OLD = 1_700_000_000  # a settled mtime

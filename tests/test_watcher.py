@@ -30,7 +30,7 @@ from watchdog.events import (
 from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent, Mask, WatchDescriptor
 
 from memstaged import watcher as watcher_module
-from memstaged.pipeline import MemoryDir
+from memstaged.memdir import MemoryDir
 from memstaged.watcher import (
     Kind,
     MemoryDirHandler,

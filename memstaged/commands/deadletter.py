@@ -54,7 +54,7 @@ from memstaged.deadletter import (
 )
 from memstaged.ecma import encode_json, pretty
 from memstaged.errors import UsageError
-from memstaged.pipeline import MemoryDir
+from memstaged.memdir import MemoryDir
 from memstaged.recover import Action, Outcome, Report, preview, recover
 
 SHOW_BYTES: Final = 64 * 1024
