@@ -675,3 +675,59 @@ def test_the_daemon_says_why_it_ignores_a_staging_link(tmp_path: Path) -> None:
             5,
         )
     assert (real / "bad.json").read_bytes() == b"{"
+
+
+def _as_nobody(base: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``memstaged ARGS`` as ``nobody`` (root would bypass permissions)."""
+    return subprocess.run(
+        [
+            *("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"),
+            *(PYTHON, "-m", "memstaged", *args),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=base,
+    )
+
+
+def test_check_status_and_once_agree_on_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
+    """Issue 20 (one reader, one answer): a file memstaged may not read is ``deferred`` with
+    "permission denied" (SPEC 5) for ``check`` (exit 1), ``status`` and ``--once`` alike;
+    ``check`` and ``status`` said ``unreadable`` (exit 2) where ``--once`` deferred it."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed: cannot drop privileges for this test")
+    base = Path(tempfile.mkdtemp(prefix="memstaged-nobody-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)  # noqa: S103 - nobody must reach the memory dir inside
+        mdir = make_memory_dir(base)
+        secret = _put(mdir / "staging" / "secret.json", _malformed(project_root_of(mdir)))
+        os.chmod(mdir / "staging" / "secret.json", 0o600)  # owned by root
+        for path in [base, *base.rglob("*")]:
+            if path.name != "secret.json":
+                os.chown(path, 65534, 65534)
+        env = memstaged_env(base)
+        env["HOME"] = str(base)
+        os.chown(base / "xdg-config", 65534, 65534)
+        target = str(mdir / "staging" / "secret.json")
+        check = _as_nobody(base, env, "check", "--json", "--settle", "0", target)
+        assert check.returncode == 1, (check.stdout, check.stderr)
+        [line] = [json.loads(x) for x in check.stdout.splitlines() if x.strip()]
+        assert line["decision"] == "deferred", line
+        status = _as_nobody(base, env, "status", "--json", "--files", "--memory-dir", str(mdir))
+        [report] = [json.loads(x) for x in status.stdout.splitlines() if x.strip()]
+        assert report["staging"]["deferred"] == 1, report
+        [entry] = report["files"]
+        assert entry["decision"] == "deferred", entry
+        assert "permission denied" in entry["reason"], entry
+        assert any("secret.json" in a for a in report["attention"]), report
+        once = _as_nobody(base, env, "--once", "--settle", "0", "--memory-dir", str(mdir))
+        assert once.returncode == 1, once.stderr
+        [event] = [e for e in read_events(base / "decisions.jsonl") if e.get("event") == "decision"]
+        assert event["decision"] == "deferred"
+        assert entry["reason"] == event["reasons"][0]
+        assert (mdir / "staging" / "secret.json").read_bytes() == secret
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
