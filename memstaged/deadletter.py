@@ -629,6 +629,8 @@ class Purged(msgspec.Struct, kw_only=True):
     #: records not looked at again because the memory dir was busy, and why
     not_tried: list[RecordFile]
     busy: str | None = None
+    #: An I/O error that stopped the purge after it began (what was deleted is listed above).
+    error: str | None = None
 
 
 #: Records deleted in one transaction: a few milliseconds of unlinks under the lock.
@@ -673,6 +675,14 @@ def purge(mdir: MemoryDir, *, cutoff: dt.datetime, waiter: Waiter, logger: Any) 
                 except BusyError as err:
                     done.busy, done.not_tried = str(err), old[start:]
                     return done
+                except OSError as err:  # some of the chunk may be gone: say which, and stop
+                    done.error = f"{mdir.path}: {err.strerror or err}"
+                    removed = set(change.removed)
+                    done.deleted += [r for r in chunk if r.name in removed]
+                    done.left.update(change.left)
+                    gone = removed | set(change.left)
+                    done.not_tried = [r for r in old[start:] if r.name not in gone]
+                    return done
                 done.left.update(change.left)
                 done.deleted += [r for r in chunk if r.name not in change.left]
             if not originals:
@@ -685,7 +695,12 @@ def purge(mdir: MemoryDir, *, cutoff: dt.datetime, waiter: Waiter, logger: Any) 
                 )
             except BusyError as err:
                 done.busy = f"{err} (the originals of the deleted records are still there)"
-    except OSError as err:
+            except OSError as err:
+                done.error = (
+                    f"{mdir.path}: {err.strerror or err} (the originals of the deleted records "
+                    "may still be there)"
+                )
+    except OSError as err:  # the memory dir could not be opened: nothing was done
         raise ConfigError(f"{mdir.path}: {err.strerror}") from None
     return done
 

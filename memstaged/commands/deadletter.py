@@ -520,10 +520,12 @@ def run_purge(args: argparse.Namespace) -> int:
             left=done.left,
             not_tried=[r.name for r in done.not_tried],
             busy=done.busy,
+            **({} if done.error is None else {"error": done.error}),
         )
-        if done.busy is not None:
-            print(f"memstaged: {done.busy}", file=sys.stderr)
-            busy = True
+        for why in (done.busy, done.error):
+            if why is not None:
+                print(f"memstaged: {why}", file=sys.stderr)
+                busy = True
         rows.extend(_purge_rows(mdir, done.deleted, done.originals, clock, done=True))
         rows.extend(
             {
@@ -542,7 +544,7 @@ def run_purge(args: argparse.Namespace) -> int:
                 "name": r.name,
                 "id": r.id,
                 "action": "not tried",
-                "reason": "the memory dir was busy: canonical-writer.lock held",
+                "reason": done.error or "the memory dir was busy: canonical-writer.lock held",
             }
             for r in done.not_tried
         )
