@@ -105,9 +105,9 @@ def decide_entry(
             decided_at=format_epoch_ms(int(clock * 1000)),
         )
         verdict = decide(version.data, ctx)
-        reason = verdict.reasons[0] if verdict.reasons else None
+        first = verdict.reasons[0] if verdict.reasons else None
         size = version.identity.size
-        entry = StagingEntry(name, verdict.decision.value, reason, version.mtime, size)
+        entry = StagingEntry(name, verdict.decision.value, first, version.mtime, size)
         return entry, verdict, version.data
 
 
