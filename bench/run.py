@@ -1909,12 +1909,10 @@ def measure_hostile_dates(c: Corpora, plan: Plan) -> list[Row]:
 def run(plan: Plan, work: Path, only: set[str]) -> tuple[list[Row], dict[str, dict[str, float]]]:
     """Every selected measure; the rows, and how busy the machine was during each measure."""
     c = prepare(work, plan)
-    startup = 0.0
     pool: list[bytes] = []
 
     def startup_rows() -> list[Row]:
-        nonlocal startup
-        rows, startup = measure_startup(c, plan)
+        rows, _startup = measure_startup(c, plan)
         return rows
 
     def need_pool() -> list[bytes]:

@@ -15,7 +15,6 @@ bookkeeping: lost, it only means the records are reported as unseen again.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from collections.abc import Iterable
@@ -27,7 +26,7 @@ import msgspec
 from memstaged import fsio
 from memstaged.deadletter import is_record_name
 from memstaged.log import private_dirs
-from memstaged.pipeline import DEADLETTER, MemoryDir
+from memstaged.memdir import DEADLETTER, MemoryDir
 
 ACKED_DIR: Final = "acked"
 #: A mark file larger than this is not one memstaged wrote: it is ignored (all unseen).
@@ -81,19 +80,7 @@ def save(state_dir: Path, memory_dir: str, seen: Iterable[str]) -> None:
     private_dirs(path.parent)
     names = sorted(n for n in set(seen) if _encodable(n))
     data = msgspec.json.encode(_Stored(_label(memory_dir), names))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+    fsio.replace_file(path, data)
 
 
 def _label(memory_dir: str) -> str:

@@ -1,11 +1,12 @@
 """Step 4 of the flow: carry out any number of plans as one durable transaction (SPEC 5).
 
 :func:`apply` is the only code that changes ``staging/`` or ``deadletter/`` for a decision: the
-daemon applies a transaction of one plan, ``--once`` one of up to a batch. Before the lock it
-writes every dead-letter temp (the original, then each record: rendered, written, dropped) and
-makes them durable (an fsync each when there are few, else one ``syncfs``): no record is
-written while the lock is held (SPEC 5: about a second at most) and only one is in memory at a
-time (SPEC 4). Then, under ``canonical-writer.lock``, it
+daemon applies a transaction of one plan, ``--once`` one of up to a batch. It writes every
+dead-letter temp (the original, then each record: rendered, written, dropped; only one is in
+memory at a time, SPEC 4): with more than :data:`_FSYNC_EACH` of them, before the lock, made
+durable by one ``syncfs``, so that a large quarantine writes nothing while the lock is held
+(SPEC 5: about a second at most); with 16 or fewer, under the lock (before step 2), each fsynced,
+which costs no more. Then, under ``canonical-writer.lock``, it
 
 1. hands back at once every plan whose version is no longer in place (nothing written);
 2. settles every dead-letter name: what is already at a name is never trusted (SPEC 4): the

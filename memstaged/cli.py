@@ -17,7 +17,6 @@ from memstaged import __version__
 from memstaged.argtypes import settle_seconds
 from memstaged.errors import BusyError, LogUnwritable, MemstagedError, UsageError
 
-EXIT_OK: Final = 0
 EXIT_ATTENTION: Final = 1
 EXIT_USAGE: Final = 2
 
@@ -204,7 +203,7 @@ def _configure_logging(settings: object, *, console: str = "auto") -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from memstaged import config
-    from memstaged.config import check_memory_dir, one_path_each
+    from memstaged.config import check_literal_dirs, one_path_each
 
     settings = config.load(
         config=args.config,
@@ -215,10 +214,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.json and not args.once:
         raise UsageError("--json is for --once (and the commands): the daemon logs JSON lines")
-    literal = settings.literal_dirs()  # before any log is opened: a wrong path is one line, exit 2
-    for mdir in one_path_each(settings.memory_dirs())[0]:  # a second path is only said
-        if mdir.path in literal:  # a glob's matches are only what it matched
-            check_memory_dir(mdir, writable=not settings.options.dry_run)
+    # before any log is opened: a wrong path is one line, exit 2; a second path is only said
+    check_literal_dirs(settings, one_path_each(settings.memory_dirs())[0])
     if args.verbose and not args.once:
         raise UsageError("--verbose is for --once: the daemon logs every event already")
     _configure_logging(settings, console="lines" if args.verbose else "auto")

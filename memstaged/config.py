@@ -538,6 +538,18 @@ def check_patterns(patterns: tuple[str, ...]) -> None:
             raise ConfigError("memory dir '': empty; a memory dir is <project>/.pi/memory/project")
 
 
+def check_literal_dirs(settings: Settings, mdirs: list[MemoryDir]) -> frozenset[str]:
+    """Of ``mdirs``, each one named literally (``--memory-dir``, ``memory_dirs`` without a glob)
+    must be a memory dir (:func:`check_memory_dir`: exit 2); a glob's matches are only what it
+    matched, and one that is not writable is said and skipped by the caller, not refused.
+    Returns the literal paths (:meth:`Settings.literal_dirs`)."""
+    literal = settings.literal_dirs()
+    for mdir in mdirs:
+        if mdir.path in literal:
+            check_memory_dir(mdir, writable=not settings.options.dry_run)
+    return literal
+
+
 def check_memory_dir(mdir: MemoryDir, *, writable: bool) -> None:
     """A memory dir named on the command line must be one (SPEC 5: a directory with a
     ``staging/`` subdirectory), and writable when memstaged is to change it.

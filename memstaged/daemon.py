@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from memstaged import control, display, metrics, progress
-from memstaged.config import Settings, check_memory_dir, one_path_each
-from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike, raise_fd_limit
+from memstaged.config import Settings, check_literal_dirs, one_path_each
+from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike
 from memstaged.errors import ConfigError, MemstagedError
-from memstaged.fsio import Identity
+from memstaged.fsio import Identity, raise_fd_limit
 from memstaged.locks import read_lock
+from memstaged.memdir import STAGING, MemoryDir
 from memstaged.notify import Heartbeat, Notifier
-from memstaged.pipeline import STAGING, MemoryDir, Outcome, Pipeline
+from memstaged.pipeline import Outcome, Pipeline
 from memstaged.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, settings_key, split_unchanged
 from memstaged.triage import Decision
@@ -157,10 +158,8 @@ class Daemon:
         limit = raise_fd_limit()
         self.dirs.watch_globs(self.settings.memory_dir_patterns, observer=self.settings.observer)
         mdirs = self.settings.memory_dirs()
-        literal = self.settings.literal_dirs()
-        for mdir in one_path_each(mdirs)[0]:  # a second path to one is said when it is added
-            if mdir.path in literal:
-                check_memory_dir(mdir, writable=not self.settings.options.dry_run)
+        # a second path to one is said when it is added
+        literal = check_literal_dirs(self.settings, one_path_each(mdirs)[0])
         if not mdirs and not self.settings.memory_dir_patterns:
             raise ConfigError(
                 "no memory dir: pass --memory-dir DIR or set memory_dirs in the config file"

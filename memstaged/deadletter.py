@@ -32,8 +32,8 @@ from memstaged.apply import Admit
 from memstaged.ecma import Parsed, is_nonempty_string, parse_json, trim
 from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
 from memstaged.fsio import Identity
-from memstaged.locks import LockHeld, LockInfo, read_lock
-from memstaged.pipeline import DEADLETTER, MemoryDir
+from memstaged.locks import LockHeld, LockInfo, log_stale_lock, memstaged_role, read_lock
+from memstaged.memdir import DEADLETTER, MemoryDir
 from memstaged.plan import Change, Held, Kind
 from memstaged.quarantine import ORIGINALS_DIR, stem
 
@@ -458,22 +458,18 @@ def holder_text(info: LockInfo) -> str:
     if info.pid is None:
         return "a process it does not name"
     if info.ours:
-        return f"pid {info.pid} ({_memstaged_kind(info.pid)})"
+        return f"pid {info.pid} ({_ROLE_TEXT[memstaged_role(info.pid)]})"
     owner = f"owner {info.owner!r}" if info.owner else "no owner named: the reconciler?"
     return f"pid {info.pid} ({owner})"
 
 
-def _memstaged_kind(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().split(b"\0")
-    except OSError:
-        return "another memstaged"
-    if b"--once" in argv:
-        return "a memstaged --once run"
-    if b"deadletter" in argv:
-        return "another memstaged deadletter command"
-    return "the memstaged daemon"
+#: How :func:`holder_text` names a memstaged process by its role (None: not known).
+_ROLE_TEXT: Final = {
+    None: "another memstaged",
+    "once": "a memstaged --once run",
+    "deadletter": "another memstaged deadletter command",
+    "daemon": "the memstaged daemon",
+}
 
 
 def transact(
@@ -503,16 +499,7 @@ def transact(
     """
 
     def on_stale(info: LockInfo, removed: bool) -> None:
-        action = "removed (memstaged's own, its process is gone)" if removed else "not obeyed"
-        logger.warning(
-            "lock_seen",
-            lock="canonical-writer.lock",
-            pid=info.pid,
-            owner=info.owner,
-            alive=False,
-            action=action,
-            memory_dir=mdir.path,
-        )
+        log_stale_lock(logger, info, removed, memory_dir=mdir.path)
         if not removed:  # raised before the lock is yielded: apply changes nothing
             raise BusyError(
                 f"{mdir.path}: canonical-writer.lock names pid {info.pid}, which is "
@@ -661,6 +648,8 @@ class Purged(msgspec.Struct, kw_only=True):
     #: records not looked at again because the memory dir was busy, and why
     not_tried: list[RecordFile]
     busy: str | None = None
+    #: An I/O error that stopped the purge after it began (what was deleted is listed above).
+    error: str | None = None
 
 
 #: Records deleted in one transaction: a few milliseconds of unlinks under the lock.
@@ -713,6 +702,14 @@ def purge(
                 except BusyError as err:
                     done.busy, done.not_tried = str(err), old[start:]
                     return done
+                except OSError as err:  # some of the chunk may be gone: say which, and stop
+                    done.error = f"{mdir.path}: {err.strerror or err}"
+                    removed = set(change.removed)
+                    done.deleted += [r for r in chunk if r.name in removed]
+                    done.left.update(change.left)
+                    gone = removed | set(change.left)
+                    done.not_tried = [r for r in old[start:] if r.name not in gone]
+                    return done
                 done.left.update(change.left)
                 done.deleted += [r for r in chunk if r.name not in change.left]
             if not originals:
@@ -725,7 +722,12 @@ def purge(
                 )
             except BusyError as err:
                 done.busy = f"{err} (the originals of the deleted records are still there)"
-    except OSError as err:
+            except OSError as err:
+                done.error = (
+                    f"{mdir.path}: {err.strerror or err} (the originals of the deleted records "
+                    "may still be there)"
+                )
+    except OSError as err:  # the memory dir could not be opened: nothing was done
         raise ConfigError(f"{mdir.path}: {err.strerror}") from None
     return done
 

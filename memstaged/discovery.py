@@ -31,7 +31,7 @@ from typing import Any, Final, NamedTuple, Protocol
 from memstaged.config import link_on_the_way
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
-from memstaged.pipeline import STAGING, MemoryDir
+from memstaged.memdir import STAGING, MemoryDir
 from memstaged.project import normalize
 from memstaged.watcher import Signal, component_matches
 
@@ -82,28 +82,6 @@ class Stopped(Exception):
 #: reload: 16 suffice and 12 do not. 24 leaves room for journald's socket and a lazy import,
 #: and lets 1,000 memory dirs fit under a hard limit of 1,024 (SPEC 6).
 FD_RESERVE: Final = 24
-
-
-class FdLimit(NamedTuple):
-    """``RLIMIT_NOFILE`` at start: the soft limit found, the one in force, the hard limit."""
-
-    found: int
-    soft: int
-    hard: int
-
-
-def raise_fd_limit() -> FdLimit:
-    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (SPEC 6: a service manager's soft
-    limit is 1,024, its hard limit far higher; each memory dir holds one descriptor)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    infinite = resource.RLIM_INFINITY
-    if soft == infinite or (hard != infinite and soft >= hard):
-        return FdLimit(soft, soft, hard)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (OSError, ValueError):
-        return FdLimit(soft, soft, hard)
-    return FdLimit(soft, hard, hard)
 
 
 class Glob(NamedTuple):
@@ -456,10 +434,6 @@ class MemoryDirs:
                     self._watch_level(child, index, depth + 1, walk=True)
                 else:
                     self._unwatch_below(child, including=True)
-
-    def level_count(self) -> int:
-        """How many parent directories of the globs are watched."""
-        return len(self.levels)
 
     def release_all(self) -> None:
         """Release every instance lock (at stop; the memory dirs are no longer worked on)."""

@@ -27,7 +27,7 @@ import functools
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import IO, Final
 
 _SHORT: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", '"': '\\"'}
 #: Format characters that reorder or hide text: bidi embeddings, overrides and isolates.
@@ -165,3 +165,11 @@ def unquote(shown: str) -> str:
         out.append({"n": "\n", "r": "\r", "t": "\t"}.get(kind, kind))
         i += 2
     return "".join(out)
+
+
+def is_terminal(stream: IO[str]) -> bool:
+    """Whether ``stream`` is a terminal; a closed or detached one is not (``isatty`` raises)."""
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):
+        return False

@@ -16,9 +16,9 @@ import re
 import signal
 import stat
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import Final, NamedTuple, TypeVar
 
 import msgspec
 
@@ -206,22 +206,28 @@ def open_below(anchor: str, path: str) -> int:
         os.close(base)
 
 
-def raise_fd_limit() -> tuple[int, int]:
-    """Raise the soft limit of open descriptors to the hard limit (SPEC 6); returns both.
+class FdLimit(NamedTuple):
+    """``RLIMIT_NOFILE`` at start: the soft limit found, the one in force, the hard limit."""
 
-    A service manager's default soft limit is 1,024; the hard limit is far higher, and SPEC 6
-    says memstaged may raise the soft one to it, and then should.
-    """
+    found: int
+    soft: int
+    hard: int
+
+
+def raise_fd_limit() -> FdLimit:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (SPEC 6: a service manager's soft
+    limit is 1,024, its hard limit far higher; each memory dir holds one descriptor)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass  # a hard limit the kernel will not give (RLIM_INFINITY): keep the soft one
-    return soft, hard
+    infinite = resource.RLIM_INFINITY
+    if soft == infinite or (hard != infinite and soft >= hard):
+        return FdLimit(soft, soft, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        return FdLimit(soft, soft, hard)
+    return FdLimit(soft, hard, hard)
 
 
 @contextmanager
@@ -334,6 +340,90 @@ def _unnamed(dir_fd: int) -> int | None:
         raise
 
 
+_T = TypeVar("_T")
+
+
+def _create_private(dir_fd: int, name: str) -> int:
+    """A new file ``name`` in ``dir_fd``: 0600 from its creation, never through a link, never
+    one that is already there."""
+    return os.open(
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=dir_fd,
+    )
+
+
+def put_complete(
+    dir_fd: int,
+    name: str,
+    fill: Callable[[int], _T],
+    *,
+    partial: str | None,
+    unnamed: bool = True,
+    replace: bool = False,
+    sync: bool = True,
+    created: str = "",
+    complete: str = "",
+) -> _T:
+    """Put a file under ``name`` in ``dir_fd`` only once ``fill`` has written all of it.
+
+    The one way memstaged writes a file of its own (temps, dead-letter copies, the writer lock,
+    the seen cache): mode 0600 from creation (never the umask's, never a later ``chmod``), the
+    bytes written by ``fill(fd)`` and fsynced (unless ``sync`` is false) before the name
+    exists. With ``unnamed``, the bytes go to an ``O_TMPFILE`` inode that is linked under
+    ``name`` (``FileExistsError`` if it is taken); without one (or with ``replace``, which a
+    link cannot do), they go to the temp file ``partial``, renamed onto ``name`` (replacing it
+    with ``replace``, else ``RENAME_NOREPLACE``). With ``partial`` None the file is created
+    under ``name`` itself, and removed again if ``fill`` fails. ``created`` and ``complete``
+    name the crash points after the file is opened and after its bytes are durable.
+    """
+    fd = _unnamed(dir_fd) if unnamed and not replace else None
+    part = None
+    if fd is None:
+        part = name if partial is None else partial
+        fd = _create_private(dir_fd, part)
+    try:
+        if created:
+            crash_point(created)
+        result = fill(fd)
+        if sync:
+            os.fsync(fd)
+        if complete:
+            crash_point(complete)
+        if part is None:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
+        elif part != name:
+            if replace:
+                os.rename(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            else:
+                rename_noreplace(dir_fd, part, dir_fd, name)
+    except BaseException:
+        os.close(fd)
+        if part is not None:
+            unlink_quietly(dir_fd, part)  # never ``name`` once renamed: that failed, or raised
+        raise
+    os.close(fd)
+    return result
+
+
+def replace_file(path: os.PathLike[str] | str, data: bytes, *, sync: bool = True) -> None:
+    """Replace ``path`` (a file of memstaged's own state: seen cache, acks, metrics) with
+    ``data`` through :func:`put_complete`: 0600 from creation, a reader sees the old file or
+    the new one whole. The directory is opened without following a link in its last component.
+    Raises :class:`OSError`."""
+    parent, name = os.path.split(os.fspath(path))
+    dir_fd = os.open(parent or ".", _DIR_FLAGS)
+    try:
+        tmp = f".{name}.{os.getpid()}.tmp"
+        unlink_quietly(dir_fd, tmp)  # a crashed run's, under the same pid: O_EXCL would refuse
+        put_complete(
+            dir_fd, name, lambda fd: write_all(fd, data), partial=tmp, replace=True, sync=sync
+        )
+    finally:
+        os.close(dir_fd)
+
+
 def write_temp(
     dir_fd: int, data: bytes, role: str, for_name: str = "", *, sync: bool = True
 ) -> str:
@@ -344,9 +434,7 @@ def write_temp(
     partial temp that recovery could not tell from a writer's version displaced by an exchange.
     (Without ``O_TMPFILE``, a :data:`PARTIAL` temp is renamed; recovery deletes those.)
     """
-    name, fd = _write_temp(dir_fd, data, role, for_name, sync=sync, hold=False)
-    os.close(fd)
-    return name
+    return _write_temp(dir_fd, data, role, for_name, sync=sync, hold=False)[0]
 
 
 def write_held_temp(
@@ -367,33 +455,28 @@ def _write_temp(
     dir_fd: int, data: bytes, role: str, for_name: str, *, sync: bool, hold: bool
 ) -> tuple[str, int]:
     name = temp_name(role, for_name)
-    fd = _unnamed(dir_fd)
-    part = None
-    if fd is None:
-        part = temp_name(PARTIAL, for_name)
-        fd = os.open(
-            part,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=dir_fd,
-        )
-    crash_point("temp-created")
-    try:
+    held: list[int] = []
+
+    def fill(fd: int) -> None:
         if hold:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new inode: no one else has it
+            held.append(os.dup(fd))  # the same open file, so the same lock, kept past close
         write_all(fd, data)
-        if sync:
-            os.fsync(fd)
-        if part is None:
-            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd)
-        else:
-            os.rename(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+    try:
+        put_complete(
+            dir_fd,
+            name,
+            fill,
+            partial=temp_name(PARTIAL, for_name),
+            sync=sync,
+            created="temp-created",
+        )
     except BaseException:
-        os.close(fd)
-        if part is not None:
-            unlink_quietly(dir_fd, part)
+        for fd in held:
+            os.close(fd)
         raise
-    return name, fd
+    return name, held[0] if held else -1
 
 
 def temp_in_use(dir_fd: int, name: str) -> bool:
@@ -428,15 +511,10 @@ def copy_to_temp(
     raises ``OSError(EFBIG)`` if there is more.
     """
     name = temp_name(role, for_name)
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(
-        name,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o600,
-        dir_fd=dir_fd,
-    )
-    try:
+
+    def copy(fd: int) -> tuple[str, int]:
+        digest = hashlib.sha256()
+        size = 0
         while chunk := os.pread(
             src_fd, CHUNK if most is None else min(CHUNK, most - size + 1), size
         ):
@@ -445,13 +523,10 @@ def copy_to_temp(
             digest.update(chunk)
             size += len(chunk)
             write_all(fd, chunk)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        unlink_quietly(dir_fd, name)
-        raise
-    os.close(fd)
-    return name, digest.hexdigest(), size
+        return digest.hexdigest(), size
+
+    sha256, size = put_complete(dir_fd, name, copy, partial=None, unnamed=False)
+    return name, sha256, size
 
 
 def hash_fd(fd: int) -> tuple[str, int]:
@@ -507,14 +582,6 @@ def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
-
-
-class Snapshot(msgspec.Struct, frozen=True):
-    """The bytes memstaged read of one file and the identity of the version they came from."""
-
-    identity: Identity
-    mtime: float
-    data: bytes | None  # None when the file is larger than the limit and was not read
 
 
 def open_regular_fd(dir_fd: int, name: str) -> tuple[int, os.stat_result]:

@@ -25,7 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged.errors import BusyError
-from memstaged.fsio import crash_point, rename_noreplace, temp_name, unlink_quietly, write_all
+from memstaged.fsio import crash_point, put_complete, temp_name, write_all
 from memstaged.timestamps import format_epoch_ms
 
 CANONICAL_LOCK: Final = "canonical-writer.lock"
@@ -142,6 +142,35 @@ def read_lock(mem_fd: int) -> LockInfo | None:
     return LockInfo(pid, owner if isinstance(owner, str) else None, alive, st.st_ino)
 
 
+def memstaged_role(pid: int) -> str | None:
+    """What the memstaged process ``pid`` is, from its command line: ``once``, ``deadletter``
+    or ``daemon``; None when its command line cannot be read (gone, or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return None
+    if b"--once" in argv:
+        return "once"
+    if b"deadletter" in argv:
+        return "deadletter"
+    return "daemon"
+
+
+def log_stale_lock(logger: Any, info: LockInfo, removed: bool, **fields: Any) -> None:
+    """``lock_seen`` for a ``canonical-writer.lock`` whose process is gone: removed when it was
+    memstaged's own, else not obeyed (SPEC 7)."""
+    logger.warning(
+        "lock_seen",
+        lock=CANONICAL_LOCK,
+        pid=info.pid,
+        owner=info.owner,
+        alive=False,
+        action="removed (memstaged's own, its process is gone)" if removed else "not obeyed",
+        **fields,
+    )
+
+
 def remove_stale_own_lock(mem_fd: int, info: LockInfo) -> bool:
     """Remove a lock memstaged created whose process is gone, if it is still that same file."""
     if not info.ours or info.alive:
@@ -207,33 +236,21 @@ def _create_lock(mem_fd: int, body: bytes) -> int | None:
     a crash leaves nothing behind; where ``O_TMPFILE`` is missing, a named temp file is renamed
     into place with ``RENAME_NOREPLACE`` instead (a crash's leftover is removed on the next start).
     """
-    flags = os.O_WRONLY | os.O_CLOEXEC
+
+    def fill(fd: int) -> int:
+        write_all(fd, body)
+        return os.fstat(fd).st_ino
+
     try:
-        fd = os.open(".", flags | os.O_TMPFILE, 0o600, dir_fd=mem_fd)
-        tmp = None
-    except OSError as err:
-        if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            raise
-        tmp = temp_name("lock", CANONICAL_LOCK)
-        fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=mem_fd)
-    try:
-        try:
-            write_all(fd, body)
-            os.fsync(fd)
-            ino = os.fstat(fd).st_ino
-            crash_point("lock-created")
-            if tmp is None:
-                os.link(f"/proc/self/fd/{fd}", CANONICAL_LOCK, dst_dir_fd=mem_fd)
-            else:
-                rename_noreplace(mem_fd, tmp, mem_fd, CANONICAL_LOCK)
-        finally:
-            os.close(fd)
+        return put_complete(
+            mem_fd,
+            CANONICAL_LOCK,
+            fill,
+            partial=temp_name("lock", CANONICAL_LOCK),
+            complete="lock-created",
+        )
     except FileExistsError:
         return None
-    finally:
-        if tmp is not None:
-            unlink_quietly(mem_fd, tmp)  # a no-op once it was renamed into place
-    return ino
 
 
 def _release(mem_fd: int, ino: int) -> None:

@@ -41,7 +41,6 @@ import msgspec
 from memstaged import display
 from memstaged.errors import ConfigError, LogUnwritable, MemstagedError
 
-LOGGER_NAME: Final = "memstaged"
 JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
 
 #: One MESSAGE_ID per kind of event, so ``journalctl MESSAGE_ID=...`` finds them all.
@@ -545,10 +544,7 @@ class ConsoleSink:
 
     def __init__(self, stream: TextIO, *, readable: bool | None = None) -> None:
         self._stream = stream
-        try:
-            terminal = stream.isatty()
-        except (OSError, ValueError):  # closed already: emit says so, once
-            terminal = False
+        terminal = display.is_terminal(stream)  # not when closed already: emit says so, once
         self._render: Callable[[MutableMapping[str, Any]], str] | None = None
         if readable or (readable is None and terminal):
             self._render = _readable_renderer(colors=terminal and _colors_wanted())
@@ -688,13 +684,6 @@ class _UtcStamper:
         return event
 
 
-def _is_terminal(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (OSError, ValueError):
-        return False
-
-
 def journal_available() -> bool:
     """Under systemd (``JOURNAL_STREAM``/``INVOCATION_ID``) and journald's socket is there."""
     under_systemd = "JOURNAL_STREAM" in os.environ or "INVOCATION_ID" in os.environ
@@ -731,7 +720,9 @@ def configure(
             use_journal = False
     if log_file is not None:
         sinks.append(FileSink(log_file, max_bytes, backups, quiet=quiet_file))
-    if console == "on" or (console == "auto" and not use_journal and _is_terminal(sys.stderr)):
+    if console == "on" or (
+        console == "auto" and not use_journal and display.is_terminal(sys.stderr)
+    ):
         sinks.append(ConsoleSink(sys.stderr))
     elif console == "lines":
         sinks.append(ConsoleSink(sys.stderr, readable=True))
@@ -787,9 +778,6 @@ class Logger:
         fields["event"] = event
         fields["level"] = level
         _FANOUT.emit(_STAMP(None, level, fields))
-
-    def debug(self, event: str, **fields: Any) -> None:
-        self._emit("debug", event, fields)
 
     def info(self, event: str, **fields: Any) -> None:
         self._emit("info", event, fields)

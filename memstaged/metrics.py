@@ -18,15 +18,13 @@ only when a metrics file is configured.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from memstaged import acks, control
+from memstaged import acks, control, fsio
 from memstaged.triage import Decision
 
 if TYPE_CHECKING:
@@ -210,18 +208,7 @@ def registry(daemon: Daemon, tally: Tally, started: float) -> CollectorRegistry:
 def write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` (0600, temp file and rename: a reader sees one or the
     other). Raises :class:`OSError`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+    fsio.replace_file(path, data, sync=False)
 
 
 class Metrics:

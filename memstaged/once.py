@@ -26,7 +26,7 @@ from memstaged import display
 from memstaged.config import (
     Alias,
     Settings,
-    check_memory_dir,
+    check_literal_dirs,
     link_on_the_way,
     one_path_each,
     unwritable,
@@ -34,7 +34,8 @@ from memstaged.config import (
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import raise_fd_limit
 from memstaged.locks import InstanceLock
-from memstaged.pipeline import MemoryDir, Outcome, Pipeline
+from memstaged.memdir import MemoryDir
+from memstaged.pipeline import Outcome, Pipeline
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, split_unchanged
 from memstaged.triage import Decision
 
@@ -183,10 +184,8 @@ def run_once(
     stream = out if out is not None else sys.stdout
     # issue 19 item 7: one directory, one decision (the other paths are said below)
     mdirs, aliases = one_path_each(settings.memory_dirs())
-    literal = settings.literal_dirs()
-    for mdir in mdirs:
-        if mdir.path in literal:  # a glob's unwritable match is said below, and skipped
-            check_memory_dir(mdir, writable=not settings.options.dry_run)
+    # a glob's unwritable match is said below, and skipped
+    literal = check_literal_dirs(settings, mdirs)
     if not mdirs:
         raise ConfigError(
             "no memory dir: pass --memory-dir DIR, set memory_dirs in the config file, "
@@ -343,7 +342,7 @@ def _summary(
             out.write(dumps({"memory_dir": path, "busy": why, "dry_run": dry_run}) + "\n")
         return
     suffix = " (dry run: nothing written)" if dry_run else ""
-    if not _is_terminal(out):  # one greppable line per memory dir for scripts and CI logs
+    if not display.is_terminal(out):  # one greppable line per memory dir for scripts and CI logs
         for path, counts in results.items():
             parts = " ".join(f"{d}={counts.get(d, 0)}" for d in _ORDER)
             out.write(
@@ -385,13 +384,6 @@ def _columns(out: IO[str]) -> int:
         return os.get_terminal_size(out.fileno()).columns or 80
     except (OSError, ValueError, AttributeError):
         return 80
-
-
-def _is_terminal(out: IO[str]) -> bool:
-    try:
-        return out.isatty()
-    except (OSError, ValueError):
-        return False
 
 
 def _logger() -> Any:

@@ -28,7 +28,13 @@ from memstaged import apply as applying
 from memstaged import fsio
 from memstaged.errors import LogUnwritable
 from memstaged.fsio import Identity
-from memstaged.locks import LockHeld, LockInfo, read_lock, remove_stale_own_lock
+from memstaged.locks import (
+    LockHeld,
+    LockInfo,
+    log_stale_lock,
+    read_lock,
+    remove_stale_own_lock,
+)
 from memstaged.memdir import (
     DEADLETTER,
     STAGING,
@@ -39,7 +45,7 @@ from memstaged.memdir import (
 )
 from memstaged.plan import Plan, identity_hash, plan_of
 from memstaged.quarantine import ORIGINALS_DIR, stem
-from memstaged.read import FirstSeen, Skip, Version, read_version, skip_reason
+from memstaged.read import FirstSeen, Skip, Version, read_version
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide, decide_too_large
 
@@ -47,17 +53,9 @@ __all__ = [
     "BATCH",
     "BATCH_BYTES",
     "BATCH_HELD",
-    "DEADLETTER",
-    "STAGING",
     "Batch",
-    "MemoryDir",
-    "Options",
     "Outcome",
     "Pipeline",
-    "is_staging_name",
-    "list_staging",
-    "skip_reason",
-    "staging_names",
 ]
 
 #: How many files a batch decides and carries out together: one syncfs and one fsync per
@@ -102,19 +100,6 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.outcomes)
-
-
-def list_staging(mdir: MemoryDir) -> list[str]:
-    """The staging-file names in ``staging/`` (of any file type: the pipeline checks).
-
-    ``staging/`` is opened without following a symbolic link (SPEC 6): a ``staging/`` that is a
-    link, or is missing, has no staging files. :meth:`Pipeline.scan` also says why in the log.
-    """
-    try:
-        with _opened_memory_dir(mdir) as (_mem_fd, staging_fd):
-            return staging_names(os.listdir(staging_fd))
-    except OSError:
-        return []
 
 
 class _opened_memory_dir:  # noqa: N801 - used as a context manager, like open()
@@ -194,13 +179,6 @@ class Pipeline:
     def process(self, mdir: MemoryDir, name: str) -> Outcome:
         """Decide ``staging/<name>`` of ``mdir`` and carry the decision out; never raises."""
         return self._transaction(mdir, iter((name,)), 1).outcomes[name]
-
-    def process_batch(self, mdir: MemoryDir, names: list[str]) -> dict[str, Outcome]:
-        """Decide ``names`` and carry their decisions out in batches (``--once``'s backlog)."""
-        outcomes: dict[str, Outcome] = {}
-        for batch in self.batches(mdir, names):
-            outcomes.update(batch.outcomes)
-        return outcomes
 
     def batches(self, mdir: MemoryDir, names: list[str]) -> Iterator[Batch]:
         """Transactions of up to :data:`BATCH` files, one after the other.
@@ -534,14 +512,7 @@ class Pipeline:
         return None
 
     def _on_stale(self, info: LockInfo, removed: bool) -> None:
-        self.log.warning(
-            "lock_seen",
-            lock="canonical-writer.lock",
-            pid=info.pid,
-            owner=info.owner,
-            alive=False,
-            action="removed (memstaged's own, its process is gone)" if removed else "not obeyed",
-        )
+        log_stale_lock(self.log, info, removed)
 
     def _park(self, from_fd: int, tmp: str, staging_fd: int, name: str) -> str:
         """Keep a displaced writer version as a new staging file, to be decided on its own."""

@@ -20,6 +20,11 @@ import msgspec
 from memstaged import fsio
 from memstaged.fsio import Identity
 
+#: The reason of a file that is gone before it could be read (``skipped``).
+VANISHED: Final = "vanished before it could be read"
+#: How the reason of a file memstaged may not read begins (``deferred``, SPEC 5).
+CANNOT_READ: Final = "cannot read it"
+
 #: How many versions with a future mtime :class:`FirstSeen` remembers (a bounded memory).
 _FIRST_SEEN_MAX: Final = 4096
 
@@ -112,7 +117,7 @@ def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
     # lstat first: a device node is never even opened (opening one can have effects).
     seen = fsio.lstat_at(staging_fd, name)
     if seen is None:
-        return Skip("skipped", "vanished before it could be read")
+        return Skip("skipped", VANISHED)
     reason = skip_reason(seen)
     if reason is not None:
         return Skip("skipped", reason, Identity.of(seen))
@@ -120,11 +125,11 @@ def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
         fd, st = fsio.open_regular_fd(staging_fd, name)
     except OSError as err:
         if err.errno == errno.ENOENT:
-            return Skip("skipped", "vanished before it could be read")
+            return Skip("skipped", VANISHED)
         if err.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO):
             return Skip("skipped", "replaced by a link or special file")
         if err.errno in (errno.EACCES, errno.EPERM):
-            return Skip("deferred", "cannot read it: permission denied")
+            return Skip("deferred", f"{CANNOT_READ}: permission denied")
         raise
     leased = fsio.read_lease(fd)
     if leased is None:

@@ -41,7 +41,7 @@ from memstaged.deadletter import (
 from memstaged.ecma import encode_json, is_finite_number, parse_json
 from memstaged.errors import BusyError, ConfigError, NotJSON
 from memstaged.fsio import Identity
-from memstaged.pipeline import STAGING, MemoryDir, Options, is_staging_name
+from memstaged.memdir import STAGING, MemoryDir, Options, is_staging_name
 from memstaged.plan import Change, Held, Kind
 from memstaged.quarantine import safe_component
 from memstaged.schema import CATEGORIES

@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from memstaged import __version__
+from memstaged import __version__, fsio
 from memstaged.log import private_dirs
 from memstaged.triage import Decision
 
 if TYPE_CHECKING:
     from memstaged.config import Settings
-    from memstaged.pipeline import MemoryDir, Options, Outcome
+    from memstaged.memdir import MemoryDir, Options
+    from memstaged.pipeline import Outcome
 
 #: The modules whose code decides validity: a change in any of them invalidates every cache.
 _ENGINE: Final = ("ecma", "schema", "timestamps", "repair", "triage", "project", "quarantine")
@@ -84,10 +85,6 @@ def _gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def key_of(st: os.stat_result) -> Key:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class SeenCache:
@@ -179,20 +176,17 @@ class SeenCache:
             self.dirty = True
 
     def save(self) -> None:
-        """Write the cache (temp file and rename: a reader never sees half of it). Best effort:
-        a cache that cannot be written only means files are read again next time."""
+        """Write the cache (temp file and rename: a reader never sees half of it), 0600 from
+        its creation (SPEC 6). Best effort: a cache that cannot be written only means files are
+        read again next time. Not fsynced: a cache cut short by a crash fails to decode and is
+        started afresh."""
         if self.path is None or not self.dirty:
             return
         data = _encode(self.fingerprint, self.entries)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             private_dirs(self.path.parent)
-            tmp.write_bytes(data)
-            tmp.chmod(0o600)
-            tmp.replace(self.path)
+            fsio.replace_file(self.path, data, sync=False)
         except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             return
         self.dirty = False
 

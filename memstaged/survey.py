@@ -19,21 +19,14 @@ import msgspec
 from memstaged import acks, fsio
 from memstaged.deadletter import list_originals
 from memstaged.errors import MemstagedError
-from memstaged.locks import instance_holder, read_lock
-from memstaged.pipeline import (
-    DEADLETTER,
-    STAGING,
-    MemoryDir,
-    Options,
-    is_staging_name,
-    skip_reason,
-)
+from memstaged.locks import instance_holder, memstaged_role, read_lock
+from memstaged.memdir import DEADLETTER, STAGING, MemoryDir, Options, is_staging_name
+from memstaged.read import CANNOT_READ, VANISHED, FirstSeen, Skip, read_version
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide
 
-UNREADABLE: Final = "unreadable"
-#: The per-file outcomes status counts: the six decisions, and files it cannot read.
-OUTCOMES: Final = [*(d.value for d in Decision), UNREADABLE]
+#: The per-file outcomes status counts: the six decisions (a file it may not read is deferred).
+OUTCOMES: Final = [d.value for d in Decision]
 
 
 class StagingEntry(msgspec.Struct, frozen=True):
@@ -71,50 +64,51 @@ def iter_staging(
 def decide_entry(
     mdir: MemoryDir, staging_fd: int, name: str, options: Options, clock: float
 ) -> tuple[StagingEntry, Verdict | None, bytes | None] | None:
-    """``staging/<name>`` read (never followed, never written) and decided; ``None`` if gone."""
-    st = fsio.lstat_at(staging_fd, name)
-    if st is None:
-        return None  # vanished since the listing
-    skip = skip_reason(st)
-    if skip is not None:
-        return StagingEntry(name, Decision.SKIPPED.value, skip, None, None), None, None
-    too_large = StagingEntry(
-        name,
-        Decision.QUARANTINED.value,
-        f"file too large ({st.st_size} bytes, limit {options.max_file_size})",
-        st.st_mtime,
-        st.st_size,
-    )
-    if st.st_size > options.max_file_size:
-        return too_large, None, None
+    """``staging/<name>`` read (never followed, never written) and decided; ``None`` if gone.
+
+    Read by :func:`memstaged.read.read_version`, as ``--once`` and the daemon read it, so that
+    ``check``, ``status`` and recovery give the answer a run would: a file memstaged may not
+    read, or one being written, is ``deferred`` with the reason (SPEC 5), and a file dated in
+    the future counts as changed now.
+    """
     try:
-        with fsio.open_regular(staging_fd, name) as (fd, fst):
-            data = fsio.read_fd(fd, fst.st_size, options.max_file_size)
-            st = fst
-    except OSError as err:
-        if err.errno == errno.ENOENT:
+        read = read_version(staging_fd, name, options.max_file_size)
+    except OSError as err:  # what --once logs as deferred, and retries
+        st = fsio.lstat_at(staging_fd, name)
+        if st is None:
             return None
-        if err.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO):
-            entry = StagingEntry(name, Decision.SKIPPED.value, "a link or special file", None, None)
-            return entry, None, None
-        entry = StagingEntry(
-            name, UNREADABLE, f"cannot read it: {err.strerror}", st.st_mtime, st.st_size
-        )
+        reason = f"{CANNOT_READ}: {err.strerror}"
+        entry = StagingEntry(name, Decision.DEFERRED.value, reason, st.st_mtime, st.st_size)
         return entry, None, None
-    if data is None:
-        return too_large, None, None
-    ctx = Context(
-        project_root=mdir.project_root,
-        file_name=name,
-        source_path=os.path.join(mdir.staging, name),
-        settled=clock - st.st_mtime >= options.settle,
-        split_invalid_candidates=options.split_invalid_candidates,
-        decided_at=format_epoch_ms(int(clock * 1000)),
-    )
-    verdict = decide(data, ctx)
-    reason = verdict.reasons[0] if verdict.reasons else None
-    entry = StagingEntry(name, verdict.decision.value, reason, st.st_mtime, st.st_size)
-    return entry, verdict, data
+    if isinstance(read, Skip):
+        if read.reason == VANISHED:
+            return None
+        ident = read.identity
+        mtime = None if ident is None else ident.mtime_ns / 1e9
+        size = None if ident is None else ident.size
+        if read.decision == Decision.SKIPPED.value:
+            mtime = size = None
+        return StagingEntry(name, read.decision, read.reason, mtime, size), None, None
+    with read as version:
+        if version.data is None:
+            size = version.identity.size
+            reason = f"file too large ({size} bytes, limit {options.max_file_size})"
+            entry = StagingEntry(name, Decision.QUARANTINED.value, reason, version.mtime, size)
+            return entry, None, None
+        changed_at = FirstSeen().changed_at(version, clock)
+        ctx = Context(
+            project_root=mdir.project_root,
+            file_name=name,
+            source_path=os.path.join(mdir.staging, name),
+            settled=clock - changed_at >= options.settle,
+            split_invalid_candidates=options.split_invalid_candidates,
+            decided_at=format_epoch_ms(int(clock * 1000)),
+        )
+        verdict = decide(version.data, ctx)
+        first = verdict.reasons[0] if verdict.reasons else None
+        size = version.identity.size
+        entry = StagingEntry(name, verdict.decision.value, first, version.mtime, size)
+        return entry, verdict, version.data
 
 
 class DirStatus(msgspec.Struct, kw_only=True):
@@ -146,19 +140,18 @@ class DirStatus(msgspec.Struct, kw_only=True):
     oldest_wait_seconds: float | None = None
 
 
+#: How ``status`` names the memstaged holding the instance lock, by its role.
+_ROLE_TEXT: Final = {
+    None: "memstaged",
+    "once": "--once run",
+    "deadletter": "deadletter command",
+    "daemon": "daemon",
+}
+
+
 def _holder_kind(pid: int) -> str:
     """What the memstaged holding the instance lock is, from its command line."""
-    if pid <= 0:
-        return "memstaged"
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "memstaged"
-    if b"--once" in argv:
-        return "--once run"
-    if b"deadletter" in argv:
-        return "deadletter command"
-    return "daemon"
+    return _ROLE_TEXT[memstaged_role(pid)] if pid > 0 else "memstaged"
 
 
 def _deadletter_counts(mdir: MemoryDir, acked: set[str]) -> tuple[int, int, int]:
@@ -214,6 +207,13 @@ def survey(
     return status
 
 
+def _unreadable(entry: StagingEntry) -> bool:
+    """A file memstaged may not read: deferred, but no wait will decide it (SPEC 5)."""
+    return entry.decision == Decision.DEFERRED.value and (entry.reason or "").startswith(
+        CANNOT_READ
+    )
+
+
 def _staging_attention(
     status: DirStatus, clock: float, grace: float, max_age: float | None
 ) -> None:
@@ -227,7 +227,7 @@ def _staging_attention(
     if pending:
         names = ", ".join(e.name for e in pending[:3]) + (", ..." if len(pending) > 3 else "")
         attention.append(f"{len(pending)} staging file(s) not yet repaired or quarantined: {names}")
-    odd = [e for e in status.files if e.decision in (Decision.SKIPPED.value, UNREADABLE)]
+    odd = [e for e in status.files if e.decision == Decision.SKIPPED.value or _unreadable(e)]
     if odd:
         names = ", ".join(f"{e.name} ({e.reason})" for e in odd[:3])
         attention.append(f"{len(odd)} staging entr(ies) memstaged cannot decide: {names}")

@@ -126,10 +126,6 @@ def is_timestamp(value: str) -> bool:
     return parse_timestamp(value) is not None
 
 
-#: The name the fast path of validity has used; a timestamp as written is any timestamp now.
-is_as_written = is_timestamp
-
-
 def canonical(value: str) -> str | None:
     """``new Date(Date.parse(value.trim())).toISOString()``, or ``None`` when it is no timestamp."""
     epoch_ms = parse_timestamp(value)

@@ -57,7 +57,7 @@ from watchdog.observers.inotify_c import (
 )
 
 from memstaged.locks import CANONICAL_LOCK
-from memstaged.pipeline import STAGING, MemoryDir, is_staging_name
+from memstaged.memdir import STAGING, MemoryDir, is_staging_name
 
 if TYPE_CHECKING:  # imported when a network file system is polled (issue 14: the daemon's RSS)
     from watchdog.observers.polling import PollingObserver
@@ -80,7 +80,6 @@ NETWORK_FS: Final = frozenset(
         "virtiofs",
     }
 )
-OBSERVER_KINDS: Final = ("auto", "inotify", "polling")
 _OVERFLOW_LOGGER: Final = "watchdog.observers.inotify_c"
 
 #: The events each watch asks for; everything else (opens, reads, attribute changes of other
@@ -472,12 +471,6 @@ class Watcher:
 
     def unwatch_level(self, path: str) -> None:
         self._remove("level", path)
-
-    def watch_count(self) -> int:
-        """How many directories are watched (inotify watches, plus polled directories)."""
-        with self._lock:
-            count = len(self._dirs)
-        return count + sum(len(w) for w in self._polled.values())
 
     # -- polling (network file systems) ----------------------------------------------------------
 

@@ -17,8 +17,8 @@ from typing import Any
 from memstaged import config
 from memstaged.config import Settings
 from memstaged.daemon import Daemon
+from memstaged.memdir import MemoryDir
 from memstaged.notify import Notifier
-from memstaged.pipeline import MemoryDir
 from memstaged.watcher import Signal
 
 
@@ -47,9 +47,6 @@ class RecordingLogger:
         self.events.append(entry)
         for hook in list(self.hooks):
             hook(entry)
-
-    def debug(self, event: str, **fields: Any) -> None:
-        self._log("debug", event, **fields)
 
     def info(self, event: str, **fields: Any) -> None:
         self._log("info", event, **fields)

@@ -36,7 +36,7 @@ import pytest
 from memstaged.ecma import parse_json
 from memstaged.errors import NotJSON
 from memstaged.fsio import TEMP_PREFIX
-from memstaged.pipeline import MemoryDir
+from memstaged.memdir import MemoryDir
 from memstaged.project import default_project_root, normalize
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Context, Decision, Verdict, decide

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from cmd_support import BAD_TRIGGER, json_lines, one_line_error, run
-from conftest import lesson, staging_doc, write
+from conftest import decisions, lesson, staging_doc, write
 
 from memstaged.triage import Context, Decision, decide
 
@@ -161,3 +163,21 @@ def test_check_on_a_file_written_in_pieces_names_settle(memory_dir: Path, tmp_pa
         "  a writer that pauses longer between pieces needs a larger settle",
     ]
     assert "exit-1" in lines
+
+
+def test_check_and_once_agree_on_a_file_dated_in_the_future(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 20 (one reader, one answer): a file that does not parse, dated a day ahead, settles
+    counting from when memstaged first saw it (SPEC 5), so with ``--settle 0`` both ``check``
+    and ``--once`` quarantine it; ``check`` compared the clock with the future mtime and said
+    ``deferred`` for a day."""
+    path = memory_dir / "staging" / "ahead.json"
+    path.write_bytes(json.dumps(staging_doc(project, "ahead")).encode()[:40])  # does not parse
+    ahead = time.time() + 86_400
+    os.utime(path, (ahead, ahead))
+    code, out, _ = run(capsys, "check", "--json", "--settle", "0", str(path))
+    assert (code, json_lines(out)[0]["decision"]) == (4, "quarantined")
+    code, _, _ = run(capsys, "--once", "--settle", "0", "--memory-dir", str(memory_dir))
+    assert code == 0
+    assert decisions(log_file) == {"ahead.json": "quarantined"}

@@ -191,13 +191,6 @@ def test_bom_and_invalid_utf8_rewrites_utf8() -> None:
 # -- depth (issue 10 item 15) -------------------------------------------------------------------
 
 
-def _deep(depth: int) -> Any:
-    value: Any = []
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
 def test_million_levels_valid_file_is_valid() -> None:
     """Issue 10 item 15: a valid file holding an unknown key nested 1,000,000 levels deep
     (2 MB, within the 8 MiB limit) is valid, as Node finds it; no RecursionError."""

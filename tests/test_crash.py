@@ -60,7 +60,8 @@ from helpers import (
 )
 
 from memstaged import fsio
-from memstaged.pipeline import MemoryDir, Options, Pipeline, list_staging
+from memstaged.memdir import MemoryDir, Options
+from memstaged.pipeline import Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision
 
@@ -639,10 +640,10 @@ def test_every_write_is_durable_before_what_depends_on_it(
     pipeline.recover_temps(memory_dir)
     trace.finished("recover_temps")
     if batch:
-        pipeline.process_batch(memory_dir, list_staging(memory_dir))
-        trace.finished("the batch")
+        for _batch in pipeline.batches(memory_dir, pipeline.scan(memory_dir)):
+            trace.finished("the batch")
     else:
-        for name in list_staging(memory_dir):
+        for name in pipeline.scan(memory_dir):
             pipeline.process(memory_dir, name)
             trace.finished(name)
     monkeypatch.undo()

@@ -27,8 +27,8 @@ from memstaged.daemon import LOCK_POLL, Daemon, install_signal_handlers
 from memstaged.discovery import Glob, split_glob
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
+from memstaged.memdir import MemoryDir
 from memstaged.notify import Notifier
-from memstaged.pipeline import MemoryDir
 from memstaged.schedule import MAX_BACKOFF
 from memstaged.seen import seen_cache
 from memstaged.watcher import Kind, Signal

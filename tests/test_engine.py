@@ -546,7 +546,6 @@ def test_quarantined_file_is_not_rewritten_after_partial_repair() -> None:
 # --- SPEC 3.1: deriving a trigger topic --------------------------------------------------------
 
 TOPIC_KEYS = ["topic", "project", "projectName", "name", "title", "repository", "repo", "scope"]
-ROOT_KEYS = ["project_root", "projectRoot", "root", "cwd"]
 
 
 @pytest.mark.parametrize("winner", range(len(TOPIC_KEYS)), ids=TOPIC_KEYS)

@@ -9,6 +9,7 @@ the real ``--once`` for the 100 MiB file (bounded memory) and for an unreadable 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,8 @@ from helpers import (
 from memstaged import fsio
 from memstaged.ecma import parse_json, trim
 from memstaged.locks import CANONICAL_LOCK
-from memstaged.pipeline import Options, Outcome, Pipeline
+from memstaged.memdir import Options
+from memstaged.pipeline import Outcome, Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision
 
@@ -529,37 +532,8 @@ def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
     """Run as an unprivileged user (root would bypass permissions), ``--once`` meets a file it
     may not read: it is left as it is, ``deferred`` with "permission denied" (exit 1), and the
     other files are decided."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv is not installed: cannot drop privileges for this test")
-    base = Path(tempfile.mkdtemp(prefix="memstaged-nobody-", dir="/tmp"))
-    try:
-        os.chmod(base, 0o755)  # noqa: S103 - nobody must reach the memory dir inside
-        mdir = make_memory_dir(base)
-        root = project_root_of(mdir)
-        secret = _put(mdir / "staging" / "secret.json", _malformed(root))
-        os.chmod(mdir / "staging" / "secret.json", 0o600)  # owned by root
-        _put(mdir / "staging" / "fix.json", _repairable(root))
-        for path in [base, *base.rglob("*")]:
-            if path.name != "secret.json":
-                os.chown(path, 65534, 65534)
-        env = memstaged_env(base)
-        env["HOME"] = str(base)
-        for path in [base / "xdg-config"]:
-            os.chown(path, 65534, 65534)
-        result = subprocess.run(
-            [
-                "setpriv",
-                "--reuid=nobody",
-                "--regid=nogroup",
-                "--clear-groups",
-                *[PYTHON, "-m", "memstaged", "--once", "--settle", "0", "--memory-dir", str(mdir)],
-            ],
-            env=env,
-            capture_output=True,
-            timeout=300,
-            check=False,
-            cwd=base,
-        )
+    with _unreadable_world(fix=True) as (base, mdir, env, secret):
+        result = _as_nobody(base, env, "--once", "--settle", "0", "--memory-dir", str(mdir))
         assert result.returncode == 1, result.stderr
         assert (mdir / "staging" / "secret.json").read_bytes() == secret
         events = [
@@ -573,8 +547,49 @@ def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
         assert by_name["secret.json"]["decision"] == "deferred"
         assert "permission denied" in by_name["secret.json"]["reasons"][0]
         assert by_name["fix.json"]["decision"] == "repaired"
+
+
+@contextlib.contextmanager
+def _unreadable_world(*, fix: bool) -> Iterator[tuple[Path, Path, dict[str, str], bytes]]:
+    """A memory dir owned by ``nobody`` whose ``secret.json`` (malformed) only root may read,
+    and with ``fix`` a repairable ``fix.json``: (base, memory dir, environment, secret's bytes).
+    Under /tmp, which ``nobody`` can reach (a test's tmp_path may not be)."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed: cannot drop privileges for this test")
+    base = Path(tempfile.mkdtemp(prefix="memstaged-nobody-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)  # noqa: S103 - nobody must reach the memory dir inside
+        mdir = make_memory_dir(base)
+        root = project_root_of(mdir)
+        secret = _put(mdir / "staging" / "secret.json", _malformed(root))
+        os.chmod(mdir / "staging" / "secret.json", 0o600)  # owned by root
+        if fix:
+            _put(mdir / "staging" / "fix.json", _repairable(root))
+        for path in [base, *base.rglob("*")]:
+            if path.name != "secret.json":
+                os.chown(path, 65534, 65534)
+        env = memstaged_env(base)
+        env["HOME"] = str(base)
+        os.chown(base / "xdg-config", 65534, 65534)
+        yield base, mdir, env, secret
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _as_nobody(base: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``memstaged ARGS`` as ``nobody`` (root would bypass permissions)."""
+    return subprocess.run(
+        [
+            *("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"),
+            *(PYTHON, "-m", "memstaged", *args),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=base,
+    )
 
 
 # -- the daemon keeps running ---------------------------------------------------------------------
@@ -674,3 +689,28 @@ def test_the_daemon_says_why_it_ignores_a_staging_link(tmp_path: Path) -> None:
             5,
         )
     assert (real / "bad.json").read_bytes() == b"{"
+
+
+def test_check_status_and_once_agree_on_a_file_memstaged_may_not_read() -> None:
+    """Issue 20 (one reader, one answer): a file memstaged may not read is ``deferred`` with
+    "permission denied" (SPEC 5) for ``check`` (exit 1), ``status`` and ``--once`` alike;
+    ``check`` and ``status`` said ``unreadable`` (exit 2) where ``--once`` deferred it."""
+    with _unreadable_world(fix=False) as (base, mdir, env, secret):
+        target = str(mdir / "staging" / "secret.json")
+        check = _as_nobody(base, env, "check", "--json", "--settle", "0", target)
+        assert check.returncode == 1, (check.stdout, check.stderr)
+        [line] = [json.loads(x) for x in check.stdout.splitlines() if x.strip()]
+        assert line["decision"] == "deferred", line
+        status = _as_nobody(base, env, "status", "--json", "--files", "--memory-dir", str(mdir))
+        [report] = [json.loads(x) for x in status.stdout.splitlines() if x.strip()]
+        assert report["staging"]["deferred"] == 1, report
+        [entry] = report["files"]
+        assert entry["decision"] == "deferred", entry
+        assert "permission denied" in entry["reason"], entry
+        assert any("secret.json" in a for a in report["attention"]), report
+        once = _as_nobody(base, env, "--once", "--settle", "0", "--memory-dir", str(mdir))
+        assert once.returncode == 1, once.stderr
+        [event] = [e for e in read_events(base / "decisions.jsonl") if e.get("event") == "decision"]
+        assert event["decision"] == "deferred"
+        assert entry["reason"] == event["reasons"][0]
+        assert (mdir / "staging" / "secret.json").read_bytes() == secret

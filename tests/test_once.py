@@ -453,3 +453,58 @@ def test_ctrl_c_during_a_large_quarantine_exits_130_and_the_next_run_finishes(
     assert [p.read_bytes() for p in (dl / "originals").iterdir()] == [data]
     assert len(list(dl.glob("*.json"))) >= 20_000
     assert not list(mdir.rglob(".memstaged~*"))
+
+
+#: Run in the child: umask 022, then ``memstaged --once`` with an audit hook that, at every
+#: chmod, rename and link (before the call is made), records the mode of the file concerned when
+#: it lies in the seen cache's directory. The hook looks, it changes nothing.
+_SEEN_MODES = r"""
+import json, os, stat, sys
+seen = os.path.join(os.environ["XDG_STATE_HOME"], "memstaged", "seen")
+modes = []
+
+def path_of(path, dir_fd):
+    path = os.fsdecode(path)
+    if dir_fd is not None and dir_fd >= 0 and not os.path.isabs(path):
+        path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+    return path
+
+def hook(event, args):
+    if event in ("os.chmod", "os.rename", "os.link"):
+        path = path_of(args[0], args[2]) if isinstance(args[0], (str, bytes)) else None
+        if path is not None and os.path.dirname(path) == seen:
+            try:
+                modes.append([event, os.path.basename(path), stat.S_IMODE(os.lstat(path).st_mode)])
+            except OSError:
+                pass
+
+sys.addaudithook(hook)
+os.umask(0o022)
+from memstaged.cli import main
+code = main(sys.argv[1:])
+print(json.dumps(modes))
+sys.exit(code)
+"""
+
+
+def test_the_seen_cache_is_0600_from_its_creation(
+    project: Path, memory_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 20 (atomic writers): the seen cache was written, then chmodded, then renamed, so
+    under umask 022 it existed for a moment readable by everyone (SPEC 6: 0600). Its temp file
+    has mode 0600 from creation to rename, and the cache too."""
+    write(memory_dir / "staging" / "a.json", staging_doc(project, "a"))
+    env = memstaged_env(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _SEEN_MODES, "--once", "--memory-dir", str(memory_dir)],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    modes = json.loads(done.stdout.decode().splitlines()[-1])
+    assert modes, "the seen cache was never renamed into place"
+    assert all(mode == 0o600 for _event, _name, mode in modes), modes
+    caches = list((tmp_path / "xdg-state" / "memstaged" / "seen").iterdir())
+    assert [oct(c.stat().st_mode & 0o777) for c in caches] == ["0o600"]

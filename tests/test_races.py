@@ -48,7 +48,8 @@ from helpers import (
 )
 
 from memstaged.locks import CANONICAL_LOCK
-from memstaged.pipeline import Options, Pipeline, list_staging
+from memstaged.memdir import Options
+from memstaged.pipeline import Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision, decide
 
@@ -276,7 +277,7 @@ def _drive_pipeline(tmp_path: Path, mdir: Path, start: Any) -> list[dict[str, An
     memory_dir = memory_dir_of(mdir)
     threads = start()
     while any(t.is_alive() for t in threads) or not _quiet(mdir, 0.05):
-        for name in list_staging(memory_dir):
+        for name in pipeline.scan(memory_dir):
             pipeline.process(memory_dir, name)
     return log.events
 

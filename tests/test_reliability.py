@@ -32,7 +32,8 @@ from helpers import (
 
 from memstaged import fsio, pipeline, triage
 from memstaged.cli import main
-from memstaged.pipeline import Options, Pipeline
+from memstaged.memdir import Options
+from memstaged.pipeline import Pipeline
 from memstaged.triage import Context, Decision
 
 OLD = 1_700_000_000  # a settled mtime
@@ -104,9 +105,13 @@ def test_1_inode_reuse_in_a_batch_loses_no_version(
     target = mdir / "staging" / "a.json"
     _during_decide(monkeypatch, "z2.json", lambda: _replace_twice(target, middle, newest))
     log = RecordingLogger()
-    outcomes = Pipeline(Options(settle=0), log, durable_log=contextlib.nullcontext).process_batch(
-        memory_dir_of(mdir), sorted(p.name for p in (mdir / "staging").iterdir())
-    )
+    pipeline = Pipeline(Options(settle=0), log, durable_log=contextlib.nullcontext)
+    memory_dir = memory_dir_of(mdir)
+    outcomes = {
+        name: outcome
+        for batch in pipeline.batches(memory_dir, pipeline.scan(memory_dir))
+        for name, outcome in batch.outcomes.items()
+    }
     assert newest in _staged(mdir), "the writer's newest version was lost"
     assert outcomes["a.json"].decision is Decision.DEFERRED
 
@@ -140,9 +145,10 @@ def test_2_an_in_place_rewrite_that_keeps_size_and_mtime_is_kept(
         os.utime(target, (OLD, OLD))
 
     _during_decide(monkeypatch, "b.json", in_place)
-    Pipeline(
-        Options(settle=0), RecordingLogger(), durable_log=contextlib.nullcontext
-    ).process_batch(memory_dir_of(mdir), ["a.json", "b.json"])
+    pipeline = Pipeline(Options(settle=0), RecordingLogger(), durable_log=contextlib.nullcontext)
+    memory_dir = memory_dir_of(mdir)
+    for _batch in pipeline.batches(memory_dir, pipeline.scan(memory_dir)):
+        pass
     assert newest in _staged(mdir)
 
 

@@ -73,11 +73,6 @@ def _memory_dir(root: Path) -> Path:
     return mdir
 
 
-def _proc_status(pid: str) -> dict[str, str]:
-    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
-
-
 def test_user_service_installs_runs_logs_to_journal_reloads_and_stops(tmp_path: Path) -> None:
     """`memstaged service install --enable` in a real user manager: the unit verifies, the
     service becomes active (READY=1 after the start-up scan), decisions are found in the

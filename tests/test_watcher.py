@@ -30,7 +30,7 @@ from watchdog.events import (
 from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent, Mask, WatchDescriptor
 
 from memstaged import watcher as watcher_module
-from memstaged.pipeline import MemoryDir
+from memstaged.memdir import MemoryDir
 from memstaged.watcher import (
     Kind,
     MemoryDirHandler,
@@ -308,6 +308,21 @@ def _inotify_fds() -> int:
     return count
 
 
+def _inotify_watches() -> int:
+    """How many inotify watches this process holds: the kernel's count, one ``inotify wd:``
+    line per watch in /proc/self/fdinfo of each inotify descriptor."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+        except OSError:
+            continue  # the descriptor listdir itself used
+        count += sum(line.startswith("inotify wd:") for line in info.splitlines())
+    return count
+
+
 def test_many_memory_dirs_share_one_thread_and_one_inotify_descriptor(
     tmp_path: Path, no_thread_leak: None
 ) -> None:
@@ -315,6 +330,7 @@ def test_many_memory_dirs_share_one_thread_and_one_inotify_descriptor(
     descriptor, not two watchdog emitter threads per memory dir; a file written in the last
     one is still signalled, and stopping leaves no thread behind."""
     threads_before, fds_before = threading.active_count(), _inotify_fds()
+    watches_before = _inotify_watches()
     out: queue.SimpleQueue[Signal] = queue.SimpleQueue()
     watcher = Watcher(out, "inotify")
     try:
@@ -324,7 +340,7 @@ def test_many_memory_dirs_share_one_thread_and_one_inotify_descriptor(
             (mdir / "staging").mkdir(parents=True)
             watcher.watch(MemoryDir(str(mdir), str(tmp_path / f"p{i}")))
             mdirs.append(mdir)
-        assert watcher.watch_count() == 400
+        assert _inotify_watches() - watches_before == 400
         assert threading.active_count() - threads_before == 1
         assert _inotify_fds() - fds_before == 1
         (mdirs[-1] / "staging" / "last.json").write_bytes(b"{}")

@@ -36,7 +36,8 @@ from helpers import (
 )
 
 from memstaged import fsio
-from memstaged.pipeline import Options, Pipeline
+from memstaged.memdir import Options
+from memstaged.pipeline import Pipeline
 
 #: A writer process: opens the file for writing, says so, and on a line from stdin writes the
 #: new bytes in place, puts the old mtime back and exits.

@@ -348,13 +348,6 @@ def human_age(seconds: float | None) -> str:
 # -- output -----------------------------------------------------------------------------------
 
 
-def is_terminal(stream: IO[str]) -> bool:
-    try:
-        return stream.isatty()
-    except (OSError, ValueError):
-        return False
-
-
 def use_color(choice: str, terminal: bool, env: dict[str, str] | None = None) -> bool:
     """``--color``: ``always``/``never`` as said; ``auto`` on a terminal that is not ``dumb``
     and with no ``NO_COLOR`` (https://no-color.org: any non-empty value)."""
@@ -394,7 +387,7 @@ class Output:
     """
 
     def __init__(self, args: argparse.Namespace, *, paged: bool = False) -> None:
-        self.terminal = is_terminal(sys.stdout)
+        self.terminal = display.is_terminal(sys.stdout)
         self.color = use_color(getattr(args, "color", "auto"), self.terminal)
         self.stream: IO[str] = sys.stdout
         self._pager: subprocess.Popen[bytes] | None = None
@@ -441,7 +434,7 @@ class Output:
         self,
         kind: type[BaseException] | None,
         value: BaseException | None,
-        tb: TracebackType | None,
+        _tb: TracebackType | None,
     ) -> bool:
         reader_gone = kind is not None and issubclass(kind, (BrokenPipeError, KeyboardInterrupt))
         if self._pager is None:
@@ -575,7 +568,7 @@ class _ReaderMayLeave(io.TextIOBase):
         _stdout_to_devnull()
 
     def isatty(self) -> bool:
-        return is_terminal(self._stream)
+        return display.is_terminal(self._stream)
 
     def fileno(self) -> int:
         return self._stream.fileno()

@@ -23,14 +23,13 @@ from memstaged.config import Settings
 from memstaged.log import dumps
 from memstaged.memdir import MemoryDir, is_staging_name
 from memstaged.project import default_project_root, normalize
-from memstaged.survey import UNREADABLE, decide_entry
+from memstaged.survey import decide_entry
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide
 
 EXIT_CODES: Final = {
     Decision.VALID.value: 0,
     Decision.DEFERRED.value: 1,
-    UNREADABLE: 2,
     Decision.REPAIRED.value: 3,
     Decision.QUARANTINED.value: 4,
     Decision.FOREIGN.value: 5,
@@ -43,9 +42,10 @@ EXIT_MEANINGS: Final = (
     (0, "valid"),
     (
         1,
-        "deferred: it does not parse and changed within the settle interval (still being written?)",
+        "deferred: it does not parse and changed within the settle interval (still being "
+        "written?), or memstaged may not read it (as --once, which leaves it for later)",
     ),
-    (2, "usage error, or a file that cannot be read"),
+    (2, "usage error, or a file that cannot be found"),
     (3, "repairable: --once would rewrite it (--diff shows how)"),
     (4, "would be quarantined"),
     (5, "foreign: it names another project root (see --project-root)"),
@@ -164,8 +164,6 @@ def run(args: argparse.Namespace) -> int:
             worst = max(worst, 2, key=_SEVERITY.__getitem__)
             continue
         decided.append(decision)
-        if decision == UNREADABLE:
-            print(f"memstaged check: {display.name(path)}: {display.text(reason)}", file=sys.stderr)
         worst = max(worst, EXIT_CODES.get(decision, 4), key=_SEVERITY.__getitem__)
         if args.json:
             print(display.json_line(dumps(_json_line(path, decision, reason, verdict))))

@@ -61,7 +61,7 @@ from memstaged.deadletter import (
 from memstaged.ecma import encode_json, pretty
 from memstaged.errors import ConfigError, UsageError
 from memstaged.locks import instance_holder
-from memstaged.pipeline import MemoryDir
+from memstaged.memdir import MemoryDir
 from memstaged.recover import Action, Outcome, Report, preview, recover
 
 SHOW_BYTES: Final = 64 * 1024
@@ -794,10 +794,12 @@ def run_purge(args: argparse.Namespace) -> int:
             left=done.left,
             not_tried=[r.name for r in done.not_tried],
             busy=done.busy,
+            **({} if done.error is None else {"error": done.error}),
         )
-        if done.busy is not None:
-            print(f"memstaged: {done.busy}", file=sys.stderr)
-            busy = True
+        for why in (done.busy, done.error):
+            if why is not None:
+                print(f"memstaged: {why}", file=sys.stderr)
+                busy = True
         rows.extend(_purge_rows(mdir, done.deleted, done.originals, clock, done=True))
         rows.extend(
             {
@@ -816,7 +818,7 @@ def run_purge(args: argparse.Namespace) -> int:
                 "name": r.name,
                 "id": r.id,
                 "action": "not tried",
-                "reason": "the memory dir was busy: canonical-writer.lock held",
+                "reason": done.error or "the memory dir was busy: canonical-writer.lock held",
             }
             for r in done.not_tried
         )

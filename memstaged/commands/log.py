@@ -299,28 +299,12 @@ def _label(event: Event, out: Output | None) -> str:
     return out.paint(label, style) if out is not None else label
 
 
-def event_line(
-    event: Event,
-    *,
-    full: bool = False,
-    out: Output | None = None,
-    when: str | None = None,
-    labels: ProjectLabels | None = None,
-) -> str:
-    """One event as text: time, decision, project and file (full path without ``labels``),
-    why (indented lines when full), then the session.
-
-    Every part that came from a file is escaped: a name with a newline cannot fake a second
-    event, nor an ESC colour the terminal.
-    """
-    if when is None:
-        when = local_time(event_time(event))
-    return _line(event, when, _label(event, out), full, labels)
-
-
 def _line(
     event: Event, when: str, label: str, full: bool, labels: ProjectLabels | None = None
 ) -> str:
+    """One event as text: time, decision, project and file (full path without ``labels``),
+    why (indented lines when full), then the session. Every part that came from a file is
+    escaped: a name with a newline cannot fake a second event, nor an ESC colour the terminal."""
     head = f"{when}  {label}"
     path = event.get("path")
     mdir = event.get("memory_dir")
