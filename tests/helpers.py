@@ -180,10 +180,12 @@ def daemon(
 
 def read_events(log: Path) -> list[dict[str, Any]]:
     """Every event of a JSON-lines decision log (a torn last line after a SIGKILL is skipped)."""
-    if not log.exists():
-        return []
+    try:
+        data = log.read_bytes()
+    except FileNotFoundError:
+        return []  # not yet written, or rotated out meanwhile
     out = []
-    for line in log.read_bytes().splitlines():
+    for line in data.splitlines():
         try:
             out.append(json.loads(line))
         except ValueError:

@@ -119,8 +119,15 @@ class Rig:
                 self.daemon.kill()
                 self.daemon.wait()
 
+    def _events(self) -> list[dict[str, Any]]:
+        """The log's events, its rotated files' included: the log rotates at 10 MiB, and the
+        events of a round that straddled a rotation were missed (the slow rounds then waited
+        in vain for a decision that was in ``decisions.jsonl.1``)."""
+        rotated = sorted(self.log.parent.glob(f"{self.log.name}.[0-9]*"), reverse=True)
+        return [e for path in [*rotated, self.log] for e in read_events(path)]
+
     def _count(self, event: str) -> int:
-        return sum(e.get("event") == event for e in read_events(self.log))
+        return sum(e.get("event") == event for e in self._events())
 
     def command(self, *args: str, crash_at: str | None = None) -> subprocess.Popen[bytes]:
         """``memstaged deadletter ARGS --memory-dir D``, started (not waited for)."""
@@ -143,7 +150,7 @@ class Rig:
     def decisions(self) -> dict[str, set[str]]:
         """File name -> every decision the daemon logged for it."""
         out: dict[str, set[str]] = {}
-        for e in read_events(self.log):
+        for e in self._events():
             if e.get("event") == "decision":
                 out.setdefault(Path(e["path"]).name, set()).add(e["decision"])
         return out
