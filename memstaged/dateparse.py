@@ -190,7 +190,7 @@ def _min_prefix(chunk: str) -> int:
             depth += len(run[0]) if run[0][0] == ord("(") else -len(run[0])
             lowest = min(lowest, depth)
         return lowest
-    return min(accumulate(map(_PAREN_BYTE_STEP.get, parens), initial=0))
+    return min(accumulate(map(_PAREN_BYTE_STEP.__getitem__, parens), initial=0))
 
 
 def _skip_comment(text: str, i: int) -> int:
