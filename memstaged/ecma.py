@@ -9,6 +9,7 @@ to end, so these rules are reproduced here exactly rather than approximated with
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import json.decoder
 import math
@@ -19,6 +20,7 @@ from typing import Any, Final, TypeGuard
 import msgspec
 
 from memstaged.errors import NotJSON
+from memstaged.progress import tick
 
 #: Exactly the code points ECMAScript's WhiteSpace and LineTerminator productions name.
 JS_WHITESPACE: Final = (
@@ -273,6 +275,8 @@ _JSON_OPEN_ARRAYS: Final = re.compile(r"(?:\[[ \t\n\r]*)+")
 #: A key without escapes or control characters, with the colon and spaces around it.
 _JSON_SIMPLE_KEY: Final = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
 _LITERALS: Final = (("true", True), ("false", False), ("null", None))
+#: The iterative parser reports progress (:func:`memstaged.progress.tick`) every 4,096 values.
+_TICK_MASK: Final = 4095
 
 
 def _skip_space(text: str, pos: int) -> int:
@@ -352,7 +356,9 @@ def _parse_stack(text: str) -> Any:
     stack: list[tuple[Any, str | None]] = []
     end = len(text)
     pos = _skip_space(text, 0)
-    while True:
+    for steps in itertools.count(1):
+        if not steps & _TICK_MASK:
+            tick()  # an 8 MiB document is millions of values: the watchdog hears from us
         # -- one value at pos; a container that opens here is pushed and its first value read
         if pos >= end:
             raise _fail("unexpected end of text", pos)
