@@ -388,15 +388,42 @@ def _comment_text(rng: random.Random) -> str:
     return rng.choice(("", "1 ", "Jan 5 ")) + "(" + body + rng.choice(("", ") 2026", " 2026"))
 
 
+SYMBOL_PIECES = [
+    ")",
+    "-",
+    ".",
+    ":",
+    "+",
+    " ",
+    ",",
+    "/",
+    "(x)",
+    "(1)",
+    "((a)b)",
+    "\u3000",
+    "(((())))",
+]
+SYMBOL_TAILS = ["", "2026", "Jan 5 2026 10:00", "x 1", "(", "((((((1))))))", "- 7", ")1"]
+
+
+def _symbol_text(rng: random.Random) -> str:
+    """Hundreds of symbols, ignored characters and comments, maybe after a word, then a tail."""
+    pieces = rng.sample(SYMBOL_PIECES, rng.choice((1, 2, 4, len(SYMBOL_PIECES))))
+    body = "".join(rng.choice(pieces) for _ in range(rng.randint(200, 600)))
+    return rng.choice(("", "", "x ", "jan", "Jan ", "1 ")) + body + rng.choice(SYMBOL_TAILS)
+
+
 def test_bulk_reading_agrees_with_word_by_word_and_node(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 19 item 5: long runs of words, and long comments, are read in bulk (regular
-    expressions and string methods in C) instead of a token or a character at a time. On seeded
+    """Issue 19 item 5: long runs of words, long comments, and symbols before any number are
+    read in bulk (regular expressions and string methods in C) instead of a token or a character
+    at a time. On seeded
     texts made for those paths, the bulk reading gives what the word-by-word reading gives (the
     bulk paths switched off) and what Node's ``Date.parse`` gives, in two zones."""
     rng = random.Random(195)
     inputs = [_run_text(rng) for _ in range(400)] + [_comment_text(rng) for _ in range(24)]
+    inputs += [_symbol_text(rng) for _ in range(200)]
     bulk = [_ours(s) for s in inputs]
     for zone in ("UTC", "America/New_York"):
         with local_zone(node, zone):
@@ -405,6 +432,7 @@ def test_bulk_reading_agrees_with_word_by_word_and_node(
     with monkeypatch.context() as patch:
         patch.setattr(dateparse, "_RUN_MIN", 1 << 30)  # no run is long enough: word by word
         patch.setattr(dateparse, "_min_prefix", lambda _chunk: -(1 << 30))  # walk every chunk
+        patch.setattr(dateparse._Scanner, "skip_symbols", lambda _self: None)
         one_by_one = [_ours(s) for s in inputs]
     assert bulk == one_by_one
     accepted = sum(1 for value in bulk if value is not None)
