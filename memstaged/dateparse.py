@@ -576,10 +576,15 @@ def _read_run(text: str, start: int, end: int, parts: _Parts, has_number: bool) 
     if has_number and stray.search(text, start, end) is not None:
         return False
     tick()
-    month = _LAST_MONTH.match(text, start, end)
+    # Which names occur at all, found by byte searches in C (ASCII letters lower-cased only, as
+    # V8 does; a non-ASCII character is other bytes): the backwards searches below cost more.
+    lowered = text[start:end].encode("utf-8", "surrogatepass").lower()
+    month = None
+    if any(name.encode() in lowered for name in _MONTHS):
+        month = _LAST_MONTH.match(text, start, end)
     if month is not None:
         parts.named_month = _MONTHS.index(month[1].lower()) + 1
-    if parts.time:
+    if parts.time and (b"am" in lowered or b"pm" in lowered):
         ampm = _LAST_AMPM.match(text, start, end)
         if ampm is not None:
             parts.hour_offset = _SHORT_WORDS[ampm[1].lower()][1]
