@@ -147,6 +147,7 @@ _STRAY: Final = re.compile(
 #: Ignored characters and comments nested up to four deep, in C: ``()`` repeated over 8 MB is
 #: four million comments, each too short to be worth a call of :func:`_skip_comment`.
 _IGNORED_OR_COMMENTS: Final = re.compile(f"(?:{_IGNORED_CHAR}++|{_COMMENT_4})++")
+_COMMENTS_WINDOW: Final = 1 << 12
 #: Symbols, ignored characters and comments nested up to four deep: nothing before a number.
 _SYMBOL_RUN: Final = re.compile(f"(?:[-:+.)]++|{_IGNORED_CHAR}++|{_COMMENT_4})++")
 #: A comment is skipped this many characters at a time, with C-speed counting.
@@ -268,7 +269,8 @@ class _Scanner:
             return _WORD, value, length, word_class
         token = _WS_TOKEN if c in _SPACE else _OTHER_TOKEN
         while i < n:  # the whole ignorable run, comments included
-            run = _IGNORED_OR_COMMENTS.match(text, i, n)
+            # within a window: a long comment is _skip_comment's, not read twice
+            run = _IGNORED_OR_COMMENTS.match(text, i, min(n, i + _COMMENTS_WINDOW))
             if run is not None:
                 i = run.end()
             if i < n and text[i] == "(":  # a comment nested deeper, or unclosed
