@@ -118,6 +118,8 @@ _PAREN_BYTE_STEP: Final = {ord("("): 1, ord(")"): -1}
 _PAREN_RUN: Final = re.compile(rb"\(+|\)+")
 #: Word runs shorter than this are read word by word (a real date has a few words).
 _RUN_MIN: Final = 256
+#: A run token covers at most this many characters; the next word starts the next one.
+_RUN_WINDOW: Final = 1 << 16
 _WORD_CHAR: Final = "[^\\x00-@" + re.escape("".join(sorted(_SPACE))) + "]"
 _IGNORED_CHAR: Final = "[\\x00-'*,/;-@" + re.escape("".join(sorted(_SPACE))) + "]"
 #: A comment nested up to four deep.
@@ -295,7 +297,8 @@ class _Scanner:
         gap = _IGNORED_OR_COMMENTS.match(self.text, word_end, self.end)
         if gap is None:
             return
-        units = _UNITS.match(self.text, gap.end(), self.end)
+        # A window at a time: V8 may give up at the run's first words, and so must this.
+        units = _UNITS.match(self.text, gap.end(), min(self.end, gap.end() + _RUN_WINDOW))
         if units is not None and units.end() - gap.end() >= _RUN_MIN:
             self.run_start, self.run_end = gap.end(), units.end()
 

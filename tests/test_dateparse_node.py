@@ -429,6 +429,10 @@ def test_bulk_reading_agrees_with_word_by_word_and_node(
         with local_zone(node, zone):
             found = _run(node, inputs)
         assert found == [], "\n".join(found)
+    with monkeypatch.context() as patch:  # runs and comment runs cut in many windows
+        patch.setattr(dateparse, "_RUN_WINDOW", 300)
+        patch.setattr(dateparse, "_COMMENTS_WINDOW", 50)
+        assert [_ours(s) for s in inputs] == bulk
     with monkeypatch.context() as patch:
         patch.setattr(dateparse, "_RUN_MIN", 1 << 30)  # no run is long enough: word by word
         patch.setattr(dateparse, "_min_prefix", lambda _chunk: -(1 << 30))  # walk every chunk
