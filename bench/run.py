@@ -1842,6 +1842,9 @@ HOSTILE_DATES: Final = {
     "'jan ' repeated: read to the end": ("jan ", ""),
     "'10:00 pm ' then 'pm ' repeated": ("pm ", "10:00 "),
     "'a ' repeated": ("a ", ""),
+    "'()' repeated: four million comments": ("()", ""),
+    "'x (jan) ' repeated: words between comments": ("x (jan) ", ""),
+    "'2026 ' then 'Jan Feb Mar pm ' repeated": ("Jan Feb Mar pm ", "2026 "),
 }
 _NODE_DATE_TIMER: Final = """
 const fs = require("fs");

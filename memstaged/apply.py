@@ -49,6 +49,7 @@ from memstaged.fsio import Identity
 from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock, remove_stale_own_lock
 from memstaged.memdir import DEADLETTER, STAGING
 from memstaged.plan import Ahead, Change, Held, Kind, Plan, Written
+from memstaged.progress import tick
 from memstaged.quarantine import ORIGINALS_DIR, DeadLetter
 
 #: Keeps a displaced writer version as a new staging file: (dir of it, its name, staging/'s
@@ -488,6 +489,7 @@ class _Transaction:
         """Each record's temp, rendered one at a time (its bytes are dropped once written)."""
         written: list[Written] = []
         for record in plan.records:
+            tick()  # each record is rendered and written: thousands of them take seconds
             body = record.body
             tmp = fsio.write_temp(dl_fd, body, "rec", record.name, sync=sync)
             self.ours.add((dl_fd, tmp))
@@ -523,6 +525,7 @@ class _Transaction:
             fsio.syncfs(self.mem_fd)  # every rewrite's data is durable from here on
         for plan_files in files:
             for file in plan_files:
+                tick()
                 _install(file)
                 if file.how != "refresh" and file.tmp is not None:
                     self.ours.discard((file.dir_fd, file.tmp))

@@ -54,6 +54,8 @@ _SYM: Final = 2
 _WS: Final = 3
 _WORD: Final = 4
 _OTHER: Final = 5
+#: Many words in a row, each followed by whitespace or ignored characters: read in bulk.
+_RUN: Final = 6
 
 # Word classes.
 _W_NONE: Final = 0
@@ -111,6 +113,45 @@ _WORD_RUN: Final = re.compile("[^\\x00-@" + re.escape("".join(sorted(_SPACE))) +
 #: ``0-9 : - + . ( )`` (a ``(`` opens a comment, skipped apart).
 _IGNORED: Final = re.compile("[\\x00-'*,/;-@" + re.escape("".join(sorted(_SPACE))) + "]+")
 _PAREN_STEP: Final = {"(": 1, ")": -1}
+_NOT_PAREN_BYTES: Final = bytes(b for b in range(256) if b not in b"()")
+_PAREN_BYTE_STEP: Final = {ord("("): 1, ord(")"): -1}
+_PAREN_RUN: Final = re.compile(rb"\(+|\)+")
+#: Word runs shorter than this are read word by word (a real date has a few words).
+_RUN_MIN: Final = 256
+#: A run token covers at most this many characters; the next word starts the next one.
+_RUN_WINDOW: Final = 1 << 16
+_WORD_CHAR: Final = "[^\\x00-@" + re.escape("".join(sorted(_SPACE))) + "]"
+_IGNORED_CHAR: Final = "[\\x00-'*,/;-@" + re.escape("".join(sorted(_SPACE))) + "]"
+#: A comment nested up to four deep.
+_COMMENT_4: Final = "\\((?:[^()]++|" * 3 + "\\([^()]*+\\)" + ")*+\\)" * 3
+_COMMENTS: Final = re.compile(_COMMENT_4)
+#: Whole units of a word and the ignored characters and comments after it.
+_UNITS: Final = re.compile(f"(?:{_WORD_CHAR}++(?:{_IGNORED_CHAR}++|{_COMMENT_4})++)++")
+_MONTH_NAMES: Final = "|".join(_MONTHS)
+_ZONE_NAMES: Final = "|".join(
+    sorted((w for w, (kind, _) in _SHORT_WORDS.items() if kind == _W_ZONE), key=len, reverse=True)
+)
+_AT_WORD: Final = f"(?<!{_WORD_CHAR})"
+_WORD_ENDS: Final = f"(?!{_WORD_CHAR})"
+#: The last word of a run that is a month, an am/pm, a zone: a greedy ``.*`` then backwards.
+_LAST_MONTH: Final = re.compile(f"(?s:.*){_AT_WORD}(?i:({_MONTH_NAMES}))", re.ASCII)
+_LAST_AMPM: Final = re.compile(f"(?s:.*){_AT_WORD}(?i:(am|pm)){_WORD_ENDS}", re.ASCII)
+_LAST_ZONE: Final = re.compile(f"(?s:.*){_AT_WORD}(?i:({_ZONE_NAMES})){_WORD_ENDS}", re.ASCII)
+#: A word that after a number makes the text no date: neither a month nor a zone, nor (when a
+#: time was read) am/pm.
+_STRAY_AFTER_TIME: Final = re.compile(
+    f"{_AT_WORD}(?!(?i:{_MONTH_NAMES})|(?i:{_ZONE_NAMES}|am|pm){_WORD_ENDS}){_WORD_CHAR}",
+    re.ASCII,
+)
+_STRAY: Final = re.compile(
+    f"{_AT_WORD}(?!(?i:{_MONTH_NAMES})|(?i:{_ZONE_NAMES}){_WORD_ENDS}){_WORD_CHAR}", re.ASCII
+)
+#: Ignored characters and comments nested up to four deep, in C: ``()`` repeated over 8 MB is
+#: four million comments, each too short to be worth a call of :func:`_skip_comment`.
+_IGNORED_OR_COMMENTS: Final = re.compile(f"(?:{_IGNORED_CHAR}++|{_COMMENT_4})++")
+_COMMENTS_WINDOW: Final = 1 << 12
+#: Symbols, ignored characters and comments nested up to four deep: nothing before a number.
+_SYMBOL_RUN: Final = re.compile(f"(?:[-:+.)]++|{_IGNORED_CHAR}++|{_COMMENT_4})++")
 #: A comment is skipped this many characters at a time, with C-speed counting.
 _CHUNK: Final = 1 << 16
 #: The legacy reader reports progress (:func:`memstaged.progress.tick`) every so many tokens.
@@ -134,15 +175,42 @@ def _classify_word(prefix: str, length: int) -> tuple[int, int]:
     return _W_NONE, 0
 
 
+def _min_prefix(chunk: str) -> int:
+    """The lowest running depth within ``chunk``, from 0 (so at most 0), counting its parentheses.
+
+    The other characters are dropped in C (in UTF-8 no byte of another character is a
+    parenthesis), then adjacent ``()`` are removed in C, which changes no running depth outside
+    them (a dense run of ``()`` goes in one pass), as long as that pays; what is left is summed.
+    """
+    parens = chunk.encode("utf-8", "surrogatepass").translate(None, _NOT_PAREN_BYTES)
+    while b"()" in parens:
+        reduced = parens.replace(b"()", b"")
+        shrunk = len(parens) - len(reduced) >= len(parens) >> 3
+        parens = reduced
+        if not shrunk:
+            break
+    if parens.count(b")(") + parens.count(b"()") < len(parens) >> 4:  # deep: long runs
+        depth, lowest = 0, 0
+        for run in _PAREN_RUN.finditer(parens):
+            depth += len(run[0]) if run[0][0] == ord("(") else -len(run[0])
+            lowest = min(lowest, depth)
+        return lowest
+    return min(accumulate(map(_PAREN_BYTE_STEP.__getitem__, parens), initial=0))
+
+
 def _skip_comment(text: str, i: int) -> int:
     """Past the parenthesised comment that opens at ``i``: where its ``(`` are all closed, or the
-    end of the text. Counted a chunk at a time in C: a comment may be the whole 8 MiB text."""
-    depth, j, n = 1, i + 1, len(text)
+    end of the text. Counted a chunk at a time in C: a comment may be the whole 8 MiB text, and
+    only the chunk where it closes is walked character by character (issue 19 item 5: ``()``
+    repeated inside a comment took 346 ns per byte). Chunks grow from a few characters: ``()``
+    repeated outside a comment is as many comments."""
+    depth, j, n, chunk = 1, i + 1, len(text), 64
     while j < n:
-        k = min(j + _CHUNK, n)
+        k = min(j + chunk, n)
+        chunk = min(chunk * 2, _CHUNK)  # a short comment costs its length, not a chunk's
         closes = text.count(")", j, k)
-        if depth > closes:  # cannot close in this chunk
-            depth += text.count("(", j, k) - closes
+        if depth > closes or depth + _min_prefix(text[j:k]) > 0:
+            depth += text.count("(", j, k) - closes  # cannot close in this chunk
         else:
             steps = accumulate(map(_PAREN_STEP.get, text[j:k], repeat(0)), initial=depth)
             sums = list(steps)
@@ -163,19 +231,23 @@ class _Scanner:
     of the kind of its first character: every reader ignores all but that first one.
     """
 
-    __slots__ = ("end", "i", "next_token", "text")
+    __slots__ = ("end", "i", "next_token", "run_end", "run_start", "text")
 
     def __init__(self, text: str) -> None:
         nul = text.find("\0")
         self.text = text
         self.end = len(text) if nul < 0 else nul  # a NUL character ends the text, as in V8
         self.i = 0
+        self.run_start = self.run_end = -1
         self.next_token = self._scan()
 
     def _scan(self) -> Token:
         text, i, n = self.text, self.i, self.end
         if i >= n:
             return _END_TOKEN
+        if i == self.run_start:
+            self.i = self.run_end
+            return _RUN, i, self.run_end, _W_NONE
         c = text[i]
         if "0" <= c <= "9":
             end = _DIGITS.match(text, i, n).end()  # type: ignore[union-attr]
@@ -194,10 +266,16 @@ class _Scanner:
             length = len(head) + sum(1 for h in head if ord(h) > 0xFFFF)
             word_class, value = _classify_word(head, length)
             self.i = end
+            if n - end > _RUN_MIN:
+                self._find_run(end)
             return _WORD, value, length, word_class
         token = _WS_TOKEN if c in _SPACE else _OTHER_TOKEN
         while i < n:  # the whole ignorable run, comments included
-            if text[i] == "(":
+            # within a window: a long comment is _skip_comment's, not read twice
+            run = _IGNORED_OR_COMMENTS.match(text, i, min(n, i + _COMMENTS_WINDOW))
+            if run is not None:
+                i = run.end()
+            if i < n and text[i] == "(":  # a comment nested deeper, or unclosed
                 i = min(_skip_comment(text, i), n)
                 continue
             run = _IGNORED.match(text, i, n)
@@ -206,6 +284,36 @@ class _Scanner:
             i = run.end()
         self.i = i
         return token
+
+    def _find_run(self, word_end: int) -> None:
+        """After a word: when many more words, each followed by whitespace or ignored
+        characters, come after the ignored characters that follow it, they are one run token.
+
+        No word of a run is followed by a number or a symbol, so no reader looks past it: each
+        is taken for what it is, and :func:`_read_run` takes them all at once (issue 19 item 5:
+        ``"jan "`` repeated over 8 MB took 4 µs per byte word by word). The first word is a
+        token of its own, so the ISO reader, which may look at it, never sees a run.
+        """
+        gap = _IGNORED_OR_COMMENTS.match(self.text, word_end, self.end)
+        if gap is None:
+            return
+        # A window at a time: V8 may give up at the run's first words, and so must this.
+        units = _UNITS.match(self.text, gap.end(), min(self.end, gap.end() + _RUN_WINDOW))
+        if units is not None and units.end() - gap.end() >= _RUN_MIN:
+            self.run_start, self.run_end = gap.end(), units.end()
+
+    def skip_symbols(self) -> None:
+        """Past the symbols, ignored characters and comments that come next, in C.
+
+        Before the first number, none of them means anything to the legacy reader, and V8 reads
+        them one by one to the end (issue 19 item 5: ``")"`` repeated took 2 µs per byte here).
+        """
+        if self.next_token[0] not in (_SYM, _WS, _OTHER):
+            return
+        run = _SYMBOL_RUN.match(self.text, self.i, self.end)
+        if run is not None:
+            self.i = run.end()
+        self.next_token = self._scan()
 
     def peek(self) -> Token:
         return self.next_token
@@ -456,13 +564,49 @@ def _read_legacy_offset(scan: _Scanner, parts: _Parts, sign: Token) -> bool:
     return True
 
 
+def _read_run(text: str, start: int, end: int, parts: _Parts, has_number: bool) -> bool:
+    """The words of ``text[start:end]`` as the legacy reader takes them one by one.
+
+    Each word is followed by whitespace or ignored characters, and none of them changes what the
+    others mean (a number before them does: ``has_number``; a time read does). So: after a
+    number, a word that is no month, no zone and no am/pm after a time makes the text no date;
+    else the last month, am/pm (after a time) and zone (after a number) of the run are what
+    counts, as the word-by-word reading leaves them. Each is found by one regular expression,
+    in C.
+    """
+    if "(" in text[start:end]:  # a comment separates words as a space does; its words are none
+        text = _COMMENTS.sub(" ", text[start:end])
+        start, end = 0, len(text)
+    stray = _STRAY_AFTER_TIME if parts.time else _STRAY
+    if has_number and stray.search(text, start, end) is not None:
+        return False
+    tick()
+    # Which names occur at all, found by byte searches in C (ASCII letters lower-cased only, as
+    # V8 does; a non-ASCII character is other bytes): the backwards searches below cost more.
+    lowered = text[start:end].encode("utf-8", "surrogatepass").lower()
+    month = None
+    if any(name.encode() in lowered for name in _MONTHS):
+        month = _LAST_MONTH.match(text, start, end)
+    if month is not None:
+        parts.named_month = _MONTHS.index(month[1].lower()) + 1
+    if parts.time and (b"am" in lowered or b"pm" in lowered):
+        ampm = _LAST_AMPM.match(text, start, end)
+        if ampm is not None:
+            parts.hour_offset = _SHORT_WORDS[ampm[1].lower()][1]
+    if has_number:
+        zone = _LAST_ZONE.match(text, start, end)
+        if zone is not None:
+            parts.set_zone(_SHORT_WORDS[zone[1].lower()][1])
+    tick()
+    return True
+
+
 def _read_legacy(scan: _Scanner, parts: _Parts, token: Token) -> bool:
     """V8's legacy reader, from ``token`` on; False when the text is no date."""
     has_number = bool(parts.day)
     count = 0
     while token[0] != _END:
-        count += 1
-        if count % _TICK_EVERY == 0:
+        if not (count := count + 1) % _TICK_EVERY:
             tick()
         kind = token[0]
         if kind == _NUM:
@@ -506,12 +650,16 @@ def _read_legacy(scan: _Scanner, parts: _Parts, token: Token) -> bool:
                 parts.set_zone(value)
             elif has_number or scan.peek()[0] == _NUM:
                 return False  # a stray word after a number, or glued to the first one
+        elif kind == _RUN and not _read_run(scan.text, token[1], token[2], parts, has_number):
+            return False  # (a run that reads well falls through to no branch but the last)
         elif _is_sign(token) and (parts.zone_is_utc() or parts.time):
             has_number = True
             if not _read_legacy_offset(scan, parts, token):
                 return False
         elif (_is_sign(token) or _is_sym(token, ")")) and has_number:
             return False
+        elif not has_number and kind != _WORD:
+            scan.skip_symbols()
         token = scan.next()
     return True
 

@@ -9,6 +9,7 @@ to end, so these rules are reproduced here exactly rather than approximated with
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import json.decoder
 import math
@@ -19,6 +20,7 @@ from typing import Any, Final, TypeGuard
 import msgspec
 
 from memstaged.errors import NotJSON
+from memstaged.progress import tick
 
 #: Exactly the code points ECMAScript's WhiteSpace and LineTerminator productions name.
 JS_WHITESPACE: Final = (
@@ -222,7 +224,7 @@ def _parse_int(literal: str) -> int | float:
     return int(literal)
 
 
-def parse_json(data: bytes) -> Parsed:
+def parse_json(data: bytes, *, deep_array_as_text: bool = False) -> Parsed:
     """``JSON.parse(fs.readFileSync(path, "utf-8"))`` of ``data``; raises :class:`NotJSON`.
 
     The bytes are decoded as Node decodes them (:func:`decode_utf8`), and nesting is limited
@@ -232,6 +234,10 @@ def parse_json(data: bytes) -> Parsed:
     ``JSON.parse`` reads minus zero; then the standard library's parser is used, or for
     a document nested deeper than it can recurse, :func:`_parse_iterative`. Such a value is marked
     ``exotic`` so that :func:`encode_json` writes it back without loss.
+
+    With ``deep_array_as_text`` (the engine's choice: such a file is no staging file), an array
+    nested more than :data:`_DEEP` deep comes back as its text, a :class:`msgspec.Raw`
+    (:func:`_is_deep_array`; issue 19 item 5: decoded, it took 80 times its size).
     """
     try:
         value = _decoder.decode(data)
@@ -251,6 +257,9 @@ def parse_json(data: bytes) -> Parsed:
     try:
         value = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
     except RecursionError:
+        if deep_array_as_text and _is_deep_array(text):  # no rule accepts it: its text will do
+            raw = msgspec.Raw(text.strip(" \t\n\r").encode("utf-8", "surrogatepass"))
+            return Parsed(raw, exotic=True, text=replaced)
         value = _parse_iterative(text)
     except ValueError as err:
         if not isinstance(err, json.JSONDecodeError):
@@ -269,10 +278,14 @@ def parse_json(data: bytes) -> Parsed:
 _JSON_SPACE: Final = re.compile(r"[ \t\n\r]*")
 _JSON_SPACE_CHARS: Final = frozenset(" \t\n\r")
 _JSON_NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
-_JSON_OPEN_ARRAYS: Final = re.compile(r"(?:\[[ \t\n\r]*)+")
+#: Brackets and spaces: one character class, so that the regular expression engine keeps no
+#: state per bracket (a repeated group kept about 120 bytes per level: 60 times a deep file).
+_JSON_OPEN_ARRAYS: Final = re.compile(r"[\[ \t\n\r]+")
 #: A key without escapes or control characters, with the colon and spaces around it.
 _JSON_SIMPLE_KEY: Final = re.compile(r'[ \t\n\r]*"([^"\\\x00-\x1f]*)"[ \t\n\r]*:[ \t\n\r]*')
 _LITERALS: Final = (("true", True), ("false", False), ("null", None))
+#: The iterative parser reports progress (:func:`memstaged.progress.tick`) every 4,096 values.
+_TICK_MASK: Final = 4095
 
 
 def _skip_space(text: str, pos: int) -> int:
@@ -327,6 +340,74 @@ def _scalar_at(text: str, pos: int) -> tuple[Any, int]:
     raise _fail("unexpected character", pos)
 
 
+#: A document that is an array nested deeper than this is kept as its text (:func:`_is_deep_array`).
+_DEEP: Final = 100_000
+
+
+def _is_deep_array(text: str) -> bool:
+    """Whether ``text`` is JSON whose value is an array nested more than :data:`_DEEP` deep.
+
+    Such a document is no staging file whatever it holds (SPEC 3: the file is an object), so
+    the engine needs only to know that it is JSON, and the text to put in its record: decoded,
+    it took 80 times its size (a Python list per level). So it is checked here with a byte per
+    open container and nothing built; anything else (an object, a shallower array, not JSON at
+    all) is left to :func:`_parse_iterative`, which answers as before. Whether a document is
+    kept as text depends on its text only, never on the stack the caller left.
+    """
+    end = len(text)
+    pos = _skip_space(text, 0)
+    if pos >= end or text[pos] != "[":
+        return False
+    open_kinds = bytearray()  # b"[" or b"{" per open container
+    deepest = 0
+    steps = 0
+    try:
+        while True:
+            steps += 1
+            if not steps & _TICK_MASK:
+                tick()
+            if pos >= end:
+                return False
+            c = text[pos]
+            if c == "[":
+                run = _JSON_OPEN_ARRAYS.match(text, pos)
+                assert run is not None
+                open_kinds.extend(b"[" * text.count("[", pos, run.end()))
+                deepest = max(deepest, len(open_kinds))
+                pos = run.end()
+                if pos < end and text[pos] == "]":
+                    open_kinds.pop()
+                    pos += 1
+                else:
+                    continue
+            elif c == "{":
+                pos = _skip_space(text, pos + 1)
+                if pos < end and text[pos] == "}":
+                    pos += 1
+                else:
+                    pos = _key(text, pos)[1]
+                    open_kinds.append(ord("{"))
+                    deepest = max(deepest, len(open_kinds))
+                    continue
+            else:
+                pos = _scalar_at(text, pos)[1]
+            while True:  # a value is complete: a comma, or containers closing
+                pos = _skip_space(text, pos)
+                if not open_kinds:
+                    return pos == end and deepest > _DEEP
+                kind = open_kinds[-1]
+                c = text[pos] if pos < end else ""
+                if c == ",":
+                    pos = _skip_space(text, pos + 1) if kind == ord("[") else _key(text, pos + 1)[1]
+                    break
+                if c != ("]" if kind == ord("[") else "}"):
+                    return False
+                open_kinds.pop()
+                pos += 1
+    except NotJSON:
+        return False
+
+
 def _parse_iterative(text: str) -> Any:
     """``JSON.parse`` without recursion, for documents nested deeper than Python's stack allows.
 
@@ -352,7 +433,9 @@ def _parse_stack(text: str) -> Any:
     stack: list[tuple[Any, str | None]] = []
     end = len(text)
     pos = _skip_space(text, 0)
-    while True:
+    for steps in itertools.count(1):
+        if not steps & _TICK_MASK:
+            tick()  # an 8 MiB document is millions of values: the watchdog hears from us
         # -- one value at pos; a container that opens here is pushed and its first value read
         if pos >= end:
             raise _fail("unexpected end of text", pos)
@@ -360,7 +443,7 @@ def _parse_stack(text: str) -> Any:
         if text[pos] == "[":
             run = _JSON_OPEN_ARRAYS.match(text, pos)
             assert run is not None
-            depth, pos = run[0].count("["), run.end()
+            depth, pos = text.count("[", pos, run.end()), run.end()
             stack.extend(([], None) for _ in range(depth))
             if pos >= end or text[pos] != "]":
                 continue

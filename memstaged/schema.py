@@ -19,6 +19,7 @@ from memstaged.ecma import (
     is_nonempty_string,
     is_number,
 )
+from memstaged.progress import tick
 from memstaged.timestamps import is_timestamp
 
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")
@@ -201,6 +202,8 @@ def check_file(doc: object) -> Report:
                 out.append(Problem(f"candidates.{category}", "must be an array"))
                 continue
             for i, item in enumerate(items):
+                if not i & 1023:
+                    tick()  # hundreds of thousands of candidates take seconds to explain
                 found = check_candidate(category, item, f"candidates.{category}[{i}]")
                 if found:
                     by_candidate[(category, i)] = tuple(found)

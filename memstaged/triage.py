@@ -180,7 +180,7 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
     bom_repair = (Repair("R2", "(file)", "removed the UTF-8 byte-order mark"),)
     repairs: tuple[Repair, ...] = bom_repair if body is not data else ()
     try:
-        parsed = parse_json(body)
+        parsed = parse_json(body, deep_array_as_text=True)
     except NotJSON as err:
         return _unparseable(data, ctx, sha, size, err)
     doc, exotic = parsed.value, parsed.exotic

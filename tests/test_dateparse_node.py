@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 from node_oracle import Node, local_zone, mismatches
 
+from memstaged import dateparse
 from memstaged.dateparse import parse
 from memstaged.timestamps import format_epoch_ms
 
@@ -333,3 +334,110 @@ def test_large_corpus_agrees_with_node(node: Node, zone: str) -> None:
     with local_zone(node, zone):
         found = _run(node, inputs)
     assert found == [], "\n".join(found)
+
+
+#: Words and separators of the long runs that ``dateparse`` reads in bulk (issue 19 item 5).
+RUN_WORDS = [
+    *(m[:3] for m in MONTHS),
+    *(m.upper() for m in MONTHS[:4]),
+    "jAnuary",
+    "Septembre",
+    "am",
+    "PM",
+    "pm",
+    "Am",
+    *ZONE_WORDS,
+    "T",
+    "t",
+    "a",
+    "foo",
+    "ja",
+    "amx",
+    "pmé",
+    "ut\U0001f600",
+    "é",
+    "[",
+    "_",
+    "\u2028",
+    "\U0001f600",
+]
+RUN_SEPARATORS = [" ", " ", "  ", ",", ", ", "\t", "/", "\u00a0", "\u3000", "\x1c", "!", " @ "]
+RUN_SEPARATORS += ["(jan)", " (pm 10) ", "()", "(a(b(c)d)e)", "((((x))))"]
+RUN_HEADS = ["", "10:00 ", "12 ", "2026 ", "Jan 5 2026 3:00 ", "1 ", "5/6/2026 10:00:00 ", "x "]
+RUN_TAILS = ["", "2026", " 10:30", "- 7", "(c) 1", "1", "+0200", " 2026-", "am"]
+
+
+def _run_text(rng: random.Random) -> str:
+    """A date-like head, a run of hundreds of words (one repeated, or a few cycled, or drawn at
+    random), and a tail that may make it a date or not."""
+    vocabulary = rng.sample(RUN_WORDS, rng.choice((1, 2, 3, len(RUN_WORDS))))
+    separators = rng.sample(RUN_SEPARATORS, rng.choice((1, 1, 2, len(RUN_SEPARATORS))))
+    words = [rng.choice(vocabulary) + rng.choice(separators) for _ in range(rng.randint(100, 400))]
+    if rng.random() < 0.3:  # one odd word somewhere in the run
+        words.insert(rng.randrange(len(words)), rng.choice(RUN_WORDS) + " ")
+    return rng.choice(RUN_HEADS) + "".join(words) + rng.choice(RUN_TAILS)
+
+
+def _comment_text(rng: random.Random) -> str:
+    """A comment of 65,536 characters or more (more than one chunk) made of parentheses in
+    dense or deep shapes, closed somewhere or not at all, then a date or not."""
+    shape = rng.choice(("()", "(x)", "(()", "())", "((()))", "(" * 300 + ")" * 300, "a(b)c"))
+    body = shape * (rng.randint(66_000, 140_000) // len(shape))
+    cut = rng.randrange(len(body))
+    body = body[:cut] + rng.choice(("", ")", "))", "(", ")" * 400)) + body[cut:]
+    return rng.choice(("", "1 ", "Jan 5 ")) + "(" + body + rng.choice(("", ") 2026", " 2026"))
+
+
+SYMBOL_PIECES = [
+    ")",
+    "-",
+    ".",
+    ":",
+    "+",
+    " ",
+    ",",
+    "/",
+    "(x)",
+    "(1)",
+    "((a)b)",
+    "\u3000",
+    "(((())))",
+]
+SYMBOL_TAILS = ["", "2026", "Jan 5 2026 10:00", "x 1", "(", "((((((1))))))", "- 7", ")1"]
+
+
+def _symbol_text(rng: random.Random) -> str:
+    """Hundreds of symbols, ignored characters and comments, maybe after a word, then a tail."""
+    pieces = rng.sample(SYMBOL_PIECES, rng.choice((1, 2, 4, len(SYMBOL_PIECES))))
+    body = "".join(rng.choice(pieces) for _ in range(rng.randint(200, 600)))
+    return rng.choice(("", "", "x ", "jan", "Jan ", "1 ")) + body + rng.choice(SYMBOL_TAILS)
+
+
+def test_bulk_reading_agrees_with_word_by_word_and_node(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 item 5: long runs of words, long comments, and symbols before any number are
+    read in bulk (regular expressions and string methods in C) instead of a token or a character
+    at a time. On seeded
+    texts made for those paths, the bulk reading gives what the word-by-word reading gives (the
+    bulk paths switched off) and what Node's ``Date.parse`` gives, in two zones."""
+    rng = random.Random(195)
+    inputs = [_run_text(rng) for _ in range(400)] + [_comment_text(rng) for _ in range(24)]
+    inputs += [_symbol_text(rng) for _ in range(200)]
+    bulk = [_ours(s) for s in inputs]
+    for zone in ("UTC", "America/New_York"):
+        with local_zone(node, zone):
+            found = _run(node, inputs)
+        assert found == [], "\n".join(found)
+    with monkeypatch.context() as patch:  # runs and comment runs cut in many windows
+        patch.setattr(dateparse, "_RUN_WINDOW", 300)
+        patch.setattr(dateparse, "_COMMENTS_WINDOW", 50)
+        assert [_ours(s) for s in inputs] == bulk
+    with monkeypatch.context() as patch:
+        patch.setattr(dateparse, "_RUN_MIN", 1 << 30)  # no run is long enough: word by word
+        patch.setattr(dateparse, "_min_prefix", lambda _chunk: -(1 << 30))  # walk every chunk
+        patch.setattr(dateparse._Scanner, "skip_symbols", lambda _self: None)
+        one_by_one = [_ours(s) for s in inputs]
+    assert bulk == one_by_one
+    accepted = sum(1 for value in bulk if value is not None)
+    assert 40 < accepted < len(inputs) - 40  # both outcomes, in earnest
