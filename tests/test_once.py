@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -430,12 +431,20 @@ def test_ctrl_c_during_a_large_quarantine_exits_130_and_the_next_run_finishes(
     doc["candidates"]["lessons"] = [{}] * 20_000
     data = write(mdir / "staging" / "many.json", doc)
     os.utime(mdir / "staging" / "many.json", (1, 1))  # settled long ago
-    proc = subprocess.Popen(
-        memstaged_cmd("--once", "--memory-dir", str(mdir)),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    # Ctrl-C's disposition in a terminal's foreground job: a suite started as a background job
+    # of a non-interactive shell has SIGINT ignored, which a child inherits, and Python then
+    # keeps it ignored (rightly, as under nohup): the interruption never came and the run ended
+    # 0. A handled signal is reset to the default across exec; an ignored one is not.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            memstaged_cmd("--once", "--memory-dir", str(mdir)),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     dl = mdir / "deadletter"
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130
