@@ -116,8 +116,14 @@ class Collector:
             labels=["decision"],
         )
         for decision in Decision:
-            decisions.add_metric([decision.value], daemon.counts.get(decision.value, 0))
+            if decision is not Decision.DEFERRED:  # a wait, not a decision (SPEC 7, 2.1)
+                decisions.add_metric([decision.value], daemon.counts.get(decision.value, 0))
         yield decisions
+        yield CounterMetricFamily(
+            "memstaged_deferrals",
+            "Times a file was deferred (a wait: settling, a lock, an error, an unwritable log)",
+            value=daemon.counts.get(Decision.DEFERRED.value, 0),
+        )
         repairs = CounterMetricFamily(
             "memstaged_repairs", "Repairs applied, by rule (R1 to R5)", labels=["rule"]
         )
