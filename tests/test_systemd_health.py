@@ -41,7 +41,6 @@ DEMO_DECISIONS = {
     "repaired": 3,
     "quarantined": 3,
     "foreign": 1,
-    "deferred": 0,
     "skipped": 0,
 }
 OK = "MEMSTAGED OK - 1 memory dir(s), nothing needs attention"
