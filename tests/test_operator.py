@@ -677,24 +677,35 @@ def test_a_verdict_survives_a_reader_that_left(
     assert (memory_dir / "staging" / "session-one-bad-lesson.recovered-1.json").exists()
 
 
+def _half_written_ahead(memory_dir: Path) -> None:
+    """A half-written file dated a day ahead: it settles counting from when memstaged first sees
+    it (SPEC 5), not from its write, which a busy machine may have made seconds before."""
+    path = memory_dir / "staging" / "half.json"
+    write(path, b'{"schemaVersion": 1, "sess')
+    ahead = time.time() + 86_400
+    os.utime(path, (ahead, ahead))
+
+
 def test_a_long_settle_wait_says_what_it_waits_for(
     capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path
 ) -> None:
     """Issue 13: ``--once`` waiting for a file still being written says so on stderr, naming
-    the file and the settle interval, instead of a silent pause."""
-    write(memory_dir / "staging" / "half.json", b'{"schemaVersion": 1, "sess')
-    code, _, err = run(capsys, "--once", "--settle", "1.2", "--memory-dir", str(memory_dir))
+    the file and the settle interval, instead of a silent pause. The file is dated ahead, so
+    that it settles from when ``--once`` first sees it: a run that starts late on a busy machine
+    still has the whole interval to wait (issue 19 item 8)."""
+    _half_written_ahead(memory_dir)
+    code, _, err = run(capsys, "--once", "--settle", "3", "--memory-dir", str(memory_dir))
     assert code == 0
     waiting = [line for line in err.splitlines() if "waiting up to" in line]
     assert len(waiting) == 1
-    assert "half.json" in waiting[0] and "settle interval (1.2s)" in waiting[0]
+    assert "half.json" in waiting[0] and "settle interval (3s)" in waiting[0]
 
 
 def test_the_settle_wait_is_one_line_on_a_terminal_too(tmp_path: Path, memory_dir: Path) -> None:
     """Issue 13: on an 80-column terminal, where ``--once`` shows a progress bar, the line that
     says what it waits for is one line, not hard-wrapped at 80 columns by the bar's console
     (a path cut in two cannot be copied)."""
-    write(memory_dir / "staging" / "half.json", b'{"schemaVersion": 1, "sess')
+    _half_written_ahead(memory_dir)
     env = memstaged_env(tmp_path)
     argv = memstaged_cmd("--once", "--settle", "3", "--memory-dir", str(memory_dir))
     code, shown = _pty_run(argv, env)
