@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -129,8 +130,13 @@ def test_settle_defers_a_fresh_unparseable_file_then_decides_it(
     project: Path, memory_dir: Path, log_file: Path
 ) -> None:
     """A just-written file that does not parse is deferred first, then quarantined once settled;
-    the run still exits 0 because it got its decision within the run."""
-    write(memory_dir / "staging" / "fresh.json", b'{"schemaVersion": 1, "sess')
+    the run still exits 0 because it got its decision within the run. The file is dated ahead,
+    so it settles from when the run first sees it: written 0.3 s before a run that starts late
+    on a busy machine, it would already be settled (issue 19 item 8)."""
+    path = memory_dir / "staging" / "fresh.json"
+    write(path, b'{"schemaVersion": 1, "sess')
+    ahead = time.time() + 86_400
+    os.utime(path, (ahead, ahead))
     assert main(["--once", "--settle", "0.3", "--memory-dir", str(memory_dir)]) == 0
     kinds = [e["decision"] for e in read_log(log_file) if e["event"] == "decision"]
     assert kinds == ["deferred", "quarantined"]
