@@ -20,9 +20,7 @@ import argparse
 import datetime as dt
 import functools
 import io
-import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,12 +31,11 @@ from memstaged import config, display
 from memstaged.config import Alias, Settings, check_memory_dir, one_path_each, unwritable
 from memstaged.errors import ConfigError, UsageError
 from memstaged.memdir import MemoryDir
+from memstaged.seconds import is_duration, parse_seconds
 
 if TYPE_CHECKING:
     import subprocess
 
-_DURATION: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*", re.IGNORECASE)
-_UNIT_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
 #: Decision colours on a terminal (SGR codes); the log's own words, never a second vocabulary.
 DECISION_STYLES: Final = {
@@ -254,21 +251,16 @@ def within(path: str, memory_dir: str) -> str | None:
 
 # -- time -------------------------------------------------------------------------------------
 
-#: The longest duration taken: ten thousand years; longer is a typo, and overflows dates.
-MAX_DURATION: Final = 10_000 * 365.25 * 86_400
 _EARLIEST: Final = dt.datetime.min.replace(tzinfo=dt.UTC)
 _LATEST: Final = dt.datetime.max.replace(tzinfo=dt.UTC)
 
 
 def parse_duration(text: str, option: str) -> float:
-    """``30s``, ``10m``, ``2h``, ``3d``, ``1w`` in seconds."""
-    match = _DURATION.fullmatch(text)
-    if match is None:
-        raise UsageError(f"{option} {text!r}: expected a duration such as 30s, 10m, 2h or 3d")
-    seconds = float(match[1]) * _UNIT_SECONDS[match[2].lower()]
-    if not math.isfinite(seconds) or seconds > MAX_DURATION:
-        raise UsageError(f"{option} {text!r}: longer than 10,000 years")
-    return seconds
+    """``30s``, ``10m``, ``2h``, ``3d``, ``1w`` in seconds (see :mod:`memstaged.seconds`)."""
+    try:
+        return parse_seconds(text, "duration")
+    except ValueError as err:
+        raise UsageError(f"{option} {text!r}: {err}") from None
 
 
 def at(epoch: float) -> dt.datetime:
@@ -300,7 +292,7 @@ def parse_when(text: str, option: str, *, clock: Callable[[], float] = now) -> d
         return _local_midnight(clock(), _DAYS[word])
     if word == "now":
         return at(clock())
-    if _DURATION.fullmatch(text):
+    if is_duration(text):
         return at(clock() - parse_duration(text, option))
     try:
         when = dt.datetime.fromisoformat(text.strip())
