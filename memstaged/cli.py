@@ -187,7 +187,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def _configure_logging(settings: object, *, console: str = "auto") -> None:
     from memstaged.config import Settings
-    from memstaged.log import configure, open_error
+    from memstaged.log import configure
+    from memstaged.logfile import open_error
 
     assert isinstance(settings, Settings)
     try:

@@ -522,7 +522,7 @@ def check_log_file(path: Path) -> None:
     the log itself does (the user named this path), and never blocks. Any other trouble (no
     such directory yet, no permission) is left to the open, which says it.
     """
-    from memstaged.log import not_a_log_file
+    from memstaged.logfile import not_a_log_file
 
     try:
         st = os.stat(path)

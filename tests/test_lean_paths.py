@@ -21,6 +21,7 @@ from conftest import decisions, lesson, read_log, staging_doc, write
 
 from memstaged import log
 from memstaged.cli import _named_command, main
+from memstaged.logfile import FileSink
 
 #: Modules no production path of these commands may load off a terminal: structlog's package
 #: (its ``__init__`` pulls in ``structlog.dev``, rich's tracebacks, asyncio and ssl), rich, the
@@ -155,7 +156,7 @@ def test_off_a_terminal_each_event_is_written_once_and_only_to_the_log_file(
 
     monkeypatch.setattr(os, "write", counting_write)
     assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
-    fd = next(s for s in log._FANOUT.sinks if isinstance(s, log.FileSink))._fd
+    fd = next(s for s in log._FANOUT.sinks if isinstance(s, FileSink))._fd
     monkeypatch.undo()
     out, err = capsys.readouterr()
     assert err == ""

@@ -449,7 +449,7 @@ class Output:
 def print_json(obj: Any, out: IO[str] | None = None) -> None:
     """One JSON line; values msgspec refuses (lone surrogates, ...) fall back to the stdlib.
     Characters a terminal acts on are escaped (:func:`display.json_line`)."""
-    from memstaged.log import dumps
+    from memstaged.logevent import dumps
 
     (out or sys.stdout).write(display.json_line(dumps(obj)) + "\n")
 

@@ -327,7 +327,8 @@ def _records(mdirs: list[MemoryDir], *, light: bool = False) -> list[RecordFile]
 
 def _logger(settings: Settings) -> Any:
     """The decision log, for recover and purge: what an operator changed is on record too."""
-    from memstaged.log import configure, get_logger, open_error
+    from memstaged.log import configure, get_logger
+    from memstaged.logfile import open_error
 
     try:
         configure(

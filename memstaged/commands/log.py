@@ -32,7 +32,7 @@ from memstaged.commands._common import (
     within,
 )
 from memstaged.errors import ConfigError, UsageError
-from memstaged.log import dumps
+from memstaged.logevent import dumps
 from memstaged.logread import (
     Event,
     EventFilter,
