@@ -224,7 +224,7 @@ def _run(args: argparse.Namespace) -> int:
         from memstaged.once import run_once
 
         return run_once(settings, wait=args.wait, as_json=args.json)
-    from memstaged.daemon import run_daemon
+    from memstaged.daemon_main import run_daemon
 
     def reload() -> object:
         return config.load(

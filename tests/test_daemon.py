@@ -24,7 +24,8 @@ from daemon_support import Notes, Rig, settings, settings_from_file
 
 from memstaged import progress
 from memstaged.config import Settings
-from memstaged.daemon import LOCK_POLL, STOP_GRACE, Daemon, install_signal_handlers
+from memstaged.daemon import LOCK_POLL, STOP_GRACE, Daemon
+from memstaged.daemon_main import install_signal_handlers
 from memstaged.discovery import Glob, split_glob
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
