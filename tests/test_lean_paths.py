@@ -83,7 +83,8 @@ def test_check_and_status_load_neither_structlog_nor_rich(
     tmp_path: Path, project: Path, memory_dir: Path
 ) -> None:
     """Issue 14 start-up: ``check`` of one file and ``status`` load only their own
-    subcommand's module, and nothing of structlog, rich, watchdog or systemd."""
+    subcommand's module (and the commands' shared ``_common`` and ``_output``), and nothing
+    of structlog, rich, watchdog or systemd."""
     path = memory_dir / "staging" / "a.json"
     write(path, staging_doc(project, "a"))
     checked = _modules_loaded(tmp_path, "check", "--project-root", str(project), str(path))
@@ -91,7 +92,8 @@ def test_check_and_status_load_neither_structlog_nor_rich(
     for modules, own in ((checked, "check"), (status, "status")):
         assert _heavy(modules) == [], own
         commands = {m for m in modules if m.startswith("memstaged.commands.")}
-        assert commands <= {f"memstaged.commands.{own}", "memstaged.commands._common"}, own
+        shared = {"memstaged.commands._common", "memstaged.commands._output"}
+        assert commands <= {f"memstaged.commands.{own}", *shared}, own
 
 
 @pytest.mark.parametrize(

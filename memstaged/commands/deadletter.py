@@ -28,8 +28,8 @@ from memstaged.commands._common import (
     add_output_options,
     load_settings,
     memory_dirs,
-    print_json,
 )
+from memstaged.commands._output import print_json
 from memstaged.commands.deadletter_change import run_purge, run_recover
 from memstaged.commands.deadletter_read import records_of, run_list, run_show
 from memstaged.deadletter import DEFAULT_WAIT, resolve_ids

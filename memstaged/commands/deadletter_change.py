@@ -19,15 +19,17 @@ import msgspec
 from memstaged import display
 from memstaged.commands import _common
 from memstaged.commands._common import (
-    Output,
-    guard_verdict,
     human_age,
     iso_utc,
     load_settings,
     log_same_directory,
     memory_dirs,
-    one_line,
     parse_duration,
+)
+from memstaged.commands._output import (
+    Output,
+    guard_verdict,
+    one_line,
     print_json,
     render_table,
 )

@@ -18,15 +18,17 @@ import msgspec
 from memstaged import display
 from memstaged.commands import _common
 from memstaged.commands._common import (
-    Output,
     ProjectLabels,
-    guard_output,
     iso_utc,
     load_settings,
     local_time,
     memory_dirs,
-    one_line,
     parse_when,
+)
+from memstaged.commands._output import (
+    Output,
+    guard_output,
+    one_line,
     print_json,
 )
 from memstaged.deadletter import (

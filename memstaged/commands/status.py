@@ -24,17 +24,19 @@ from memstaged import acks, control, display
 from memstaged.argtypes import count, wait_seconds
 from memstaged.commands import _common
 from memstaged.commands._common import (
-    DECISION_STYLES,
-    Output,
     add_json_option,
     add_memory_dir_options,
     add_output_options,
-    guard_verdict,
     human_age,
     load_settings,
     memory_dirs,
-    one_line,
     parse_duration,
+)
+from memstaged.commands._output import (
+    DECISION_STYLES,
+    Output,
+    guard_verdict,
+    one_line,
     print_json,
     render_table,
 )
