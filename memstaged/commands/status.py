@@ -348,6 +348,18 @@ def check_line(results: list[DirStatus], *, max_unseen: int, max_wait: float) ->
 
 #: In the unseen dead-letter item of :func:`memstaged.survey.survey` (counted apart).
 _UNSEEN: Final = "dead-letter record(s) not yet seen"
+#: The summary's columns, one row per memory dir (its header line, tab-separated off a terminal,
+#: is what scripts cut on).
+SUMMARY_COLUMNS: Final = (
+    "memory dir",
+    "staging",
+    "waiting",
+    "oldest wait",
+    "dead letters",
+    "unseen",
+    "memstaged",
+    "state",
+)
 
 
 def _summary(results: list[DirStatus], out: Output) -> None:
@@ -373,16 +385,7 @@ def _summary(results: list[DirStatus], out: Output) -> None:
     render_table(
         out,
         f"{len(results)} memory dirs",
-        [
-            "memory dir",
-            "staging",
-            "waiting",
-            "oldest wait",
-            "dead letters",
-            "unseen",
-            "memstaged",
-            "state",
-        ],
+        list(SUMMARY_COLUMNS),
         rows,
         right=["staging", "waiting", "oldest wait", "dead letters", "unseen"],
         styles=styles,
