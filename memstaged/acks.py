@@ -25,7 +25,7 @@ import msgspec
 
 from memstaged import fsio
 from memstaged.deadletter import is_record_name
-from memstaged.log import private_dirs
+from memstaged.logfile import private_dirs
 from memstaged.memdir import DEADLETTER, MemoryDir
 
 ACKED_DIR: Final = "acked"

@@ -57,16 +57,12 @@ def settle_seconds(text: str) -> float:
 def wait_seconds(text: str) -> float:
     """``deadletter recover|purge --wait=60``, ``--wait=2m``: how long to wait for
     ``canonical-writer.lock``; any finite number of seconds from 0, or a duration."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        from memstaged.commands._common import parse_duration
-        from memstaged.errors import UsageError
+    from memstaged.seconds import parse_seconds
 
-        try:
-            seconds = parse_duration(text, "--wait")
-        except UsageError as err:
-            raise argparse.ArgumentTypeError(str(err).removeprefix("--wait ")) from None
+    try:
+        seconds = parse_seconds(text, "either")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
     if not 0 <= seconds < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}")
     return seconds

@@ -187,7 +187,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def _configure_logging(settings: object, *, console: str = "auto") -> None:
     from memstaged.config import Settings
-    from memstaged.log import configure, open_error
+    from memstaged.log import configure
+    from memstaged.logfile import open_error
 
     assert isinstance(settings, Settings)
     try:
@@ -223,7 +224,7 @@ def _run(args: argparse.Namespace) -> int:
         from memstaged.once import run_once
 
         return run_once(settings, wait=args.wait, as_json=args.json)
-    from memstaged.daemon import run_daemon
+    from memstaged.daemon_main import run_daemon
 
     def reload() -> object:
         return config.load(

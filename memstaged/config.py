@@ -20,6 +20,7 @@ import msgspec
 from memstaged.errors import ConfigError
 from memstaged.memdir import MemoryDir, Options
 from memstaged.project import default_project_root, normalize
+from memstaged.seconds import parse_seconds
 
 DEFAULT_MEMORY_DIR: Final = "./.pi/memory/project"
 ENV_PREFIX: Final = "MEMSTAGED_"
@@ -47,9 +48,9 @@ def is_memory_dir(path: str) -> bool:
 def interval(text: str, what: str = "--settle") -> float:
     """A number of seconds from the command line: finite, from 0 to :data:`MAX_INTERVAL`."""
     try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{what} {text!r}: expected a number of seconds") from None
+        value = parse_seconds(text, "number")
+    except ValueError as err:
+        raise ConfigError(f"{what} {text!r}: {err}") from None
     return checked_interval(value, what)
 
 
@@ -521,7 +522,7 @@ def check_log_file(path: Path) -> None:
     the log itself does (the user named this path), and never blocks. Any other trouble (no
     such directory yet, no permission) is left to the open, which says it.
     """
-    from memstaged.log import not_a_log_file
+    from memstaged.logfile import not_a_log_file
 
     try:
         st = os.stat(path)

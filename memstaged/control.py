@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from memstaged.log import private_dirs
+from memstaged.logfile import private_dirs
 
 if TYPE_CHECKING:
     from memstaged.daemon import Daemon

@@ -9,7 +9,9 @@ reads only files whose identity changed since they were decided.
 
 The rest is elsewhere: which memory dirs are held (locks, watches, new projects under a glob)
 in :mod:`memstaged.discovery`, due times in :mod:`memstaged.schedule`, sd_notify and when each
-notification is due in :mod:`memstaged.notify`, events to signals in :mod:`memstaged.watcher`.
+notification is due in :mod:`memstaged.notify`, events to signals in :mod:`memstaged.watcher`,
+and the process around the loop (signal handlers, control socket, metrics file, crash) in
+:mod:`memstaged.daemon_main`.
 
 What was decided survives a restart: the start-up scan of a memory dir takes the files that the
 seen cache (shared with ``--once``, see :mod:`memstaged.seen`) holds as decided ``valid`` or
@@ -21,17 +23,15 @@ only the pipeline looks at wall-clock time, to compare it with a file's mtime.
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from memstaged import control, display, metrics, progress
+from memstaged import display
 from memstaged.config import Settings, check_literal_dirs, one_path_each
 from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike
 from memstaged.errors import ConfigError, MemstagedError
@@ -54,7 +54,8 @@ WAIT_POLL: Final = 0.25
 #: Take new signals every so many files of a long backlog, so that events collapse.
 DRAIN_EVERY: Final = 64
 #: SIGTERM: the file in hand is finished if that takes at most this long; otherwise its work
-#: is abandoned (SPEC 6: SIGTERM is acted on within a second whatever file is in hand).
+#: is abandoned at its next progress tick (SPEC 6: SIGTERM is acted on within a second
+#: whatever file is in hand).
 STOP_GRACE: Final = 0.5
 _FINAL: Final = frozenset(
     {Decision.VALID, Decision.FOREIGN, Decision.SKIPPED, Decision.REPAIRED, Decision.QUARANTINED}
@@ -70,11 +71,17 @@ class Hook(Protocol):
 
 
 class Abandoned(BaseException):
-    """Raised (by the SIGALRM handler) into the file in hand when SIGTERM's grace is over.
+    """Raised by a progress tick (:meth:`Daemon.checkpoint`) once SIGTERM's grace is over.
+
+    The stop protocol has no exception raised from a signal handler (issue 20): the handler
+    only sets :attr:`Daemon.stopping`. The work loop looks at it between two files, and the
+    long loops of the engine and of the transaction look at it at each
+    :func:`memstaged.progress.tick`, the only points where a file's work is abandoned. So a
+    ``finally`` in the pipeline runs to its end, and a stop never lands between an ``open``
+    and the ``try`` that closes it.
 
     A BaseException, like KeyboardInterrupt, so that no ``except Exception`` in the pipeline
-    turns it into a decision: the file layer's cleanup (``finally``, re-raising handlers) runs,
-    and what is left is what a kill at that moment would leave, minus the temp files and the
+    turns it into a decision: what is left is what a kill at that tick would leave, minus the
     lock: the file is decided again by the next start (SPEC 5's invariant holds across kills).
     """
 
@@ -116,6 +123,9 @@ class Daemon:
         self.lock_waiting: dict[str, set[str]] = {}
         self.counts: Counter[str] = Counter()
         self.stopping = False
+        #: When (``time.monotonic``, as the signal is real) the work in hand stops being
+        #: finished and is abandoned at its next progress tick; ``None``: no stop requested.
+        self.abandon_after: float | None = None
         #: The file being decided, and the one whose work a stop abandoned (if any).
         self.in_hand: Key | None = None
         self.abandoned: Key | None = None
@@ -490,20 +500,23 @@ class Daemon:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def request_stop(self, *_: object) -> None:
-        """SIGTERM/SIGINT: finish the file in hand, then stop (safe in a signal handler)."""
+        """SIGTERM/SIGINT: stop after the file in hand, or at its first progress tick once
+        :data:`STOP_GRACE` is over (safe in a signal handler: it only sets flags and wakes the
+        loop; see :class:`Abandoned`)."""
+        if self.abandon_after is None:
+            self.abandon_after = time.monotonic() + STOP_GRACE
         self.stopping = True
         self.queue.put(Signal(Kind.WAKE))
 
-    def request_stop_soon(self, *_: object) -> None:
-        """SIGTERM/SIGINT from the process's handler: stop, and give the file in hand
-        :data:`STOP_GRACE` to finish (then SIGALRM runs :meth:`abandon_in_hand`)."""
-        self.request_stop()
-        if self.in_hand is not None:
-            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
-
-    def abandon_in_hand(self, *_: object) -> None:
-        """SIGALRM after a stop request: abandon the file still in hand (main thread only)."""
-        if self.stopping and self.in_hand is not None:
+    def checkpoint(self) -> None:
+        """A progress tick from inside a file's work (:mod:`memstaged.progress`): feed the
+        watchdog, and abandon the file in hand if a stop's grace is over."""
+        self.keepalive()
+        if (
+            self.in_hand is not None
+            and self.abandon_after is not None
+            and time.monotonic() >= self.abandon_after
+        ):
             raise Abandoned
 
     def request_reload(self, *_: object) -> None:
@@ -604,90 +617,3 @@ class Daemon:
             self.log.error("stop", decided=sum(self.counts.values()), pending=pending, error=error)
         for hook in self.hooks:
             hook.close()
-
-
-def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], Settings]) -> int:
-    """The daemon of ``memstaged`` (no ``--once``): signal handlers, then :meth:`Daemon.run`."""
-    from memstaged.log import get_logger
-
-    tally = metrics.Tally(get_logger())
-    logger: Any = tally
-
-    def reload_all() -> Settings:
-        new = reload()
-        _reconfigure_logging(settings_now(), new)
-        return new
-
-    daemon = Daemon(settings, logger, reload_settings=reload_all, wait=wait)
-
-    def settings_now() -> Settings:
-        return daemon.settings
-
-    attach(daemon, tally)
-    install_signal_handlers(daemon)
-    # The engine's long loops feed the watchdog too: one hostile file may take seconds to
-    # decide, and the pings must not wait for it (issue 19 item 5).
-    progress.set_hook(daemon.keepalive)
-    try:
-        return daemon.run()
-    except MemstagedError:
-        raise
-    except Exception as err:
-        logger.critical("crash", error=repr(err), action="exiting; systemd restarts the service")
-        raise
-    finally:
-        # The stop's grace timer, if still armed, would fire while Python exits, after it has
-        # put back SIGALRM's default action: the process died of SIGALRM instead of exiting 0
-        # when its exit took more than STOP_GRACE, as on a busy machine (issue 19 item 8).
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        progress.set_hook(None)
-        if not daemon.stopping:  # a crash: stop the watcher threads too
-            daemon.watcher.stop()
-
-
-def attach(daemon: Daemon, tally: metrics.Tally) -> None:
-    """The control socket (when ``$XDG_RUNTIME_DIR`` is set) and the metrics file (issue 21
-    items 6 and 7); a socket that cannot be made is logged and the daemon works on without."""
-    started = time.time()
-    path = control.socket_path(os.getpid())
-    if path is not None:
-        try:
-            wake = functools.partial(daemon.queue.put, Signal(Kind.WAKE))
-            daemon.hooks.append(
-                control.Control(daemon, path, started, wake=wake, touch=tally.touch)
-            )
-        except OSError as err:
-            daemon.log.error(
-                "control_failed",
-                path=str(path),
-                error=err.strerror or str(err),
-                action="memstaged status cannot ask this daemon",
-            )
-    daemon.hooks.append(metrics.Metrics(daemon, tally, daemon.clock, started))
-
-
-def install_signal_handlers(daemon: Daemon) -> None:
-    """SIGTERM/SIGINT stop (within :data:`STOP_GRACE` whatever file is in hand), SIGHUP
-    reloads. Python runs the handlers in the main thread, between two bytecodes or when a
-    system call is interrupted, so a stop is seen at once even in the middle of a file."""
-    signal.signal(signal.SIGTERM, daemon.request_stop_soon)
-    signal.signal(signal.SIGINT, daemon.request_stop_soon)
-    signal.signal(signal.SIGHUP, daemon.request_reload)
-    signal.signal(signal.SIGALRM, daemon.abandon_in_hand)
-
-
-def _reconfigure_logging(old: Settings, new: Settings) -> None:
-    """A reload that changes the log file settings re-opens the log; a bad path refuses it."""
-    if (old.log_file, old.log_max_bytes, old.log_backups) == (
-        new.log_file,
-        new.log_max_bytes,
-        new.log_backups,
-    ):
-        return
-    from memstaged.log import configure
-
-    try:
-        configure(new.log_file, max_bytes=new.log_max_bytes, backups=new.log_backups)
-    except OSError as err:
-        configure(old.log_file, max_bytes=old.log_max_bytes, backups=old.log_backups)
-        raise ConfigError(f"log file {new.log_file}: {err.strerror}") from None

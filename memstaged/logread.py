@@ -214,7 +214,7 @@ def open_log(path: Path) -> IO[bytes]:
     would block the reader until someone writes; it is refused like any file that is not a
     regular one, with one line (``ConfigError``, exit 2). ``FileNotFoundError`` is passed on.
     """
-    from memstaged.log import not_a_log_file
+    from memstaged.logfile import not_a_log_file
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -399,10 +399,10 @@ class FileSource:
 def event_from_journal(entry: Mapping[str, Any]) -> Event | None:
     """Turn a journal entry's ``MEMSTAGED_*`` fields back into the event dict memstaged logged.
 
-    The journal keeps only strings: :func:`memstaged.log.journal_fields` writes a string as it is
-    and anything else as JSON text. Keys known to hold strings are kept as they are; others are
-    decoded when they are JSON for a number, boolean, null, array or object. ``None`` for an entry
-    that is not an event (memstaged's stderr, for instance, has no ``MEMSTAGED_EVENT``).
+    The journal keeps only strings: :func:`memstaged.logevent.journal_fields` writes a string as
+    it is and anything else as JSON text. Keys known to hold strings are kept as they are; others
+    are decoded when they are JSON for a number, boolean, null, array or object. ``None`` for an
+    entry that is not an event (memstaged's stderr, for instance, has no ``MEMSTAGED_EVENT``).
     """
     if FIELD_PREFIX + "EVENT" not in entry:
         return None

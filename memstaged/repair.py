@@ -237,6 +237,8 @@ def repair_triggers(doc: dict[str, Any]) -> tuple[dict[str, Any], list[Repair]]:
     new_lessons: list[Any] | None = None
     repairs: list[Repair] = []
     for i, lesson in enumerate(lessons):
+        if not i & 1023:
+            tick()  # 100,000 lessons to repair take seconds; a stop is acted on at a tick
         if not _needs_triggers(lesson):
             continue
         assert isinstance(lesson, dict)

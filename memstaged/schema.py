@@ -285,7 +285,9 @@ def _triggers_ok(triggers: object) -> bool:
 
 
 def _lessons_ok(items: list[Any]) -> bool:
-    for candidate in items:
+    for i, candidate in enumerate(items):
+        if not i & 4095:
+            tick()  # a stop and the watchdog are served at a tick (issue 20)
         if not isinstance(candidate, dict):
             return False
         get = candidate.get
@@ -301,7 +303,9 @@ def _lessons_ok(items: list[Any]) -> bool:
 
 
 def _preferences_ok(items: list[Any]) -> bool:
-    for candidate in items:
+    for i, candidate in enumerate(items):
+        if not i & 4095:
+            tick()  # a stop and the watchdog are served at a tick (issue 20)
         if not isinstance(candidate, dict):
             return False
         s = candidate.get("text")
@@ -316,7 +320,9 @@ def _preferences_ok(items: list[Any]) -> bool:
 
 def _decisions_ok(items: list[Any]) -> bool:
     """Decisions and domain facts: the same fields."""
-    for candidate in items:
+    for i, candidate in enumerate(items):
+        if not i & 4095:
+            tick()  # a stop and the watchdog are served at a tick (issue 20)
         if not isinstance(candidate, dict):
             return False
         get = candidate.get

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from memstaged import __version__, fsio
-from memstaged.log import private_dirs
+from memstaged.logfile import private_dirs
 from memstaged.triage import Decision
 
 if TYPE_CHECKING:

@@ -292,6 +292,39 @@ def candidate_id(candidate: Any) -> str | None:
     return None
 
 
+def record_candidate_id(record: Any) -> str | None:
+    """The test's id of the candidate a dead-letter record holds (an R6 record wraps it)."""
+    cand = record.get("candidate") if isinstance(record, dict) else None
+    if isinstance(cand, dict) and "original_staging_file" in cand:
+        cand = cand["candidate"]
+    return candidate_id(cand)
+
+
+def start_daemon(mdir: Path, env: dict[str, str], stderr: Path) -> subprocess.Popen[bytes]:
+    """A daemon on ``mdir`` (settle 0.3 s), its output appended to ``stderr``; not waited for:
+    the kill harnesses wait for its ``ready`` in their own log reading, and kill it at will."""
+    with stderr.open("ab") as err:
+        return subprocess.Popen(
+            memstaged_cmd("--memory-dir", str(mdir), "--settle", "0.3"),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+        )
+
+
+def start_deadletter(mdir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    """``memstaged deadletter ARGS --memory-dir MDIR``, started, its output on pipes: read them
+    to the end (``communicate``) before its exit, as ``--json`` may write more than a pipe holds."""
+    return subprocess.Popen(
+        memstaged_cmd("deadletter", *args, "--memory-dir", str(mdir)),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 @dataclass(frozen=True)
 class Input:
     """One staging file of a corpus: its name, bytes and what it is meant to exercise."""

@@ -31,7 +31,7 @@ from memstaged import deadletter, fsio
 from memstaged import recover as recover_module
 from memstaged.cli import main
 from memstaged.commands import _common
-from memstaged.commands import deadletter as recorded
+from memstaged.commands import deadletter_read as recorded
 from memstaged.locks import InstanceLock
 from memstaged.memdir import MemoryDir
 from memstaged.project import normalize

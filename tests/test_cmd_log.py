@@ -24,7 +24,8 @@ from cmd_support import (
 from conftest import staging_doc, write
 
 from memstaged.cli import main
-from memstaged.log import JOURNAL_SOCKET, journal_fields
+from memstaged.log import JOURNAL_SOCKET
+from memstaged.logevent import journal_fields
 from memstaged.logread import FileSource, event_from_journal, ordered
 
 THREE_DAYS_AGO = "2026-01-01T10:00:00.000000Z"

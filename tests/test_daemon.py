@@ -22,8 +22,10 @@ import pytest
 from conftest import lesson, staging_doc, write
 from daemon_support import Notes, Rig, settings, settings_from_file
 
+from memstaged import progress
 from memstaged.config import Settings
-from memstaged.daemon import LOCK_POLL, Daemon, install_signal_handlers
+from memstaged.daemon import LOCK_POLL, STOP_GRACE, Daemon
+from memstaged.daemon_main import install_signal_handlers
 from memstaged.discovery import Glob, split_glob
 from memstaged.errors import BusyError, ConfigError
 from memstaged.locks import InstanceLock
@@ -478,8 +480,8 @@ def test_run_says_ready_after_the_startup_scan_and_exits_0_on_stop(
 
 
 class _EndlessPipeline:
-    """A pipeline whose decision of a file takes for ever (Python code, as the validator of a
-    huge file would be), unless something stops it."""
+    """A pipeline whose decision of a file takes for ever (Python code that ticks, as the
+    validator of a huge file does), unless something stops it."""
 
     def __init__(self) -> None:
         self.started = threading.Event()
@@ -490,21 +492,21 @@ class _EndlessPipeline:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             time.sleep(0.01)
+            progress.tick()
         self.finished = True
 
 
 def test_sigterm_abandons_a_file_that_takes_too_long(project: Path, memory_dir: Path) -> None:
     """SPEC 6 (issue 10 item 9's SIGTERM ignored for minutes): a real SIGTERM while a file's
     decision would take a minute stops the loop after the grace period: the file's work is
-    abandoned (not finished), it is counted pending and named in `stop`, and run's signal
-    handlers are the real ones (install_signal_handlers)."""
+    abandoned (not finished) at its next progress tick, it is counted pending and named in
+    `stop`, and run's signal handlers are the real ones (install_signal_handlers)."""
     write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
     rig = Rig(settings(memory_dir))
     rig.daemon.start()
     slow = _EndlessPipeline()
     rig.daemon.pipeline = slow  # type: ignore[assignment]
     old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    old_alarm = signal.getsignal(signal.SIGALRM)
     install_signal_handlers(rig.daemon)
 
     def terminate_once_started() -> None:
@@ -519,8 +521,8 @@ def test_sigterm_abandons_a_file_that_takes_too_long(project: Path, memory_dir: 
         print(f"SIGTERM acted on {time.monotonic() - started:.3f} s after the file was taken")
     finally:
         killer.join()
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        for sig, handler in {**old, signal.SIGALRM: old_alarm}.items():
+        progress.set_hook(None)
+        for sig, handler in old.items():
             signal.signal(sig, handler)
     assert not slow.finished
     assert rig.daemon.abandoned == (str(memory_dir), VALID_NAME)
@@ -528,6 +530,53 @@ def test_sigterm_abandons_a_file_that_takes_too_long(project: Path, memory_dir: 
     stop = rig.log.named("stop")[0]
     assert stop["abandoned"] == str(memory_dir / "staging" / VALID_NAME)
     assert stop["pending"] == 1
+
+
+class _DecidedThenUnticked:
+    """The real pipeline, then a stretch of work with no progress tick that outlasts the stop's
+    grace (standing for a ``finally`` that closes and unlinks, or a slow fsync), during which
+    the process gets its own SIGTERM."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def process(self, mdir: MemoryDir, name: str) -> Any:
+        outcome = self.real.process(mdir, name)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE * 3)  # no tick: a stop must not cut this short
+        return outcome
+
+
+def test_sigterm_never_cuts_work_between_two_ticks(project: Path, memory_dir: Path) -> None:
+    """Issue 20 (hazards: the stop grace was a BaseException raised from SIGALRM, so every
+    ``finally`` of the pipeline was part of the stop protocol): a real SIGTERM while the file in
+    hand is in a stretch with no progress tick that outlasts the grace does not cut it: the
+    stretch ends, the file's decision counts, nothing is named abandoned or left pending, and
+    the loop stops before the next file. (Before, SIGALRM raised into the stretch after 0.5 s:
+    the decided file was reported abandoned and pending.)"""
+    write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
+    write(memory_dir / "staging" / "b.json", staging_doc(project, "b"))
+    rig = Rig(settings(memory_dir, settle=0.0))
+    rig.daemon.start()
+    rig.daemon.pipeline = _DecidedThenUnticked(rig.daemon.pipeline)  # type: ignore[assignment]
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    old_alarm = signal.getsignal(signal.SIGALRM)
+    install_signal_handlers(rig.daemon)
+    try:
+        done = rig.daemon.work()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)  # the code before this change armed one
+        progress.set_hook(None)
+        for sig, handler in {**old, signal.SIGALRM: old_alarm}.items():
+            signal.signal(sig, handler)
+    assert rig.daemon.stopping
+    assert done == 1
+    assert rig.log.decisions() == ["valid"]
+    rig.daemon.shutdown()
+    stop = rig.log.named("stop")[0]
+    assert stop["abandoned"] is None
+    assert stop["pending"] == 1  # the second file, never started
+    assert stop["decided"] == 1
 
 
 class _NullWatcher:

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_process import DaemonProcess
 
 from memstaged import acks, config, metrics
+from memstaged.commands.status import SUMMARY_COLUMNS
 from memstaged.watcher import Kind, Signal
 
 pytestmark = pytest.mark.usefixtures("plain_output")
@@ -160,16 +161,7 @@ def test_many_memory_dirs_are_one_line_each_and_the_detail_with_verbose(
     assert code == 1
     lines = out.splitlines()
     assert lines[0] == "# 30 memory dirs"
-    assert lines[1].split("\t") == [
-        "memory dir",
-        "staging",
-        "waiting",
-        "oldest wait",
-        "dead letters",
-        "unseen",
-        "memstaged",
-        "state",
-    ]
+    assert lines[1].split("\t") == list(SUMMARY_COLUMNS)
     rows = [line.split("\t") for line in lines[2:32]]
     assert [r[0] for r in rows] == [str(d) for d in dirs]
     assert rows[3][4:6] == ["1", "1"] and rows[3][-1] == "attention"

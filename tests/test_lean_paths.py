@@ -21,6 +21,7 @@ from conftest import decisions, lesson, read_log, staging_doc, write
 
 from memstaged import log
 from memstaged.cli import _named_command, main
+from memstaged.logfile import FileSink
 
 #: Modules no production path of these commands may load off a terminal: structlog's package
 #: (its ``__init__`` pulls in ``structlog.dev``, rich's tracebacks, asyncio and ssl), rich, the
@@ -82,7 +83,8 @@ def test_check_and_status_load_neither_structlog_nor_rich(
     tmp_path: Path, project: Path, memory_dir: Path
 ) -> None:
     """Issue 14 start-up: ``check`` of one file and ``status`` load only their own
-    subcommand's module, and nothing of structlog, rich, watchdog or systemd."""
+    subcommand's module (and the commands' shared ``_common`` and ``_output``), and nothing
+    of structlog, rich, watchdog or systemd."""
     path = memory_dir / "staging" / "a.json"
     write(path, staging_doc(project, "a"))
     checked = _modules_loaded(tmp_path, "check", "--project-root", str(project), str(path))
@@ -90,7 +92,8 @@ def test_check_and_status_load_neither_structlog_nor_rich(
     for modules, own in ((checked, "check"), (status, "status")):
         assert _heavy(modules) == [], own
         commands = {m for m in modules if m.startswith("memstaged.commands.")}
-        assert commands <= {f"memstaged.commands.{own}", "memstaged.commands._common"}, own
+        shared = {"memstaged.commands._common", "memstaged.commands._output"}
+        assert commands <= {f"memstaged.commands.{own}", *shared}, own
 
 
 @pytest.mark.parametrize(
@@ -155,7 +158,7 @@ def test_off_a_terminal_each_event_is_written_once_and_only_to_the_log_file(
 
     monkeypatch.setattr(os, "write", counting_write)
     assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
-    fd = next(s for s in log._FANOUT.sinks if isinstance(s, log.FileSink))._fd
+    fd = next(s for s in log._FANOUT.sinks if isinstance(s, FileSink))._fd
     monkeypatch.undo()
     out, err = capsys.readouterr()
     assert err == ""

@@ -20,6 +20,8 @@ import pytest
 
 from memstaged import log
 from memstaged.errors import LogUnwritable
+from memstaged.logevent import MESSAGE_IDS, journal_fields
+from memstaged.logfile import FileSink
 
 
 def _event() -> dict[str, object]:
@@ -38,7 +40,7 @@ def _event() -> dict[str, object]:
 
 def test_journal_fields_map_one_to_one() -> None:
     """Every key becomes MEMSTAGED_<KEY>, lists as JSON text, plus MESSAGE/PRIORITY/MESSAGE_ID."""
-    fields = log.journal_fields(_event())
+    fields = journal_fields(_event())
     assert fields["MEMSTAGED_DECISION"] == "quarantined"
     assert fields["MEMSTAGED_SESSION_ID"] == "s1"
     assert json.loads(fields["MEMSTAGED_REASONS"]) == _event()["reasons"]
@@ -46,8 +48,8 @@ def test_journal_fields_map_one_to_one() -> None:
     assert fields["PRIORITY"] == "4"  # a quarantine is a warning
     assert fields["MESSAGE"].startswith("quarantined /p/.pi/memory/project/staging/a.json: schema")
     assert "(+1 more)" in fields["MESSAGE"]
-    assert fields["MESSAGE_ID"] == log.MESSAGE_IDS["decision"]
-    assert len({*log.MESSAGE_IDS.values()}) == len(log.MESSAGE_IDS)
+    assert fields["MESSAGE_ID"] == MESSAGE_IDS["decision"]
+    assert len({*MESSAGE_IDS.values()}) == len(MESSAGE_IDS)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +59,7 @@ def test_journal_fields_map_one_to_one() -> None:
 def test_priority_fits_the_event(decision: str, level: str, priority: str) -> None:
     """Errors are errors whatever the decision; otherwise the decision sets the priority."""
     event = {**_event(), "decision": decision, "level": level}
-    assert log.journal_fields(event)["PRIORITY"] == priority
+    assert journal_fields(event)["PRIORITY"] == priority
 
 
 def test_file_sink_writes_json_lines_with_mode_0600(tmp_path: Path) -> None:
@@ -172,7 +174,7 @@ def test_rotation_details(tmp_path: Path) -> None:
     # Exactly at the limit: 50 + 50 bytes reach max_bytes=100, so the second line starts a new
     # file (RotatingFileHandler's ">="); 50 + 49 stay together.
     exact = tmp_path / "exact.jsonl"
-    sink = log.FileSink(exact, 100, 1)
+    sink = FileSink(exact, 100, 1)
     for line in (b"a" * 49 + b"\n", b"b" * 49 + b"\n", b"c" * 48 + b"\n"):
         sink.emit({}, line)
     sink.close()
@@ -191,8 +193,8 @@ def test_a_rotation_by_another_process_is_followed(tmp_path: Path) -> None:
     """Two writers of one file (the daemon and ``--once``): whoever finds it full rotates it once,
     the other follows to the new file, and no line is lost or split."""
     path = tmp_path / "decisions.jsonl"
-    one = log.FileSink(path, 2000, 50)
-    two = log.FileSink(path, 2000, 50)
+    one = FileSink(path, 2000, 50)
+    two = FileSink(path, 2000, 50)
     for i in range(400):
         line = json.dumps({"event": "decision", "n": i}).encode() + b"\n"
         (one if i % 3 else two).emit({}, line)
@@ -390,8 +392,8 @@ def test_a_line_is_never_written_into_a_file_rotated_away(tmp_path: Path) -> Non
     between two lines of this one; the next line lands in the file the path names (it used to
     go, for up to a second, into the old file, deleted by then, and was lost)."""
     path = tmp_path / "decisions.jsonl"
-    daemon = log.FileSink(path, 300, 2)
-    once = log.FileSink(path, 300, 2)
+    daemon = FileSink(path, 300, 2)
+    once = FileSink(path, 300, 2)
     daemon.emit({}, b'{"n":"daemon-1"}\n')
     for i in range(40):  # ~ 12 rotations: the daemon's file is rotated out and deleted
         once.emit({}, json.dumps({"n": f"once-{i}", "pad": "p" * 60}).encode() + b"\n")
@@ -408,7 +410,7 @@ def test_a_torn_line_of_another_writer_is_ended_not_glued(tmp_path: Path) -> Non
     this one's line is appended, so this one's event stays a line of its own."""
     path = tmp_path / "decisions.jsonl"
     path.write_bytes(b'{"n":1}\n{"n":')
-    sink = log.FileSink(path, 0, 0)
+    sink = FileSink(path, 0, 0)
     sink.emit({}, b'{"n":2}\n')
     sink.close()
     assert path.read_bytes() == b'{"n":1}\n{"n":\n{"n":2}\n'
@@ -434,5 +436,5 @@ def test_a_log_path_that_is_not_a_regular_file_is_refused(tmp_path: Path, kind: 
     with pytest.raises(
         OSError, match=r"not a regular file|Is a directory|No such device"
     ) as raised:
-        log.FileSink(path, 100, 1)
+        FileSink(path, 100, 1)
     assert raised.value.errno in (errno.EINVAL, errno.ENXIO, errno.EISDIR)

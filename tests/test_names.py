@@ -186,7 +186,8 @@ def test_console_and_journal_message_escape_control_characters() -> None:
     """Issue 10 item 16: the readable line (console on a TTY, journal MESSAGE) of a decision
     about a name with ESC and a newline, and a reason quoting content, holds no raw control
     character: it cannot fake a log line, clear the screen or set the title."""
-    from memstaged.log import _readable_renderer, message
+    from memstaged.log import _readable_renderer
+    from memstaged.logevent import message
 
     event = {
         "event": "decision",

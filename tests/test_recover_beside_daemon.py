@@ -38,11 +38,13 @@ from helpers import (
     candidate_id,
     decision,
     lesson,
-    memstaged_cmd,
     memstaged_env,
     preference,
     project_root_of,
     read_events,
+    record_candidate_id,
+    start_daemon,
+    start_deadletter,
     wait_for,
 )
 
@@ -91,14 +93,7 @@ class Rig:
 
     def start_daemon(self) -> None:
         before = self._count("ready")
-        with self.stderr.open("ab") as err:
-            self.daemon = subprocess.Popen(
-                memstaged_cmd("--memory-dir", str(self.mdir), "--settle", "0.3"),
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-            )
+        self.daemon = start_daemon(self.mdir, self.env, self.stderr)
         assert wait_for(lambda: self._count("ready") > before, 30), "the daemon never got ready"
 
     def kill_daemon(self) -> None:
@@ -134,13 +129,7 @@ class Rig:
         env = dict(self.env)
         if crash_at is not None:
             env["MEMSTAGED_CRASH_AT"] = crash_at
-        return subprocess.Popen(
-            memstaged_cmd("deadletter", *args, "--memory-dir", str(self.mdir)),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        return start_deadletter(self.mdir, env, *args)
 
     def run(self, *args: str) -> tuple[int, str, str]:
         proc = self.command(*args)
@@ -230,10 +219,6 @@ class Writer(threading.Thread):
         self.join(timeout=10)
 
 
-def _cid(candidate: Any) -> str | None:
-    return candidate_id(candidate) if isinstance(candidate, dict) else None
-
-
 def ledger(mdir: Path) -> tuple[Counter[str], Counter[str]]:
     """How many times each candidate id is in staging/ and in the dead-letter records."""
     staged: Counter[str] = Counter()
@@ -243,17 +228,14 @@ def ledger(mdir: Path) -> tuple[Counter[str], Counter[str]]:
         doc = json.loads(path.read_bytes())
         for items in doc.get("candidates", {}).values():
             for item in items if isinstance(items, list) else []:
-                cid = _cid(item)
+                cid = candidate_id(item)
                 if cid is not None:
                     staged[cid] += 1
     recorded: Counter[str] = Counter()
     dl = mdir / "deadletter"
     for path in dl.glob("*.json") if dl.exists() else []:
         record = json.loads(path.read_bytes())
-        cand = record.get("candidate")
-        if isinstance(cand, dict) and "original_staging_file" in cand:
-            cand = cand["candidate"]
-        cid = _cid(cand)
+        cid = record_candidate_id(record)
         if cid is not None:
             recorded[cid] += 1
         original = record.get("memstaged", {}).get("original")

@@ -43,7 +43,16 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from helpers import DecisionLog, memstaged_cmd, memstaged_env, wait_for, write_config
+from helpers import (
+    DecisionLog,
+    candidate_id,
+    memstaged_env,
+    record_candidate_id,
+    start_daemon,
+    start_deadletter,
+    wait_for,
+    write_config,
+)
 
 WRITER: Final = Path(__file__).with_name("staging_writer.py")
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")
@@ -203,7 +212,7 @@ class Ledger:
             cands = doc.get("candidates") if isinstance(doc, dict) else None
             for items in cands.values() if isinstance(cands, dict) else ():
                 for item in items if isinstance(items, list) else ():
-                    cid = _cid(item)
+                    cid = candidate_id(item)
                     if cid is None:
                         continue
                     staged[cid] += 1
@@ -222,10 +231,7 @@ class Ledger:
                     continue
                 names.add(name)
                 record = json.loads((self.dl / name).read_bytes())
-                cand = record.get("candidate")
-                if isinstance(cand, dict) and "original_staging_file" in cand:
-                    cand = cand["candidate"]
-                cid = _cid(cand)
+                cid = record_candidate_id(record)
                 if cid is not None:
                     recorded[cid] += 1
                 original = record.get("memstaged", {}).get("original")
@@ -377,15 +383,6 @@ def _stopped(proc: subprocess.Popen[bytes]) -> bool:
     return stat.rpartition(")")[2].split()[0] in ("T", "t", "Z", "X")
 
 
-def _cid(candidate: Any) -> str | None:
-    if not isinstance(candidate, dict):
-        return None
-    text = candidate.get("summary", candidate.get("text"))
-    if isinstance(text, str) and text.startswith("cid-"):
-        return text.split(" ", 1)[0]
-    return None
-
-
 class Attack:
     """The daemon, the writer and the commands on one memory dir, each killable."""
 
@@ -420,14 +417,8 @@ class Attack:
     def start_daemon(self, *, crash: bool = True) -> None:
         self.ledger.update()
         before = sum(e.get("event") == "ready" for e in self.ledger.log.events)
-        with self.stderr.open("ab") as err:
-            self.procs["daemon"] = subprocess.Popen(
-                memstaged_cmd("--memory-dir", str(self.mdir), "--settle", "0.3"),
-                env=self._crash_env(60) if crash else self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-            )
+        env = self._crash_env(60) if crash else self.env
+        self.procs["daemon"] = start_daemon(self.mdir, env, self.stderr)
 
         def ready() -> bool:
             self.ledger.update()
@@ -463,13 +454,8 @@ class Attack:
         else:
             age = self.rng.choice(("0s", "1s", "3s"))
             args = ["purge", "--older-than", age, "--yes", "--json", "--wait=20"]
-        self.procs[what] = subprocess.Popen(
-            memstaged_cmd("deadletter", *args, "--memory-dir", str(self.mdir)),
-            env=self._crash_env(12) if crash else self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        env = self._crash_env(12) if crash else self.env
+        self.procs[what] = start_deadletter(self.mdir, env, *args)
 
     def reap(self, what: str, *, killed: bool = False) -> bool:
         """A command that ended: by itself (exit 0 or 1, no traceback), or by a SIGKILL, ours

@@ -20,6 +20,7 @@ import pytest
 
 from memstaged import log, service
 from memstaged.cli import main
+from memstaged.logevent import MESSAGE_IDS
 from memstaged.service import Notifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,7 +283,7 @@ def test_journal_handler_sends_every_field_and_keeps_undecodable_path_bytes(
     assert fields[b"MEMSTAGED_PATH"] == b"/p/staging/caf\xe9.json"
     assert fields[b"MEMSTAGED_DECISION"] == b"quarantined"
     assert fields[b"PRIORITY"] == b"4"
-    assert fields[b"MESSAGE_ID"] == log.MESSAGE_IDS["decision"].encode()
+    assert fields[b"MESSAGE_ID"] == MESSAGE_IDS["decision"].encode()
     assert fields[b"SYSLOG_IDENTIFIER"] == b"memstaged"
     assert b"MEMSTAGED_SESSION_ID" not in fields
 
@@ -314,9 +315,9 @@ def test_every_event_kind_has_its_own_message_id() -> None:
     for source in (ROOT / "memstaged").rglob("*.py"):
         names |= set(_LOG_CALL.findall(source.read_text()))
     assert {"decision", "start", "ready", "reload", "stop", "rescan"} <= names
-    missing = sorted(n for n in names if n not in log.MESSAGE_IDS)
+    missing = sorted(n for n in names if n not in MESSAGE_IDS)
     assert missing == []
-    ids: list[Any] = list(log.MESSAGE_IDS.values())
+    ids: list[Any] = list(MESSAGE_IDS.values())
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
 

@@ -30,7 +30,8 @@ from systemd_env import (
     wait_until,
 )
 
-from memstaged import log, service
+from memstaged import service
+from memstaged.logevent import MESSAGE_IDS
 
 REASON = unavailable_reason()
 pytestmark = [
@@ -111,7 +112,7 @@ def test_user_service_installs_runs_logs_to_journal_reloads_and_stops(tmp_path: 
         assert entry["MEMSTAGED_PATH"] == str(mdir / "staging" / "bad.json")
         assert entry["MESSAGE"].startswith(f"quarantined {mdir}/staging/bad.json: ")
         assert entry["PRIORITY"] == "4"
-        assert entry["MESSAGE_ID"] == log.MESSAGE_IDS["decision"]
+        assert entry["MESSAGE_ID"] == MESSAGE_IDS["decision"]
         assert entry["SYSLOG_IDENTIFIER"] == "memstaged"
         assert json.loads(entry["MEMSTAGED_DEADLETTER"])  # the files written, as JSON
         valid = _wait_journal(sd, "MEMSTAGED_SESSION_ID=new-one")[-1]
@@ -125,7 +126,7 @@ def test_user_service_installs_runs_logs_to_journal_reloads_and_stops(tmp_path: 
         _config(sd, mdir, other)
         sd.systemctl("reload", UNIT, check=True)
         _wait_journal(sd, "MEMSTAGED_SESSION_ID=o")
-        assert _wait_journal(sd, f"MESSAGE_ID={log.MESSAGE_IDS['reload']}")[0]["MEMSTAGED_OK"] == (
+        assert _wait_journal(sd, f"MESSAGE_ID={MESSAGE_IDS['reload']}")[0]["MEMSTAGED_OK"] == (
             "true"
         )
 

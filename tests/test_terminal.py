@@ -34,7 +34,7 @@ from conftest import staging_doc, write
 from helpers import memstaged_cmd
 
 from memstaged.cli import main
-from memstaged.log import journal_fields
+from memstaged.logevent import journal_fields
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 

@@ -18,9 +18,10 @@ from typing import Any, Final
 import msgspec
 
 from memstaged import config, display
-from memstaged.commands._common import add_output_options, guard_verdict
+from memstaged.commands._common import add_output_options
+from memstaged.commands._output import guard_verdict
 from memstaged.config import Settings
-from memstaged.log import dumps
+from memstaged.logevent import dumps
 from memstaged.memdir import MemoryDir, is_staging_name
 from memstaged.project import default_project_root, normalize
 from memstaged.survey import decide_entry

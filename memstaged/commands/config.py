@@ -23,12 +23,8 @@ import sys
 from typing import Any
 
 from memstaged import config, display
-from memstaged.commands._common import (
-    add_json_option,
-    add_memory_dir_options,
-    guard_output,
-    print_json,
-)
+from memstaged.commands._common import add_json_option, add_memory_dir_options
+from memstaged.commands._output import guard_output, print_json
 from memstaged.config import Origin, Settings
 from memstaged.errors import MemstagedError, UsageError
 

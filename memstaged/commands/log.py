@@ -18,21 +18,23 @@ from typing import Any
 from memstaged import display, reasons
 from memstaged.argtypes import count
 from memstaged.commands._common import (
-    DECISION_STYLES,
-    Output,
     ProjectLabels,
     add_json_option,
     add_memory_dir_options,
     add_output_options,
-    guard_output,
     load_settings,
     local_time,
-    one_line,
     parse_when,
     within,
 )
+from memstaged.commands._output import (
+    DECISION_STYLES,
+    Output,
+    guard_output,
+    one_line,
+)
 from memstaged.errors import ConfigError, UsageError
-from memstaged.log import dumps
+from memstaged.logevent import dumps
 from memstaged.logread import (
     Event,
     EventFilter,

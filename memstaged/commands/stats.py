@@ -28,16 +28,18 @@ from memstaged import display, reasons
 from memstaged.argtypes import count
 from memstaged.commands import _common
 from memstaged.commands._common import (
-    Output,
     add_json_option,
     add_memory_dir_options,
     add_output_options,
-    guard_output,
     human_age,
     iso_utc,
     local_time,
-    one_line,
     parse_duration,
+)
+from memstaged.commands._output import (
+    Output,
+    guard_output,
+    one_line,
     print_json,
     render_table,
 )

@@ -24,17 +24,19 @@ from memstaged import acks, control, display
 from memstaged.argtypes import count, wait_seconds
 from memstaged.commands import _common
 from memstaged.commands._common import (
-    DECISION_STYLES,
-    Output,
     add_json_option,
     add_memory_dir_options,
     add_output_options,
-    guard_verdict,
     human_age,
     load_settings,
     memory_dirs,
-    one_line,
     parse_duration,
+)
+from memstaged.commands._output import (
+    DECISION_STYLES,
+    Output,
+    guard_verdict,
+    one_line,
     print_json,
     render_table,
 )
@@ -346,6 +348,18 @@ def check_line(results: list[DirStatus], *, max_unseen: int, max_wait: float) ->
 
 #: In the unseen dead-letter item of :func:`memstaged.survey.survey` (counted apart).
 _UNSEEN: Final = "dead-letter record(s) not yet seen"
+#: The summary's columns, one row per memory dir (its header line, tab-separated off a terminal,
+#: is what scripts cut on).
+SUMMARY_COLUMNS: Final = (
+    "memory dir",
+    "staging",
+    "waiting",
+    "oldest wait",
+    "dead letters",
+    "unseen",
+    "memstaged",
+    "state",
+)
 
 
 def _summary(results: list[DirStatus], out: Output) -> None:
@@ -371,16 +385,7 @@ def _summary(results: list[DirStatus], out: Output) -> None:
     render_table(
         out,
         f"{len(results)} memory dirs",
-        [
-            "memory dir",
-            "staging",
-            "waiting",
-            "oldest wait",
-            "dead letters",
-            "unseen",
-            "memstaged",
-            "state",
-        ],
+        list(SUMMARY_COLUMNS),
         rows,
         right=["staging", "waiting", "oldest wait", "dead letters", "unseen"],
         styles=styles,
