@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from node_oracle import Node, local_zone, mismatches
 
-from memstaged import dateparse
+from memstaged import dateparse, datescan
 from memstaged.dateparse import parse
 from memstaged.timestamps import format_epoch_ms
 
@@ -430,13 +430,13 @@ def test_bulk_reading_agrees_with_word_by_word_and_node(
             found = _run(node, inputs)
         assert found == [], "\n".join(found)
     with monkeypatch.context() as patch:  # runs and comment runs cut in many windows
-        patch.setattr(dateparse, "_RUN_WINDOW", 300)
-        patch.setattr(dateparse, "_COMMENTS_WINDOW", 50)
+        patch.setattr(datescan, "_RUN_WINDOW", 300)
+        patch.setattr(datescan, "_COMMENTS_WINDOW", 50)
         assert [_ours(s) for s in inputs] == bulk
     with monkeypatch.context() as patch:
-        patch.setattr(dateparse, "_RUN_MIN", 1 << 30)  # no run is long enough: word by word
-        patch.setattr(dateparse, "_min_prefix", lambda _chunk: -(1 << 30))  # walk every chunk
-        patch.setattr(dateparse._Scanner, "skip_symbols", lambda _self: None)
+        patch.setattr(datescan, "_RUN_MIN", 1 << 30)  # no run is long enough: word by word
+        patch.setattr(datescan, "_min_prefix", lambda _chunk: -(1 << 30))  # walk every chunk
+        patch.setattr(datescan.Scanner, "skip_symbols", lambda _self: None)
         one_by_one = [_ours(s) for s in inputs]
     assert bulk == one_by_one
     accepted = sum(1 for value in bulk if value is not None)
