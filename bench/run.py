@@ -1845,6 +1845,8 @@ HOSTILE_DATES: Final = {
     "'()' repeated: four million comments": ("()", ""),
     "'x (jan) ' repeated: words between comments": ("x (jan) ", ""),
     "'2026 ' then 'Jan Feb Mar pm ' repeated": ("Jan Feb Mar pm ", "2026 "),
+    "'a-' repeated: words glued to symbols": ("a-", ""),
+    "'((((( )))))' repeated: comments five deep": ("((((( )))))", ""),
 }
 _NODE_DATE_TIMER: Final = """
 const fs = require("fs");
