@@ -267,7 +267,7 @@ def _hostile(project: Path, part: str) -> bytes:
         each = len(json.dumps(wrapper, separators=(",", ":"))) + 1
         doc["candidates"]["preferences"] = [wrapper] * (room // each)
     elif part.startswith("invalid candidates"):  # 166,000 lessons, 10 problems each; one valid
-        bad = {"kind": "lesson", "triggers": [{}] * 6}
+        bad: dict[str, Any] = {"kind": "lesson", "triggers": [{}] * 6}
         each = len(json.dumps(bad, separators=(",", ":"))) + 1
         doc["candidates"]["preferences"] = [_VALID_PREFERENCE]
         doc["candidates"]["lessons"] = [bad] * ((room - 100) // each)
