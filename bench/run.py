@@ -1845,6 +1845,8 @@ HOSTILE_DATES: Final = {
     "'()' repeated: four million comments": ("()", ""),
     "'x (jan) ' repeated: words between comments": ("x (jan) ", ""),
     "'2026 ' then 'Jan Feb Mar pm ' repeated": ("Jan Feb Mar pm ", "2026 "),
+    "'a-' repeated: words glued to symbols": ("a-", ""),
+    "'((((( )))))' repeated: comments five deep": ("((((( )))))", ""),
 }
 _NODE_DATE_TIMER: Final = """
 const fs = require("fs");
@@ -1904,6 +1906,78 @@ def measure_hostile_dates(c: Corpora, plan: Plan) -> list[Row]:
                 samples=samples,
                 baseline_samples=[] if theirs_ns is None else [theirs_ns],
                 note="best of the repeats; the text trimmed first, as the reconciler does",
+            )
+        )
+    return rows + measure_hostile_records(c, size)
+
+
+#: Measure 15, records: a file of invalid candidates (a lesson of 10 problems each, 48 bytes),
+#: quarantined or split off by R4; one record per candidate (issue 19 item 5).
+HOSTILE_RECORDS: Final = {"quarantined": "false", "split off by R4": "true"}
+
+
+def _once_peak(box: Sandbox, memory_dir: Path, split: str) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB, from wait4) of one ``memstaged --once``."""
+    env = {**box.env(), "MEMSTAGED_SPLIT_INVALID_CANDIDATES": split}
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - started
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"memstaged --once exited {os.waitstatus_to_exitcode(status)}")
+    return elapsed, int(usage.ru_maxrss)
+
+
+def measure_hostile_records(c: Corpora, size: int) -> list[Row]:
+    """15, records: time per byte and peak RSS of ``--once`` on a file of ``size`` bytes made of
+    invalid candidates, each a record (the test asserts the memory bound; this says the time)."""
+    rows: list[Row] = []
+    bad = {"kind": "lesson", "triggers": [{}] * 6}
+    valid = {"text": "t", "source_evidence": {"discussion_note_ids": [1]}}
+    for label, split in HOSTILE_RECORDS.items():
+        memory_dir = _memory_dir(c.work, "hostile-records")
+        memory_dir.mkdir(parents=True, exist_ok=True)
+        staging = empty_staging(memory_dir)
+        with sandbox(c.work) as box:
+            lessons: list[Any] = []
+            doc: dict[str, Any] = {
+                "schemaVersion": 1,
+                "session_id": "hostile",
+                "project_root": str(memory_dir.parents[2]),
+                "produced_at": "2026-11-29T18:04:11.250Z",
+                "candidates": {
+                    "lessons": lessons,
+                    "preferences": [valid],
+                    "decisions": [],
+                    "domain": [],
+                },
+            }
+            (staging / "one.json").write_text(json.dumps(doc))
+            _, baseline = _once_peak(box, memory_dir, split)
+            lessons.extend([bad] * ((size - 300) // 49))
+            data = json.dumps(doc, separators=(",", ":")).encode()
+            (staging / "hostile.json").write_bytes(data)
+            seconds, peak = _once_peak(box, memory_dir, split)
+        shutil.rmtree(memory_dir.parents[2].parent, ignore_errors=True)
+        count = len(lessons)
+        multiple = (peak - baseline) * 1024 / len(data)
+        err.print(
+            f"  {count:,} invalid candidates, {label}: {seconds:.1f} s, "
+            f"{seconds * 1e9 / len(data):.0f} ns/byte, {multiple:.1f}x its size"
+        )
+        rows.append(
+            Row(
+                f"15 hostile records: --once on {len(data):,} bytes, {count:,} invalid "
+                f"candidates {label}",
+                seconds * 1e9 / len(data),
+                "ns/byte",
+                note=f"{multiple:.1f} times the file's size in peak RSS above a small file's run",
             )
         )
     return rows

@@ -21,13 +21,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from memstaged.ecma import encode_json, is_finite_number, is_nonempty_string, trim
-from memstaged.schema import CATEGORIES, Problem
+from memstaged.schema import candidate_arrays, check_candidate
 from memstaged.timestamps import canonical_or_epoch
 
 GATE_REASON: Final = "malformed staging file"
@@ -115,14 +115,15 @@ class _Shared:
     """What the records of one decision have in common, computed once."""
 
     __slots__ = (
+        "checked",
         "doc",
         "embedded",
         "exotic",
         "origin",
         "original",
-        "problems",
+        "prefix",
         "produced_at",
-        "remaining",
+        "repaired",
         "session_id",
     )
 
@@ -131,16 +132,20 @@ class _Shared:
         doc: Any,
         origin: Origin,
         exotic: bool,
-        problems: Mapping[tuple[str, int], tuple[Problem, ...]],
-        remaining: Mapping[tuple[str, int], tuple[Problem, ...]] | None = None,
+        checked: Any = None,
+        repaired: Any = None,
     ) -> None:
         self.doc = doc
         self.origin = origin
         self.exotic = exotic
-        self.problems = problems
-        #: Each candidate's errors left after every repair (None: no repair touches them).
-        self.remaining = remaining
+        #: The file whose candidates' problems are each record's own (None: ``doc``). A
+        #: record's errors are found again as it is rendered, not kept for every candidate
+        #: at once: they took up to 200 times the file (issue 19 item 5).
+        self.checked = doc if checked is None else checked
+        #: The file once every repair was applied (None: no repair touches the candidates).
+        self.repaired = repaired
         self.session_id = _session_id(doc, origin)
+        self.prefix = _record_prefix(origin)
         produced = doc.get("produced_at") if isinstance(doc, dict) else None
         self.produced_at = canonical_or_epoch(produced)
         #: The parsed file as each record holds it: its encoding, or a reference to the original.
@@ -200,14 +205,23 @@ class DeadLetter:
     the record, so only one record of a decision is in memory at a time.
     """
 
-    __slots__ = ("_index", "_shared", "category", "name")
+    __slots__ = ("_index", "_name", "_shared", "category")
 
-    def __init__(self, name: str, category: str, shared: _Shared, index: int | None) -> None:
-        self.name = name
+    def __init__(self, name: str | None, category: str, shared: _Shared, index: int | None) -> None:
+        #: None: the name a record of its candidate gets, built when asked for (one string
+        #: per record of a file of hundreds of thousands of candidates is not kept).
+        self._name = name
         self.category = category
         self._shared = shared
         #: The candidate's index in its category, or None for the whole-file record.
         self._index = index
+
+    @property
+    def name(self) -> str:
+        """The record's file name in ``deadletter/``."""
+        if self._name is not None:
+            return self._name
+        return f"{self._shared.prefix}-{self.category}-{self._index}.json"
 
     @property
     def body(self) -> bytes:
@@ -219,14 +233,20 @@ class DeadLetter:
             return shared.render(
                 self.category, shared.doc, 0, [*file_left, *file_fixed], file_fixed
             )
-        item = shared.doc["candidates"][self.category][self._index]
-        key = (self.category, self._index)
-        own = [str(p) for p in shared.problems.get(key, ())]
-        if shared.remaining is None:
+        category, index = self.category, self._index
+        item = shared.doc["candidates"][category][index]
+        where = f"candidates.{category}[{index}]"
+        checked = shared.checked["candidates"][category][index]
+        own = [str(p) for p in check_candidate(category, checked, where)]
+        after = (
+            checked if shared.repaired is None else shared.repaired["candidates"][category][index]
+        )
+        if after is checked:
             own_left, own_fixed = own, []
         else:
-            own_left = [str(p) for p in shared.remaining.get(key, ())]
-            own_fixed = [e for e in own if e not in set(own_left)]
+            own_left = [str(p) for p in check_candidate(category, after, where)]
+            left = set(own_left)
+            own_fixed = [e for e in own if e not in left]
         wrapped = {"candidate": item, "original_staging_file": shared.embedded}
         # Those no repair fixes first (SPEC 7): what a reader of the record sees first.
         errors = [*file_left, *own_left, *file_fixed, *own_fixed]
@@ -278,52 +298,42 @@ class DeadLetter:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _positions(doc: dict[str, Any], only: set[tuple[str, int]] | None) -> list[tuple[str, int]]:
-    candidates = doc.get("candidates")
-    if not isinstance(candidates, dict):
-        return []
-    out: list[tuple[str, int]] = []
-    for category in CATEGORIES:
-        items = candidates.get(category)
-        if isinstance(items, list):
-            out.extend(
-                (category, i) for i in range(len(items)) if only is None or (category, i) in only
-            )
-    return out
-
-
 def candidate_records(
     doc: dict[str, Any],
     origin: Origin,
     *,
-    problems: Mapping[tuple[str, int], tuple[Problem, ...]] | None = None,
-    remaining: Mapping[tuple[str, int], tuple[Problem, ...]] | None = None,
-    only: set[tuple[str, int]] | None = None,
+    checked: dict[str, Any] | None = None,
+    repaired: dict[str, Any] | None = None,
+    only: Mapping[str, Sequence[int]] | None = None,
     exotic: bool = False,
 ) -> list[DeadLetter]:
     """One record per candidate found (SPEC 4.2), or only those in ``only`` (repair R4).
 
-    ``problems`` are each candidate's own validation errors, as :func:`schema.check_file` found
-    them; a record lists its own and the file-level ones (``origin.errors``). ``remaining``, each
-    candidate's errors once every repair was applied: the others are marked ``repairable`` and
-    listed last.
+    ``only`` maps a category to the indices of its candidates that get a record, in order.
+    A record lists its candidate's own validation errors, as :func:`schema.check_candidate`
+    finds them in ``checked`` (``doc`` itself unless given), and the file-level ones
+    (``origin.errors``). ``repaired`` is the file once every repair was applied: a
+    candidate's errors that are gone there are marked ``repairable`` and listed last.
     """
-    positions = _positions(doc, only)
-    if not positions:
+    positions = [
+        (category, range(len(items)) if only is None else only.get(category, ()))
+        for category, items in candidate_arrays(doc)
+    ]
+    count = sum(len(indices) for _category, indices in positions)
+    if not count:
         return []
-    shared = _Shared(doc, origin, exotic, problems or {}, remaining)
+    shared = _Shared(doc, origin, exotic, checked, repaired)
     encoded = encode_json(doc, exotic=exotic)
-    if len(encoded) * len(positions) > max(EMBED_FACTOR * origin.size, EMBED_LIMIT):
+    if len(encoded) * count > max(EMBED_FACTOR * origin.size, EMBED_LIMIT):
         shared.embedded = {
             "memstaged_original": shared.original,
             "sha256": origin.sha256,
         }
     else:
         shared.embedded = msgspec.Raw(encoded)
-    prefix = _record_prefix(origin)
+    del encoded
     return [
-        DeadLetter(f"{prefix}-{category}-{i}.json", category, shared, i)
-        for category, i in positions
+        DeadLetter(None, category, shared, i) for category, indices in positions for i in indices
     ]
 
 
@@ -333,5 +343,5 @@ def whole_file_record(value: Any, origin: Origin, *, exotic: bool = False) -> De
     ``value`` is the parsed value, the text as read when it is not JSON, or ``None`` for a file
     too large to read: the original file still holds the bytes.
     """
-    shared = _Shared(value, origin, exotic, {})
-    return DeadLetter(f"{_record_prefix(origin)}-file.json", "lessons", shared, None)
+    shared = _Shared(value, origin, exotic)
+    return DeadLetter(f"{shared.prefix}-file.json", "lessons", shared, None)

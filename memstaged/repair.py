@@ -8,6 +8,7 @@ as it was, and the original stays intact for the dead-letter record if the repai
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -263,16 +264,18 @@ def repair_triggers(doc: dict[str, Any]) -> tuple[dict[str, Any], list[Repair]]:
     return fixed_doc, repairs
 
 
-def split_candidates(doc: dict[str, Any], invalid: set[tuple[str, int]]) -> dict[str, Any]:
-    """R4: the file with the invalid candidates left out, every other key kept as it was."""
+def split_candidates(doc: dict[str, Any], invalid: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+    """R4: the file with the invalid candidates left out, every other key kept as it was.
+
+    ``invalid`` maps a category to the indices of its invalid candidates.
+    """
     candidates = doc["candidates"]
     new_candidates = dict(candidates)
     for category in CATEGORIES:
         items = candidates.get(category)
-        if isinstance(items, list) and any((category, i) in invalid for i in range(len(items))):
-            new_candidates[category] = [
-                item for i, item in enumerate(items) if (category, i) not in invalid
-            ]
+        gone = set(invalid.get(category, ()))
+        if isinstance(items, list) and gone:
+            new_candidates[category] = [item for i, item in enumerate(items) if i not in gone]
     fixed = dict(doc)
     fixed["candidates"] = new_candidates
     return fixed

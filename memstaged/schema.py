@@ -8,7 +8,7 @@ decoding into closed structs. Every problem names where it is, in the reconciler
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -23,6 +23,11 @@ from memstaged.progress import tick
 from memstaged.timestamps import is_timestamp
 
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")
+#: Of one array in a candidate (its triggers, its ids), the problems of at most this many invalid
+#: elements are listed; one more problem counts the others. A candidate's problems, and so its
+#: dead-letter record, stay bounded whatever its size (issue 19 item 5: an 8 MB array of ``{}``
+#: triggers was millions of problems).
+MAX_ELEMENT_PROBLEMS: Final = 100
 _PLAIN_TRIGGERS: Final = ("path", "filename", "topic")
 
 
@@ -87,9 +92,24 @@ def check_triggers(triggers: object, where: str) -> list[Problem]:
     if not triggers:
         return [Problem(where, "must not be empty")]
     out: list[Problem] = []
+    bad = 0
     for i, trigger in enumerate(triggers):
-        out.extend(check_trigger(trigger, f"{where}[{i}]"))
+        if not i & 1023:
+            tick()
+        found = check_trigger(trigger, f"{where}[{i}]")
+        if found:
+            bad += 1
+            if bad <= MAX_ELEMENT_PROBLEMS:
+                out.extend(found)
+    _count_the_rest(bad, where, out)
     return out
+
+
+def _count_the_rest(bad: int, where: str, out: list[Problem]) -> None:
+    """One problem for the invalid elements of an array past :data:`MAX_ELEMENT_PROBLEMS`."""
+    if bad > MAX_ELEMENT_PROBLEMS:
+        more = bad - MAX_ELEMENT_PROBLEMS
+        out.append(Problem(where, f"+{more} more invalid elements, not listed one by one"))
 
 
 def check_evidence(evidence: object, where: str) -> list[Problem]:
@@ -104,25 +124,37 @@ def check_evidence(evidence: object, where: str) -> list[Problem]:
             out.append(Problem(f"{where}.discussion_note_ids", "must be an array"))
         else:
             nonempty = nonempty or bool(notes)
+            bad = 0
             for i, note in enumerate(notes):
+                if not i & 1023:
+                    tick()
                 if not is_finite_number(note):
-                    out.append(
-                        Problem(f"{where}.discussion_note_ids[{i}]", "must be a finite number")
-                    )
+                    bad += 1
+                    if bad <= MAX_ELEMENT_PROBLEMS:
+                        out.append(
+                            Problem(f"{where}.discussion_note_ids[{i}]", "must be a finite number")
+                        )
+            _count_the_rest(bad, f"{where}.discussion_note_ids", out)
     markers = evidence.get("lesson_candidate_marker_ids")
     if "lesson_candidate_marker_ids" in evidence:
         if not isinstance(markers, list):
             out.append(Problem(f"{where}.lesson_candidate_marker_ids", "must be an array"))
         else:
             nonempty = nonempty or bool(markers)
+            bad = 0
             for i, marker in enumerate(markers):
+                if not i & 1023:
+                    tick()
                 if not is_nonempty_string(marker):
-                    out.append(
-                        Problem(
-                            f"{where}.lesson_candidate_marker_ids[{i}]",
-                            "must be a non-empty string",
+                    bad += 1
+                    if bad <= MAX_ELEMENT_PROBLEMS:
+                        out.append(
+                            Problem(
+                                f"{where}.lesson_candidate_marker_ids[{i}]",
+                                "must be a non-empty string",
+                            )
                         )
-                    )
+            _count_the_rest(bad, f"{where}.lesson_candidate_marker_ids", out)
     if not nonempty:
         out.append(
             Problem(
@@ -170,10 +202,10 @@ def check_produced_at(value: object) -> list[Problem]:
     return []
 
 
-def check_file(doc: object) -> Report:
-    """Validate a decoded staging file; never raises, whatever the value."""
+def check_fields(doc: object) -> list[Problem]:
+    """The problems of a decoded file that are not a candidate's own: its fields and arrays."""
     if not isinstance(doc, dict):
-        return Report((Problem("", "the file is not a JSON object"),), {})
+        return [Problem("", "the file is not a JSON object")]
     out: list[Problem] = []
     version = doc.get("schemaVersion")
     if "schemaVersion" not in doc:
@@ -186,7 +218,6 @@ def check_file(doc: object) -> Report:
         out.append(Problem("produced_at", "is missing"))
     else:
         out.extend(check_produced_at(doc["produced_at"]))
-    by_candidate: dict[tuple[str, int], tuple[Problem, ...]] = {}
     candidates = doc.get("candidates")
     if "candidates" not in doc:
         out.append(Problem("candidates", "is missing"))
@@ -194,20 +225,39 @@ def check_file(doc: object) -> Report:
         out.append(Problem("candidates", "must be an object"))
     else:
         for category in CATEGORIES:
-            items = candidates.get(category)
             if category not in candidates:
                 out.append(Problem(f"candidates.{category}", "is missing"))
-                continue
-            if not isinstance(items, list):
+            elif not isinstance(candidates[category], list):
                 out.append(Problem(f"candidates.{category}", "must be an array"))
-                continue
-            for i, item in enumerate(items):
-                if not i & 1023:
-                    tick()  # hundreds of thousands of candidates take seconds to explain
-                found = check_candidate(category, item, f"candidates.{category}[{i}]")
-                if found:
-                    by_candidate[(category, i)] = tuple(found)
-    return Report(tuple(out), by_candidate)
+    return out
+
+
+def candidate_arrays(doc: object) -> Iterator[tuple[str, list[Any]]]:
+    """Each category array of a decoded file that is an array, in the order of CATEGORIES."""
+    candidates = doc.get("candidates") if isinstance(doc, dict) else None
+    if not isinstance(candidates, dict):
+        return
+    for category in CATEGORIES:
+        items = candidates.get(category)
+        if isinstance(items, list):
+            yield category, items
+
+
+def check_file(doc: object) -> Report:
+    """Validate a decoded staging file; never raises, whatever the value.
+
+    The report holds every invalid candidate's problems at once: the engine, which must stay
+    within a small multiple of the file's size, streams :func:`check_candidate` instead.
+    """
+    by_candidate: dict[tuple[str, int], tuple[Problem, ...]] = {}
+    for category, items in candidate_arrays(doc):
+        for i, item in enumerate(items):
+            if not i & 1023:
+                tick()  # hundreds of thousands of candidates take seconds to explain
+            found = check_candidate(category, item, f"candidates.{category}[{i}]")
+            if found:
+                by_candidate[(category, i)] = tuple(found)
+    return Report(tuple(check_fields(doc)), by_candidate)
 
 
 # --- the fast path ------------------------------------------------------------------------------

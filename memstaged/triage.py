@@ -8,6 +8,7 @@ daemon and the inspection commands all call it, so they cannot disagree about a 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Final
 
@@ -39,7 +40,7 @@ from memstaged.repair import (
     repair_wrappers,
     split_candidates,
 )
-from memstaged.schema import CATEGORIES, check_file, is_valid
+from memstaged.schema import CATEGORIES, candidate_arrays, check_candidate, check_fields, is_valid
 from memstaged.timestamps import EPOCH
 
 BOM: Final = b"\xef\xbb\xbf"
@@ -137,23 +138,90 @@ def decide(data: bytes, ctx: Context) -> Verdict:
         timestamps.forget()
 
 
-def _reasons(errors: list[str]) -> tuple[str, ...]:
-    if len(errors) <= MAX_REASONS:
-        return tuple(errors)
-    more = len(errors) - MAX_REASONS
-    return (*errors[:MAX_REASONS], f"... and {more} more (each record lists its own)")
+class _Tally:
+    """A stream of validation errors: the first :data:`MAX_REASONS` of them, and their count.
 
-
-def _irreparable_first(before: list[str], after: list[str]) -> tuple[list[str], list[str]]:
-    """The errors of a quarantined file, those no repair fixes first, and those a repair fixes.
-
-    ``after`` are the errors left once every repair was applied (what made the file
-    irreparable); ``before`` are the file's errors as it was. An error of ``before`` that is
-    not left in ``after`` is one a repair would have fixed: it is kept, after the others.
+    A file of hundreds of thousands of invalid candidates has millions of errors; keeping them
+    all took up to 200 times the file's size (issue 19 item 5). The log lists the first ones
+    and says how many more; each record finds its own again as it is written.
     """
-    left = set(after)
-    fixed = [e for e in before if e not in left]
-    return [*after, *fixed], fixed
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.first: list[str] = []
+        self.count = 0
+
+    def add(self, errors: Iterable[str]) -> None:
+        for error in errors:
+            self.count += 1
+            if len(self.first) < MAX_REASONS:
+                self.first.append(error)
+
+
+def _reasons(*tallies: _Tally) -> tuple[str, ...]:
+    """The errors of ``tallies`` one after the other, the first MAX_REASONS and how many more."""
+    first = [e for t in tallies for e in t.first][:MAX_REASONS]
+    more = sum(t.count for t in tallies) - len(first)
+    if not more:
+        return tuple(first)
+    return (*first, f"... and {more} more (each record lists its own)")
+
+
+class _Comparison:
+    """A file's errors before and after every repair, compared candidate by candidate.
+
+    ``left`` are the errors the repairs leave, the file's own first; ``fixed`` those of the file
+    as it was that a repair would have fixed, in the file's order. A candidate's errors name it
+    (``candidates.lessons[2]...``), so comparing them one candidate at a time is comparing the
+    whole lists, without holding them.
+    """
+
+    def __init__(self, doc: dict[str, Any], fixed: dict[str, Any], *, split: bool) -> None:
+        before = [str(p) for p in check_fields(doc)]
+        self.file_left = [str(p) for p in check_fields(fixed)]
+        left_set = set(self.file_left)
+        self.file_fixed = [e for e in before if e not in left_set]
+        self.left, self.fixed = _Tally(), _Tally()
+        self.left.add(self.file_left)
+        self.fixed.add(self.file_fixed)
+        self.candidates = 0
+        self.invalid_count = 0
+        #: For R4: the indices of each category's candidates invalid after every repair.
+        self.invalid: dict[str, list[int]] = {}
+        originals = dict(candidate_arrays(doc))
+        for category, items in candidate_arrays(fixed):
+            was = originals.get(category, items)
+            self.candidates += len(items)
+            for i, item in enumerate(items):
+                where = f"candidates.{category}[{i}]"
+                old = was[i]
+                found = [str(p) for p in check_candidate(category, old, where)]
+                now = (
+                    found
+                    if item is old
+                    else [str(p) for p in check_candidate(category, item, where)]
+                )
+                if now:
+                    self.left.add(now)
+                    self.invalid_count += 1
+                    if split:
+                        self.invalid.setdefault(category, []).append(i)
+                if found and now is not found:
+                    gone = set(now)
+                    self.fixed.add(e for e in found if e not in gone)
+
+
+def _all_errors(doc: dict[str, Any]) -> _Tally:
+    """The errors of the file as it was, in order (the ``reasons`` of a repaired file)."""
+    tally = _Tally()
+    tally.add(str(p) for p in check_fields(doc))
+    for category, items in candidate_arrays(doc):
+        for i, item in enumerate(items):
+            tally.add(
+                str(p) for p in check_candidate(category, item, f"candidates.{category}[{i}]")
+            )
+    return tally
 
 
 def _unparseable(data: bytes, ctx: Context, sha: str, size: int, err: NotJSON) -> Verdict:
@@ -196,55 +264,54 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
                 Decision.REPAIRED, sha, size, session, repairs=repairs, new_bytes=new_bytes
             )
         return Verdict(Decision.VALID, sha, size, session)
-    report = check_file(doc)
-    errors = [str(p) for p in report.problems()]
     original = original_name(ctx.file_name, sha)
-    after = report  # the errors left once every repair was applied
-    if isinstance(doc, dict):
-        fixed, r3 = repair_timestamp(doc)
-        fixed, r5 = repair_categories(fixed)
-        fixed, r6 = repair_wrappers(fixed, original)
-        fixed, r1 = repair_triggers(fixed)
-        repairs = (*repairs, *r3, *r5, *r6, *r1)
-        if is_valid(fixed):  # the repairs were enough: nothing left to report
-            return Verdict(
-                Decision.REPAIRED,
-                sha,
-                size,
-                session,
-                _reasons(errors),
-                repairs,
-                _encode(fixed, exotic),
-                original=original if r6 else None,
-            )
-        after = check_file(fixed)
-        split = ctx.split_invalid_candidates and not after.file_problems
-        if split and _has_valid_candidate(fixed, len(after.candidate_problems)):
-            return _split(doc, fixed, after.candidate_problems, ctx, sha, size, exotic, repairs)
-    ordered, fixed_errors = _irreparable_first(errors, [str(p) for p in after.problems()])
-    reasons = _reasons(ordered)
-    fixed_set = set(fixed_errors)
-    file_after = [str(p) for p in after.file_problems]
-    file_fixed = [e for e in (str(p) for p in report.file_problems) if e not in set(file_after)]
+    if not isinstance(doc, dict):
+        errors = [str(p) for p in check_fields(doc)]
+        return Verdict(
+            Decision.QUARANTINED,
+            sha,
+            size,
+            session,
+            tuple(errors),
+            deadletter=(whole_file_record(doc, _origin(ctx, sha, size, errors), exotic=exotic),),
+            original=original,
+        )
+    fixed, r3 = repair_timestamp(doc)
+    fixed, r5 = repair_categories(fixed)
+    fixed, r6 = repair_wrappers(fixed, original)
+    fixed, r1 = repair_triggers(fixed)
+    repairs = (*repairs, *r3, *r5, *r6, *r1)
+    if is_valid(fixed):  # the repairs were enough: nothing left to report
+        return Verdict(
+            Decision.REPAIRED,
+            sha,
+            size,
+            session,
+            _reasons(_all_errors(doc)),
+            repairs,
+            _encode(fixed, exotic),
+            original=original if r6 else None,
+        )
+    found = _Comparison(doc, fixed, split=ctx.split_invalid_candidates)
+    if found.invalid and not found.file_left and found.candidates > found.invalid_count:
+        return _split(doc, fixed, found, ctx, sha, size, exotic, repairs)
+    reasons = _reasons(found.left, found.fixed)
+    # The reasons lead with the errors no repair fixes (SPEC 7); those listed after them are
+    # the ones a repair would have fixed.
+    repairable = reasons[len(found.left.first) :]
+    if len(reasons) > MAX_REASONS:
+        repairable = repairable[:-1]  # the count of the others, not an error
     origin = Origin(
         ctx.file_name,
         ctx.source_path,
         sha,
         size,
         ctx.decided_at,
-        (*file_after, *file_fixed),
-        repairable=tuple(file_fixed),
-        reason=next((r for r in ordered if r not in fixed_set), None),
+        (*found.file_left, *found.file_fixed),
+        repairable=tuple(found.file_fixed),
+        reason=found.left.first[0] if found.left.first else None,
     )
-    records: list[DeadLetter] = []
-    if isinstance(doc, dict):
-        records = candidate_records(
-            doc,
-            origin,
-            problems=report.candidate_problems,
-            remaining=after.candidate_problems,
-            exotic=exotic,
-        )
+    records = candidate_records(doc, origin, repaired=fixed, exotic=exotic)
     if not records:
         records = [whole_file_record(doc, origin, exotic=exotic)]
     return Verdict(
@@ -255,7 +322,7 @@ def _decide(data: bytes, ctx: Context) -> Verdict:
         reasons,
         deadletter=tuple(records),
         original=original,
-        repairable=tuple(r for r in reasons if r in fixed_set),
+        repairable=repairable,
     )
 
 
@@ -287,19 +354,10 @@ def _encode(doc: dict[str, Any], exotic: bool) -> bytes:
     return encoded + b"\n"
 
 
-def _has_valid_candidate(doc: dict[str, Any], invalid_count: int) -> bool:
-    # Only the four category arrays hold candidates: an unknown list-valued key is not one.
-    candidates = doc["candidates"]
-    total = sum(
-        len(items) for items in (candidates.get(c) for c in CATEGORIES) if isinstance(items, list)
-    )
-    return total > invalid_count
-
-
 def _split(
     doc: dict[str, Any],
     fixed: dict[str, Any],
-    invalid: dict[tuple[str, int], tuple[Any, ...]],
+    found: _Comparison,
     ctx: Context,
     sha: str,
     size: int,
@@ -311,29 +369,21 @@ def _split(
     The records hold the candidates as they were in the original (its wrappers included), since
     the original is what is dead-lettered; their errors are those found after R6 and R1.
     """
-    errors = [str(p) for found in invalid.values() for p in found]
     origin = _origin(ctx, sha, size, [])
-    records = candidate_records(doc, origin, problems=invalid, only=set(invalid), exotic=exotic)
+    records = candidate_records(doc, origin, checked=fixed, only=found.invalid, exotic=exotic)
+    where = (f"candidates.{c}[{i}]" for c in CATEGORIES for i in found.invalid.get(c, ()))
     moved = tuple(
-        Repair("R4", f"candidates.{r.category}[{i}]", f"deadletter/{r.name}")
-        for (_cat, i), r in zip(sorted(invalid, key=_order), records, strict=True)
+        Repair("R4", at, f"deadletter/{r.name}") for at, r in zip(where, records, strict=True)
     )
-    kept = split_candidates(fixed, set(invalid))
+    kept = split_candidates(fixed, found.invalid)
     return Verdict(
         Decision.REPAIRED,
         sha,
         size,
         _session_id(doc),
-        _reasons(errors),
+        _reasons(found.left),
         (*repairs, *moved),
         _encode(kept, exotic),
         tuple(records),
         original_name(ctx.file_name, sha),
     )
-
-
-_CATEGORY_ORDER: Final = {"lessons": 0, "preferences": 1, "decisions": 2, "domain": 3}
-
-
-def _order(key: tuple[str, int]) -> tuple[int, int]:
-    return _CATEGORY_ORDER[key[0]], key[1]
