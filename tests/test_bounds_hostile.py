@@ -292,8 +292,11 @@ _VALID_PREFERENCE: dict[str, Any] = {
         ("JSON reader", 32),
         ("R6", 32),
         ("deep array", 8),
-        pytest.param("invalid candidates", 48, marks=pytest.mark.timeout(900)),
-        pytest.param("invalid candidates, R4", 64, marks=pytest.mark.timeout(900)),
+        # 166,000 records each: a minute quiet, three under load; in `make test-slow`
+        pytest.param("invalid candidates", 48, marks=[pytest.mark.slow, pytest.mark.timeout(900)]),
+        pytest.param(
+            "invalid candidates, R4", 64, marks=[pytest.mark.slow, pytest.mark.timeout(900)]
+        ),
         ("invalid ids", 32),
     ],
 )
