@@ -23,9 +23,6 @@ service manager that signals the whole group ends them at once.
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.context
-import multiprocessing.process
 import os
 import pickle
 import queue
@@ -34,14 +31,17 @@ import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import msgspec
 
 from memstaged.errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # multiprocessing is imported when a pool starts: start-up stays lean
+    import multiprocessing.context
+    import multiprocessing.process
+    from multiprocessing.connection import Connection
+
     from memstaged.triage import Context, Verdict
 
 __all__ = [
@@ -209,6 +209,8 @@ class Deciders:
         return worker
 
     def _start(self) -> None:
+        import multiprocessing
+
         # fork is the cheapest start (nothing imported again) and safe in a process with one
         # thread (--once); a daemon has its watcher thread, whose locks a fork could copy held,
         # so its workers come from a fork server started without threads.
