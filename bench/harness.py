@@ -66,6 +66,13 @@ class Plan:
     settle: float = 2.0
     peer_n: int = 3000
     peer_repeat: int = 5
+    #: Measure 9 again on a corpus this large (issue 23), in this many rounds; 0: not taken.
+    peer_large: int = 30_000
+    peer_large_repeat: int = 3
+    #: Measure 16: ``--once`` backlogs of these sizes (memory dirs of 1,000 files each).
+    growth_sizes: tuple[int, ...] = (1_000, 10_000, 100_000)
+    #: Measure 17: the daemon's start-up scan of this many memory dirs of 100 files each.
+    scan_dirs: tuple[int, ...] = (10, 1_000)
 
     @classmethod
     def quick(cls, seed: int) -> Plan:
@@ -83,6 +90,10 @@ class Plan:
             memory_rounds=10,
             peer_n=300,
             peer_repeat=1,
+            peer_large=1000,
+            peer_large_repeat=1,
+            growth_sizes=(1_000, 3_000),
+            scan_dirs=(2, 10),
         )
 
 

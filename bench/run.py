@@ -54,6 +54,7 @@ from harness import (
 )
 from measures.backlog import measure_backlog, measure_steady, measure_validate
 from measures.daemon import measure_burst, measure_idle, measure_latency, measure_memory
+from measures.growth import measure_growth, measure_pool_start, measure_scan
 from measures.hostile import measure_hostile_dates
 from measures.jspeer import measure_peer
 from measures.perfile import measure_perfile, measure_rss
@@ -77,6 +78,9 @@ MEASURES: Final = (
     "inspection",
     "stop",
     "hostile",
+    "growth",
+    "scan",
+    "deciders",
 )
 
 
@@ -109,6 +113,9 @@ def run(plan: Plan, work: Path, only: set[str]) -> tuple[list[Row], dict[str, di
         "inspection": lambda: measure_inspection(c, plan),
         "stop": lambda: measure_stop(c, plan),
         "hostile": lambda: measure_hostile_dates(c, plan),
+        "growth": lambda: measure_growth(c, plan),
+        "scan": lambda: measure_scan(c, plan),
+        "deciders": lambda: measure_pool_start(c, plan),
     }
     rows: list[Row] = []
     conditions: dict[str, dict[str, float]] = {}
