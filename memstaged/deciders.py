@@ -56,9 +56,10 @@ __all__ = [
 ]
 
 #: Batches of fewer files are decided in the process that reads them. Starting two workers by
-#: ``fork`` costs a few milliseconds (measure 16), and a file takes ~100 µs to decide: below
-#: ~64 files the workers would not win back their own start.
-POOL_THRESHOLD: Final = 64
+#: ``fork`` and getting their first verdicts back took 13-50 ms on a busy 2-core machine
+#: (measure 18; up to 140 ms at a load of 10), and a file takes 100-400 µs to decide: below a
+#: few hundred files the workers would not win back their own start.
+POOL_THRESHOLD: Final = 256
 #: Files sent to a worker at a time: enough to make the hand-over (a pickle and a pipe write
 #: each way) small beside the deciding, few enough that every worker has work early.
 CHUNK: Final = 16

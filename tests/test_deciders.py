@@ -106,7 +106,7 @@ def test_a_small_batch_is_decided_in_the_reading_process(pool: Deciders) -> None
 def test_items_with_nothing_to_decide_keep_their_place(pool: Deciders) -> None:
     """Issue 23 item 3: a file skipped or too large (no job) is handed back in its place, and
     stopping (a full transaction) still hands back every item already read."""
-    jobs = _jobs(200)
+    jobs = _jobs(300)
     source = iter(range(len(jobs)))
     ahead = pool.ahead(source, lambda i: None if i % 5 == 0 else jobs[i], len(jobs))
     seen: list[int] = []
@@ -151,7 +151,7 @@ def test_a_bug_in_a_worker_is_that_file_s_failure(
         return decide(data, ctx)
 
     monkeypatch.setattr("memstaged.triage.decide", boom)  # the workers are forked after this
-    jobs = _jobs(100)
+    jobs = _jobs(300)
     got = dict(pool.ahead(range(len(jobs)), lambda i: jobs[i], len(jobs)))
     failed = [i for i, v in got.items() if isinstance(v, Failure)]
     assert [jobs[i][1].file_name for i in failed] == ["s-pool-7.json"]

@@ -55,7 +55,9 @@ def _base(c: Corpora, plan: Plan) -> tuple[Path, corpus.Manifest]:
         m = corpus.Manifest.load(base)
     except FileNotFoundError:
         m = None
-    if m is None or m.seed != plan.seed + 23 or len(m.files) != BACKLOG_DIR_FILES:
+    pristine = base / corpus.PRISTINE_NAME
+    whole = pristine.is_dir() and len(os.listdir(pristine)) == BACKLOG_DIR_FILES
+    if m is None or m.seed != plan.seed + 23 or len(m.files) != BACKLOG_DIR_FILES or not whole:
         t0 = time.perf_counter()
         m = corpus.generate(
             base, BACKLOG_DIR_FILES, plan.seed + 23, (0.7, 0.2, 0.1), **corpus.PEER_CORPUS
@@ -86,7 +88,8 @@ def _layout(
     pristine_base = base / corpus.PRISTINE_NAME
     dirs = [_growth_dir(c, single)] if single else [_growth_dir(c, t) for t in tags]
     marker = f"{plan.seed} {len(tags)} {per_dir}"
-    todo = [d for d in dirs if _read(d / _DONE) != marker]
+    # The base is its own first copy (``m000``): generated, never rewritten here.
+    todo = [d for d in dirs if d != base and _read(d / _DONE) != marker]
     if not todo:
         return dirs
     t0 = time.perf_counter()
