@@ -11,7 +11,7 @@ __getattr__
 # msgspec / dataclass fields, filled in by keyword and read by encoding (JSON output, asdict).
 deferred_since  # memstaged/commands/stats.py Stuck
 last_seen  # memstaged/commands/stats.py Stuck
-baseline_samples  # bench/run.py Row
+baseline_samples  # bench/harness.py Row
 # argparse-manpage's Manpage reads ``manual`` when it renders the page.
 _.manual
 # watchdog's inotify callbacks, called by watchdog's emitter.

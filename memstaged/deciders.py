@@ -1,0 +1,338 @@
+"""Deciding on every core: a pool of processes that run :func:`memstaged.triage.decide`.
+
+Deciding is pure (``bytes, Context -> Verdict``: no disk, no clock, no state kept between two
+files), so it can run in other processes while the one that owns the transaction reads the next
+files and carries decisions out (issue 23). :class:`Deciders` is that pool; :meth:`Deciders.ahead`
+walks a sequence of files read by the caller, sends their bytes to the workers in small chunks,
+keeps reading while they decide, and hands each file back *in the order it was read* with its
+verdict, so that what is logged and applied, and in what order, is what deciding in process gives.
+
+What stays in the calling process:
+
+- a batch of fewer than :data:`POOL_THRESHOLD` files (the daemon's one file, a ``--once`` of a
+  few files): starting workers would cost more than it saves (docs/performance.md measures what
+  a worker costs to start);
+- a file too large to read (nothing to decide but its identity);
+- every file once the pool broke (a worker killed, a fork refused): deciding again in process
+  gives the same verdict, since deciding is pure, so a broken pool costs time and nothing else.
+
+The pool is started on first use and stopped by :meth:`Deciders.close`; its workers ignore
+SIGINT (a terminal's ^C is the parent's to handle) and take SIGTERM's default action, so a
+service manager that signals the whole group ends them at once.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
+
+import msgspec
+
+from memstaged.errors import ConfigError
+
+if TYPE_CHECKING:  # multiprocessing is imported when a pool starts: start-up stays lean
+    import multiprocessing.context
+    import multiprocessing.process
+    from multiprocessing.connection import Connection
+
+    from memstaged.triage import Context, Verdict
+
+__all__ = [
+    "AHEAD_BYTES",
+    "CHUNK",
+    "POOL_THRESHOLD",
+    "WORKERS_ENV",
+    "Deciders",
+    "Failure",
+    "ReadAhead",
+    "workers_wanted",
+]
+
+#: Batches of fewer files are decided in the process that reads them. Starting two workers by
+#: ``fork`` and getting their first verdicts back took 13-50 ms on a busy 2-core machine
+#: (measure 18; up to 140 ms at a load of 10), and a file takes 100-400 µs to decide: below a
+#: few hundred files the workers would not win back their own start.
+POOL_THRESHOLD: Final = 256
+#: Files sent to a worker at a time: enough to make the hand-over (a pickle and a pipe write
+#: each way) small beside the deciding, few enough that every worker has work early.
+CHUNK: Final = 16
+#: The bytes read ahead and not yet handed back, at most (beyond the first chunk in flight):
+#: what read-ahead adds to the process's memory, whatever the size of the files.
+AHEAD_BYTES: Final = 16 * 1024 * 1024
+#: The environment variable that sets how many workers decide (0: none, decide in process).
+WORKERS_ENV: Final = "MEMSTAGED_WORKERS"
+#: The most workers taken from :data:`WORKERS_ENV`: a typo of ``10000`` would fork that many.
+MAX_WORKERS: Final = 64
+
+#: How long a worker hung up on may take to finish the chunk in hand before it is killed.
+_JOIN_SECONDS: Final = 5.0
+#: Above any descriptor a forked worker can have inherited (memstaged raises its soft limit).
+_MAX_FD: Final = 1 << 20
+
+T = TypeVar("T")
+
+
+class Failure(msgspec.Struct, frozen=True):
+    """A worker's ``decide`` raised: what the pipeline logs for a bug (``failed``)."""
+
+    error: str  # repr() of the exception
+    traceback: str
+
+
+def workers_wanted(env: dict[str, str] | None = None) -> int:
+    """How many worker processes decide: :data:`WORKERS_ENV`, else the CPUs this process may use.
+
+    One CPU means no pool at all: a worker would only take turns with the reader on that CPU.
+    """
+    text = (os.environ if env is None else env).get(WORKERS_ENV, "").strip()
+    if not text:
+        cores = len(os.sched_getaffinity(0))
+        return cores if cores > 1 else 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_WORKERS:
+        raise ConfigError(
+            f"{WORKERS_ENV}={text!r}: expected a number of worker processes from 0 to "
+            f"{MAX_WORKERS} (0: decide in the reading process)"
+        )
+    return value
+
+
+def _start_worker() -> None:
+    """In each worker: a ^C is the parent's to act on; SIGTERM ends the worker at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure | None]:
+    """In a worker: each job's verdict, pickled; what went wrong; or None when the verdict
+    cannot be pickled (a document nested deeper than the pickler's recursion allows: deciding
+    has no depth limit, pickling has). Never raises for one file."""
+    from memstaged.triage import decide
+
+    out: list[bytes | Failure | None] = []
+    for data, ctx in jobs:
+        try:
+            verdict = decide(data, ctx)
+        except Exception as err:  # noqa: BLE001 - a bug is logged for its file, as in process
+            out.append(Failure(repr(err), traceback.format_exc()))
+            continue
+        try:
+            out.append(pickle.dumps(verdict, pickle.HIGHEST_PROTOCOL))
+        except RecursionError:
+            out.append(None)  # decided again by the caller, in process
+    return out
+
+
+def _serve(conn: Connection, forked: bool) -> None:
+    """A worker's life: decide each chunk received, send the results back, in order.
+
+    A thread receives while the main thread decides, so the parent's sends never wait for a
+    worker that is itself waiting to send (the deadlock of two full pipes); the parent hangs up
+    to end the worker. A forked worker first closes every descriptor it inherited but its own
+    socket: a staging file's descriptor would keep its read lease (and a writer waiting) after
+    the parent let it go, and another worker's socket would keep that worker from ever seeing
+    the parent hang up.
+    """
+    if forked:
+        keep = conn.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _MAX_FD)
+    _start_worker()
+    chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def receive() -> None:
+        try:
+            while True:
+                chunks.put(conn.recv_bytes())
+        except (EOFError, OSError):
+            chunks.put(None)
+
+    threading.Thread(target=receive, daemon=True).start()
+    try:
+        while (chunk := chunks.get()) is not None:
+            conn.send_bytes(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
+    except OSError:
+        pass  # the parent hung up (it stopped, or gave up on the pool): nothing to answer
+    finally:
+        os._exit(0)  # no atexit, no flushing of the parent's inherited buffers
+
+
+class Deciders:
+    """A pool of decider processes, started on first use; :meth:`close` stops it.
+
+    Each worker has its own socket pair: chunks go round-robin and their results are read back
+    in the order sent, so a worker that dies is an end of file on its own socket (no shared
+    queue a killed worker could leave locked or half-written) and no thread runs in this
+    process to feed or drain the workers.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._conns: list[Connection] = []
+        self._procs: list[multiprocessing.process.BaseProcess] = []
+        self._next = 0
+        #: Why the pool stopped being used, once it broke (None while it works).
+        self.broken: str | None = None
+
+    def ahead(
+        self, items: Iterable[T], job: Callable[[T], tuple[bytes, Context] | None], size: int
+    ) -> ReadAhead[T]:
+        """Walk ``items`` (each a file read), deciding ahead in the pool when ``size`` (the
+        batch's number of files) is worth it; ``job`` gives an item's bytes and context, or
+        None for an item with nothing to decide (skipped, unreadable, too large)."""
+        use = self.workers > 0 and size >= POOL_THRESHOLD and self.broken is None
+        return ReadAhead(self if use else None, items, job)
+
+    def _submit(self, jobs: list[tuple[bytes, Context]]) -> int | None:
+        """Send a chunk to the next worker; which one (None: the pool is broken)."""
+        if self.broken is not None:
+            return None
+        try:
+            if not self._conns:
+                self._start()
+            worker = self._next
+            self._next = (worker + 1) % self.workers
+            self._conns[worker].send_bytes(pickle.dumps(jobs, pickle.HIGHEST_PROTOCOL))
+        except (OSError, ValueError) as err:  # ValueError: a fork or a socket refused
+            self._break(err)
+            return None
+        return worker
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        # fork is the cheapest start (nothing imported again) and safe in a process with one
+        # thread (--once); a daemon has its watcher thread, whose locks a fork could copy held,
+        # so its workers come from a fork server started without threads.
+        forked = threading.active_count() == 1
+        context: multiprocessing.context.ForkContext | multiprocessing.context.ForkServerContext
+        if forked:
+            context = multiprocessing.get_context("fork")
+        else:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["memstaged.triage"])
+        for _ in range(self.workers):
+            ours, theirs = context.Pipe(duplex=True)
+            proc = context.Process(target=_serve, args=(theirs, forked), daemon=True)
+            proc.start()
+            theirs.close()  # so that the worker's death is an end of file here
+            self._conns.append(ours)
+            self._procs.append(proc)
+
+    def _result(self, worker: int | None) -> list[bytes | Failure | None] | None:
+        if worker is None or self.broken is not None:
+            return None
+        try:
+            got: list[bytes | Failure | None] = pickle.loads(  # noqa: S301 - our own worker's
+                self._conns[worker].recv_bytes()
+            )
+        except (EOFError, OSError) as err:
+            self._break(err)
+            return None
+        return got
+
+    def _break(self, err: BaseException) -> None:
+        self.broken = f"deciding in process from now on: the pool of deciders broke: {err!r}"
+        self.close()
+
+    def close(self) -> None:
+        """Hang up on the workers and reap them; one that does not end is killed."""
+        conns, self._conns = self._conns, []
+        procs, self._procs = self._procs, []
+        for conn in conns:
+            conn.close()
+        for proc in procs:
+            proc.join(_JOIN_SECONDS)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join()
+
+
+class ReadAhead(Generic[T]):
+    """Items in their order, each with its verdict from the pool (None: decide it in process).
+
+    Iterating pulls items from the source while the workers decide, up to
+    ``2 x workers`` chunks or :data:`AHEAD_BYTES` ahead of what it hands back. :meth:`stop` ends
+    the pulling (a transaction is full); the items already pulled are still handed back, so no
+    file read is dropped: a transaction may take up to that many more files than it asked for.
+    """
+
+    def __init__(
+        self,
+        deciders: Deciders | None,
+        items: Iterable[T],
+        job: Callable[[T], tuple[bytes, Context] | None],
+    ) -> None:
+        self._deciders = deciders
+        self._items = iter(items)
+        self._job = job
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Pull no more items; those already pulled are still handed back."""
+        self._stopped = True
+
+    def __iter__(self) -> Iterator[tuple[T, Verdict | Failure | None]]:
+        deciders = self._deciders
+        if deciders is None:
+            for item in self._items:
+                yield item, None
+                if self._stopped:
+                    return
+            return
+        depth = 2 * deciders.workers
+        # Each chunk: its items, the indexes among them that were sent, the worker deciding them.
+        chunks: deque[tuple[list[T], list[int], int | None]] = deque()
+        items: list[T] = []
+        sent: list[int] = []
+        jobs: list[tuple[bytes, Context]] = []
+        held = 0  # the bytes of the jobs in flight
+        sizes: deque[int] = deque()
+
+        def flush() -> None:
+            nonlocal items, sent, jobs
+            if items:
+                chunks.append((items, sent, deciders._submit(jobs) if jobs else None))
+                sizes.append(sum(len(data) for data, _ in jobs))
+            items, sent, jobs = [], [], []
+
+        while True:
+            if not self._stopped and len(chunks) < depth and held < AHEAD_BYTES:
+                try:
+                    item = next(self._items)
+                except StopIteration:
+                    self._stopped = True
+                    continue
+                items.append(item)
+                work = self._job(item)
+                if work is not None:
+                    sent.append(len(items) - 1)
+                    jobs.append(work)
+                    held += len(work[0])
+                if len(items) >= CHUNK:
+                    flush()
+                continue
+            flush()
+            if not chunks:
+                return
+            done, indexes, worker = chunks.popleft()
+            held -= sizes.popleft()
+            verdicts = deciders._result(worker)
+            by_index: dict[int, bytes | Failure | None] = (
+                {} if verdicts is None else dict(zip(indexes, verdicts, strict=True))
+            )
+            for i, item in enumerate(done):
+                got = by_index.get(i)
+                # The unpickler needs no recursion, whatever the nesting (C's _pickle).
+                yield item, pickle.loads(got) if isinstance(got, bytes) else got  # noqa: S301
