@@ -52,8 +52,6 @@ from memstaged.deadletter import (
     hexdump,
     list_originals,
     list_records,
-    plan_purge,
-    purge,
     read_original,
     resolve_ids,
     text_or_none,
@@ -62,6 +60,7 @@ from memstaged.ecma import encode_json, pretty
 from memstaged.errors import ConfigError, UsageError
 from memstaged.locks import instance_holder
 from memstaged.memdir import MemoryDir
+from memstaged.purge import plan_purge, purge
 from memstaged.recover import Action, Outcome, Report, preview, recover
 
 SHOW_BYTES: Final = 64 * 1024
