@@ -13,7 +13,6 @@ one way; each module only calls downwards.
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import os
 import stat
@@ -25,7 +24,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged import fsio, temps, transaction
+from memstaged import events, fsio, temps, transaction
 from memstaged.errors import LogUnwritable
 from memstaged.fsio import Identity
 from memstaged.locks import (
@@ -36,7 +35,6 @@ from memstaged.locks import (
     remove_stale_own_lock,
 )
 from memstaged.memdir import (
-    DEADLETTER,
     STAGING,
     MemoryDir,
     Options,
@@ -44,7 +42,6 @@ from memstaged.memdir import (
     staging_names,
 )
 from memstaged.plan import Plan, Result, Settled, Status, identity_hash, plan_of
-from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.read import FirstSeen, Skip, Version, read_version
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide, decide_too_large
@@ -316,7 +313,7 @@ class Pipeline:
             decided_at=self._decided_at(int(now * 1000)),
         )
         verdict = self._verdict(version, ctx)
-        _describe(event, verdict)
+        events.describe(event, verdict)
         if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
             # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
             # as what it is, and is not a second decision of the file.
@@ -350,7 +347,7 @@ class Pipeline:
             with self._durable_log():  # raises LogUnwritable: nothing of the plans is done
                 for names in settled:
                     item = by_name[names.key]
-                    _name_settled(item.event, item.plan, names)
+                    events.name_settled(item.event, item.plan, names)
                     self._finish_event(item.event, item.started)
                     announced.add(names.key)
 
@@ -590,51 +587,3 @@ def _durable_decision_log() -> AbstractContextManager[object]:
     from memstaged.log import durable
 
     return durable()
-
-
-def _describe(event: dict[str, Any], verdict: Verdict) -> None:
-    """Put what a verdict says into the decision's log event (SPEC 7)."""
-    event.update(
-        decision=verdict.decision.value,
-        session_id=verdict.session_id,
-        sha256=verdict.sha256,
-        size=verdict.size,
-        reasons=list(verdict.reasons),
-    )
-    if verdict.repairable:  # reasons that a repair would fix: the last ones (SPEC 7)
-        event["repairable"] = list(verdict.repairable)
-    if verdict.repairs:
-        event["repairs"] = [msgspec.to_builtins(r) for r in verdict.repairs]
-        if any(r.rule == "R4" for r in verdict.repairs):
-            # Candidates went to deadletter/: a query for quarantines finds them (issue 21
-            # item 5); journalctl MEMSTAGED_DECISION=quarantined + MEMSTAGED_PARTLY_QUARANTINED=true
-            event["partly_quarantined"] = True
-    if verdict.new_bytes is not None:
-        # Names the version memstaged puts in place: its look at it is told from a decision.
-        event["rewrite_sha256"] = hashlib.sha256(verdict.new_bytes).hexdigest()
-    names = [f"{DEADLETTER}/{r.name}" for r in verdict.deadletter]
-    if verdict.original is not None:
-        names.append(f"{DEADLETTER}/{ORIGINALS_DIR}/{verdict.original}")
-    if names:
-        event["deadletter"] = names
-
-
-def _name_settled(event: dict[str, Any], plan: Plan, settled: Settled) -> None:
-    """The log names the dead-letter files as they are really called (SPEC 7).
-
-    The names planned may be taken (SPEC 4: nothing under ``deadletter/`` is trusted); an R6
-    repair then names the file that really holds the original (SPEC 3, R6).
-    """
-    names = [f"{DEADLETTER}/{r}" for r in settled.records]
-    if settled.original is not None:
-        names.append(f"{DEADLETTER}/{ORIGINALS_DIR}/{settled.original}")
-    if names:
-        event["deadletter"] = names
-    if plan.original is None or settled.original in (None, plan.original):
-        return
-    before = f"{DEADLETTER}/{ORIGINALS_DIR}/{plan.original}"
-    after = f"{DEADLETTER}/{ORIGINALS_DIR}/{settled.original}"
-    for repair in event.get("repairs", ()):
-        wrote = repair.get("wrote")
-        if isinstance(wrote, dict) and wrote.get("original") == before:
-            wrote["original"] = after

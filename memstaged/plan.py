@@ -23,6 +23,7 @@ from typing import NamedTuple
 import msgspec
 
 from memstaged.fsio import Identity
+from memstaged.locks import LockInfo
 from memstaged.quarantine import DeadLetter
 from memstaged.read import Version
 from memstaged.triage import Decision, Verdict
@@ -166,3 +167,18 @@ class Settled(msgspec.Struct, frozen=True):
     records: tuple[str, ...] = ()
     original: str | None = None
     created: str | None = None
+
+
+class StaleLock(NamedTuple):
+    """A ``canonical-writer.lock`` whose process is gone, seen while taking the lock."""
+
+    info: LockInfo
+    #: memstaged's own, removed; else another owner's, not obeyed (memstaged never deletes it).
+    removed: bool
+
+
+class Applied(msgspec.Struct, frozen=True):
+    """What :func:`apply` did: each plan's result by its key, and the stale locks it saw."""
+
+    results: dict[str, Result]
+    stale_locks: tuple[StaleLock, ...] = ()

@@ -41,14 +41,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, NamedTuple
-
-import msgspec
+from typing import Final
 
 from memstaged import fsio, held, replace
 from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock
 from memstaged.memdir import STAGING
-from memstaged.plan import Action, Plan, Result, Settled, Status
+from memstaged.plan import Action, Applied, Plan, Result, Settled, StaleLock, Status
 from memstaged.progress import tick
 from memstaged.quarantine import DeadLetter
 from memstaged.store import File, Store, Written, install, settle_original, settle_record
@@ -62,21 +60,6 @@ Announce = Callable[[Sequence[Settled]], None]
 Refuse = Callable[[Sequence[Plan]], Mapping[str, str]]
 
 
-class StaleLock(NamedTuple):
-    """A ``canonical-writer.lock`` whose process is gone, seen while taking the lock."""
-
-    info: LockInfo
-    #: memstaged's own, removed; else another owner's, not obeyed (memstaged never deletes it).
-    removed: bool
-
-
-class Applied(msgspec.Struct, frozen=True):
-    """What :func:`apply` did: each plan's result by its key, and the stale locks it saw."""
-
-    results: dict[str, Result]
-    stale_locks: tuple[StaleLock, ...] = ()
-
-
 class Stopped(OSError):
     """An I/O error stopped the transaction; :attr:`results` says what each plan did until then.
 
@@ -84,7 +67,8 @@ class Stopped(OSError):
     """
 
     def __init__(self, err: OSError, results: dict[str, Result]) -> None:
-        super().__init__(err.errno, err.strerror or str(err))
+        named = () if err.filename is None else (err.filename,)
+        super().__init__(err.errno, err.strerror or str(err), *named)
         self.results = results
 
 
