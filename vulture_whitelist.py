@@ -30,3 +30,5 @@ _reset_logging
 plain_output
 one_event
 no_thread_leak
+# tests/test_transaction.py: the crash test's child process calls it by name (python -c).
+_drive

@@ -4,12 +4,13 @@ Records are read without following links and without trusting their content: a r
 ``memstaged.original`` names an original only when it is a plain name under ``originals/``, so a
 hand-edited record cannot make ``show`` read, or ``purge`` delete, anything outside the store.
 
-Changes (recovery, purge) happen beside a running daemon, as :class:`~memstaged.plan.Change`
-values carried out by the daemon's own :func:`memstaged.apply.apply` (:func:`transact`), in short
-transactions under ``canonical-writer.lock``: the lock the daemon obeys, the reconciler holds
-while it works, and the agent's own ``/memory recover`` takes too. Never under the instance lock,
-which the daemon holds for its whole life. What a transaction depends on (a record still the very
-file that was read) is checked again under the lock.
+Changes (:mod:`memstaged.recover`, :mod:`memstaged.purge`) happen beside a running daemon, as
+:class:`~memstaged.plan.Plan` values carried out by the daemon's own
+:func:`memstaged.transaction.apply` (:func:`transact`), in short transactions under
+``canonical-writer.lock``: the lock the daemon obeys, the reconciler holds while it works, and
+the agent's own ``/memory recover`` takes too. Never under the instance lock, which the daemon
+holds for its whole life. What a transaction depends on (a record still the very file that was
+read) is checked again under the lock.
 """
 
 from __future__ import annotations
@@ -26,16 +27,15 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged import apply as applying
-from memstaged import fsio, reasons
-from memstaged.apply import Admit
+from memstaged import fsio, reasons, transaction
 from memstaged.ecma import Parsed, is_nonempty_string, parse_json, trim
 from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
 from memstaged.fsio import Identity
 from memstaged.locks import LockHeld, LockInfo, log_stale_lock, memstaged_role, read_lock
 from memstaged.memdir import DEADLETTER, MemoryDir
-from memstaged.plan import Change, Held, Kind
+from memstaged.plan import Held, Plan, Result, Settled
 from memstaged.quarantine import ORIGINALS_DIR, stem
+from memstaged.transaction import Announce, NotObeyed, Refuse
 
 #: A record larger than this is listed as unreadable rather than read into memory.
 MAX_RECORD_SIZE: Final = 64 * 1024 * 1024
@@ -476,47 +476,55 @@ def transact(
     mdir: MemoryDir,
     mem_fd: int,
     staging_fd: int,
-    changes: Sequence[Change],
+    plans: Sequence[Plan],
     *,
     waiter: Waiter,
     logger: Any,
-    announce: Callable[[Sequence[Change]], None],
-    admit: Admit | None = None,
-) -> None:
-    """Carry ``changes`` out as one transaction of :func:`memstaged.apply.apply` (SPEC 5).
+    announce: Announce,
+    refuse: Refuse | None = None,
+) -> dict[str, Result]:
+    """Carry ``plans`` out as one transaction of :func:`memstaged.transaction.apply` (SPEC 5).
 
     The same transaction as the daemon's, under ``canonical-writer.lock``: the daemon obeys the
     lock (it defers every change in the memory dir while a live process holds it), so what is
     done inside cannot interleave with its own changes, nor with the reconciler's or the
     agent's ``/memory recover``. Callers keep each transaction short, never one for a whole
-    run; what a change depends on is checked again under the lock (by ``apply``, and by
-    ``admit``). What became of each change is written into it.
+    run; what a plan depends on is checked again under the lock (by ``apply``, and by
+    ``refuse``). Returns each plan's result by its key.
 
-    Raises :class:`BusyError` (exit 1; nothing of ``changes`` done) when a live process holds
+    Raises :class:`BusyError` (exit 1; nothing of ``plans`` done) when a live process holds
     the lock for longer than ``waiter`` waits, or when a stale lock of another owner is in
     place: memstaged never deletes that one, and without the lock it could not keep out of the
-    daemon's way. Raises ``OSError`` when the transaction could not be completed.
+    daemon's way. Raises :class:`~memstaged.transaction.Stopped` (an ``OSError``, with what
+    was done) when the transaction could not be completed.
     """
-
-    def on_stale(info: LockInfo, removed: bool) -> None:
-        log_stale_lock(logger, info, removed, memory_dir=mdir.path)
-        if not removed:  # raised before the lock is yielded: apply changes nothing
-            raise BusyError(
-                f"{mdir.path}: canonical-writer.lock names pid {info.pid}, which is "
-                "gone, and is not memstaged's: memstaged never deletes it, and cannot "
-                "change the memory dir beside the daemon without it; remove it if no "
-                "reconciler is running"
-            )
-
     started = waiter.clock()
     while True:
         try:
-            applying.apply(
-                mem_fd, staging_fd, changes, announce=announce, on_stale=on_stale, admit=admit
+            applied = transaction.apply(
+                mem_fd,
+                staging_fd,
+                plans,
+                announce=announce,
+                now=time.time(),
+                refuse=refuse,
+                obey_stale=True,
             )
-            return
         except LockHeld as held:
             info = held.info
+        except NotObeyed as stale:
+            for seen in stale.seen:
+                log_stale_lock(logger, seen.info, seen.removed, memory_dir=mdir.path)
+            raise BusyError(
+                f"{mdir.path}: canonical-writer.lock names pid {stale.info.pid}, which is "
+                "gone, and is not memstaged's: memstaged never deletes it, and cannot "
+                "change the memory dir beside the daemon without it; remove it if no "
+                "reconciler is running"
+            ) from None
+        else:
+            for seen in applied.stale_locks:
+                log_stale_lock(logger, seen.info, seen.removed, memory_dir=mdir.path)
+            return applied.results
         patience = waiter.patience(info)
         if waiter.clock() - started >= patience:
             waited = f" (waited {patience:g} s)" if patience > 0 else ""
@@ -538,9 +546,27 @@ def transact(
             waiter.sleep(_LOCK_POLL)
 
 
-def held_records(records: Iterable[RecordFile]) -> list[Held]:
-    """The records as :func:`memstaged.apply.apply` checks them: name and identity as read."""
-    return [Held(DEADLETTER, r.name, r.identity) for r in records]
+def held_records(records: Iterable[RecordFile]) -> tuple[Held, ...]:
+    """The records as :func:`memstaged.transaction.apply` checks them: name and identity as read."""
+    return tuple(Held(DEADLETTER, r.name, r.identity) for r in records)
+
+
+def announcer(logger: Any, events: Mapping[str, dict[str, Any]]) -> Announce:
+    """Log the plans' events (by key) and make the log durable before any of them is carried
+    out (SPEC 5 and 7: nothing is carried out unlogged, even across a power cut); a new staging
+    file is named as the transaction settled it."""
+
+    def announce(settled: Sequence[Settled]) -> None:
+        from memstaged.log import durable
+
+        with durable():  # raises LogUnwritable: nothing of the plans is carried out
+            for names in settled:
+                event = dict(events[names.key])
+                if names.created is not None:
+                    event["staging_file"] = f"staging/{names.created}"
+                logger.info(event.pop("event"), **event)
+
+    return announce
 
 
 def references_now(
@@ -596,215 +622,3 @@ def hexdump(data: bytes, width: int = 16) -> str:
         ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
         lines.append(f"{offset:08x}  {hexes:<{width * 3}}  |{ascii_}|")
     return "\n".join(lines)
-
-
-def plan_purge(
-    records: Sequence[RecordFile],
-    originals: Sequence[Original],
-    *,
-    cutoff: dt.datetime | None,
-    select: Callable[[RecordFile], bool] | None = None,
-) -> tuple[list[RecordFile], list[Original]]:
-    """The records dead-lettered before ``cutoff`` (any age when ``None``) that ``select``
-    chooses (all when ``None``), and the originals that go with them.
-
-    An original goes when no remaining record needs it and either a purged record named it or,
-    in a purge by age alone, it is itself older than ``cutoff`` (an original whose records were
-    deleted by other tools). A purge of chosen records (``--id``, ``--session``) deletes only
-    their own originals.
-    """
-
-    def chosen(r: RecordFile) -> bool:
-        return (cutoff is None or r.when < cutoff) and (select is None or select(r))
-
-    old = [r for r in records if chosen(r)]
-    kept = [r for r in records if not chosen(r)]
-    names, hashes = referenced(kept)
-    named_by_old, _ = referenced(old)
-    orphans_too = cutoff is not None and select is None
-    drop = [
-        o
-        for o in originals
-        if not still_needed(o.name, names, hashes)
-        and (
-            o.name in named_by_old
-            or (
-                orphans_too
-                and cutoff is not None
-                and dt.datetime.fromtimestamp(o.mtime, dt.UTC) < cutoff
-            )
-        )
-    ]
-    return old, drop
-
-
-class Purged(msgspec.Struct, kw_only=True):
-    """What :func:`purge` did in one memory dir."""
-
-    deleted: list[RecordFile]
-    originals: list[str]
-    #: record name -> why it is still there (changed meanwhile, could not be deleted)
-    left: dict[str, str]
-    #: records not looked at again because the memory dir was busy, and why
-    not_tried: list[RecordFile]
-    busy: str | None = None
-    #: An I/O error that stopped the purge after it began (what was deleted is listed above).
-    error: str | None = None
-
-
-#: Records deleted in one transaction: a few milliseconds of unlinks under the lock.
-PURGE_CHUNK: Final = 256
-
-
-def purge(
-    mdir: MemoryDir,
-    *,
-    cutoff: dt.datetime | None,
-    waiter: Waiter,
-    logger: Any,
-    select: Callable[[RecordFile], bool] | None = None,
-) -> Purged:
-    """Delete the records dead-lettered before ``cutoff`` that ``select`` chooses (see
-    :func:`plan_purge`) and the originals that go with them.
-
-    Planned without the lock (:func:`plan_purge` on a listing), carried out through
-    :func:`transact` in short transactions, each deleting only records that are still the very
-    files that were read (one the daemon quarantined again meanwhile has changed, and stays).
-    Originals go last, once no record present then needs them, the daemon's newest included.
-    """
-    records = list_records(mdir)
-    old, originals = plan_purge(records, list_originals(mdir), cutoff=cutoff, select=select)
-    done = Purged(deleted=[], originals=[], left={}, not_tried=[])
-    if not old and not originals:
-        return done
-    announce = announcer(logger)
-    try:
-        with fsio.opened_dir(mdir.path) as mem_fd:
-            for start in range(0, len(old), PURGE_CHUNK):
-                chunk = old[start : start + PURGE_CHUNK]
-                event = {
-                    "event": "deadletter_purging",
-                    "memory_dir": mdir.path,
-                    "records": [r.name for r in chunk],
-                }
-                change = Change(Kind.DELETE, "records", event, removes=held_records(chunk))
-                try:
-                    # Nothing in staging/ is changed or depended on: mem_fd stands in for it.
-                    transact(
-                        mdir,
-                        mem_fd,
-                        mem_fd,
-                        [change],
-                        waiter=waiter,
-                        logger=logger,
-                        announce=announce,
-                    )
-                except BusyError as err:
-                    done.busy, done.not_tried = str(err), old[start:]
-                    return done
-                except OSError as err:  # some of the chunk may be gone: say which, and stop
-                    done.error = f"{mdir.path}: {err.strerror or err}"
-                    removed = set(change.removed)
-                    done.deleted += [r for r in chunk if r.name in removed]
-                    done.left.update(change.left)
-                    gone = removed | set(change.left)
-                    done.not_tried = [r for r in old[start:] if r.name not in gone]
-                    return done
-                done.left.update(change.left)
-                done.deleted += [r for r in chunk if r.name not in change.left]
-            if not originals:
-                return done
-            gone = {r.name for r in done.deleted}
-            keep = {r.name: r for r in records if r.name not in gone}
-            try:
-                done.originals = drop_originals(
-                    mdir, mem_fd, [o.name for o in originals], keep, waiter=waiter, logger=logger
-                )
-            except BusyError as err:
-                done.busy = f"{err} (the originals of the deleted records are still there)"
-            except OSError as err:
-                done.error = (
-                    f"{mdir.path}: {err.strerror or err} (the originals of the deleted records "
-                    "may still be there)"
-                )
-    except OSError as err:  # the memory dir could not be opened: nothing was done
-        raise ConfigError(f"{mdir.path}: {err.strerror}") from None
-    return done
-
-
-def announcer(logger: Any) -> Callable[[Sequence[Change]], None]:
-    """Log the changes' events and make the log durable before any of them is carried out
-    (SPEC 5 and 7: nothing is carried out unlogged, even across a power cut)."""
-
-    def announce(changes: Sequence[Change]) -> None:
-        from memstaged.log import durable
-
-        with durable():  # raises LogUnwritable: nothing of the changes is carried out
-            for change in changes:
-                if change.event is not None:
-                    event = dict(change.event)
-                    if change.created is not None:
-                        event["staging_file"] = f"staging/{change.created}"
-                    logger.info(event.pop("event"), **event)
-
-    return announce
-
-
-def drop_originals(
-    mdir: MemoryDir,
-    mem_fd: int,
-    names: Sequence[str],
-    keep: Mapping[str, RecordFile],
-    *,
-    waiter: Waiter,
-    logger: Any,
-) -> list[str]:
-    """Delete the originals of ``names`` that no record present now needs, in one transaction.
-
-    ``keep`` are the records known to be there still (as read): under the lock only the others
-    are read again (:func:`references_now`), the records the daemon wrote meanwhile included.
-    Returns the originals deleted.
-    """
-    where = f"{DEADLETTER}/{ORIGINALS_DIR}"
-    try:
-        or_fd = fsio.open_dir(where, mem_fd)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    try:
-        found = [(n, fsio.lstat_at(or_fd, n)) for n in names]
-    finally:
-        os.close(or_fd)
-    changes = [
-        Change(Kind.DELETE, name, None, removes=[Held(where, name, Identity.of(st))])
-        for name, st in found
-        if st is not None
-    ]
-    if not changes:
-        return []
-
-    def announce(live: Sequence[Change]) -> None:
-        from memstaged.log import durable
-
-        with durable():
-            logger.info(
-                "deadletter_originals_deleting",
-                memory_dir=mdir.path,
-                originals=[c.key for c in live],
-            )
-
-    def unneeded(live: Sequence[Change]) -> dict[str, str]:
-        names, hashes = references_now(mdir, mem_fd, keep)
-        why = "a record present now needs it"
-        return {c.key: why for c in live if still_needed(c.key, names, hashes)}
-
-    transact(
-        mdir,
-        mem_fd,
-        mem_fd,
-        changes,
-        waiter=waiter,
-        logger=logger,
-        announce=announce,
-        admit=unneeded,
-    )
-    return [name for c in changes for name in c.removed]

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol, TextIO
 
 from memstaged import display
-from memstaged.logevent import dumps, journal_fields, message, render
+from memstaged.logevent import journal_fields, message, render
 from memstaged.logfile import FileSink, Trouble
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "add_sink",
     "close",
     "configure",
-    "dumps",  # memstaged.logevent's: once.py imports it from here (issue 20 moved it)
     "durable",
     "file_failing",
     "get_logger",

@@ -329,7 +329,7 @@ def _summary(
     as_json: bool,
 ) -> None:
     if as_json:
-        from memstaged.log import dumps
+        from memstaged.logevent import dumps
 
         for path, counts in results.items():
             summary: dict[str, Any] = {"memory_dir": path}

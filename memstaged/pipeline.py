@@ -5,14 +5,14 @@ file (:meth:`Pipeline.process`), ``--once`` transactions of up to :data:`BATCH` 
 (:meth:`Pipeline.batches`). Either way the same steps run in the same order, each in the module
 named after it: :mod:`memstaged.read` (a version, opened safely and kept open),
 :mod:`memstaged.triage` (the pure decision), :mod:`memstaged.plan` (what changes, as a value),
-:mod:`memstaged.apply` (the one transaction that changes ``staging/`` and ``deadletter/``), and the
-decision log. Data flows one way; each module only calls downwards.
+:mod:`memstaged.transaction` (the one transaction that changes ``staging/`` and ``deadletter/``),
+and the decision log, whose events this module builds from the transaction's results. Data flows
+one way; each module only calls downwards.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import os
 import stat
@@ -24,8 +24,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged import apply as applying
-from memstaged import fsio
+from memstaged import events, fsio, temps, transaction
 from memstaged.errors import LogUnwritable
 from memstaged.fsio import Identity
 from memstaged.locks import (
@@ -36,15 +35,13 @@ from memstaged.locks import (
     remove_stale_own_lock,
 )
 from memstaged.memdir import (
-    DEADLETTER,
     STAGING,
     MemoryDir,
     Options,
     is_staging_name,
     staging_names,
 )
-from memstaged.plan import Plan, identity_hash, plan_of
-from memstaged.quarantine import ORIGINALS_DIR, stem
+from memstaged.plan import Plan, Result, Settled, Status, identity_hash, plan_of
 from memstaged.read import FirstSeen, Skip, Version, read_version
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide, decide_too_large
@@ -143,11 +140,13 @@ def _reason(err: OSError) -> str:
 class _Pending:
     """A file read and decided whose plan waits for its transaction."""
 
-    __slots__ = ("event", "plan", "started")
+    __slots__ = ("event", "plan", "started", "version")
 
-    def __init__(self, plan: Plan, started: float) -> None:
+    def __init__(self, plan: Plan, version: Version, event: dict[str, Any], started: float) -> None:
         self.plan = plan
-        self.event = plan.event
+        self.version = version
+        #: The decision's log event, logged when the transaction announces the plan.
+        self.event = event
         self.started = started
 
 
@@ -219,19 +218,19 @@ class Pipeline:
             held = 0
             for name in itertools.islice(names, most):
                 started = time.perf_counter()
-                outcome, plan = self._read_and_decide(mdir, name, staging_fd, blocked, started)
-                if plan is None:
+                outcome, item = self._read_and_decide(mdir, name, staging_fd, blocked, started)
+                if item is None:
                     batch.outcomes[name] = outcome
                     continue
-                pending.append(_Pending(plan, started))
-                held += plan.held_bytes
+                pending.append(item)
+                held += item.plan.held_bytes
                 if len(pending) >= BATCH_HELD or held >= BATCH_BYTES:
                     break
             if pending:
                 batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
         finally:
             for item in pending:
-                item.plan.version.close()
+                item.version.close()
             opened.__exit__()
         return batch
 
@@ -260,7 +259,7 @@ class Pipeline:
         staging_fd: int,
         blocked: LockInfo | None,
         started: float,
-    ) -> tuple[Outcome, Plan | None]:
+    ) -> tuple[Outcome, _Pending | None]:
         """A file's final outcome (logged), or the plan that carries its decision out."""
         event = self._event(mdir, name)
         if not is_staging_name(name):
@@ -280,10 +279,10 @@ class Pipeline:
                 outcome = self._final(event, Decision(read.decision), read.reason, started=started)
                 return msgspec.structs.replace(outcome, identity=read.identity), None
             version = read
-            outcome, plan = self._decide(mdir, version, event, started, rewrite)
-            if plan is not None:
+            outcome, item = self._decide(mdir, version, event, started, rewrite)
+            if item is not None:
                 version = None  # the transaction owns it now
-            return outcome, plan
+            return outcome, item
         except OSError as err:
             return self._io_error(event, err, started), None
         except Exception as err:  # noqa: BLE001 - a bug must not stop the daemon; it is logged
@@ -302,7 +301,7 @@ class Pipeline:
         event: dict[str, Any],
         started: float,
         rewrite: str | None = None,
-    ) -> tuple[Outcome, Plan | None]:
+    ) -> tuple[Outcome, _Pending | None]:
         now = self.clock()
         changed_at = self._first_seen.changed_at(version, now)
         ctx = Context(
@@ -314,7 +313,7 @@ class Pipeline:
             decided_at=self._decided_at(int(now * 1000)),
         )
         verdict = self._verdict(version, ctx)
-        _describe(event, verdict)
+        events.describe(event, verdict)
         if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
             # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
             # as what it is, and is not a second decision of the file.
@@ -325,11 +324,11 @@ class Pipeline:
             retry = changed_at + self.options.settle
             self._finish_event(event, started)
             return Outcome(Decision.DEFERRED, version.identity, retry_at=retry), None
-        plan = None if self.options.dry_run else plan_of(version, verdict, event)
+        plan = None if self.options.dry_run else plan_of(version, verdict)
         if plan is None:
             self._finish_event(event, started)
             return Outcome(verdict.decision, version.identity), None
-        return Outcome(verdict.decision, version.identity), plan
+        return Outcome(verdict.decision, version.identity), _Pending(plan, version, event, started)
 
     def _verdict(self, version: Version, ctx: Context) -> Verdict:
         if version.data is not None:
@@ -341,30 +340,31 @@ class Pipeline:
 
     def _apply(self, mem_fd: int, staging_fd: int, pending: list[_Pending]) -> dict[str, Outcome]:
         """Carry the pending plans out as one transaction, then log what differs from plan."""
-        by_name = {item.plan.name: item for item in pending}
+        by_name = {item.plan.key: item for item in pending}
         announced: set[str] = set()
 
-        def announce(plans: Sequence[Plan]) -> None:
+        def announce(settled: Sequence[Settled]) -> None:
             with self._durable_log():  # raises LogUnwritable: nothing of the plans is done
-                for plan in plans:
-                    self._finish_event(plan.event, by_name[plan.name].started)
-                    announced.add(plan.name)
+                for names in settled:
+                    item = by_name[names.key]
+                    events.name_settled(item.event, item.plan, names)
+                    self._finish_event(item.event, item.started)
+                    announced.add(names.key)
 
         outcomes: dict[str, Outcome] = {}
         fsio.load_libc()  # once per process, and not between an announcement and its change
         try:
-            results = applying.apply(
+            applied = transaction.apply(
                 mem_fd,
                 staging_fd,
                 [item.plan for item in pending],
                 announce=announce,
-                on_stale=self._on_stale,
-                park=self._park,
+                now=self.clock(),
                 max_copy=self.options.max_quarantine_copy,
             )
         except LockHeld as held:
             for item in pending:
-                outcomes[item.plan.name] = self._after(
+                outcomes[item.plan.key] = self._after(
                     item, announced, Decision.DEFERRED, str(held), blocked_by_lock=True
                 )
             return outcomes
@@ -372,7 +372,7 @@ class Pipeline:
             # SPEC 5 and 7 (issue 19 item 1): retried with the backoff of an error, and decided
             # once the log can be written again; the log's own line on stderr said why.
             for item in pending:
-                outcomes[item.plan.name] = self._after(
+                outcomes[item.plan.key] = self._after(
                     item,
                     announced,
                     Decision.DEFERRED,
@@ -383,7 +383,7 @@ class Pipeline:
             return outcomes
         except OSError as err:
             for item in pending:
-                outcomes[item.plan.name] = self._after(
+                outcomes[item.plan.key] = self._after(
                     item,
                     announced,
                     Decision.DEFERRED,
@@ -392,37 +392,43 @@ class Pipeline:
                     error=True,
                 )
             return outcomes
+        for stale in applied.stale_locks:
+            log_stale_lock(self.log, stale.info, stale.removed)
         for item in pending:
-            name = item.plan.name
-            applied, final = results[name]
-            if applied is applying.Applied.DONE:
-                outcomes[name] = Outcome(Decision(item.event["decision"]), final)
-                rewrite = item.event.get("rewrite_sha256")
-                if rewrite is not None:
-                    self._remember_rewrite(item.event["memory_dir"], name, rewrite)
-            elif applied is applying.Applied.GONE:
-                outcomes[name] = self._after(
-                    item, announced, Decision.SKIPPED, "vanished before the decision was applied"
-                )
-            elif applied is applying.Applied.UNMOVABLE:
-                outcomes[name] = self._after(
-                    item,
-                    announced,
-                    Decision.DEFERRED,
-                    "too large to read, and it can be neither moved into deadletter/ nor "
-                    f"copied there: {item.plan.unmovable or 'another mount'}; left in staging/",
-                    retry_at=self.clock() + 3600,
-                    error=True,
-                )
-            else:
-                outcomes[name] = self._after(
-                    item,
-                    announced,
-                    Decision.DEFERRED,
-                    "changed while being decided: the newer version is kept and decided afresh",
-                    changed=True,
-                )
+            outcomes[item.plan.key] = self._outcome(item, announced, applied.results[item.plan.key])
         return outcomes
+
+    def _outcome(self, item: _Pending, announced: set[str], result: Result) -> Outcome:
+        """What a plan's result means for its file, logged where it is not what was planned."""
+        name = item.plan.key
+        if result.conflict is not None:
+            self.log.warning("conflict_parked", path=name, kept_as=result.conflict)
+        if result.status is Status.DONE:
+            rewrite = item.event.get("rewrite_sha256")
+            if rewrite is not None:
+                self._remember_rewrite(item.event["memory_dir"], name, rewrite)
+            return Outcome(Decision(item.event["decision"]), result.identity)
+        if result.status is Status.GONE:
+            return self._after(
+                item, announced, Decision.SKIPPED, "vanished before the decision was applied"
+            )
+        if result.status is Status.UNMOVABLE:
+            return self._after(
+                item,
+                announced,
+                Decision.DEFERRED,
+                "too large to read, and it can be neither moved into deadletter/ nor "
+                f"copied there: {result.reason or 'another mount'}; left in staging/",
+                retry_at=self.clock() + 3600,
+                error=True,
+            )
+        return self._after(
+            item,
+            announced,
+            Decision.DEFERRED,
+            "changed while being decided: the newer version is kept and decided afresh",
+            changed=True,
+        )
 
     def _after(
         self,
@@ -442,14 +448,14 @@ class Pipeline:
         event = dict(item.event)
         event.pop("deadletter", None)
         event.pop("repairs", None)
-        if item.plan.name in announced:
+        if item.plan.key in announced:
             event["planned"] = event["decision"]
         event["decision"] = decision.value
         event["reasons"] = [*event.get("reasons", []), reason]
         if error:
             event["level_hint"] = "error"
         self._finish_event(event, item.started)
-        return Outcome(decision, item.plan.version.identity, error=error, **extra)
+        return Outcome(decision, item.version.identity, error=error, **extra)
 
     def _remember_rewrite(self, memory_dir: str, name: str, sha256: str) -> None:
         if len(self._rewrites) >= MAX_REWRITES:
@@ -508,41 +514,24 @@ class Pipeline:
             removed = remove_stale_own_lock(mem_fd, info)
         except FileNotFoundError:
             return None  # released meanwhile
-        self._on_stale(info, removed)
+        log_stale_lock(self.log, info, removed)
         return None
 
-    def _on_stale(self, info: LockInfo, removed: bool) -> None:
-        log_stale_lock(self.log, info, removed)
-
-    def _park(self, from_fd: int, tmp: str, staging_fd: int, name: str) -> str:
-        """Keep a displaced writer version as a new staging file, to be decided on its own."""
-        base = fsio.clip_name(stem(name), 180)
-        for attempt in range(100):
-            parked = f"{base}.conflict-{int(self.clock())}-{attempt}.json"
-            try:
-                fsio.rename_noreplace(from_fd, tmp, staging_fd, parked)
-            except FileExistsError:
-                continue
-            fsio.crash_point("parked")
-            self.log.warning("conflict_parked", path=name, kept_as=parked)
-            return parked
-        raise OSError(errno.EEXIST, "no free name to keep a displaced version", name)
-
     def recover_temps(self, mdir: MemoryDir) -> list[str] | None:
-        """Clean up what a killed memstaged left (see :func:`memstaged.apply.recover_temps`)."""
+        """Clean up what a killed memstaged left (see :func:`memstaged.temps.recover_temps`)."""
         try:
             mem_fd = mdir.open()
         except OSError:
             return None
         try:
-            return applying.recover_temps(
+            return temps.recover_temps(
                 mem_fd,
-                applying.Recovery(
+                temps.Recovery(
                     self.log,
-                    self._park,
-                    self._one_repairs_other(mdir),
+                    mdir.project_root,
+                    self.options.split_invalid_candidates,
                     self.options.max_file_size,
-                    self._on_stale,
+                    self.clock(),
                 ),
             )
         except OSError as err:
@@ -552,18 +541,6 @@ class Pipeline:
             return None
         finally:
             os.close(mem_fd)
-
-    def _one_repairs_other(self, mdir: MemoryDir) -> Callable[[bytes, bytes], bool]:
-        def check(ours: bytes, current: bytes) -> bool:
-            ctx = Context(
-                mdir.project_root,
-                "recovered.json",
-                settled=True,
-                split_invalid_candidates=self.options.split_invalid_candidates,
-            )
-            return decide(ours, ctx).new_bytes == current or decide(current, ctx).new_bytes == ours
-
-        return check
 
     def scan(
         self, mdir: MemoryDir, listing: list[str] | None = None, *, sort: bool = True
@@ -610,30 +587,3 @@ def _durable_decision_log() -> AbstractContextManager[object]:
     from memstaged.log import durable
 
     return durable()
-
-
-def _describe(event: dict[str, Any], verdict: Verdict) -> None:
-    """Put what a verdict says into the decision's log event (SPEC 7)."""
-    event.update(
-        decision=verdict.decision.value,
-        session_id=verdict.session_id,
-        sha256=verdict.sha256,
-        size=verdict.size,
-        reasons=list(verdict.reasons),
-    )
-    if verdict.repairable:  # reasons that a repair would fix: the last ones (SPEC 7)
-        event["repairable"] = list(verdict.repairable)
-    if verdict.repairs:
-        event["repairs"] = [msgspec.to_builtins(r) for r in verdict.repairs]
-        if any(r.rule == "R4" for r in verdict.repairs):
-            # Candidates went to deadletter/: a query for quarantines finds them (issue 21
-            # item 5); journalctl MEMSTAGED_DECISION=quarantined + MEMSTAGED_PARTLY_QUARANTINED=true
-            event["partly_quarantined"] = True
-    if verdict.new_bytes is not None:
-        # Names the version memstaged puts in place: its look at it is told from a decision.
-        event["rewrite_sha256"] = hashlib.sha256(verdict.new_bytes).hexdigest()
-    names = [f"{DEADLETTER}/{r.name}" for r in verdict.deadletter]
-    if verdict.original is not None:
-        names.append(f"{DEADLETTER}/{ORIGINALS_DIR}/{verdict.original}")
-    if names:
-        event["deadletter"] = names

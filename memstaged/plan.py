@@ -1,94 +1,106 @@
-"""Step 3 of the flow: what carrying a decision out changes on disk, as a value.
+"""Step 3 of the flow: what carrying a decision or a command out changes on disk, as a value.
 
-A :class:`Plan` lists, for one version of one staging file, the dead-letter files to write and
-what happens to the staging file: rewritten (repaired), removed (quarantined) or moved whole
-into ``deadletter/originals/`` (too large to read). A :class:`Change` is what an operator's
-command changes (``deadletter recover`` and ``purge``): a new staging file of recovered
-candidates, and dead-letter files removed, each only if it is still the very file that was read.
-:func:`memstaged.apply.apply` carries out any number of plans, or of changes, as one
-transaction; nothing else changes ``staging/`` or ``deadletter/``.
+A :class:`Plan` is built once and never changed: :func:`memstaged.transaction.apply` carries out
+any number of them as one transaction and hands back a
+:class:`~memstaged.transaction.Result` for each, by its :attr:`Plan.key`. Nothing else changes
+``staging/`` or ``deadletter/``. Who builds plans:
+
+- the daemon and ``--once`` (:func:`plan_of`, from a decision): ``REWRITE`` (repaired),
+  ``REMOVE`` (quarantined) or ``MOVE`` (quarantined, too large to read: the file itself becomes
+  the original under ``deadletter/originals/``, SPEC 6), each with the dead-letter files to
+  write (the original and the records) and the :class:`~memstaged.read.Version` it is about;
+- ``deadletter recover`` (``CREATE``: a new staging file of recovered candidates, then the
+  records it holds removed), ``purge`` and ``drop_originals`` (``UNLINK``: dead-letter files
+  removed), each depending on files that must still be the very files that were read.
 """
 
 from __future__ import annotations
 
 import hashlib
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+import msgspec
 
 from memstaged.fsio import Identity
+from memstaged.locks import LockInfo
 from memstaged.quarantine import DeadLetter
 from memstaged.read import Version
 from memstaged.triage import Decision, Verdict
 
 
-class Kind(Enum):
+class Action(Enum):
+    #: The staging file is replaced by its repair (``RENAME_EXCHANGE``).
     REWRITE = "rewrite"
+    #: The staging file is removed; its bytes are in ``originals/`` and its records.
     REMOVE = "remove"
     #: The file itself becomes the original (a rename: a huge file costs nothing, SPEC 6).
     MOVE = "move"
     #: A new staging file (recovered candidates) under the first free ``<base>.recovered-<n>``.
     CREATE = "create"
     #: Only dead-letter files removed (a purge, records already recovered, unneeded originals).
-    DELETE = "delete"
+    UNLINK = "unlink"
 
 
-class Plan:
-    """The changes of one decision, and the log event that announces them."""
+class Held(NamedTuple):
+    """A file as it was read: where, its name, its identity.
 
-    __slots__ = (
-        "ahead",
-        "copied",
-        "event",
-        "kind",
-        "new_bytes",
-        "original",
-        "records",
-        "unmovable",
-        "verdict",
-        "version",
-    )
+    ``where`` is ``staging``, ``deadletter`` or ``deadletter/originals``. ``identity`` is ``None``
+    for a file that could not be read as a regular file: it is then taken as whatever holds the
+    name.
+    """
 
-    def __init__(
-        self,
-        version: Version,
-        verdict: Verdict,
-        kind: Kind,
-        event: dict[str, Any],
-    ) -> None:
-        self.version = version
-        self.verdict = verdict
-        self.kind = kind
-        self.event = event
-        self.new_bytes = verdict.new_bytes
-        #: The name under ``deadletter/originals/`` for the version's bytes, or None.
-        self.original = verdict.original
-        self.records: list[DeadLetter] = list(verdict.deadletter)
-        #: For a too-large file where a rename is impossible: its copy, a temp in originals/.
-        self.copied: str | None = None
-        #: ... or why it can be neither moved nor copied (it stays where it is).
-        self.unmovable: str | None = None
-        #: The dead-letter temps written and made durable before the lock, one per record (in
-        #: the order of ``records``), and the original's (SPEC 5: the lock is held briefly).
-        self.ahead = Ahead([], None)
+    where: str
+    name: str
+    identity: Identity | None
 
-    @property
-    def name(self) -> str:
-        return self.version.name
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """One change of one transaction, and everything it depends on."""
+
+    #: Unique in a transaction: its result is handed back under it (a staging file's name for
+    #: a decision).
+    key: str
+    action: Action
+    #: The version a decision is about (``REWRITE``, ``REMOVE``, ``MOVE``): the staging file is
+    #: changed only while it is still that version.
+    version: Version | None = None
+    #: Files that must all still be as they were read, or nothing of the plan is carried out.
+    depends: tuple[Held, ...] = ()
+    #: Files removed once the plan's own change is durable, each only if still as it was read.
+    removes: tuple[Held, ...] = ()
+    #: The repair's bytes (``REWRITE``), or the new staging file's (``CREATE``).
+    data: bytes | None = None
+    #: ``CREATE``: the new file is ``<base>.recovered-<n>.json``.
+    base: str = ""
+    #: The planned name under ``deadletter/originals/`` for the version's bytes, or ``None``.
+    original: str | None = None
+    #: The records to write directly in ``deadletter/`` (names as planned).
+    records: tuple[DeadLetter, ...] = ()
 
     @property
     def held_bytes(self) -> int:
         """What the plan keeps in memory until it is applied (a batch bounds the sum)."""
-        return len(self.version.data or b"") + len(self.new_bytes or b"")
+        data = self.version.data if self.version is not None else None
+        return len(data or b"") + len(self.data or b"")
 
 
-def plan_of(version: Version, verdict: Verdict, event: dict[str, Any]) -> Plan | None:
+def plan_of(version: Version, verdict: Verdict) -> Plan | None:
     """The plan for a verdict, or None when the decision changes nothing on disk."""
     if verdict.decision is Decision.REPAIRED:
-        return Plan(version, verdict, Kind.REWRITE, event)
-    if verdict.decision is Decision.QUARANTINED:
-        kind = Kind.MOVE if version.data is None else Kind.REMOVE
-        return Plan(version, verdict, kind, event)
-    return None
+        action = Action.REWRITE
+    elif verdict.decision is Decision.QUARANTINED:
+        action = Action.MOVE if version.data is None else Action.REMOVE
+    else:
+        return None
+    return Plan(
+        key=version.name,
+        action=action,
+        version=version,
+        data=verdict.new_bytes,
+        original=verdict.original,
+        records=verdict.deadletter,
+    )
 
 
 def identity_hash(version: Version) -> str:
@@ -102,96 +114,71 @@ def identity_hash(version: Version) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class Written(NamedTuple):
-    """A record's durable temp in ``deadletter/``: its name and the size of its bytes.
+class Status(Enum):
+    """What became of a plan."""
 
-    Under the lock a record is not rendered again (SPEC 4: one record in memory at a time):
-    what is at its name is compared with the temp, on disk.
-    """
-
-    tmp: str
-    size: int
-
-
-class Ahead(NamedTuple):
-    """What a plan wrote before the lock: its records' temps and its original's temp."""
-
-    records: list[Written]
-    original: str | None
-
-
-class Held(NamedTuple):
-    """A file of the dead-letter store as it was read: where, its name, its identity.
-
-    ``where`` is ``deadletter`` or ``deadletter/originals``. ``identity`` is ``None`` for a file
-    that could not be read as a regular file: it is then taken as whatever holds the name.
-    """
-
-    where: str
-    name: str
-    identity: Identity | None
+    #: Carried out (for a ``CREATE`` or ``UNLINK``: some removals may still be ``left``).
+    DONE = "done"
+    #: The version or a file it depends on was gone before anything of it was done.
+    GONE = "gone"
+    #: The version, or a file it depends on, changed before anything of it was done.
+    CHANGED = "changed"
+    #: A writer's version was displaced by our rename: kept as :attr:`Result.conflict`, and the
+    #: plan's change taken back (nothing of it stays but the records of a rewrite).
+    CONFLICT = "conflict"
+    #: A too-large file can be neither moved nor copied into ``deadletter/``: left where it is.
+    UNMOVABLE = "unmovable"
+    #: A check under the lock (``refuse``) said no: nothing of it was done.
+    REFUSED = "refused"
+    #: Its new staging file could not be written or named: nothing of it was done.
+    FAILED = "failed"
 
 
-class Change:
-    """One change of ``deadletter recover`` or ``purge``, and the log event that announces it.
+class Result(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`memstaged.transaction.apply` did with one plan."""
 
-    A ``CREATE`` writes ``data`` as a new staging file and then removes ``removes`` (the
-    records whose candidates it holds); a ``DELETE`` only removes. Both are carried out only if
-    every file of ``depends`` is still the very file that was read, and each file of
-    ``removes`` is removed only if it still is. :func:`memstaged.apply.apply` fills in the
-    outcome: ``created``, ``removed``, ``left``, and ``stale``, ``refused`` or ``failed`` for a
-    change it did not carry out.
-    """
+    key: str
+    status: Status
+    #: The identity of the version now decided: for a repair, the rewrite put in place.
+    identity: Identity | None = None
+    #: The records' final names in ``deadletter/`` (they may differ from the planned ones).
+    records: tuple[str, ...] = ()
+    #: The original's final name in ``deadletter/originals/``.
+    original: str | None = None
+    #: The name the new staging file got (``CREATE``).
+    created: str | None = None
+    #: The files of ``removes`` removed.
+    removed: tuple[str, ...] = ()
+    #: name -> why a file of ``removes`` is still there.
+    left: dict[str, str] = {}
+    #: name -> ``gone`` or ``changed``: the files of ``depends`` no longer as they were read.
+    stale: dict[str, str] = {}
+    #: The ``.conflict-`` name a displaced writer version was kept under in ``staging/``.
+    conflict: str | None = None
+    #: Why it is ``UNMOVABLE``, ``REFUSED`` or ``FAILED``.
+    reason: str | None = None
 
-    __slots__ = (
-        "base",
-        "created",
-        "data",
-        "depends",
-        "event",
-        "failed",
-        "key",
-        "kind",
-        "left",
-        "refused",
-        "removed",
-        "removes",
-        "stale",
-        "tmp",
-    )
 
-    def __init__(
-        self,
-        kind: Kind,
-        key: str,
-        event: dict[str, Any] | None,
-        *,
-        removes: list[Held],
-        depends: list[Held] | None = None,
-        data: bytes | None = None,
-        base: str = "",
-    ) -> None:
-        assert kind in (Kind.CREATE, Kind.DELETE)
-        assert (data is not None) == (kind is Kind.CREATE)
-        self.kind = kind
-        #: Unique in a transaction: :func:`~memstaged.apply.apply`'s results are keyed by it.
-        self.key = key
-        #: Logged (announced) before anything of the change is carried out; ``None``: nothing.
-        self.event = event
-        self.data = data
-        self.base = base
-        self.depends = list(depends or ())
-        self.removes = removes
-        #: The staging file's temp, written and made durable before the lock is taken.
-        self.tmp: str | None = None
-        #: The name the new staging file got in ``staging/``.
-        self.created: str | None = None
-        self.removed: list[str] = []
-        #: name -> why a file of ``removes`` is still there.
-        self.left: dict[str, str] = {}
-        #: name -> ``gone`` or ``changed``: files of ``depends`` no longer as they were read.
-        self.stale: dict[str, str] = {}
-        #: Why the caller's own check under the lock refused it (``admit``).
-        self.refused: str | None = None
-        #: Why it could not be carried out (an I/O error); nothing of it was.
-        self.failed: str | None = None
+class Settled(msgspec.Struct, frozen=True):
+    """A plan's names as the transaction settled them under the lock, before it carries it out:
+    what its announcement (SPEC 5: logged before) names."""
+
+    key: str
+    records: tuple[str, ...] = ()
+    original: str | None = None
+    created: str | None = None
+
+
+class StaleLock(NamedTuple):
+    """A ``canonical-writer.lock`` whose process is gone, seen while taking the lock."""
+
+    info: LockInfo
+    #: memstaged's own, removed; else another owner's, not obeyed (memstaged never deletes it).
+    removed: bool
+
+
+class Applied(msgspec.Struct, frozen=True):
+    """What :func:`apply` did: each plan's result by its key, and the stale locks it saw."""
+
+    results: dict[str, Result]
+    stale_locks: tuple[StaleLock, ...] = ()

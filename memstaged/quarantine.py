@@ -150,7 +150,8 @@ class _Shared:
         self.produced_at = canonical_or_epoch(produced)
         #: The parsed file as each record holds it: its encoding, or a reference to the original.
         self.embedded: msgspec.Raw | dict[str, str] | None = None
-        #: The original's name in ``originals/``; the apply path changes it when that is taken.
+        #: The original's name in ``originals/`` as planned; a record rendered for another name
+        #: (the planned one was taken, SPEC 4) is given that name by :meth:`DeadLetter.render`.
         self.original = original_name(origin.file_name, origin.sha256)
 
     def render(
@@ -160,12 +161,13 @@ class _Shared:
         attempts: Any,
         errors: list[str],
         repairable: list[str],
+        original: str,
     ) -> bytes:
         origin = self.origin
         own: dict[str, Any] = {
             "source_path": origin.source_path,
             "source_file": origin.file_name,
-            "original": f"{ORIGINALS_DIR}/{self.original}",
+            "original": f"{ORIGINALS_DIR}/{original}",
             "sha256": origin.sha256,
             "size": origin.size,
             "errors": errors,
@@ -201,8 +203,9 @@ def _encode(record: dict[str, Any], exotic: bool) -> bytes:
 class DeadLetter:
     """One record to write directly in ``deadletter/``: its file name, and its bytes on demand.
 
-    ``body`` encodes the record each time it is read; the apply path reads it once, as it writes
-    the record, so only one record of a decision is in memory at a time.
+    ``body`` (or :meth:`render`, for another original's name) encodes the record each time it is
+    read; the transaction renders it once, as it writes the record, so only one record of a
+    decision is in memory at a time. Nothing of it changes once it is built.
     """
 
     __slots__ = ("_index", "_name", "_shared", "category")
@@ -225,13 +228,22 @@ class DeadLetter:
 
     @property
     def body(self) -> bytes:
+        """The record as planned: pointing at the original's planned name."""
+        return self.render(self._shared.original)
+
+    def render(self, original: str) -> bytes:
+        """The record's bytes, naming ``originals/<original>`` as its original.
+
+        The transaction renders a record for the name its original really gets (the planned
+        one may be taken, SPEC 4): nothing of the record changes, each rendering is a value.
+        """
         shared = self._shared
         origin = shared.origin
         file_fixed = list(origin.repairable)
         file_left = list(origin.errors[: len(origin.errors) - len(file_fixed)])
         if self._index is None:
             return shared.render(
-                self.category, shared.doc, 0, [*file_left, *file_fixed], file_fixed
+                self.category, shared.doc, 0, [*file_left, *file_fixed], file_fixed, original
             )
         category, index = self.category, self._index
         item = shared.doc["candidates"][category][index]
@@ -247,45 +259,38 @@ class DeadLetter:
             own_left = [str(p) for p in check_candidate(category, after, where)]
             left = set(own_left)
             own_fixed = [e for e in own if e not in left]
-        wrapped = {"candidate": item, "original_staging_file": shared.embedded}
+        embedded = shared.embedded
+        if isinstance(embedded, dict) and original != shared.original:
+            embedded = {**embedded, "memstaged_original": original}
+        wrapped = {"candidate": item, "original_staging_file": embedded}
         # Those no repair fixes first (SPEC 7): what a reader of the record sees first.
         errors = [*file_left, *own_left, *file_fixed, *own_fixed]
         return shared.render(
-            self.category, wrapped, _attempts(item), errors, [*file_fixed, *own_fixed]
+            self.category, wrapped, _attempts(item), errors, [*file_fixed, *own_fixed], original
         )
 
     def renamed(self, name: str) -> DeadLetter:
         """The same record under another file name (SPEC 4: a name under deadletter/ is taken)."""
         return DeadLetter(name, self.category, self._shared, self._index)
 
-    def marks(self) -> dict[str, Any]:
-        """What tells this record's quarantine apart, as :attr:`body` holds it, unrendered.
+    def marks(self, original: str) -> dict[str, Any]:
+        """What tells this record's quarantine apart, as :meth:`render` writes it, unrendered.
 
-        The apply path compares a record already at a name under ``deadletter/`` with these
+        The transaction compares a record already at a name under ``deadletter/`` with these
         (the same bytes quarantined earlier) under the lock, where no record is rendered.
         """
         origin = self._shared.origin
         return {
             "sha256": origin.sha256,
             "source_file": origin.file_name,
-            "original": f"{ORIGINALS_DIR}/{self._shared.original}",
+            "original": f"{ORIGINALS_DIR}/{original}",
             "category": self.category,
         }
 
     @property
     def original(self) -> str:
-        """The original's name under ``originals/`` that :attr:`body` points at."""
+        """The original's planned name under ``originals/`` that :attr:`body` points at."""
         return self._shared.original
-
-    def point_at(self, original: str) -> None:
-        """Make this record, and every record of its decision, name ``original`` as the original.
-
-        The records of one decision share one original, so they change together.
-        """
-        shared = self._shared
-        shared.original = original
-        if isinstance(shared.embedded, dict):
-            shared.embedded = {**shared.embedded, "memstaged_original": original}
 
     def __repr__(self) -> str:
         return f"DeadLetter({self.name!r}, {self.category!r})"

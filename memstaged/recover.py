@@ -1,56 +1,46 @@
-"""Putting dead-lettered candidates back into ``staging/``, as the agent's ``/memory recover`` does.
+"""``deadletter recover``: putting dead-lettered candidates back into ``staging/``, as the agent's
+``/memory recover`` does.
 
-The core, :func:`plan`, is pure: records and what ``staging/`` already holds in, a :class:`Plan`
-out. It groups candidates by session (and by the staging file they came from), puts each back
-into a staging document built from its original file's fields (``original_staging_file``), lets
-the triage engine decide that document, and keeps a candidate only if the engine calls it valid or
-repairs it to valid. A candidate already in ``staging/`` (or recovered twice in one run) is a
-duplicate and is not written again.
-
-The file layer, :func:`recover`, works beside a running daemon (SPEC 5, as ``postsuper -r`` beside
-Postfix's queue manager). The plan is made without any lock; it is carried out as
-:class:`~memstaged.plan.Change` values through the daemon's own :func:`memstaged.apply.apply`,
-in short transactions under ``canonical-writer.lock``, which the daemon obeys, each re-checking
-what it depends on and keeping the order that loses nothing: the new staging file is written to
-a temp file and made durable (before the lock is taken), renamed to a name no other file has
-(``<session>.recovered-<n>.json``) and its directory fsynced; only then are the records it holds
-deleted, and then the originals no record needs any more. A candidate that cannot be made valid
-stays in the dead-letter store untouched, so recovery never loops.
+What to write is decided by the pure core, :func:`memstaged.recoverplan.plan`. :func:`recover`
+carries it out beside a running daemon (SPEC 5, as ``postsuper -r`` beside Postfix's queue
+manager). The plan is made without any lock; it is carried out as
+:class:`~memstaged.plan.Plan` values through the daemon's own
+:func:`memstaged.transaction.apply`, in short transactions under ``canonical-writer.lock``,
+which the daemon obeys, each re-checking what it depends on and keeping the order that loses
+nothing: the new staging file is written to a temp file and made durable (before the lock is
+taken), renamed to a name no other file has (``<session>.recovered-<n>.json``) and its
+directory fsynced; only then are the records it holds deleted, and then the originals no record
+needs any more (:func:`memstaged.purge.drop_originals`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final
 
 import msgspec
 
-from memstaged import fsio
+from memstaged import fsio, recoverplan
 from memstaged.deadletter import (
     RecordFile,
     Waiter,
     announcer,
-    drop_originals,
     held_records,
     list_records,
     transact,
 )
-from memstaged.ecma import encode_json, is_finite_number, parse_json
-from memstaged.errors import BusyError, ConfigError, NotJSON
+from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import Identity
 from memstaged.memdir import STAGING, MemoryDir, Options, is_staging_name
-from memstaged.plan import Change, Held, Kind
-from memstaged.quarantine import safe_component
-from memstaged.schema import CATEGORIES
+from memstaged.plan import Action as PlanAction
+from memstaged.plan import Held, Plan, Result, Status
+from memstaged.purge import drop_originals
+from memstaged.recoverplan import Found, Group, index_staging
 from memstaged.survey import decide_entry
-from memstaged.timestamps import format_epoch_ms
-from memstaged.triage import Context, Decision, Verdict, decide
+from memstaged.transaction import so_far
 
-#: The file name the engine sees while deciding a recovered document.
-_DOC_NAME: Final = "recovered.json"
 _MAX_NAMES: Final = 100_000
 
 
@@ -77,204 +67,6 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     dry_run: bool = False
 
 
-class Group(msgspec.Struct, kw_only=True):
-    """One staging file to write: the candidates of one session from one original file."""
-
-    session_id: str
-    base: str
-    envelope: dict[str, Any]
-    exotic: bool = False
-    candidates: dict[str, list[Any]] = {}
-    #: Records whose candidate this file holds.
-    records: list[str] = []
-    #: Records whose candidate is the same as one this file holds: deleted with it.
-    duplicates: list[str] = []
-    #: The fingerprints of its candidates, as they were and as written.
-    fingerprints: list[str] = []
-    data: bytes | None = None
-    failure: str | None = None
-
-
-class Plan(msgspec.Struct, kw_only=True):
-    groups: list[Group]
-    #: record name -> (staging file already holding its candidate, that candidate's fingerprint)
-    in_staging: dict[str, tuple[str, str]]
-    #: record name -> why it stays in the dead-letter store
-    left: dict[str, str]
-
-
-def fingerprint(category: str, candidate: Any) -> str:
-    """Equal for equal candidates of a category, whatever the key order (the agent's stableJson)."""
-    return category + ":" + json.dumps(candidate, sort_keys=True, separators=(",", ":"))
-
-
-def index_staging(entries: Iterable[tuple[str, Verdict | None, bytes | None]]) -> dict[str, str]:
-    """Fingerprint -> staging file, for every candidate of a file the engine calls valid or
-    repairs (as repaired): those are the candidates that will reach the reconciler."""
-    index: dict[str, str] = {}
-    for name, verdict, data in entries:
-        if verdict is None:
-            continue
-        if verdict.decision is Decision.VALID and data is not None:
-            body = data
-        elif verdict.decision is Decision.REPAIRED and verdict.new_bytes is not None:
-            body = verdict.new_bytes
-        else:
-            continue
-        try:
-            doc = parse_json(body).value
-        except NotJSON:
-            continue
-        candidates = doc.get("candidates") if isinstance(doc, dict) else None
-        if not isinstance(candidates, dict):
-            continue
-        for category in CATEGORIES:
-            items = candidates.get(category)
-            for item in items if isinstance(items, list) else []:
-                index.setdefault(fingerprint(category, item), name)
-    return index
-
-
-# -- the pure core ------------------------------------------------------------------------------
-
-
-def _unwrap(
-    record: RecordFile, project_root: str, clock_ms: int
-) -> tuple[dict[str, Any], str, Any] | str:
-    """The envelope (file-level fields), category and candidate of a record, or why there is none.
-
-    SPEC 4.2 records carry their original file: its fields are the envelope. Records the agent's
-    own tools wrote hold a bare candidate: the envelope is built from the record as the agent's
-    recovery builds it, and ``reconcile_attempts`` carries the record's ``attempts``.
-    """
-    if record.error is not None:
-        return f"unreadable record: {record.error}"
-    category = record.category
-    if category not in CATEGORIES:
-        return f"unknown category {category!r}"
-    if record.wrapped:
-        original = record.doc["candidate"]["original_staging_file"]
-        if not isinstance(original, dict):
-            return "its original staging file is not a JSON object: no fields to recover it with"
-        envelope = {k: v for k, v in original.items() if k != "candidates"}
-        return envelope, category, record.candidate
-    cand = record.candidate
-    if record.meta:  # memstaged's SPEC 4.3 record: no candidate could be found in the file
-        what = "was not JSON" if not isinstance(cand, dict) else "held no candidate to be found"
-        where = (
-            f" (its bytes are in deadletter/originals/{record.original})" if record.original else ""
-        )
-        return f"whole-file record: the file {what}; nothing to recover{where}"
-    if not isinstance(cand, dict):
-        return "its candidate is not a JSON object"
-    attempts = record.attempts
-    if is_finite_number(attempts):
-        cand = {**cand, "reconcile_attempts": attempts}
-    produced = record.doc.get("produced_at")
-    envelope = {
-        "schemaVersion": 1,
-        "session_id": record.session_id or "recovered",
-        "produced_at": produced if isinstance(produced, str) else format_epoch_ms(clock_ms),
-        "project_root": project_root,
-    }
-    return envelope, category, cand
-
-
-def _context(project_root: str) -> Context:
-    return Context(project_root=project_root, file_name=_DOC_NAME, source_path=_DOC_NAME)
-
-
-def _made_valid(
-    envelope: dict[str, Any], category: str, candidate: Any, exotic: bool, project_root: str
-) -> tuple[Any, str | None]:
-    """The candidate as the engine makes it valid (repaired if need be), or why it cannot be."""
-    doc = {**envelope, "candidates": {category: [candidate]}}
-    verdict = decide(encode_json(doc, exotic=exotic), _context(project_root))
-    if verdict.decision is Decision.VALID:
-        return candidate, None
-    if verdict.decision is Decision.REPAIRED and verdict.new_bytes is not None:
-        return parse_json(verdict.new_bytes).value["candidates"][category][0], None
-    if verdict.decision is Decision.FOREIGN:
-        return None, f"it belongs to another project: {'; '.join(verdict.reasons)}"
-    fixed = set(verdict.repairable)  # R5 adds the categories this one-candidate file lacks
-    left = [r for r in verdict.reasons if r not in fixed] or list(verdict.reasons)
-    return None, f"cannot be made valid: {'; '.join(left)}"
-
-
-def plan(
-    records: Sequence[RecordFile],
-    staging: Mapping[str, str],
-    *,
-    project_root: str,
-    clock_ms: int = 0,
-) -> Plan:
-    """Decide what recovery does with ``records``, given the candidates ``staging`` holds."""
-    groups: dict[tuple[str, str], Group] = {}
-    seen: dict[str, Group] = {}
-    in_staging: dict[str, tuple[str, str]] = {}
-    left: dict[str, str] = {}
-    for record in records:
-        found = _unwrap(record, project_root, clock_ms)
-        if isinstance(found, str):
-            left[record.name] = found
-            continue
-        envelope, category, candidate = found
-        fixed, why = _made_valid(envelope, category, candidate, record.exotic, project_root)
-        if why is not None:
-            left[record.name] = why
-            continue
-        prints = {fingerprint(category, candidate), fingerprint(category, fixed)}
-        holder = next((staging[p] for p in sorted(prints) if p in staging), None)
-        if holder is not None:
-            in_staging[record.name] = (holder, next(p for p in sorted(prints) if p in staging))
-            continue
-        twin = next((seen[p] for p in prints if p in seen), None)
-        if twin is not None:
-            twin.duplicates.append(record.name)
-            continue
-        session = record.session_id or str(envelope.get("session_id") or "recovered")
-        key = (session, json.dumps(envelope, sort_keys=True))
-        group = groups.get(key)
-        if group is None:
-            group = Group(
-                session_id=session,
-                base=safe_component(session),
-                envelope=envelope,
-                candidates={},
-                records=[],
-                duplicates=[],
-            )
-            groups[key] = group
-        group.exotic = group.exotic or record.exotic
-        group.candidates.setdefault(category, []).append(fixed)
-        group.records.append(record.name)
-        group.fingerprints.extend(sorted(prints))
-        seen.update(dict.fromkeys(prints, group))
-    for group in groups.values():
-        _finish(group, project_root)
-    return Plan(groups=list(groups.values()), in_staging=in_staging, left=left)
-
-
-def _finish(group: Group, project_root: str) -> None:
-    """The group's staging file, decided by the engine; it must come out ``valid``."""
-    candidates = {c: group.candidates[c] for c in CATEGORIES if c in group.candidates}
-    doc = {**group.envelope, "candidates": candidates}
-    encoded = encode_json(doc, exotic=group.exotic)
-    verdict = decide(encoded, _context(project_root))
-    if verdict.decision is Decision.VALID:
-        data = encoded + b"\n"  # compact: indentation grows with the square of the depth
-    elif verdict.decision is Decision.REPAIRED and verdict.new_bytes is not None:
-        data = verdict.new_bytes
-    else:
-        group.failure = f"the recovered file would not be valid: {'; '.join(verdict.reasons)}"
-        return
-    check = decide(data, _context(project_root))
-    if check.decision is not Decision.VALID:
-        group.failure = f"the recovered file would be {check.decision.value}, not valid"
-        return
-    group.data = data
-
-
 # -- the file layer -----------------------------------------------------------------------------
 
 
@@ -283,6 +75,8 @@ class Report(msgspec.Struct, kw_only=True):
     originals_deleted: list[str] = []
     #: Why the memory dir was busy, when some records were not looked at again; else ``None``.
     busy: str | None = None
+    #: The I/O error that stopped the recovery (what was done before is in ``outcomes``).
+    error: str | None = None
 
 
 def _outcome(
@@ -395,7 +189,7 @@ def _look(
 
 def _gather(
     mdir: MemoryDir, wanted: set[str] | None, options: Options, clock: float
-) -> tuple[dict[str, RecordFile], dict[str, RecordFile], Plan, _Staging]:
+) -> tuple[dict[str, RecordFile], dict[str, RecordFile], Found, _Staging]:
     """The chosen records, every record, the plan and what ``staging/`` holds; no lock taken."""
     every = {r.name: r for r in list_records(mdir)}
     records = {n: r for n, r in every.items() if wanted is None or n in wanted}
@@ -413,7 +207,7 @@ def _gather(
                     os.close(staging_fd)
     except OSError as err:
         raise ConfigError(f"{mdir.staging}: {err.strerror}") from None
-    found = plan(
+    found = recoverplan.plan(
         list(records.values()),
         staged.index,
         project_root=mdir.project_root,
@@ -436,7 +230,7 @@ def _free_names(existing: set[str], groups: Sequence[Group]) -> list[str]:
 
 
 def _left_outcomes(
-    mdir: MemoryDir, records: Mapping[str, RecordFile], found: Plan, dry_run: bool
+    mdir: MemoryDir, records: Mapping[str, RecordFile], found: Found, dry_run: bool
 ) -> list[Outcome]:
     return [
         _outcome(mdir, records[name], Action.LEFT, dry_run=dry_run, reason=why)
@@ -478,20 +272,30 @@ def recover(
     """Recover the records named in ``wanted`` (``None``: all) of ``mdir``; see the module doc.
 
     Works beside a running daemon: the plan is made without any lock, and carried out in short
-    transactions of :func:`memstaged.apply.apply`, each re-checking what it depends on.
+    transactions of :func:`memstaged.transaction.apply`, each re-checking what it depends on.
+    An I/O error stops it (issue 20 item 5: exit 1, not a usage error): what was done is
+    reported, and every record not yet tried is left, with the error as its reason.
     """
     records, every, found, staged = _gather(mdir, wanted, options, clock)
+    run = _Recovery(mdir, records, staged, options, clock, waiter, logger)
+    run.outcomes += _left_outcomes(mdir, records, found, False)
+    deleted: list[str] = []
+    error: str | None = None
     try:
         with (
             fsio.opened_dir(mdir.path) as mem_fd,
             fsio.opened_dir(STAGING, mem_fd, create=True) as staging_fd,
         ):
-            run = _Recovery(mdir, records, staged, options, clock, waiter, logger)
-            run.outcomes += _left_outcomes(mdir, records, found, False)
             run.carry_out(mem_fd, staging_fd, found)
             deleted = run.drop_originals(mem_fd, every)
     except OSError as err:
-        raise ConfigError(f"memory dir {mdir.path}: {err.strerror or err}") from None
+        error = f"memory dir {mdir.path}: {err.strerror or err}"
+        tried = {o.id for o in run.outcomes}
+        run.outcomes += [
+            _outcome(mdir, r, Action.LEFT, dry_run=False, reason=f"not tried: {error}")
+            for r in records.values()
+            if r.id not in tried
+        ]
     outcomes = run.outcomes
     logger.info(
         "deadletter_recovery",
@@ -504,20 +308,21 @@ def recover(
         busy=run.busy,
         originals_deleted=deleted,
     )
-    return Report(outcomes=outcomes, originals_deleted=deleted, busy=run.busy)
+    return Report(outcomes=outcomes, originals_deleted=deleted, busy=run.busy, error=error)
 
 
 class _Recovery:
     """One recovery of one memory dir, carried out transaction by transaction.
 
-    Each group becomes a ``CREATE`` change (its staging file; its records and duplicates to
-    remove once that file is durable), each record whose candidate ``staging/`` holds already a
-    ``DELETE`` change that depends on that staging file. :func:`memstaged.apply.apply` checks,
-    under ``canonical-writer.lock``, that every record is still the very file that was read
-    (another recovery or a purge may have taken it); :meth:`_admit` looks again at the staging
-    files that are new or changed since the plan (a candidate there now is not written again).
-    The daemon obeys the lock, so it decides a recovered file (``valid``) only once the records
-    it holds are gone, and never quarantines anything into the store while they are deleted.
+    Each group becomes a ``CREATE`` plan (its staging file; its records and duplicates removed
+    once that file is durable), each record whose candidate ``staging/`` holds already an
+    ``UNLINK`` plan that depends on that staging file. :func:`memstaged.transaction.apply`
+    checks, under ``canonical-writer.lock``, that every record is still the very file that was
+    read (another recovery or a purge may have taken it); :meth:`_refuse` looks again at the
+    staging files that are new or changed since the plan (a candidate there now is not written
+    again). The daemon obeys the lock, so it decides a recovered file (``valid``) only once the
+    records it holds are gone, and never quarantines anything into the store while they are
+    deleted. :meth:`_settle` turns each plan's result into the outcomes of its records.
     """
 
     def __init__(
@@ -540,9 +345,11 @@ class _Recovery:
         self.outcomes: list[Outcome] = []
         self.gone: list[RecordFile] = []
         self.busy: str | None = None
+        #: Plan key -> its group (``CREATE``) and its announcement.
         self.groups: dict[str, Group] = {}
+        self.events: dict[str, dict[str, Any]] = {}
 
-    def carry_out(self, mem_fd: int, staging_fd: int, found: Plan) -> None:
+    def carry_out(self, mem_fd: int, staging_fd: int, found: Found) -> None:
         pending: list[Group] = []
         for group in found.groups:
             if group.failure is not None:
@@ -550,31 +357,32 @@ class _Recovery:
             else:
                 pending.append(group)
         staged = list(found.in_staging.items())
-        announce = announcer(self.log)
+        announce = announcer(self.log, self.events)
         while pending or staged:
             groups, pending = pending[:_CHUNK], pending[_CHUNK:]
             held, staged = staged[:_STAGED_CHUNK], staged[_STAGED_CHUNK:]
-            changes = [self._create(g) for g in groups] + [self._duplicate(*h) for h in held]
+            plans = [self._create(g) for g in groups] + [self._duplicate(*h) for h in held]
+            stopped: str | None = None
             try:
-                transact(
+                results = transact(
                     self.mdir,
                     mem_fd,
                     staging_fd,
-                    changes,
+                    plans,
                     waiter=self.waiter,
                     logger=self.log,
                     announce=announce,
-                    admit=lambda live: self._admit(staging_fd, live),
+                    refuse=lambda live: self._refuse(staging_fd, live),
                 )
             except BusyError as err:
                 self.busy = str(err)
                 pending, staged = groups + pending, held + staged
                 break
-            except OSError as err:
-                self._stopped(changes, err)
-                continue
-            for change in changes:
-                self._done(staging_fd, change)
+            except OSError as err:  # what it did is reported, nothing more
+                stopped = f"the transaction stopped: {err.strerror or err}"
+                results = {p.key: so_far(err, p.key) for p in plans}
+            for plan in plans:
+                self._settle(staging_fd, plan, results[plan.key], stopped)
         for group in pending:
             self.outcomes += self._group(group, None, action=Action.BUSY, failure=self.busy)
         for rec, _held in staged:
@@ -585,72 +393,86 @@ class _Recovery:
     def _members(self, group: Group) -> list[RecordFile]:
         return [self.records[n] for n in (*group.records, *group.duplicates)]
 
-    def _create(self, group: Group) -> Change:
+    def _create(self, group: Group) -> Plan:
         """The group's staging file, and its records to remove once that file is durable."""
         key = f"group:{len(self.groups)}"
         self.groups[key] = group
         held = held_records(self._members(group))
-        event = {
+        self.events[key] = {
             "event": "deadletter_recovering",
             "memory_dir": self.mdir.path,
             "session_id": group.session_id,
             "records": [*group.records, *group.duplicates],
         }
         assert group.data is not None
-        return Change(
-            Kind.CREATE, key, event, depends=held, removes=held, data=group.data, base=group.base
+        return Plan(
+            key=key,
+            action=PlanAction.CREATE,
+            depends=held,
+            removes=held,
+            data=group.data,
+            base=group.base,
         )
 
-    def _duplicate(self, rec: str, holder_fp: tuple[str, str]) -> Change:
+    def _duplicate(self, rec: str, holder_fp: tuple[str, str]) -> Plan:
         """A record whose candidate ``staging/<holder>`` holds: removed once that file is
         durable, if it is still the very file recovery looked at."""
         holder = holder_fp[0]
-        [record] = held_records([self.records[rec]])
-        event = {
+        key = f"staged:{rec}"
+        (record,) = held_records([self.records[rec]])
+        self.events[key] = {
             "event": "deadletter_recovering",
             "memory_dir": self.mdir.path,
             "duplicates": [rec],
             "staging_file": f"{STAGING}/{holder}",
         }
-        depends = [record, Held(STAGING, holder, self.staged.identities.get(holder))]
-        return Change(Kind.DELETE, f"staged:{rec}", event, depends=depends, removes=[record])
+        depends = (record, Held(STAGING, holder, self.staged.identities.get(holder)))
+        return Plan(key=key, action=PlanAction.UNLINK, depends=depends, removes=(record,))
 
-    def _admit(self, staging_fd: int, live: Sequence[Change]) -> dict[str, str]:
+    def _refuse(self, staging_fd: int, live: Sequence[Plan]) -> dict[str, str]:
         """Under the lock: a group one of whose candidates ``staging/`` holds now is refused."""
         appeared = _look(self.mdir, staging_fd, self.options, self.clock, self.staged)
         refused: dict[str, str] = {}
-        for change in live:
-            group = self.groups.get(change.key)
+        for plan in live:
+            group = self.groups.get(plan.key)
             if group is None:
                 continue
             clash = next((appeared[fp] for fp in group.fingerprints if fp in appeared), None)
             if clash is not None:
-                refused[change.key] = (
+                refused[plan.key] = (
                     f"staging/{clash} got a candidate of its group while this ran; "
                     "run recover again"
                 )
         return refused
 
-    def _done(self, staging_fd: int, change: Change) -> None:
-        """The outcomes of a change that :func:`memstaged.apply.apply` went through."""
-        group = self.groups.get(change.key)
-        removed = set(change.removed)
-        self.gone += [self.records[n] for n in removed]
+    def _settle(self, staging_fd: int, plan: Plan, result: Result, stopped: str | None) -> None:
+        """The outcomes of the records of one plan, from its result (``stopped``: why its
+        transaction stopped, when it did)."""
+        removed = set(result.removed)
+        self.gone += [self.records[n] for n in result.removed]
+        group = self.groups.get(plan.key)
         if group is None:
-            self._done_duplicate(change)
-            return
-        if change.failed is not None:
-            self._failed(group, change.failed)
-        elif change.stale or change.refused is not None:
-            self.outcomes += self._not_written(group, change.stale, change.refused)
-        elif change.created is not None:
-            name = change.created
+            self._settle_duplicate(plan, result, stopped)
+        elif stopped is not None and result.created is not None:
+            later = "run recover again: it removes them as duplicates"
+            left = {
+                n: f"{stopped}; the record is kept ({later})"
+                for n in (*group.records, *group.duplicates)
+                if n not in removed
+            }
+            self.outcomes += self._group(group, result.created, not_deleted=left)
+        elif stopped is not None or result.status is Status.FAILED:
+            why = stopped if stopped is not None else result.reason or "failed"
+            self._failed(group, why)
+        elif result.status is not Status.DONE:
+            self.outcomes += self._not_written(group, result)
+        elif result.created is not None:
+            name = result.created
             st = fsio.lstat_at(staging_fd, name)
             if st is not None:  # known already: the next look need not decide it again
                 self.staged.identities[name] = Identity.of(st)
                 for fp in group.fingerprints:
                     self.staged.index.setdefault(fp, name)
-            not_deleted = {n: why for n, why in change.left.items()}
             self.log.info(
                 "deadletter_recovered",
                 memory_dir=self.mdir.path,
@@ -658,56 +480,34 @@ class _Recovery:
                 staging_file=f"{STAGING}/{name}",
                 records=list(group.records),
                 duplicates=list(group.duplicates),
-                left=not_deleted,
+                left=dict(result.left),
             )
-            self.outcomes += self._group(group, name, not_deleted=not_deleted)
+            self.outcomes += self._group(group, name, not_deleted=result.left)
 
-    def _done_duplicate(self, change: Change) -> None:
-        rec = change.removes[0].name
+    def _settle_duplicate(self, plan: Plan, result: Result, stopped: str | None) -> None:
+        rec = plan.removes[0].name
         record = self.records[rec]
-        holder = change.depends[1].name
-        if change.stale.get(rec) == "gone":
-            why = "no longer in the store: recovered or purged meanwhile by another process"
+        holder = plan.depends[1].name
+        stale = result.stale.get(rec)
+        if stopped is not None and rec not in result.removed:
             self.outcomes.append(
-                _outcome(self.mdir, record, Action.GONE, dry_run=False, reason=why)
+                _outcome(self.mdir, record, Action.LEFT, dry_run=False, reason=stopped)
             )
             return
-        if change.stale.get(rec) == "changed":
+        if stale == "gone":
+            self.outcomes.append(
+                _outcome(self.mdir, record, Action.GONE, dry_run=False, reason=_TAKEN)
+            )
+            return
+        if stale == "changed":
             why_left: str | None = "the record changed while this ran; run recover again"
-        elif change.stale:
+        elif result.stale:
             why_left = f"staging/{holder} changed meanwhile; run recover again"
         else:
-            why_left = change.left.get(rec)
+            why_left = result.left.get(rec)
         self.outcomes.append(
             _staged_outcome(self.mdir, record, holder, dry_run=False, why_left=why_left)
         )
-
-    def _stopped(self, changes: Sequence[Change], err: OSError) -> None:
-        """A transaction stopped by an I/O error: what it did is reported, nothing more."""
-        why = f"the transaction stopped: {err.strerror or err}"
-        for change in changes:
-            group = self.groups.get(change.key)
-            done = set(change.removed)
-            self.gone += [self.records[n] for n in done]
-            if group is None:
-                record = self.records[change.removes[0].name]
-                if record.name in done:
-                    holder = change.depends[1].name
-                    self.outcomes.append(_staged_outcome(self.mdir, record, holder, dry_run=False))
-                else:
-                    self.outcomes.append(
-                        _outcome(self.mdir, record, Action.LEFT, dry_run=False, reason=why)
-                    )
-            elif change.created is None or change.tmp is not None:
-                self._failed(group, why)
-            else:
-                later = "run recover again: it removes them as duplicates"
-                left = {
-                    n: f"{why}; the record is kept ({later})"
-                    for n in (*group.records, *group.duplicates)
-                    if n not in done
-                }
-                self.outcomes += self._group(group, change.created, not_deleted=left)
 
     def _failed(self, group: Group, why: str) -> None:
         failure = f"{why}; nothing deleted"
@@ -720,21 +520,18 @@ class _Recovery:
         )
         self.outcomes += self._group(group, None, failure=failure)
 
-    def _not_written(
-        self, group: Group, changes: Mapping[str, str], refused: str | None
-    ) -> list[Outcome]:
+    def _not_written(self, group: Group, result: Result) -> list[Outcome]:
         out = []
         for rec in (*group.records, *group.duplicates):
             record = self.records[rec]
-            change = changes.get(rec)
-            if change == "gone":
-                why = "no longer in the store: recovered or purged meanwhile by another process"
-                out.append(_outcome(self.mdir, record, Action.GONE, dry_run=False, reason=why))
+            stale = result.stale.get(rec)
+            if stale == "gone":
+                out.append(_outcome(self.mdir, record, Action.GONE, dry_run=False, reason=_TAKEN))
                 continue
-            if change == "changed":
+            if stale == "changed":
                 why = "the record changed while this ran; run recover again"
-            elif refused is not None:
-                why = refused
+            elif result.status is Status.REFUSED and result.reason is not None:
+                why = result.reason
             else:
                 why = (
                     "another record of its group changed or vanished while this ran; "
@@ -789,3 +586,7 @@ class _Recovery:
                 reason=f"the originals were not deleted: {err.strerror or err}",
             )
             return []
+
+
+#: Why a record is ``gone``.
+_TAKEN: Final = "no longer in the store: recovered or purged meanwhile by another process"

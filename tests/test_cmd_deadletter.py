@@ -26,8 +26,8 @@ from cmd_support import (
 from conftest import EVIDENCE, write
 from helpers import memstaged_cmd, memstaged_env
 
-from memstaged import apply as applying
 from memstaged import deadletter, fsio
+from memstaged import held as holding
 from memstaged import recover as recover_module
 from memstaged.cli import main
 from memstaged.commands import _common
@@ -254,7 +254,7 @@ def test_records_go_only_after_the_staging_file_is_durable(
     fsynced; the removal is announced in the decision log before it happens."""
     steps: list[str] = []
     real_rename, real_fsync = fsio.rename_noreplace, fsio.fsync_dir
-    real_unlink = applying._unlink_held
+    real_unlink = holding.unlink_held
 
     def rename(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
         real_rename(src_dir, src, dst_dir, dst)
@@ -273,7 +273,7 @@ def test_records_go_only_after_the_staging_file_is_durable(
 
     monkeypatch.setattr(fsio, "rename_noreplace", rename)
     monkeypatch.setattr(fsio, "fsync_dir", fsync_dir)
-    monkeypatch.setattr(applying, "_unlink_held", unlink)
+    monkeypatch.setattr(holding, "unlink_held", unlink)
     assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
     assert steps[:6] == [
         "rename mixed.recovered-1.json",

@@ -41,12 +41,11 @@ from memstaged.deadletter import (
     Waiter,
     list_originals,
     list_records,
-    plan_purge,
-    purge,
     resolve_ids,
 )
 from memstaged.errors import UsageError
 from memstaged.memdir import MemoryDir
+from memstaged.purge import plan_purge, purge
 from memstaged.recover import Action, Report, preview, recover
 
 _ACTION_STYLES: Final = {"recovered": "green", "duplicate": "cyan", "left": "yellow"}

@@ -1,0 +1,623 @@
+"""Step 4 of the flow: carry out any number of plans as one durable transaction (SPEC 5).
+
+:func:`apply` is the only code that changes ``staging/`` or ``deadletter/``: the daemon applies a
+transaction of one plan, ``--once`` one of up to a batch, ``deadletter recover``, ``purge`` and
+``drop_originals`` their own. It takes :class:`~memstaged.plan.Plan` values, which it never
+changes, and hands back a :class:`~memstaged.plan.Result` for each. The order, before the lock:
+
+- a too-large file that cannot be moved by a rename (``deadletter/`` on another file system) is
+  copied into ``originals/`` (at most ``max_copy`` bytes), or left where it is (``UNMOVABLE``);
+- each new staging file (``CREATE``) is written as a temp named as a partial write, its
+  ``flock`` held, and made durable;
+- with more than :data:`_FSYNC_EACH` dead-letter files, every dead-letter temp (the original,
+  then each record: rendered, written, dropped; only one is in memory at a time, SPEC 4) is
+  written and made durable by one ``syncfs``, so that a large quarantine writes nothing while
+  the lock is held (SPEC 5: about a second at most).
+
+Then, under ``canonical-writer.lock``:
+
+1. every decision whose version is no longer in place is handed back (``GONE``/``CHANGED``);
+   every change one of whose ``depends`` is no longer as read (``GONE``/``CHANGED``; a staging
+   file depended on is fsynced), or that ``refuse`` names (``REFUSED``), too: nothing of them
+   is done;
+2. with 16 dead-letter files or fewer, their temps are written now, each fsynced;
+3. every dead-letter name is settled (:mod:`memstaged.store`: nothing there is trusted; records
+   whose original must take another name than the one they were rendered for are written
+   again), and each new staging file's name (the first free ``<base>.recovered-<n>.json``);
+4. the plans are announced with their settled names (``announce``: the caller logs them and
+   makes the log durable): nothing is carried out unlogged (issue 10, item 5);
+5. the rewrites' temps are written and made durable (one ``syncfs`` for a batch, an fsync for
+   one plan); the dead-letter files get their names; ``originals/``, ``deadletter/`` and the
+   memory dir are fsynced;
+6. each staging file is replaced, removed or moved (:mod:`memstaged.replace`: a writer's newer
+   version is kept as a ``.conflict-`` file, never lost); each new staging file gets its name
+   (``RENAME_NOREPLACE``); ``staging/`` is fsynced;
+7. only then are the files of ``removes`` removed, each only if it is still the very file that
+   was read, and their directories fsynced (SPEC 5: a record goes only once its candidate is
+   durable in ``staging/``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final
+
+from memstaged import fsio, held, replace
+from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock
+from memstaged.memdir import STAGING
+from memstaged.plan import Action, Applied, Plan, Result, Settled, StaleLock, Status
+from memstaged.progress import tick
+from memstaged.quarantine import DeadLetter
+from memstaged.store import File, Store, Written, install, settle_original, settle_record
+
+#: Up to this many dead-letter temps in a transaction are fsynced one by one; more, one syncfs.
+_FSYNC_EACH: Final = 16
+
+#: Announces plans with their settled names, before anything of them is carried out (SPEC 5).
+Announce = Callable[[Sequence[Settled]], None]
+#: The caller's own check of its live ``CREATE``/``UNLINK`` plans under the lock: key -> why not.
+Refuse = Callable[[Sequence[Plan]], Mapping[str, str]]
+
+
+class Stopped(OSError):
+    """An I/O error stopped the transaction; :attr:`results` says what each plan did until then.
+
+    A plan's result is then ``FAILED``, with what it created or removed before the error.
+    """
+
+    def __init__(self, err: OSError, results: dict[str, Result]) -> None:
+        named = () if err.filename is None else (err.filename,)
+        super().__init__(err.errno, err.strerror or str(err), *named)
+        self.results = results
+
+
+def so_far(err: OSError, key: str) -> Result:
+    """What the plan ``key`` did before ``err`` stopped its transaction (nothing, if unknown)."""
+    if isinstance(err, Stopped) and key in err.results:
+        return err.results[key]
+    return Result(key=key, status=Status.FAILED, reason=str(err))
+
+
+class NotObeyed(Exception):
+    """A stale lock of another owner is in place, and the caller works only under the lock."""
+
+    def __init__(self, info: LockInfo, seen: Sequence[StaleLock]) -> None:
+        super().__init__(info)
+        self.info = info
+        self.seen = tuple(seen)
+
+
+class _Work:
+    """One plan's progress through the transaction: the transaction's own state, not the plan's."""
+
+    __slots__ = (
+        "copied",
+        "created",
+        "failed",
+        "left",
+        "original",
+        "original_tmp",
+        "plan",
+        "records",
+        "refused",
+        "removed",
+        "stale",
+        "tmp",
+        "unmovable",
+        "written",
+    )
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        #: A too-large file's copy (a temp in ``originals/``) where a rename is impossible ...
+        self.copied: str | None = None
+        #: ... or why it can be neither moved nor copied (it stays where it is).
+        self.unmovable: str | None = None
+        #: The original's name as settled, and the records' names.
+        self.original = plan.original
+        self.records = [r.name for r in plan.records]
+        #: The dead-letter temps, written and made durable: the original's, each record's.
+        self.original_tmp: str | None = None
+        self.written: list[Written] = []
+        #: ``CREATE``: the new staging file's durable temp, then the name it gets.
+        self.tmp: str | None = None
+        self.created: str | None = None
+        self.removed: list[str] = []
+        self.left: dict[str, str] = {}
+        self.stale: dict[str, str] = {}
+        self.refused: str | None = None
+        self.failed: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.plan.key
+
+    @property
+    def action(self) -> Action:
+        """A move whose file was copied (another file system) is a removal."""
+        if self.plan.action is Action.MOVE and self.copied is not None:
+            return Action.REMOVE
+        return self.plan.action
+
+    def settled(self) -> Settled:
+        return Settled(self.key, tuple(self.records), self.original, self.created)
+
+    def result(self, status: Status, **fields: object) -> Result:
+        return Result(
+            key=self.key,
+            status=status,
+            records=tuple(self.records),
+            original=self.original,
+            created=self.created if self.tmp is None else None,
+            removed=tuple(self.removed),
+            left=dict(self.left),
+            stale=dict(self.stale),
+            **fields,  # type: ignore[arg-type]
+        )
+
+    def change_result(self) -> Result:
+        """The result of a ``CREATE`` or ``UNLINK`` plan."""
+        if self.failed is not None:
+            return self.result(Status.FAILED, reason=self.failed)
+        if self.stale:
+            gone = all(why == "gone" for why in self.stale.values())
+            return self.result(Status.GONE if gone else Status.CHANGED)
+        if self.refused is not None:
+            return self.result(Status.REFUSED, reason=self.refused)
+        return self.result(Status.DONE)
+
+
+def apply(
+    mem_fd: int,
+    staging_fd: int,
+    plans: Sequence[Plan],
+    *,
+    announce: Announce,
+    now: float,
+    max_copy: int = 1 << 30,
+    refuse: Refuse | None = None,
+    obey_stale: bool = False,
+) -> Applied:
+    """Carry ``plans`` out as one transaction; see the module docstring for the order.
+
+    ``now`` names the ``.conflict-`` files. ``obey_stale``: a stale lock of another owner stops
+    the transaction before anything is done (:class:`NotObeyed`), for a command that must not
+    work beside the daemon without the lock; the daemon does not obey it (SPEC 5).
+
+    Raises :class:`~memstaged.locks.LockHeld` (nothing changed) when a live process holds
+    ``canonical-writer.lock``, whatever ``announce`` raises (nothing of the plans done), and
+    :class:`Stopped` (an ``OSError``) when the transaction could not be completed: what was
+    not carried out is unchanged, and nothing is lost either way.
+    """
+    works = [_Work(p) for p in plans]
+    decisions = [w for w in works if w.plan.version is not None]
+    changes = [w for w in works if w.plan.version is None]
+    tx = _Transaction(mem_fd, staging_fd, now)
+    seen: list[StaleLock] = []
+    results: dict[str, Result] = {}
+    try:
+        for work in decisions:
+            if work.plan.action is Action.MOVE:
+                tx.copy_if_unmovable(work, max_copy)
+        tx.write_ahead(changes)
+        if _dead_letter_files(decisions) > _FSYNC_EACH:
+            _not_held(mem_fd)  # nothing is written while the reconciler works, if it can be seen
+            tx.write_records_ahead(decisions, sync=False)
+        with canonical_lock(mem_fd, lambda info, gone: seen.append(StaleLock(info, gone))) as stale:
+            if stale is not None and obey_stale:
+                raise NotObeyed(stale, seen)
+            tx.run(decisions, changes, announce, refuse, results)
+    except OSError as err:
+        tx.close()
+        failed = {w.key: w.result(Status.FAILED, reason=str(err)) for w in works}
+        raise Stopped(err, {**failed, **results}) from err
+    except BaseException as exc:
+        # An error: remove our temps. A stop or Ctrl-C (not an Exception): leave them, as a
+        # kill would, for the next start's recovery (SPEC 6: acted on within a second).
+        tx.close(interrupted=not isinstance(exc, Exception))
+        raise
+    tx.close()
+    for work in changes:
+        results[work.key] = work.change_result()
+    return Applied(results, tuple(seen))
+
+
+def _dead_letter_files(works: Sequence[_Work]) -> int:
+    """How many dead-letter files the plans write (at most: a record per record, an original)."""
+    return sum(
+        len(w.plan.records) + (w.plan.original is not None) for w in works if w.unmovable is None
+    )
+
+
+def _not_held(mem_fd: int) -> None:
+    """Raise :class:`~memstaged.locks.LockHeld` now if a live process holds the lock."""
+    try:
+        info = read_lock(mem_fd)
+    except OSError:
+        return  # taking the lock will tell
+    if info is not None and info.alive:
+        raise LockHeld(info)
+
+
+class _Transaction:
+    """The temp files of one :func:`apply` and the steps that turn them into changes."""
+
+    def __init__(self, mem_fd: int, staging_fd: int, now: float) -> None:
+        self.mem_fd = mem_fd
+        self.staging_fd = staging_fd
+        self.now = now
+        self.store = Store(mem_fd)
+        #: Temp files not yet installed or handed on: removed if the transaction stops.
+        self.ours: set[tuple[int, str]] = set()
+        #: The descriptors holding the ``flock`` of new staging files' temps (see
+        #: :meth:`write_ahead`), closed once each temp is renamed or removed.
+        self.held: dict[tuple[int, str], int] = {}
+        #: Whether the dead-letter temps are written (before the lock, or under it in ``run``).
+        self.written_ahead = False
+
+    def close(self, *, interrupted: bool = False) -> None:
+        """Remove the temps not installed, and close the directories.
+
+        ``interrupted`` (a stop's :class:`~memstaged.daemon.Abandoned`, Ctrl-C): the temps are
+        left, exactly as a kill would leave them, for the next start's crash recovery to
+        remove: a quarantine of 100,000 records has as many temps, and unlinking them would
+        keep a SIGTERM waiting for seconds (SPEC 6: acted on within a second). They carry
+        memstaged's temp names, which the reconciler never reads.
+        """
+        if not interrupted:
+            for dir_fd, tmp in self.ours:
+                fsio.unlink_quietly(dir_fd, tmp)
+        self.ours.clear()
+        for fd in self.held.values():  # after the unlinks: a temp is never named and unlocked
+            os.close(fd)
+        self.held.clear()
+        self.store.close()
+
+    # -- before the lock ------------------------------------------------------------------------
+
+    def copy_if_unmovable(self, work: _Work, max_copy: int) -> None:
+        """SPEC 6: where a rename is impossible, copy at most ``max_copy`` bytes, or leave it."""
+        version = work.plan.version
+        assert version is not None
+        or_fd = self.store.open()[1]
+        if os.fstat(or_fd).st_dev == version.identity.dev:
+            return  # one file system: moved by a rename
+        size = version.identity.size
+        if size > max_copy:
+            work.unmovable = f"larger than max_quarantine_copy ({max_copy} bytes)"
+            return
+        tmp, _sha, _size = fsio.copy_to_temp(version.fd, or_fd, "orig", work.key, most=size)
+        self.ours.add((or_fd, tmp))
+        fsio.crash_point("copy-written")
+        work.copied = tmp
+
+    def write_ahead(self, changes: Sequence[_Work]) -> None:
+        """Write the new staging files of ``CREATE`` plans as durable temps, before the lock.
+
+        Each temp is named as a partial write until it gets its name under the lock: a
+        memstaged starting after a crash deletes it (the records it holds are all still in the
+        store) instead of keeping it as a staging file, which would stage its candidates twice.
+        This process holds each temp's ``flock`` until then, so that a daemon starting while it
+        runs (its crash recovery) leaves the temp alone: it is no leftover of a crash.
+        """
+        creates = [w for w in changes if w.plan.action is Action.CREATE]
+        batch = len(creates) > 1
+        for work in creates:
+            assert work.plan.data is not None
+            try:
+                work.tmp, lock_fd = fsio.write_held_temp(
+                    self.staging_fd,
+                    work.plan.data,
+                    fsio.PARTIAL,
+                    f"{work.plan.base}.recovered.json",
+                    sync=not batch,
+                )
+            except OSError as err:
+                work.failed = f"could not write the staging file: {err.strerror or err}"
+                continue
+            self.ours.add((self.staging_fd, work.tmp))
+            self.held[(self.staging_fd, work.tmp)] = lock_fd
+        if batch and any(w.tmp is not None for w in creates):
+            fsio.syncfs(self.mem_fd)  # every new staging file's data is durable from here on
+
+    def write_records_ahead(self, works: Sequence[_Work], *, sync: bool) -> None:
+        """Write every dead-letter temp of ``works`` and make them durable (fsyncs or a syncfs).
+
+        Streaming: a record is rendered, written and dropped, so a file of 100,000 candidates
+        never has their records in memory together (SPEC 4). With more than
+        :data:`_FSYNC_EACH` files this runs before the lock (one ``syncfs``), so that the lock
+        is held only for names, renames and fsyncs of directories (SPEC 5: about a second at
+        most); the temps carry memstaged's temp names: the reconciler never reads them, and
+        recovery after a crash deletes them. A few files are written under the lock, each
+        fsynced (as cheap as that, and nothing at all appears while the reconciler works).
+        """
+        todo = [w for w in works if w.unmovable is None and (w.plan.records or w.plan.original)]
+        self.written_ahead = True
+        if not todo:
+            return
+        dl_fd, or_fd = self.store.open()
+        taken: set[str] = set()
+        for work in todo:
+            plan = work.plan
+            if plan.original is not None:
+                renamed = plan.action is Action.MOVE
+                data = plan.version.data if plan.version is not None else None
+                # A first choice, checked again under the lock: the records are rendered for it.
+                work.original, _file = settle_original(
+                    or_fd, plan.original, taken, data=data, tmp=None, renamed=renamed
+                )
+                if not renamed:
+                    assert data is not None
+                    work.original_tmp = fsio.write_temp(
+                        or_fd, data, "rec", work.original, sync=sync
+                    )
+                    self.ours.add((or_fd, work.original_tmp))
+            work.written = self._write_records(work, dl_fd, sync=sync)
+        if not sync:
+            fsio.syncfs(self.mem_fd)  # every dead-letter temp's data is durable from here on
+        fsio.crash_point("temps-synced")
+
+    def _write_records(self, work: _Work, dl_fd: int, *, sync: bool) -> list[Written]:
+        """Each record's temp, rendered one at a time (its bytes are dropped once written)."""
+        written: list[Written] = []
+        for record in work.plan.records:
+            tick()  # each record is rendered and written: thousands of them take seconds
+            body = _render(record, work.original)
+            tmp = fsio.write_temp(dl_fd, body, "rec", record.name, sync=sync)
+            self.ours.add((dl_fd, tmp))
+            written.append(Written(tmp, len(body)))
+            del body
+        return written
+
+    # -- under the lock -------------------------------------------------------------------------
+
+    def run(
+        self,
+        decisions: Sequence[_Work],
+        changes: Sequence[_Work],
+        announce: Announce,
+        refuse: Refuse | None,
+        results: dict[str, Result],
+    ) -> None:
+        """Steps 1-7 of the module docstring; ``results`` gets each decision's."""
+        live: list[_Work] = []
+        for work in decisions:
+            version = work.plan.version
+            assert version is not None
+            if work.unmovable is not None:
+                results[work.key] = work.result(Status.UNMOVABLE, reason=work.unmovable)
+                continue
+            state = version.still_in_place(self.staging_fd)
+            if state:
+                live.append(work)
+            else:
+                status = Status.GONE if state is None else Status.CHANGED
+                results[work.key] = work.result(status, identity=version.identity)
+        admitted = self._admitted(changes, refuse)
+        if not live and not admitted:
+            return
+        if not self.written_ahead:
+            self.write_records_ahead(live, sync=True)  # a few files: under the lock
+        taken: set[str] = set()
+        files = [self._settle_names(work, taken) for work in live]
+        self._settle_created(admitted)
+        admitted = [w for w in admitted if w.failed is None]
+        announce([w.settled() for w in (*live, *admitted)])
+        batch = len(live) > 1
+        rewrites = {w.key: self._rewrite_temp(w, batch) for w in live if w.action is Action.REWRITE}
+        fsio.crash_point("batch-written")
+        if batch and rewrites:
+            fsio.syncfs(self.mem_fd)  # every rewrite's data is durable from here on
+        for plan_files in files:
+            for file in plan_files:
+                tick()
+                install(file)
+                if file.how != "refresh" and file.tmp is not None:
+                    self.ours.discard((file.dir_fd, file.tmp))
+                is_original = self.store.fds is not None and file.dir_fd == self.store.fds[1]
+                fsio.crash_point("original-written" if is_original else "record-written")
+        if self.store.fds is not None:
+            fsio.fsync_dir(self.store.fds[1])
+            fsio.fsync_dir(self.store.fds[0])
+            fsio.fsync_dir(self.mem_fd)
+            fsio.crash_point("deadletter-synced")
+        for work in live:
+            carried = self._carry(work, rewrites, batch)
+            results[work.key] = work.result(
+                carried.status, identity=carried.identity, conflict=carried.conflict
+            )
+        created = [
+            w for w in admitted if w.plan.action is Action.CREATE and self._create(w, announce)
+        ]
+        depends_on_staging = any(h.where == STAGING for w in admitted for h in w.plan.depends)
+        if live or created or depends_on_staging:
+            fsio.fsync_dir(self.staging_fd)
+            if admitted:
+                fsio.crash_point("staging-synced")
+        self._remove_held(
+            [w for w in admitted if w.plan.action is Action.UNLINK or w.created is not None]
+        )
+
+    def _carry(self, work: _Work, rewrites: Mapping[str, str], batch: bool) -> replace.Carried:
+        """Replace, remove or move the plan's staging file (step 6)."""
+        version = work.plan.version
+        assert version is not None
+        if work.action is Action.REWRITE:
+            tmp = self._ready(rewrites[work.key], work.key, batch)
+            return replace.replace(self.staging_fd, version, tmp, self.now)
+        if work.action is Action.REMOVE:
+            return replace.remove(self.staging_fd, version, self.now)
+        dl_fd, or_fd = self.store.open()
+        assert work.original is not None
+        return replace.move(
+            self.staging_fd, dl_fd, or_fd, version, work.original, work.records, self.now
+        )
+
+    def _settle_names(self, work: _Work, taken: set[str]) -> list[File]:
+        """The dead-letter files of a plan, each with a name that is safe to use (SPEC 4).
+
+        The records' temps are written already; if the original must take another name than
+        the one they were rendered for (something took it since), they are written again,
+        pointing at the new name (rare).
+        """
+        plan = work.plan
+        if plan.original is None and not plan.records:
+            return []
+        dl_fd, or_fd = self.store.open()
+        files: list[File] = []
+        if work.original is not None:
+            rendered_for = work.original
+            renamed = plan.action is Action.MOVE
+            data = plan.version.data if plan.version is not None else None
+            tmp = work.copied if renamed else work.original_tmp
+            work.original, file = settle_original(
+                or_fd, rendered_for, taken, data=data, tmp=tmp, renamed=renamed
+            )
+            if file is not None:
+                files.append(file)
+            if work.original != rendered_for and plan.records:
+                self._rerender(work)
+        names: list[str] = []
+        for record, written in zip(plan.records, work.written, strict=True):
+            file = settle_record(dl_fd, record, work.original, written, taken)
+            files.append(file)
+            names.append(file.name)
+        work.records = names
+        return files
+
+    def _rerender(self, work: _Work) -> None:
+        """Under the lock, rare: the records point at the original's new name; written again."""
+        dl_fd = self.store.open()[0]
+        for old in work.written:
+            fsio.unlink_quietly(dl_fd, old.tmp)
+            self.ours.discard((dl_fd, old.tmp))
+        work.written = self._write_records(work, dl_fd, sync=True)
+
+    def _rewrite_temp(self, work: _Work, batch: bool) -> str:
+        assert work.plan.data is not None
+        # Named ``part`` until it is durable: recovery deletes ``part`` temps rather than
+        # keeping them as versions.
+        role = fsio.PARTIAL if batch else "new"
+        tmp = fsio.write_temp(self.staging_fd, work.plan.data, role, work.key, sync=not batch)
+        self.ours.add((self.staging_fd, tmp))
+        fsio.crash_point("temp-written")
+        return tmp
+
+    def _ready(self, tmp: str, name: str, batch: bool) -> str:
+        """The durable rewrite under a ``new`` name, handed to :func:`replace.replace`."""
+        self.ours.discard((self.staging_fd, tmp))
+        if not batch:
+            return tmp
+        ready = fsio.temp_name("new", name)
+        try:
+            os.rename(tmp, ready, src_dir_fd=self.staging_fd, dst_dir_fd=self.staging_fd)
+        except BaseException:
+            self.ours.add((self.staging_fd, tmp))
+            raise
+        return ready
+
+    def _admitted(self, changes: Sequence[_Work], refuse: Refuse | None) -> list[_Work]:
+        """The changes whose files are all still as they were read and that ``refuse`` lets be.
+
+        A staging file a change depends on (one that holds candidates whose records it removes)
+        is fsynced here, so that the record goes only once the candidate is durable (SPEC 5).
+        """
+        fds: dict[str, int | None] = {STAGING: self.staging_fd}
+        live: list[_Work] = []
+        try:
+            for work in changes:
+                if work.failed is not None:
+                    continue  # its staging file could not be written
+                for file in work.plan.depends:
+                    if file.where not in fds:
+                        try:
+                            fds[file.where] = fsio.open_dir(file.where, self.mem_fd)
+                        except (FileNotFoundError, NotADirectoryError):
+                            fds[file.where] = None
+                    fd = fds[file.where]
+                    why = "gone" if fd is None else held.is_held(fd, file)
+                    if why is None and file.where == STAGING:
+                        why = held.made_durable(self.staging_fd, file)
+                    if why is not None:
+                        work.stale[file.name] = why
+                if not work.stale:
+                    live.append(work)
+        finally:
+            for where, fd in fds.items():
+                if where != STAGING and fd is not None:
+                    os.close(fd)
+        refused = refuse([w.plan for w in live]) if refuse is not None and live else {}
+        for work in live:
+            work.refused = refused.get(work.key)
+        return [w for w in live if w.refused is None]
+
+    def _settle_created(self, changes: Sequence[_Work]) -> None:
+        """The name each new staging file will get, so that it is announced before it is made."""
+        taken: set[str] = set()
+        for work in changes:
+            if work.plan.action is not Action.CREATE:
+                continue
+            name = held.free_name(self.staging_fd, work.plan.base, taken)
+            if name is None:
+                work.failed = f"no free name for {work.plan.base}.recovered-<n>.json in staging/"
+                continue
+            taken.add(name)
+            work.created = name
+
+    def _remove_held(self, changes: Sequence[_Work]) -> None:
+        """Remove each file of the changes that is still the very file that was read; fsync."""
+        if not any(w.plan.removes for w in changes):
+            return
+        synced: dict[str, int] = {}
+        try:
+            for work in changes:
+                for file in work.plan.removes:
+                    fd = synced.get(file.where)
+                    if fd is None:
+                        fd = synced[file.where] = fsio.open_dir(file.where, self.mem_fd)
+                    removed, why = held.unlink_held(fd, file)
+                    if removed:
+                        work.removed.append(file.name)
+                    elif why is not None:
+                        work.left[file.name] = why
+            for fd in synced.values():
+                fsio.fsync_dir(fd)
+            fsio.crash_point("store-synced")
+        finally:
+            for fd in synced.values():
+                os.close(fd)
+
+    def _create(self, work: _Work, announce: Announce) -> bool:
+        """Give a ``CREATE``'s durable temp its free name in ``staging/``, never over a file."""
+        assert work.tmp is not None and work.created is not None
+        name = work.created
+        while True:
+            try:
+                fsio.rename_noreplace(self.staging_fd, work.tmp, self.staging_fd, name)
+                break
+            except FileExistsError:
+                # A writer took the name after it was settled: the next free one, announced too.
+                free = held.free_name(self.staging_fd, work.plan.base, set())
+                work.created = free
+                if free is None:
+                    work.failed = f"no free name for {work.plan.base}.recovered-<n>.json"
+                    return False
+                name = free
+                announce([work.settled()])
+            except OSError as err:
+                work.created = None
+                work.failed = f"could not write the staging file: {err.strerror or err}"
+                return False
+        self.ours.discard((self.staging_fd, work.tmp))
+        lock_fd = self.held.pop((self.staging_fd, work.tmp), None)
+        if lock_fd is not None:
+            os.close(lock_fd)  # renamed: no temp of that name is left to guard
+        work.tmp = None
+        fsio.crash_point("created")
+        return True
+
+
+def _render(record: DeadLetter, original: str | None) -> bytes:
+    """A record's bytes, naming the original's settled name (its planned one if it has none)."""
+    return record.render(original if original is not None else record.original)
