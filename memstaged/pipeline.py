@@ -25,6 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged import events, fsio, temps, transaction
+from memstaged.deciders import Deciders, Failure, workers_wanted
 from memstaged.errors import LogUnwritable
 from memstaged.fsio import Identity
 from memstaged.locks import (
@@ -150,6 +151,22 @@ class _Pending:
         self.started = started
 
 
+class _Read:
+    """A file read ahead of its decision (issue 23): what :meth:`Pipeline._read_and_decide`
+    would have read, and the context its bytes are decided in, for a decider process."""
+
+    __slots__ = ("changed_at", "ctx", "name", "read", "started")
+
+    def __init__(self, name: str, started: float) -> None:
+        self.name = name
+        self.started = started
+        #: None: not read (not a staging name, or the lock is held); an exception: raised
+        #: where the file is decided, as if it had been raised reading it there.
+        self.read: Version | Skip | Exception | None = None
+        self.ctx: Context | None = None
+        self.changed_at = 0.0
+
+
 class Pipeline:
     """Decides staging files of any number of memory dirs."""
 
@@ -172,6 +189,8 @@ class Pipeline:
         self._rewrites: dict[tuple[str, str], str] = {}
         #: Memory dirs whose ``staging/`` could not be listed at the last :meth:`scan`.
         self.unlisted: dict[str, str] = {}
+        #: Decider processes for batches of many files (started on first use; issue 23).
+        self._deciders = Deciders(workers_wanted())
 
     # -- the entry points -----------------------------------------------------------------------
 
@@ -187,17 +206,25 @@ class Pipeline:
         between the two cost more CPU than the waits for the disk it hid.
         """
         todo = iter(names)
-        for first in todo:  # no transaction (memory dir opened, lock read) for no file
-            yield self._transaction(mdir, itertools.chain((first,), todo), BATCH)
+        try:
+            for first in todo:  # no transaction (memory dir opened, lock read) for no file
+                yield self._transaction(mdir, itertools.chain((first,), todo), BATCH, len(names))
+        finally:
+            self._deciders.close()
 
     # -- one transaction ------------------------------------------------------------------------
 
-    def _transaction(self, mdir: MemoryDir, names: Iterator[str], most: int) -> Batch:
+    def _transaction(
+        self, mdir: MemoryDir, names: Iterator[str], most: int, size: int = 1
+    ) -> Batch:
         """Read and decide up to ``most`` of ``names``, then apply their plans together.
 
         Valid, foreign, skipped and deferred files are final (and logged) at once; repairs and
         quarantines wait for the transaction, which stops taking files early when the versions
-        it holds open reach :data:`BATCH_HELD` or their bytes :data:`BATCH_BYTES`.
+        it holds open reach :data:`BATCH_HELD` or their bytes :data:`BATCH_BYTES`. With ``size``
+        files to go (``--once``'s batches), files are read ahead and decided by decider
+        processes (:mod:`memstaged.deciders`); a transaction that is full still takes the few
+        files already read ahead.
         """
         batch = Batch(mdir)
         try:
@@ -216,16 +243,23 @@ class Pipeline:
                     batch.outcomes[name] = self._io_error(self._event(mdir, name), err)
                 return batch
             held = 0
-            for name in itertools.islice(names, most):
-                started = time.perf_counter()
-                outcome, item = self._read_and_decide(mdir, name, staging_fd, blocked, started)
+            reads = (
+                self._read_ahead(mdir, name, staging_fd, blocked)
+                for name in itertools.islice(names, most)
+            )
+            ahead = self._deciders.ahead(reads, _job, size)
+            for read, verdict in ahead:
+                name, started = read.name, read.started
+                outcome, item = self._read_and_decide(
+                    mdir, name, staging_fd, blocked, started, read, verdict
+                )
                 if item is None:
                     batch.outcomes[name] = outcome
                     continue
                 pending.append(item)
                 held += item.plan.held_bytes
                 if len(pending) >= BATCH_HELD or held >= BATCH_BYTES:
-                    break
+                    ahead.stop()
             if pending:
                 batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
         finally:
@@ -259,8 +293,14 @@ class Pipeline:
         staging_fd: int,
         blocked: LockInfo | None,
         started: float,
+        ahead: _Read | None = None,
+        verdict: Verdict | Failure | None = None,
     ) -> tuple[Outcome, _Pending | None]:
-        """A file's final outcome (logged), or the plan that carries its decision out."""
+        """A file's final outcome (logged), or the plan that carries its decision out.
+
+        ``ahead``: the file as :meth:`_read_ahead` read it; ``verdict``: a decider's verdict
+        of it (None: decide it here).
+        """
         event = self._event(mdir, name)
         if not is_staging_name(name):
             return self._final(
@@ -271,7 +311,12 @@ class Pipeline:
             return msgspec.structs.replace(outcome, blocked_by_lock=True), None
         version: Version | None = None
         try:
-            read = read_version(staging_fd, name, self.options.max_file_size)
+            if ahead is None or ahead.read is None:
+                read = read_version(staging_fd, name, self.options.max_file_size)
+            elif isinstance(ahead.read, Exception):
+                raise ahead.read
+            else:
+                read = ahead.read
             # What was read there is either memstaged's own rewrite or what replaced it: it
             # is known no longer (a lock or an I/O error above keeps it for the next look).
             rewrite = self._rewrites.pop((mdir.path, name), None)
@@ -279,7 +324,7 @@ class Pipeline:
                 outcome = self._final(event, Decision(read.decision), read.reason, started=started)
                 return msgspec.structs.replace(outcome, identity=read.identity), None
             version = read
-            outcome, item = self._decide(mdir, version, event, started, rewrite)
+            outcome, item = self._decide(mdir, version, event, started, rewrite, ahead, verdict)
             if item is not None:
                 version = None  # the transaction owns it now
             return outcome, item
@@ -301,18 +346,18 @@ class Pipeline:
         event: dict[str, Any],
         started: float,
         rewrite: str | None = None,
+        ahead: _Read | None = None,
+        decided: Verdict | Failure | None = None,
     ) -> tuple[Outcome, _Pending | None]:
-        now = self.clock()
-        changed_at = self._first_seen.changed_at(version, now)
-        ctx = Context(
-            project_root=mdir.project_root,
-            file_name=version.name,
-            source_path=event["path"],
-            settled=now - changed_at >= self.options.settle,
-            split_invalid_candidates=self.options.split_invalid_candidates,
-            decided_at=self._decided_at(int(now * 1000)),
-        )
-        verdict = self._verdict(version, ctx)
+        if ahead is not None and ahead.ctx is not None:
+            ctx, changed_at = ahead.ctx, ahead.changed_at
+        else:
+            ctx, changed_at = self._context(mdir, version, event["path"])
+        if isinstance(decided, Failure):  # a bug in a decider process: as one raised here
+            event["traceback"] = decided.traceback
+            message = f"internal error, file left as it is: {decided.error}"
+            return self._failed(event, message, started), None
+        verdict = self._verdict(version, ctx) if decided is None else decided
         events.describe(event, verdict)
         if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
             # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
@@ -329,6 +374,40 @@ class Pipeline:
             self._finish_event(event, started)
             return Outcome(verdict.decision, version.identity), None
         return Outcome(verdict.decision, version.identity), _Pending(plan, version, event, started)
+
+    def _context(self, mdir: MemoryDir, version: Version, path: str) -> tuple[Context, float]:
+        """What a version is decided in, and when it was last seen to change."""
+        now = self.clock()
+        changed_at = self._first_seen.changed_at(version, now)
+        ctx = Context(
+            project_root=mdir.project_root,
+            file_name=version.name,
+            source_path=path,
+            settled=now - changed_at >= self.options.settle,
+            split_invalid_candidates=self.options.split_invalid_candidates,
+            decided_at=self._decided_at(int(now * 1000)),
+        )
+        return ctx, changed_at
+
+    def _read_ahead(
+        self, mdir: MemoryDir, name: str, staging_fd: int, blocked: LockInfo | None
+    ) -> _Read:
+        """Read a file (and settle its context) before the files ahead of it are decided; what
+        is logged about it is left to :meth:`_read_and_decide`, in the files' order."""
+        read = _Read(name, time.perf_counter())
+        if blocked is not None or not is_staging_name(name):
+            return read
+        try:
+            read.read = read_version(staging_fd, name, self.options.max_file_size)
+            if isinstance(read.read, Version) and read.read.data is not None:
+                read.ctx, read.changed_at = self._context(
+                    mdir, read.read, os.path.join(mdir.staging, name)
+                )
+        except Exception as err:  # noqa: BLE001 - raised again in _read_and_decide, in order
+            if isinstance(read.read, Version):
+                read.read.close()
+            read.read = err
+        return read
 
     def _verdict(self, version: Version, ctx: Context) -> Verdict:
         if version.data is not None:
@@ -581,6 +660,13 @@ class Pipeline:
                 "staging_unreadable", memory_dir=mdir.path, path=path, error=_reason(err)
             )
             return []
+
+
+def _job(read: _Read) -> tuple[bytes, Context] | None:
+    """What a decider process decides of a file read ahead: its bytes in its context."""
+    if isinstance(read.read, Version) and read.read.data is not None and read.ctx is not None:
+        return read.read.data, read.ctx
+    return None
 
 
 def _durable_decision_log() -> AbstractContextManager[object]:

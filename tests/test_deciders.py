@@ -9,16 +9,31 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
-from helpers import KINDS, make_corpus
+from daemon_support import RecordingLogger
+from helpers import (
+    KINDS,
+    Input,
+    make_corpus,
+    memory_dir_of,
+    memstaged_env,
+    project_root_of,
+    run_once,
+    write_inputs,
+)
 
 from memstaged import deciders
 from memstaged.deciders import POOL_THRESHOLD, Deciders, Failure, workers_wanted
 from memstaged.errors import ConfigError
+from memstaged.memdir import Options
+from memstaged.pipeline import Pipeline
 from memstaged.triage import Context, Verdict, decide
 
 ROOT = "/home/dev/proj"
@@ -177,3 +192,72 @@ def test_a_wrong_number_of_workers_says_what_is_expected(value: str) -> None:
     """Issue 23 item 3: a value that is not a count is refused with the variable's name."""
     with pytest.raises(ConfigError, match="MEMSTAGED_WORKERS"):
         workers_wanted({deciders.WORKERS_ENV: value})
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by relative path, with its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def _decide_batches(mdir: Path, inputs: list[Input]) -> tuple[dict[str, bytes], list[Any]]:
+    """``--once``'s path in process (``Pipeline.batches``) on a fresh copy of ``inputs``, with
+    a fixed clock: what is left on disk, and the decision events without their durations."""
+    shutil.rmtree(mdir, ignore_errors=True)
+    (mdir / "staging").mkdir(parents=True)
+    write_inputs(mdir / "staging", inputs)
+    log = RecordingLogger()
+    pipeline = Pipeline(Options(settle=0), log, clock=lambda: 1_800_000_000.0)
+    names = sorted(i.name for i in inputs)
+    for _batch in pipeline.batches(memory_dir_of(mdir), names):
+        pass
+    events = [
+        {k: v for k, v in e.items() if k not in ("duration_ms", "timestamp")} for e in log.events
+    ]
+    return _tree(mdir), events
+
+
+def test_once_with_deciders_writes_and_logs_what_in_process_deciding_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 item 3, at the seam: ``--once``'s batches of 300 mixed files, decided by two
+    worker processes, leave ``staging/`` and ``deadletter/`` byte for byte as deciding in
+    process does, and log the same decisions in the same order."""
+    mdir = tmp_path / "proj" / ".pi" / "memory" / "project"
+    inputs = make_corpus(random.Random(5), 300, project_root_of(mdir), "seam-", big_every=7)
+    monkeypatch.setenv(deciders.WORKERS_ENV, "0")
+    alone_tree, alone_log = _decide_batches(mdir, inputs)
+    sent: list[int] = []
+    submit = Deciders._submit
+
+    def counted(self: Deciders, jobs: list[tuple[bytes, Context]]) -> int | None:
+        sent.append(len(jobs))
+        return submit(self, jobs)
+
+    monkeypatch.setattr(Deciders, "_submit", counted)
+    monkeypatch.setenv(deciders.WORKERS_ENV, "2")
+    pool_tree, pool_log = _decide_batches(mdir, inputs)
+    assert sum(sent) > 250  # the workers decided (all but files not read: none here)
+    assert pool_tree.keys() == alone_tree.keys()
+    assert pool_tree == alone_tree
+    assert pool_log == alone_log
+    decisions = {e.get("decision") for e in pool_log if e["event"] == "decision"}
+    assert {"valid", "repaired", "quarantined"} <= decisions
+
+
+def test_once_refuses_a_wrong_number_of_workers_as_a_usage_error(tmp_path: Path) -> None:
+    """Issue 23 item 3: ``MEMSTAGED_WORKERS=two memstaged --once`` exits 2 with one line naming
+    the variable, and decides nothing."""
+    mdir = tmp_path / "proj" / ".pi" / "memory" / "project"
+    (mdir / "staging").mkdir(parents=True)
+    inputs = make_corpus(random.Random(9), 3, project_root_of(mdir), "env-")
+    write_inputs(mdir / "staging", inputs)
+    env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="two")
+    proc = run_once(mdir, env)
+    assert proc.returncode == 2, proc
+    assert proc.stderr.decode().strip().splitlines() == [
+        "memstaged: MEMSTAGED_WORKERS='two': expected a number of worker processes from 0 to 64 "
+        "(0: decide in the reading process)"
+    ]
+    assert sorted(p.name for p in (mdir / "staging").iterdir()) == sorted(i.name for i in inputs)
