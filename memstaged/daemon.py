@@ -39,7 +39,8 @@ from memstaged.fsio import Identity, raise_fd_limit
 from memstaged.locks import read_lock
 from memstaged.memdir import STAGING, MemoryDir
 from memstaged.notify import Heartbeat, Notifier
-from memstaged.pipeline import Outcome, Pipeline
+from memstaged.outcome import Outcome
+from memstaged.pipeline import Pipeline
 from memstaged.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, settings_key, split_unchanged
 from memstaged.triage import Decision

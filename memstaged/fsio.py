@@ -651,3 +651,16 @@ def read_fd_at(fd: int, limit: int) -> bytes:
         if len(chunk) < ask and offset >= limit - 1:
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def is_link(err: OSError, dir_fd: int | None, name: str) -> bool:
+    """Did opening a directory fail because it is a symbolic link (``O_NOFOLLOW``)?
+
+    With ``O_DIRECTORY`` Linux reports a link as ``ENOTDIR``, not ``ELOOP``: look.
+    """
+    if err.errno not in (errno.ELOOP, errno.ENOTDIR):
+        return False
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False

@@ -75,3 +75,24 @@ def staging_names(listing: list[str], *, sort: bool = True) -> list[str]:
     if sort:
         names.sort()
     return names
+
+
+class opened_memory_dir:  # noqa: N801 - used as a context manager, like open()
+    """The memory dir and its ``staging/``, opened without following links (SPEC 6)."""
+
+    def __init__(self, mdir: MemoryDir) -> None:
+        self.mdir = mdir
+        self.fds: tuple[int, int] | None = None
+
+    def __enter__(self) -> tuple[int, int]:
+        mem_fd = self.mdir.open()
+        try:
+            self.fds = (mem_fd, fsio.open_dir(STAGING, mem_fd))
+        except OSError:
+            os.close(mem_fd)
+            raise
+        return self.fds
+
+    def __exit__(self, *_: object) -> None:
+        for fd in reversed(self.fds or ()):
+            os.close(fd)

@@ -35,7 +35,8 @@ from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import raise_fd_limit
 from memstaged.locks import InstanceLock
 from memstaged.memdir import MemoryDir
-from memstaged.pipeline import Outcome, Pipeline
+from memstaged.outcome import Outcome
+from memstaged.pipeline import Pipeline
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, split_unchanged
 from memstaged.triage import Decision
 

@@ -27,7 +27,6 @@ import msgspec
 from memstaged import events, fsio, temps, transaction
 from memstaged.deciders import Deciders, Failure, workers_wanted
 from memstaged.errors import LogUnwritable
-from memstaged.fsio import Identity
 from memstaged.locks import (
     LockHeld,
     LockInfo,
@@ -36,12 +35,13 @@ from memstaged.locks import (
     remove_stale_own_lock,
 )
 from memstaged.memdir import (
-    STAGING,
     MemoryDir,
     Options,
     is_staging_name,
+    opened_memory_dir,
     staging_names,
 )
+from memstaged.outcome import Batch, Outcome
 from memstaged.plan import Plan, Result, Settled, Status, identity_hash, plan_of
 from memstaged.read import FirstSeen, Skip, Version, read_version
 from memstaged.timestamps import format_epoch_ms
@@ -51,8 +51,6 @@ __all__ = [
     "BATCH",
     "BATCH_BYTES",
     "BATCH_HELD",
-    "Batch",
-    "Outcome",
     "Pipeline",
 ]
 
@@ -69,69 +67,6 @@ BATCH_HELD: Final = 256
 #: the oldest are then forgotten (a forgotten one is logged as a plain ``valid``, which
 #: ``stats`` still tells from a decision by its ``rewrite_sha256``).
 MAX_REWRITES: Final = 100_000
-
-
-class Outcome(msgspec.Struct, frozen=True):
-    """What happened to one file: the decision, the version it was about, when to look again."""
-
-    decision: Decision
-    identity: Identity | None = None
-    #: For ``deferred``: the earliest wall-clock time worth looking again (None: on the next event).
-    retry_at: float | None = None
-    #: The file changed while it was being decided: decide it again now.
-    changed: bool = False
-    #: Deferred because a live process holds ``canonical-writer.lock``: retry when it goes.
-    blocked_by_lock: bool = False
-    #: Deferred by an error (an I/O error carrying the decision out, a file too large to move):
-    #: retried with a growing backoff, as a file that cannot be read is, never at once.
-    error: bool = False
-    #: memstaged's look at its own rewrite (SPEC 1): logged as such, never a decision again.
-    own_rewrite: bool = False
-
-
-class Batch:
-    """The files of one transaction and their outcomes; true while it has files."""
-
-    def __init__(self, mdir: MemoryDir) -> None:
-        self.mdir = mdir
-        self.outcomes: dict[str, Outcome] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.outcomes)
-
-
-class _opened_memory_dir:  # noqa: N801 - used as a context manager, like open()
-    """The memory dir and its ``staging/``, opened without following links (SPEC 6)."""
-
-    def __init__(self, mdir: MemoryDir) -> None:
-        self.mdir = mdir
-        self.fds: tuple[int, int] | None = None
-
-    def __enter__(self) -> tuple[int, int]:
-        mem_fd = self.mdir.open()
-        try:
-            self.fds = (mem_fd, fsio.open_dir(STAGING, mem_fd))
-        except OSError:
-            os.close(mem_fd)
-            raise
-        return self.fds
-
-    def __exit__(self, *_: object) -> None:
-        for fd in reversed(self.fds or ()):
-            os.close(fd)
-
-
-def _is_link(err: OSError, dir_fd: int | None, name: str) -> bool:
-    """Did opening a directory fail because it is a symbolic link (``O_NOFOLLOW``)?
-
-    With ``O_DIRECTORY`` Linux reports a link as ``ENOTDIR``, not ``ELOOP``: look.
-    """
-    if err.errno not in (errno.ELOOP, errno.ENOTDIR):
-        return False
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
 
 
 def _reason(err: OSError) -> str:
@@ -228,7 +163,7 @@ class Pipeline:
         """
         batch = Batch(mdir)
         try:
-            opened = _opened_memory_dir(mdir)
+            opened = opened_memory_dir(mdir)
             mem_fd, staging_fd = opened.__enter__()
         except OSError as err:
             for name in itertools.islice(names, most):
@@ -271,7 +206,7 @@ class Pipeline:
     def _unopened(self, mdir: MemoryDir, name: str, err: OSError) -> Outcome:
         """The outcome of a file whose memory dir or ``staging/`` cannot be opened."""
         event = self._event(mdir, name)
-        if _is_link(err, None, mdir.path) or (
+        if fsio.is_link(err, None, mdir.path) or (
             err.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(mdir.staging)
         ):
             where = "staging/" if os.path.islink(mdir.staging) else "the memory dir"
@@ -650,7 +585,7 @@ class Pipeline:
         if listing is not None:
             return staging_names(listing, sort=sort)
         try:
-            with _opened_memory_dir(mdir) as (_mem_fd, staging_fd):
+            with opened_memory_dir(mdir) as (_mem_fd, staging_fd):
                 return staging_names(os.listdir(staging_fd), sort=sort)
         except OSError as err:
             if err.errno == errno.ENOENT:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from memstaged.pipeline import Outcome
+from memstaged.outcome import Outcome
 
 Key = tuple[str, str]  # (memory dir, file name)
 

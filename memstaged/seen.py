@@ -36,7 +36,7 @@ from memstaged.triage import Decision
 if TYPE_CHECKING:
     from memstaged.config import Settings
     from memstaged.memdir import MemoryDir, Options
-    from memstaged.pipeline import Outcome
+    from memstaged.outcome import Outcome
 
 #: The modules whose code decides validity: a change in any of them invalidates every cache.
 _ENGINE: Final = ("ecma", "schema", "timestamps", "repair", "triage", "project", "quarantine")

@@ -48,7 +48,8 @@ from memstaged import fsio
 from memstaged.ecma import parse_json, trim
 from memstaged.locks import CANONICAL_LOCK
 from memstaged.memdir import Options
-from memstaged.pipeline import Outcome, Pipeline
+from memstaged.outcome import Outcome
+from memstaged.pipeline import Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.triage import Decision
 
