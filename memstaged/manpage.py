@@ -33,6 +33,11 @@ ENVIRONMENT: Final = (
     ("MEMSTAGED_LOG_FILE", "The JSON-lines decision log (log_file)."),
     ("MEMSTAGED_METRICS_FILE", "Where the daemon writes its Prometheus metrics (metrics_file)."),
     (
+        "MEMSTAGED_WORKERS",
+        "Decider processes for a --once batch of 256 files or more, 0 to 64 "
+        "(default: one per CPU it may use, none on one CPU; 0: decide in one process).",
+    ),
+    (
         "MEMSTAGED_PAGER",
         "The pager of log and deadletter list on a terminal, before $PAGER "
         "(else less -FRSX); empty or cat: none.",
