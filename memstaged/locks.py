@@ -25,7 +25,8 @@ from typing import Any, Final
 import msgspec
 
 from memstaged.errors import BusyError
-from memstaged.fsio import crash_point, put_complete, temp_name, write_all
+from memstaged.fsio import crash_point, put_complete, write_all
+from memstaged.tempnames import temp_name
 from memstaged.timestamps import format_epoch_ms
 
 CANONICAL_LOCK: Final = "canonical-writer.lock"

@@ -30,7 +30,7 @@ from helpers import (
     without_dac_override,
 )
 
-from memstaged import fsio, pipeline, triage
+from memstaged import fsio, pipeline, tempnames, triage
 from memstaged.cli import main
 from memstaged.memdir import Options
 from memstaged.pipeline import Pipeline
@@ -266,8 +266,8 @@ def test_7_a_linked_deadletter_is_not_followed_by_crash_recovery(tmp_path: Path)
     outside = tmp_path / "outside"
     (outside / "originals").mkdir(parents=True)
     victims = [
-        outside / f"{fsio.TEMP_PREFIX}rec~x.json~0123456789ab",
-        outside / "originals" / (f"{fsio.TEMP_PREFIX}orig~x.json~0123456789ab"),
+        outside / f"{tempnames.TEMP_PREFIX}rec~x.json~0123456789ab",
+        outside / "originals" / (f"{tempnames.TEMP_PREFIX}orig~x.json~0123456789ab"),
     ]
     for victim in victims:
         victim.write_bytes(b"precious")
