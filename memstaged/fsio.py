@@ -3,7 +3,8 @@
 Everything works relative to directory file descriptors opened with ``O_NOFOLLOW``, so a
 ``staging/`` or ``deadletter/`` replaced by a symbolic link is refused rather than followed, and a
 name is never resolved twice along a path that could change in between. What the temp files
-written here are called is :mod:`memstaged.tempnames`'s.
+written here are called is :mod:`memstaged.tempnames`'s; a read lease on a version being decided
+is :mod:`memstaged.read`'s.
 """
 
 from __future__ import annotations
@@ -464,34 +465,6 @@ def unlink_quietly(dir_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
-
-
-def read_lease(fd: int) -> bool | None:
-    """Take a read lease on a version memstaged is deciding (SPEC 5: concurrent writers).
-
-    While it is held, another process's ``open`` for writing (``cp -p`` onto the file, ``rsync
-    --inplace``) waits until the descriptor is closed, and :func:`writer_waiting` tells that
-    one is waiting: the version is then kept as a conflict, never let go, so what the writer
-    writes next lands in a file that stays. The break notice is ``SIGURG``, whose default is to
-    be ignored (``SIGIO``'s default would end the process). Returns ``True`` when taken,
-    ``None`` when another process has the file open for writing right now (it is being
-    written), and ``False`` when the file system or the file's owner allows no lease (NFS, a
-    file of another user): memstaged then decides without one, as before.
-    """
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError as err:
-        return None if err.errno == errno.EAGAIN else False
-    return True
-
-
-def writer_waiting(fd: int) -> bool:
-    """Whether a writer is waiting to open the file a read lease is held on (it is broken)."""
-    try:
-        return fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK
-    except OSError:
-        return True  # cannot tell: keep the version
 
 
 def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:

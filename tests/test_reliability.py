@@ -31,6 +31,7 @@ from helpers import (
 )
 
 from memstaged import fsio, pipeline, tempnames, triage
+from memstaged import read as read_module
 from memstaged.cli import main
 from memstaged.memdir import Options
 from memstaged.pipeline import Pipeline
@@ -119,7 +120,7 @@ def test_1_inode_reuse_in_a_batch_loses_no_version(
 def _no_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decide as on a file system without read leases (NFS), where a writer's in-place write can
     land while memstaged decides the file."""
-    monkeypatch.setattr(fsio, "read_lease", lambda _fd: False)
+    monkeypatch.setattr(read_module, "read_lease", lambda _fd: False)
 
 
 def test_2_an_in_place_rewrite_that_keeps_size_and_mtime_is_kept(
