@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from memstaged import fsio, tempnames
-from memstaged.locks import log_stale_lock, read_lock, remove_stale_own_lock
+from memstaged.locks import lock_to_obey
 from memstaged.memdir import DEADLETTER, STAGING
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.replace import park
@@ -76,9 +76,7 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
     scan need not list a directory of thousands of files a second time.
     """
     try:
-        info = read_lock(mem_fd)
-        if info is not None and not info.alive:
-            log_stale_lock(how.log, info, remove_stale_own_lock(mem_fd, info))
+        lock_to_obey(mem_fd, how.log)  # a stale one of memstaged's own is removed, and logged
     except FileNotFoundError:
         pass  # released meanwhile: nothing to clean up
     except OSError as err:
