@@ -510,7 +510,7 @@ class Pipeline:
             self._stamp = (epoch_ms, format_epoch_ms(epoch_ms))
         return self._stamp[1]
 
-    # -- crash recovery, listing -------------------------------------------------------------------
+    # -- crash recovery, listing ----------------------------------------------------------------
 
     def recover_temps(self, mdir: MemoryDir) -> list[str] | None:
         """Clean up what a killed memstaged left (see :func:`memstaged.temps.recover_temps`)."""
