@@ -36,11 +36,12 @@ from memstaged.config import Settings, check_literal_dirs, one_path_each
 from memstaged.discovery import MemoryDirs, Stopped, WatcherFactory, WatcherLike
 from memstaged.errors import ConfigError, MemstagedError
 from memstaged.fsio import Identity, raise_fd_limit
-from memstaged.locks import read_lock
+from memstaged.locks import live_lock_at
 from memstaged.memdir import STAGING, MemoryDir
 from memstaged.notify import Heartbeat, Notifier
 from memstaged.outcome import Outcome
 from memstaged.pipeline import Pipeline
+from memstaged.progress import Abandoned
 from memstaged.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.seen import SeenCache, remember_outcome, seen_cache, settings_key, split_unchanged
 from memstaged.triage import Decision
@@ -69,22 +70,6 @@ class Hook(Protocol):
     def tick(self) -> None: ...
     def deadline(self) -> float | None: ...
     def close(self) -> None: ...
-
-
-class Abandoned(BaseException):
-    """Raised by a progress tick (:meth:`Daemon.checkpoint`) once SIGTERM's grace is over.
-
-    The stop protocol has no exception raised from a signal handler (issue 20): the handler
-    only sets :attr:`Daemon.stopping`. The work loop looks at it between two files, and the
-    long loops of the engine and of the transaction look at it at each
-    :func:`memstaged.progress.tick`, the only points where a file's work is abandoned. So a
-    ``finally`` in the pipeline runs to its end, and a stop never lands between an ``open``
-    and the ``try`` that closes it.
-
-    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` in the pipeline
-    turns it into a decision: what is left is what a kill at that tick would leave, minus the
-    lock: the file is decided again by the next start (SPEC 5's invariant holds across kills).
-    """
 
 
 class Daemon:
@@ -449,27 +434,13 @@ class Daemon:
         if self.lock_waiting and now >= self.next_lock_poll:
             self.next_lock_poll = now + LOCK_POLL
             for path in list(self.lock_waiting):
-                self._poll_lock(path)
+                if not live_lock_at(path):
+                    self.release_waiting(path)
 
     def _new_watcher(self, mode: str) -> None:
         self.dirs.new_watcher(mode)
         for mdir in list(self.mdirs.values()):
             self.rescan(mdir)
-
-    def _poll_lock(self, path: str) -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            self.release_waiting(path)
-            return
-        try:
-            info = read_lock(fd)
-        except OSError:
-            info = None
-        finally:
-            os.close(fd)
-        if info is None or not info.alive:
-            self.release_waiting(path)
 
     def status_text(self) -> str:
         c = self.counts

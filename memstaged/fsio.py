@@ -2,7 +2,9 @@
 
 Everything works relative to directory file descriptors opened with ``O_NOFOLLOW``, so a
 ``staging/`` or ``deadletter/`` replaced by a symbolic link is refused rather than followed, and a
-name is never resolved twice along a path that could change in between.
+name is never resolved twice along a path that could change in between. What the temp files
+written here are called is :mod:`memstaged.tempnames`'s; a read lease on a version being decided
+is :mod:`memstaged.read`'s.
 """
 
 from __future__ import annotations
@@ -10,25 +12,22 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import itertools
 import os
-import re
 import signal
 import stat
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final, NamedTuple, TypeVar
 
 import msgspec
 
-TEMP_PREFIX: Final = ".memstaged~"
+# transaction.py still spells these ``fsio.PARTIAL`` and ``fsio.temp_name``: re-exported (the
+# ``as`` is what tells mypy so) until it imports them from tempnames.py, their home.
+from memstaged.tempnames import PARTIAL as PARTIAL  # noqa: PLC0414 - a re-export, see above
+from memstaged.tempnames import temp_name as temp_name  # noqa: PLC0414 - a re-export
+
 CHUNK: Final = 1 << 20
-#: Linux's NAME_MAX, in bytes: every name memstaged makes up must fit.
-NAME_MAX: Final = 255
-_RANDOM_HEX: Final = 12
-#: A temp name's target that was too long to spell out: ``#`` and a hash of the name.
-_HASHED_TARGET: Final = re.compile(r"#[0-9a-f]{32}")
 _RENAME_NOREPLACE: Final = 1
 _RENAME_EXCHANGE: Final = 2
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -243,91 +242,10 @@ def fsync_dir(fd: int) -> None:
     os.fsync(fd)
 
 
-def _name_hash(name: str) -> str:
-    return "#" + hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
-
-
-def temp_name(role: str, for_name: str = "") -> str:
-    """A name no writer uses: hidden, memstaged's prefix, the role, the target name, random.
-
-    The target is spelled out so that recovery after a crash knows which file a temp belongs
-    to. A target too long for ``NAME_MAX`` (counted in bytes: a 100-character name can be 400
-    bytes) is replaced by ``#`` and a hash of it, which :func:`resolve_target` maps back.
-    """
-    budget = NAME_MAX - len(TEMP_PREFIX) - len(role) - 2 - _RANDOM_HEX
-    target = for_name if len(os.fsencode(for_name)) <= budget else _name_hash(for_name)
-    return f"{TEMP_PREFIX}{role}~{target}~{_unique()}"
-
-
-class _Tokens:
-    """The temp names' unique part: this process's id and a counter that starts at a random
-    value (drawn once), ``_RANDOM_HEX`` hex digits. Unique among live processes by the pid, and
-    unlike a leftover of an earlier process with the same pid by the random start; a clash is
-    refused anyway (``O_EXCL``, ``linkat``, ``RENAME_NOREPLACE``). Was 16 random bytes per name:
-    a ``getrandom`` call for each temp file (issue 14: calls per decision)."""
-
-    def __init__(self) -> None:
-        self.pid = -1
-        self.counter: Iterator[int] = iter(())
-
-    def reset(self) -> None:
-        self.pid = -1
-
-    def next(self) -> str:
-        if self.pid < 0:  # the first name, or a forked child: its own pid and start
-            self.pid = os.getpid()
-            self.counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
-        half = _RANDOM_HEX // 2
-        return f"{self.pid % 16**half:0{half}x}{next(self.counter) % 16**half:0{half}x}"
-
-
-_TOKENS: Final = _Tokens()
-os.register_at_fork(after_in_child=_TOKENS.reset)
-
-
-def _unique() -> str:
-    return _TOKENS.next()
-
-
-def parse_temp_name(name: str) -> tuple[str, str] | None:
-    """The role and target (a name, or ``#<hash>``) encoded by :func:`temp_name`, or ``None``."""
-    if not name.startswith(TEMP_PREFIX):
-        return None
-    parts = name[len(TEMP_PREFIX) :].split("~")
-    if len(parts) < 3:
-        return None
-    return parts[0], "~".join(parts[1:-1])
-
-
-def resolve_target(target: str, names: Iterable[str]) -> str | None:
-    """The file a parsed temp name's target means: itself, or the one of ``names`` it hashes."""
-    if not _HASHED_TARGET.fullmatch(target):
-        return target
-    return next((n for n in names if _name_hash(n) == target), None)
-
-
-def clip_name(text: str, max_bytes: int) -> str:
-    """``text`` cut to at most ``max_bytes`` bytes once encoded, at a character boundary."""
-    if len(os.fsencode(text)) <= max_bytes:
-        return text
-    out: list[str] = []
-    size = 0
-    for char in text:
-        size += len(os.fsencode(char))
-        if size > max_bytes:
-            break
-        out.append(char)
-    return "".join(out)
-
-
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-#: The role of a temp file still being written where ``O_TMPFILE`` is missing: never complete.
-PARTIAL: Final = "part"
 
 
 def _unnamed(dir_fd: int) -> int | None:
@@ -547,34 +465,6 @@ def unlink_quietly(dir_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
-
-
-def read_lease(fd: int) -> bool | None:
-    """Take a read lease on a version memstaged is deciding (SPEC 5: concurrent writers).
-
-    While it is held, another process's ``open`` for writing (``cp -p`` onto the file, ``rsync
-    --inplace``) waits until the descriptor is closed, and :func:`writer_waiting` tells that
-    one is waiting: the version is then kept as a conflict, never let go, so what the writer
-    writes next lands in a file that stays. The break notice is ``SIGURG``, whose default is to
-    be ignored (``SIGIO``'s default would end the process). Returns ``True`` when taken,
-    ``None`` when another process has the file open for writing right now (it is being
-    written), and ``False`` when the file system or the file's owner allows no lease (NFS, a
-    file of another user): memstaged then decides without one, as before.
-    """
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError as err:
-        return None if err.errno == errno.EAGAIN else False
-    return True
-
-
-def writer_waiting(fd: int) -> bool:
-    """Whether a writer is waiting to open the file a read lease is held on (it is broken)."""
-    try:
-        return fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK
-    except OSError:
-        return True  # cannot tell: keep the version
 
 
 def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:

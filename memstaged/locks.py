@@ -25,7 +25,8 @@ from typing import Any, Final
 import msgspec
 
 from memstaged.errors import BusyError
-from memstaged.fsio import crash_point, put_complete, temp_name, write_all
+from memstaged.fsio import crash_point, put_complete, write_all
+from memstaged.tempnames import temp_name
 from memstaged.timestamps import format_epoch_ms
 
 CANONICAL_LOCK: Final = "canonical-writer.lock"
@@ -142,6 +143,25 @@ def read_lock(mem_fd: int) -> LockInfo | None:
     return LockInfo(pid, owner if isinstance(owner, str) else None, alive, st.st_ino)
 
 
+def live_lock_at(memory_dir: str) -> bool:
+    """Whether a live process holds the ``canonical-writer.lock`` of the memory dir at this path.
+
+    The daemon looks again every so often at a lock its files wait for: a holder that dies
+    leaves it behind, and no event says so. Unreadable, or no memory dir there: not held.
+    """
+    try:
+        fd = os.open(memory_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        info = read_lock(fd)
+    except OSError:
+        info = None
+    finally:
+        os.close(fd)
+    return info is not None and info.alive
+
+
 def memstaged_role(pid: int) -> str | None:
     """What the memstaged process ``pid`` is, from its command line: ``once``, ``deadletter``
     or ``daemon``; None when its command line cannot be read (gone, or not ours to read)."""
@@ -180,6 +200,25 @@ def remove_stale_own_lock(mem_fd: int, info: LockInfo) -> bool:
         return False
     os.unlink(CANONICAL_LOCK, dir_fd=mem_fd)
     return True
+
+
+def lock_to_obey(mem_fd: int, logger: Any) -> LockInfo | None:
+    """The ``canonical-writer.lock`` memstaged must obey in a memory dir (SPEC 5), or ``None``.
+
+    A lock whose process is gone is not obeyed: memstaged's own is removed (else it would block
+    the reconciler for ever), and either is logged (``lock_seen``).
+    """
+    info = read_lock(mem_fd)
+    if info is None:
+        return None
+    if info.alive:
+        return info
+    try:
+        removed = remove_stale_own_lock(mem_fd, info)
+    except FileNotFoundError:
+        return None  # released meanwhile
+    log_stale_lock(logger, info, removed)
+    return None
 
 
 @contextmanager

@@ -27,13 +27,7 @@ import msgspec
 from memstaged import events, fsio, temps, transaction
 from memstaged.deciders import Deciders, Failure, workers_wanted
 from memstaged.errors import LogUnwritable
-from memstaged.locks import (
-    LockHeld,
-    LockInfo,
-    log_stale_lock,
-    read_lock,
-    remove_stale_own_lock,
-)
+from memstaged.locks import LockHeld, LockInfo, lock_to_obey, log_stale_lock
 from memstaged.memdir import (
     MemoryDir,
     Options,
@@ -172,7 +166,7 @@ class Pipeline:
         pending: list[_Pending] = []
         try:
             try:
-                blocked = self._lock_held(mem_fd)
+                blocked = lock_to_obey(mem_fd, self.log)
             except OSError as err:
                 for name in itertools.islice(names, most):
                     batch.outcomes[name] = self._io_error(self._event(mdir, name), err)
@@ -516,20 +510,7 @@ class Pipeline:
             self._stamp = (epoch_ms, format_epoch_ms(epoch_ms))
         return self._stamp[1]
 
-    # -- locks, conflicts, listing --------------------------------------------------------------
-
-    def _lock_held(self, mem_fd: int) -> LockInfo | None:
-        info = read_lock(mem_fd)
-        if info is None:
-            return None
-        if info.alive:
-            return info
-        try:
-            removed = remove_stale_own_lock(mem_fd, info)
-        except FileNotFoundError:
-            return None  # released meanwhile
-        log_stale_lock(self.log, info, removed)
-        return None
+    # -- crash recovery, listing ----------------------------------------------------------------
 
     def recover_temps(self, mdir: MemoryDir) -> list[str] | None:
         """Clean up what a killed memstaged left (see :func:`memstaged.temps.recover_temps`)."""

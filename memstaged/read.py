@@ -4,13 +4,17 @@ A :class:`Version` is the bytes memstaged decides on and the open descriptor of 
 came from. The descriptor stays open until the decision is carried out, so that the inode number
 cannot be freed and reused by a writer's next temp file meanwhile (issue 10, item 1); with the
 ctime in the :class:`~memstaged.fsio.Identity`, an in-place rewrite that restores the mtime is seen
-too (item 2). Opening never follows a link and never blocks on a FIFO.
+too (item 2). Opening never follows a link and never blocks on a FIFO. A read lease on the
+descriptor (:func:`read_lease`) makes a writer that opens the file to write wait until the
+descriptor is closed, and tells memstaged that one is waiting (SPEC 5: concurrent writers).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import signal
 import stat
 from collections import OrderedDict
 from typing import Final
@@ -46,7 +50,7 @@ class Version:
         self.identity = Identity.of(st)
         self.mtime = st.st_mtime
         self.data = data
-        #: A read lease is held on :attr:`fd` (:func:`memstaged.fsio.read_lease`).
+        #: A read lease is held on :attr:`fd` (:func:`read_lease`).
         self.leased = leased
 
     def close(self) -> None:
@@ -76,7 +80,7 @@ class Version:
         ctime as it was. And a writer waiting to open it for writing (on the read lease) means
         it is not: that writer's bytes would land in a file about to be let go.
         """
-        if self.leased and fsio.writer_waiting(self.fd):
+        if self.leased and writer_waiting(self.fd):
             return False  # a writer is opening it to write: what it writes must not be lost
         st = fsio.lstat_at(dir_fd, name)
         ident = self.identity
@@ -108,6 +112,34 @@ def skip_reason(st: os.stat_result) -> str | None:
     return None
 
 
+def read_lease(fd: int) -> bool | None:
+    """Take a read lease on a version memstaged is deciding (SPEC 5: concurrent writers).
+
+    While it is held, another process's ``open`` for writing (``cp -p`` onto the file, ``rsync
+    --inplace``) waits until the descriptor is closed, and :func:`writer_waiting` tells that
+    one is waiting: the version is then kept as a conflict, never let go, so what the writer
+    writes next lands in a file that stays. The break notice is ``SIGURG``, whose default is to
+    be ignored (``SIGIO``'s default would end the process). Returns ``True`` when taken,
+    ``None`` when another process has the file open for writing right now (it is being
+    written), and ``False`` when the file system or the file's owner allows no lease (NFS, a
+    file of another user): memstaged then decides without one, as before.
+    """
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as err:
+        return None if err.errno == errno.EAGAIN else False
+    return True
+
+
+def writer_waiting(fd: int) -> bool:
+    """Whether a writer is waiting to open the file a read lease is held on (it is broken)."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK
+    except OSError:
+        return True  # cannot tell: keep the version
+
+
 def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
     """Open and read ``staging/<name>``; the caller closes the :class:`Version`.
 
@@ -131,7 +163,7 @@ def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
         if err.errno in (errno.EACCES, errno.EPERM):
             return Skip("deferred", f"{CANNOT_READ}: permission denied")
         raise
-    leased = fsio.read_lease(fd)
+    leased = read_lease(fd)
     if leased is None:
         os.close(fd)
         return Skip("deferred", "open for writing by another process: still being written")

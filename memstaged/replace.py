@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from memstaged import fsio
+from memstaged import fsio, tempnames
 from memstaged.fsio import Identity
 from memstaged.plan import Status
 from memstaged.quarantine import stem
@@ -38,7 +38,7 @@ def park(from_fd: int, tmp: str, staging_fd: int, name: str, now: float) -> str:
 
     ``<stem>.conflict-<now>-<n>.json``, created with ``RENAME_NOREPLACE``: never over a file.
     """
-    base = fsio.clip_name(stem(name), 180)
+    base = tempnames.clip_name(stem(name), 180)
     for attempt in range(100):
         parked = f"{base}.conflict-{int(now)}-{attempt}.json"
         try:
@@ -95,7 +95,7 @@ def remove(staging_fd: int, version: Version, now: float) -> Carried:
     state = version.still_in_place(staging_fd)
     if not state:
         return _not_in_place(state, version)
-    out = fsio.temp_name("out", name)
+    out = tempnames.temp_name("out", name)
     try:
         os.rename(name, out, src_dir_fd=staging_fd, dst_dir_fd=staging_fd)
     except FileNotFoundError:

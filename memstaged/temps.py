@@ -1,8 +1,8 @@
 """Crash recovery of temp files: undo exactly what a killed transaction may leave (SPEC 5, 6).
 
 Run when memstaged starts on a memory dir (the daemon, ``--once``), before anything is decided
-there. Every temp file memstaged makes carries :data:`memstaged.fsio.TEMP_PREFIX` and a role
-(:func:`memstaged.fsio.temp_name`); a newer memstaged cleans up an older one's leftovers by
+there. Every temp file memstaged makes carries :data:`memstaged.tempnames.TEMP_PREFIX` and a role
+(:func:`memstaged.tempnames.temp_name`); a newer memstaged cleans up an older one's leftovers by
 those names alone.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from memstaged import fsio
-from memstaged.locks import log_stale_lock, read_lock, remove_stale_own_lock
+from memstaged import fsio, tempnames
+from memstaged.locks import lock_to_obey
 from memstaged.memdir import DEADLETTER, STAGING
 from memstaged.quarantine import ORIGINALS_DIR
 from memstaged.replace import park
@@ -76,9 +76,7 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
     scan need not list a directory of thousands of files a second time.
     """
     try:
-        info = read_lock(mem_fd)
-        if info is not None and not info.alive:
-            log_stale_lock(how.log, info, remove_stale_own_lock(mem_fd, info))
+        lock_to_obey(mem_fd, how.log)  # a stale one of memstaged's own is removed, and logged
     except FileNotFoundError:
         pass  # released meanwhile: nothing to clean up
     except OSError as err:
@@ -89,7 +87,7 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
                 continue
             deleted = 0
             for entry in os.listdir(fd):
-                if fsio.parse_temp_name(entry) is not None:
+                if tempnames.parse_temp_name(entry) is not None:
                     fsio.unlink_quietly(fd, entry)
                     deleted += 1
             if deleted:  # one event: a stopped quarantine can leave 100,000 record temps
@@ -98,14 +96,14 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
         if staging_fd is None:
             return None
         names = os.listdir(staging_fd)
-        temps = sorted([n for n in names if n.startswith(fsio.TEMP_PREFIX)])
+        temps = sorted([n for n in names if n.startswith(tempnames.TEMP_PREFIX)])
         if not temps:
             return names
         for entry in temps:
-            parsed = fsio.parse_temp_name(entry)
+            parsed = tempnames.parse_temp_name(entry)
             if parsed is None or fsio.temp_in_use(staging_fd, entry):
                 continue  # a live recovery's new staging file, not yet named: not a leftover
-            if parsed[0] == fsio.PARTIAL:  # still being written: never anyone's version
+            if parsed[0] == tempnames.PARTIAL:  # still being written: never anyone's version
                 fsio.unlink_quietly(staging_fd, entry)
                 how.log.info("temp_recovered", path=f"{STAGING}/{entry}", action="deleted")
                 continue
@@ -142,7 +140,7 @@ def _recover_staging_temp(
     if ours is None:
         return  # gone meanwhile
     sha, data = ours
-    target = fsio.resolve_target(encoded, names)
+    target = tempnames.resolve_target(encoded, names)
     theirs: tuple[str, bytes | None] | None = None
     if target is not None and target.endswith(".json") and not target.startswith("."):
         try:

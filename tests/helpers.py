@@ -35,10 +35,10 @@ import pytest
 
 from memstaged.ecma import parse_json
 from memstaged.errors import NotJSON
-from memstaged.fsio import TEMP_PREFIX
 from memstaged.memdir import MemoryDir
 from memstaged.project import default_project_root, normalize
 from memstaged.quarantine import ORIGINALS_DIR
+from memstaged.tempnames import TEMP_PREFIX
 from memstaged.triage import Context, Decision, Verdict, decide
 
 PYTHON: Final = sys.executable

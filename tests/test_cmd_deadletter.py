@@ -26,7 +26,7 @@ from cmd_support import (
 from conftest import EVIDENCE, write
 from helpers import memstaged_cmd, memstaged_env
 
-from memstaged import deadletter, fsio
+from memstaged import deadletter, fsio, tempnames
 from memstaged import held as holding
 from memstaged import recover as recover_module
 from memstaged.cli import main
@@ -325,7 +325,7 @@ def test_a_recovery_killed_inside_applys_transaction_loses_and_doubles_nothing(
         check=False,
     )
     assert once.returncode == 0
-    assert not [n for n in os.listdir(store / "staging") if n.startswith(fsio.TEMP_PREFIX)]
+    assert not [n for n in os.listdir(store / "staging") if n.startswith(tempnames.TEMP_PREFIX)]
     again = subprocess.run(
         memstaged_cmd("deadletter", "recover", "--session", "mixed", "--memory-dir", mdir),
         env=env,

@@ -59,7 +59,7 @@ from helpers import (
     write_inputs,
 )
 
-from memstaged import fsio
+from memstaged import fsio, tempnames
 from memstaged.memdir import MemoryDir, Options
 from memstaged.pipeline import Pipeline
 from memstaged.quarantine import ORIGINALS_DIR
@@ -115,7 +115,7 @@ def _plan(
 ) -> tuple[str | None, float | None]:
     """A crash spec for one run: a named step, ``any:<n>``, or a kill after a random delay."""
     if rng.random() < 0.5 and any(
-        p.name.startswith(fsio.TEMP_PREFIX) for p in (mdir / "staging").iterdir()
+        p.name.startswith(tempnames.TEMP_PREFIX) for p in (mdir / "staging").iterdir()
     ):
         return "temp-recovered:1", None  # the last kill left a temp: kill its recovery too
     roll = rng.random()
@@ -425,7 +425,7 @@ _LOCK_NAMES = ("canonical-writer.lock",)
 
 
 def _is_lock(name: str) -> bool:
-    return name in _LOCK_NAMES or name.startswith(fsio.TEMP_PREFIX + "lock~")
+    return name in _LOCK_NAMES or name.startswith(tempnames.TEMP_PREFIX + "lock~")
 
 
 def _kept_after_a_crash(directory: str, name: str) -> bool:
@@ -436,10 +436,10 @@ def _kept_after_a_crash(directory: str, name: str) -> bool:
     """
     if _is_lock(name):
         return False
-    parsed = fsio.parse_temp_name(name)
+    parsed = tempnames.parse_temp_name(name)
     if parsed is None:
         return True
-    return os.path.basename(directory) == "staging" and parsed[0] != fsio.PARTIAL
+    return os.path.basename(directory) == "staging" and parsed[0] != tempnames.PARTIAL
 
 
 class _Trace:
@@ -628,8 +628,8 @@ def test_every_write_is_durable_before_what_depends_on_it(
     inputs = make_corpus(rng, 60, project_root_of(mdir), "dur-", big_every=6)
     write_inputs(mdir / "staging", inputs)
     # Leftovers of a crash: a rewrite temp and a renamed-away original.
-    (mdir / "staging" / fsio.temp_name("new", inputs[0].name)).write_bytes(b"{}")
-    (mdir / "staging" / fsio.temp_name("out", "gone.json")).write_bytes(b"lost?")
+    (mdir / "staging" / tempnames.temp_name("new", inputs[0].name)).write_bytes(b"{}")
+    (mdir / "staging" / tempnames.temp_name("out", "gone.json")).write_bytes(b"lost?")
     trace = _Trace(mdir)
     absolute = os.path.abspath(mdir)
     memory_dir = MemoryDir(absolute, project_root_of(mdir))

@@ -30,7 +30,8 @@ from helpers import (
     without_dac_override,
 )
 
-from memstaged import fsio, pipeline, triage
+from memstaged import fsio, pipeline, tempnames, triage
+from memstaged import read as read_module
 from memstaged.cli import main
 from memstaged.memdir import Options
 from memstaged.pipeline import Pipeline
@@ -119,7 +120,7 @@ def test_1_inode_reuse_in_a_batch_loses_no_version(
 def _no_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decide as on a file system without read leases (NFS), where a writer's in-place write can
     land while memstaged decides the file."""
-    monkeypatch.setattr(fsio, "read_lease", lambda _fd: False)
+    monkeypatch.setattr(read_module, "read_lease", lambda _fd: False)
 
 
 def test_2_an_in_place_rewrite_that_keeps_size_and_mtime_is_kept(
@@ -266,8 +267,8 @@ def test_7_a_linked_deadletter_is_not_followed_by_crash_recovery(tmp_path: Path)
     outside = tmp_path / "outside"
     (outside / "originals").mkdir(parents=True)
     victims = [
-        outside / f"{fsio.TEMP_PREFIX}rec~x.json~0123456789ab",
-        outside / "originals" / (f"{fsio.TEMP_PREFIX}orig~x.json~0123456789ab"),
+        outside / f"{tempnames.TEMP_PREFIX}rec~x.json~0123456789ab",
+        outside / "originals" / (f"{tempnames.TEMP_PREFIX}orig~x.json~0123456789ab"),
     ]
     for victim in victims:
         victim.write_bytes(b"precious")

@@ -23,7 +23,7 @@ import pytest
 from daemon_support import RecordingLogger
 from helpers import PYTHON, REPO, doc, lesson, make_memory_dir, project_root_of
 
-from memstaged import fsio, temps
+from memstaged import fsio, tempnames, temps
 from memstaged.fsio import Identity
 from memstaged.locks import CANONICAL_LOCK
 from memstaged.plan import Action, Held, Plan, Settled, Status
@@ -115,7 +115,7 @@ def _dl(mdir: Path) -> dict[str, bytes]:
 
 
 def _temps(mdir: Path) -> list[str]:
-    return [p.name for p in mdir.rglob(f"{fsio.TEMP_PREFIX}*")]
+    return [p.name for p in mdir.rglob(f"{tempnames.TEMP_PREFIX}*")]
 
 
 # -- names ----------------------------------------------------------------------------------------
