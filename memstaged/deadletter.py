@@ -5,12 +5,14 @@ Records are read without following links and without trusting their content: a r
 hand-edited record cannot make ``show`` read, or ``purge`` delete, anything outside the store.
 
 Changes (:mod:`memstaged.recover`, :mod:`memstaged.purge`) happen beside a running daemon, as
-:class:`~memstaged.plan.Plan` values carried out by the daemon's own
-:func:`memstaged.transaction.apply` (:func:`transact`), in short transactions under
-``canonical-writer.lock``: the lock the daemon obeys, the reconciler holds while it works, and
-the agent's own ``/memory recover`` takes too. Never under the instance lock, which the daemon
-holds for its whole life. What a transaction depends on (a record still the very file that was
-read) is checked again under the lock.
+:class:`~memstaged.plan.Plan` values carried out by the daemon's own transaction
+(:func:`memstaged.transaction.begin`, through :func:`transacting`, which waits for the lock), in
+short transactions under ``canonical-writer.lock``: the lock the daemon obeys, the reconciler
+holds while it works, and the agent's own ``/memory recover`` takes too. Never under the
+instance lock, which the daemon holds for its whole life. What a transaction depends on (a
+record still the very file that was read) is checked again under the lock, and what only the
+caller can check (a look at ``staging/``, the records present now) by the caller, in the
+transaction, before it commits.
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import os
-import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Final
 
 import msgspec
@@ -31,15 +32,15 @@ from memstaged import fsio, reasons, transaction
 from memstaged.ecma import Parsed, is_nonempty_string, parse_json, trim
 from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
 from memstaged.fsio import Identity
-from memstaged.locks import LockHeld, LockInfo, log_stale_lock, memstaged_role, read_lock
+from memstaged.locks import LockInfo, memstaged_role, read_lock
 from memstaged.memdir import DEADLETTER, MemoryDir
-from memstaged.plan import Held, Plan, Result, Settled
+from memstaged.plan import Held, Plan, Settled
 from memstaged.quarantine import ORIGINALS_DIR, stem
-from memstaged.transaction import Announce, NotObeyed, Refuse
+from memstaged.transaction import Announce, Transaction
+from memstaged.transaction_errors import Blocked, NotObeyed, Stopped, log_stale_locks
 
 #: A record larger than this is listed as unreadable rather than read into memory.
 MAX_RECORD_SIZE: Final = 64 * 1024 * 1024
-_HASH16: Final = re.compile(r"-([0-9a-f]{16})-")
 
 
 class RecordFile(msgspec.Struct, frozen=True):
@@ -272,7 +273,7 @@ def _parse_light(data: bytes) -> Parsed:
     return Parsed(doc)
 
 
-def _read_record(
+def read_record(
     mdir: MemoryDir, dir_fd: int, name: str, *, light: bool = False
 ) -> RecordFile | None:
     # Opened without a stat first: open_regular refuses links and other non-regular files
@@ -312,7 +313,7 @@ def list_records(mdir: MemoryDir, *, light: bool = False) -> list[RecordFile]:
             return []
         out = []
         for name in sorted(n for n in os.listdir(dl_fd) if is_record_name(n)):
-            record = _read_record(mdir, dl_fd, name, light=light)
+            record = read_record(mdir, dl_fd, name, light=light)
             if record is not None:
                 out.append(record)
         return out
@@ -380,25 +381,6 @@ def resolve_ids(records: Sequence[RecordFile], ids: Iterable[str]) -> list[Recor
             raise UsageError(f"the ID {wanted!r} matches {len(found)} records: {shown}")
         chosen[(found[0].memory_dir, found[0].name)] = found[0]
     return list(chosen.values())
-
-
-def referenced(records: Iterable[RecordFile]) -> tuple[set[str], set[str]]:
-    """The originals records name, and the hashes of unreadable records (which might name one)."""
-    names: set[str] = set()
-    hashes: set[str] = set()
-    for record in records:
-        if record.original is not None:
-            names.add(record.original)
-        elif record.kind == "unreadable":
-            match = _HASH16.search(record.name)
-            if match:
-                hashes.add(match[1])
-    return names, hashes
-
-
-def still_needed(original: str, names: set[str], hashes: set[str]) -> bool:
-    """Whether some remaining record needs ``original`` (or might: an unreadable one)."""
-    return original in names or any(f".{h}." in original for h in hashes)
 
 
 # -- changes ------------------------------------------------------------------------------------
@@ -472,7 +454,8 @@ _ROLE_TEXT: Final = {
 }
 
 
-def transact(
+@contextmanager
+def transacting(
     mdir: MemoryDir,
     mem_fd: int,
     staging_fd: int,
@@ -480,74 +463,80 @@ def transact(
     *,
     waiter: Waiter,
     logger: Any,
-    announce: Announce,
-    refuse: Refuse | None = None,
-) -> dict[str, Result]:
-    """Carry ``plans`` out as one transaction of :func:`memstaged.transaction.apply` (SPEC 5).
+) -> Iterator[Transaction]:
+    """Begin ``plans`` as one transaction of :func:`memstaged.transaction.begin` (SPEC 5),
+    waiting for ``canonical-writer.lock`` as ``waiter`` says; the caller checks what only it can
+    check under the lock, then commits, in the ``with``.
 
     The same transaction as the daemon's, under ``canonical-writer.lock``: the daemon obeys the
     lock (it defers every change in the memory dir while a live process holds it), so what is
     done inside cannot interleave with its own changes, nor with the reconciler's or the
     agent's ``/memory recover``. Callers keep each transaction short, never one for a whole
-    run; what a plan depends on is checked again under the lock (by ``apply``, and by
-    ``refuse``). Returns each plan's result by its key.
+    run; what a plan depends on is checked again under the lock (by ``begin``, and by the
+    caller before it commits). The stale locks seen are logged (``lock_seen``) however it ends.
 
     Raises :class:`BusyError` (exit 1; nothing of ``plans`` done) when a live process holds
     the lock for longer than ``waiter`` waits, or when a stale lock of another owner is in
     place: memstaged never deletes that one, and without the lock it could not keep out of the
-    daemon's way. Raises :class:`~memstaged.transaction.Stopped` (an ``OSError``, with what
-    was done) when the transaction could not be completed.
+    daemon's way. Raises :class:`~memstaged.transaction_errors.Stopped` (an ``OSError``, with
+    what was done) when the transaction could not be completed.
     """
     started = waiter.clock()
-    while True:
-        try:
-            applied = transaction.apply(
-                mem_fd,
-                staging_fd,
-                plans,
-                announce=announce,
-                now=time.time(),
-                refuse=refuse,
-                obey_stale=True,
-            )
-        except LockHeld as held:
-            info = held.info
-        except NotObeyed as stale:
-            for seen in stale.seen:
-                log_stale_lock(logger, seen.info, seen.removed, memory_dir=mdir.path)
-            raise BusyError(
-                f"{mdir.path}: canonical-writer.lock names pid {stale.info.pid}, which is "
-                "gone, and is not memstaged's: memstaged never deletes it, and cannot "
-                "change the memory dir beside the daemon without it; remove it if no "
-                "reconciler is running"
-            ) from None
-        else:
-            for seen in applied.stale_locks:
-                log_stale_lock(logger, seen.info, seen.removed, memory_dir=mdir.path)
-            return applied.results
-        patience = waiter.patience(info)
-        if waiter.clock() - started >= patience:
-            waited = f" (waited {patience:g} s)" if patience > 0 else ""
-            hint = "" if waiter.limit is not None else "; --wait[=SECONDS] waits for it"
-            raise BusyError(
-                f"{mdir.path}: busy: canonical-writer.lock is held by {holder_text(info)}"
-                f"{waited}; nothing more was changed there{hint}"
-            )
-        waiter.announce(mdir, info, patience)
-        waiter.sleep(_LOCK_POLL)
-        # Only read the lock while its holder lives: taking it means writing and fsyncing a file.
-        while waiter.clock() - started < patience:
+    with ExitStack() as stack:
+        while True:
             try:
-                now = read_lock(mem_fd)
-            except OSError:
+                tx = stack.enter_context(
+                    transaction.begin(mem_fd, staging_fd, plans, now=time.time(), obey_stale=True)
+                )
+            except Blocked as held:
+                log_stale_locks(logger, held.stale_locks, memory_dir=mdir.path)
+                info = held.info
+            except NotObeyed as stale:
+                log_stale_locks(logger, stale.stale_locks, memory_dir=mdir.path)
+                raise BusyError(
+                    f"{mdir.path}: canonical-writer.lock names pid {stale.info.pid}, which is "
+                    "gone, and is not memstaged's: memstaged never deletes it, and cannot "
+                    "change the memory dir beside the daemon without it; remove it if no "
+                    "reconciler is running"
+                ) from None
+            except Stopped as err:
+                log_stale_locks(logger, err.stale_locks, memory_dir=mdir.path)
+                raise
+            else:
                 break
-            if now is None or not now.alive or now.ino != info.ino:
-                break
-            waiter.sleep(_LOCK_POLL)
+            _wait(mdir, mem_fd, info, waiter, started)
+        try:
+            yield tx
+        finally:
+            log_stale_locks(logger, tx.stale_locks, memory_dir=mdir.path)
+
+
+def _wait(mdir: MemoryDir, mem_fd: int, info: LockInfo, waiter: Waiter, started: float) -> None:
+    """Wait for the live holder ``info`` to let go, or raise :class:`BusyError` once
+    ``waiter``'s patience for it is spent."""
+    patience = waiter.patience(info)
+    if waiter.clock() - started >= patience:
+        waited = f" (waited {patience:g} s)" if patience > 0 else ""
+        hint = "" if waiter.limit is not None else "; --wait[=SECONDS] waits for it"
+        raise BusyError(
+            f"{mdir.path}: busy: canonical-writer.lock is held by {holder_text(info)}"
+            f"{waited}; nothing more was changed there{hint}"
+        )
+    waiter.announce(mdir, info, patience)
+    waiter.sleep(_LOCK_POLL)
+    # Only read the lock while its holder lives: taking it means writing and fsyncing a file.
+    while waiter.clock() - started < patience:
+        try:
+            now = read_lock(mem_fd)
+        except OSError:
+            break
+        if now is None or not now.alive or now.ino != info.ino:
+            break
+        waiter.sleep(_LOCK_POLL)
 
 
 def held_records(records: Iterable[RecordFile]) -> tuple[Held, ...]:
-    """The records as :func:`memstaged.transaction.apply` checks them: name and identity as read."""
+    """The records as :func:`memstaged.transaction.begin` checks them: name and identity as read."""
     return tuple(Held(DEADLETTER, r.name, r.identity) for r in records)
 
 
@@ -567,37 +556,6 @@ def announcer(logger: Any, events: Mapping[str, dict[str, Any]]) -> Announce:
                 logger.info(event.pop("event"), **event)
 
     return announce
-
-
-def references_now(
-    mdir: MemoryDir, mem_fd: int, known: Mapping[str, RecordFile]
-) -> tuple[set[str], set[str]]:
-    """:func:`referenced` for the records in ``deadletter/`` now, under the lock.
-
-    Only the records that are not in ``known`` as the very same file are read again (those the
-    daemon wrote meanwhile, say), so that the lock is held for a listing and a stat per record,
-    not for reading the whole store.
-    """
-    current: list[RecordFile] = []
-    try:
-        dl_fd = fsio.open_dir(DEADLETTER, mem_fd)
-    except (FileNotFoundError, NotADirectoryError):
-        return set(), set()
-    try:
-        for name in sorted(n for n in os.listdir(dl_fd) if is_record_name(n)):
-            st = fsio.lstat_at(dl_fd, name)
-            if st is None:
-                continue
-            seen = known.get(name)
-            if seen is not None and seen.identity is not None and Identity.of(st) == seen.identity:
-                current.append(seen)
-                continue
-            record = _read_record(mdir, dl_fd, name)
-            if record is not None:
-                current.append(record)
-    finally:
-        os.close(dl_fd)
-    return referenced(current)
 
 
 def text_or_none(data: bytes) -> str | None:

@@ -22,10 +22,7 @@ from typing import Final, NamedTuple, TypeVar
 
 import msgspec
 
-# transaction.py still spells these ``fsio.PARTIAL`` and ``fsio.temp_name``: re-exported (the
-# ``as`` is what tells mypy so) until it imports them from tempnames.py, their home.
-from memstaged.tempnames import PARTIAL as PARTIAL  # noqa: PLC0414 - a re-export, see above
-from memstaged.tempnames import temp_name as temp_name  # noqa: PLC0414 - a re-export
+from memstaged.tempnames import PARTIAL, temp_name
 
 CHUNK: Final = 1 << 20
 _RENAME_NOREPLACE: Final = 1

@@ -27,7 +27,7 @@ import msgspec
 from memstaged import events, fsio, temps, transaction
 from memstaged.deciders import Deciders, Failure, workers_wanted
 from memstaged.errors import LogUnwritable
-from memstaged.locks import LockHeld, LockInfo, lock_to_obey, log_stale_lock
+from memstaged.locks import LockHeld, LockInfo, lock_to_obey
 from memstaged.memdir import (
     MemoryDir,
     Options,
@@ -39,6 +39,7 @@ from memstaged.outcome import Batch, Outcome
 from memstaged.plan import Plan, Result, Settled, Status, identity_hash, plan_of
 from memstaged.read import FirstSeen, Skip, Version, read_version
 from memstaged.timestamps import format_epoch_ms
+from memstaged.transaction_errors import Blocked, Stopped, log_stale_locks
 from memstaged.triage import Context, Decision, Verdict, decide, decide_too_large
 
 __all__ = [
@@ -370,7 +371,8 @@ class Pipeline:
                 now=self.clock(),
                 max_copy=self.options.max_quarantine_copy,
             )
-        except LockHeld as held:
+        except Blocked as held:
+            log_stale_locks(self.log, held.stale_locks)
             for item in pending:
                 outcomes[item.plan.key] = self._after(
                     item, announced, Decision.DEFERRED, str(held), blocked_by_lock=True
@@ -390,6 +392,7 @@ class Pipeline:
                 )
             return outcomes
         except OSError as err:
+            log_stale_locks(self.log, err.stale_locks if isinstance(err, Stopped) else ())
             for item in pending:
                 outcomes[item.plan.key] = self._after(
                     item,
@@ -400,8 +403,7 @@ class Pipeline:
                     error=True,
                 )
             return outcomes
-        for stale in applied.stale_locks:
-            log_stale_lock(self.log, stale.info, stale.removed)
+        log_stale_locks(self.log, applied.stale_locks)
         for item in pending:
             outcomes[item.plan.key] = self._outcome(item, announced, applied.results[item.plan.key])
         return outcomes

@@ -1,17 +1,19 @@
 """``deadletter purge``: deleting dead-letter records and the originals no record needs.
 
 Planned without the lock (:func:`plan_purge` on a listing), carried out as ``UNLINK``
-:class:`~memstaged.plan.Plan` values through :func:`memstaged.deadletter.transact`, in short
+:class:`~memstaged.plan.Plan` values through :func:`memstaged.deadletter.transacting`, in short
 transactions, each deleting only files that are still the very files that were read.
 :func:`drop_originals` is also how ``deadletter recover`` deletes the originals of the records
-it recovered.
+it recovered: under the lock, before it commits, it looks at the records present then
+(:func:`references_now`) and leaves every original one of them needs.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -23,19 +25,20 @@ from memstaged.deadletter import (
     Waiter,
     announcer,
     held_records,
+    is_record_name,
     list_originals,
     list_records,
-    referenced,
-    references_now,
-    still_needed,
-    transact,
+    read_record,
+    transacting,
 )
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import Identity
 from memstaged.memdir import DEADLETTER, MemoryDir
 from memstaged.plan import Action, Held, Plan, Settled
 from memstaged.quarantine import ORIGINALS_DIR
-from memstaged.transaction import so_far
+from memstaged.transaction_errors import so_far
+
+_HASH16: Final = re.compile(r"-([0-9a-f]{16})-")
 
 
 def plan_purge(
@@ -76,6 +79,56 @@ def plan_purge(
         )
     ]
     return old, drop
+
+
+def referenced(records: Iterable[RecordFile]) -> tuple[set[str], set[str]]:
+    """The originals records name, and the hashes of unreadable records (which might name one)."""
+    names: set[str] = set()
+    hashes: set[str] = set()
+    for record in records:
+        if record.original is not None:
+            names.add(record.original)
+        elif record.kind == "unreadable":
+            match = _HASH16.search(record.name)
+            if match:
+                hashes.add(match[1])
+    return names, hashes
+
+
+def still_needed(original: str, names: set[str], hashes: set[str]) -> bool:
+    """Whether some remaining record needs ``original`` (or might: an unreadable one)."""
+    return original in names or any(f".{h}." in original for h in hashes)
+
+
+def references_now(
+    mdir: MemoryDir, mem_fd: int, known: Mapping[str, RecordFile]
+) -> tuple[set[str], set[str]]:
+    """:func:`referenced` for the records in ``deadletter/`` now, under the lock.
+
+    Only the records that are not in ``known`` as the very same file are read again (those the
+    daemon wrote meanwhile, say), so that the lock is held for a listing and a stat per record,
+    not for reading the whole store.
+    """
+    current: list[RecordFile] = []
+    try:
+        dl_fd = fsio.open_dir(DEADLETTER, mem_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return set(), set()
+    try:
+        for name in sorted(n for n in os.listdir(dl_fd) if is_record_name(n)):
+            st = fsio.lstat_at(dl_fd, name)
+            if st is None:
+                continue
+            seen = known.get(name)
+            if seen is not None and seen.identity is not None and Identity.of(st) == seen.identity:
+                current.append(seen)
+                continue
+            record = read_record(mdir, dl_fd, name)
+            if record is not None:
+                current.append(record)
+    finally:
+        os.close(dl_fd)
+    return referenced(current)
 
 
 class Purged(msgspec.Struct, kw_only=True):
@@ -129,15 +182,11 @@ def purge(
                 plan = Plan(key="records", action=Action.UNLINK, removes=held_records(chunk))
                 try:
                     # Nothing in staging/ is changed or depended on: mem_fd stands in for it.
-                    result = transact(
-                        mdir,
-                        mem_fd,
-                        mem_fd,
-                        [plan],
-                        waiter=waiter,
-                        logger=logger,
-                        announce=announcer(logger, {plan.key: event}),
-                    )[plan.key]
+                    with transacting(
+                        mdir, mem_fd, mem_fd, [plan], waiter=waiter, logger=logger
+                    ) as tx:
+                        applied = tx.commit(announce=announcer(logger, {plan.key: event}))
+                    result = applied.results[plan.key]
                 except BusyError as err:
                     done.busy, done.not_tried = str(err), old[start:]
                     return done
@@ -215,18 +264,13 @@ def drop_originals(
             )
 
     def needed(live: Sequence[Plan]) -> dict[str, str]:
+        """Under the lock: the originals a record present now needs (the daemon's newest too)."""
+        if not live:
+            return {}
         names, hashes = references_now(mdir, mem_fd, keep)
         why = "a record present now needs it"
         return {p.key: why for p in live if still_needed(p.key, names, hashes)}
 
-    results = transact(
-        mdir,
-        mem_fd,
-        mem_fd,
-        plans,
-        waiter=waiter,
-        logger=logger,
-        announce=announce,
-        refuse=needed,
-    )
-    return [name for r in results.values() for name in r.removed]
+    with transacting(mdir, mem_fd, mem_fd, plans, waiter=waiter, logger=logger) as tx:
+        applied = tx.commit(announce=announce, refused=needed(tx.live))
+    return [name for r in applied.results.values() for name in r.removed]

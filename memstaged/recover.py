@@ -4,8 +4,8 @@
 What to write is decided by the pure core, :func:`memstaged.recoverplan.plan`. :func:`recover`
 carries it out beside a running daemon (SPEC 5, as ``postsuper -r`` beside Postfix's queue
 manager). The plan is made without any lock; it is carried out as
-:class:`~memstaged.plan.Plan` values through the daemon's own
-:func:`memstaged.transaction.apply`, in short transactions under ``canonical-writer.lock``,
+:class:`~memstaged.plan.Plan` values through the daemon's own transaction
+(:func:`memstaged.transaction.begin`), in short transactions under ``canonical-writer.lock``,
 which the daemon obeys, each re-checking what it depends on and keeping the order that loses
 nothing: the new staging file is written to a temp file and made durable (before the lock is
 taken), renamed to a name no other file has (``<session>.recovered-<n>.json``) and its
@@ -29,7 +29,7 @@ from memstaged.deadletter import (
     announcer,
     held_records,
     list_records,
-    transact,
+    transacting,
 )
 from memstaged.errors import BusyError, ConfigError
 from memstaged.fsio import Identity
@@ -39,7 +39,7 @@ from memstaged.plan import Held, Plan, Result, Status
 from memstaged.purge import drop_originals
 from memstaged.recoverplan import Found, Group, index_staging
 from memstaged.survey import decide_entry
-from memstaged.transaction import so_far
+from memstaged.transaction_errors import so_far
 
 _MAX_NAMES: Final = 100_000
 
@@ -272,7 +272,7 @@ def recover(
     """Recover the records named in ``wanted`` (``None``: all) of ``mdir``; see the module doc.
 
     Works beside a running daemon: the plan is made without any lock, and carried out in short
-    transactions of :func:`memstaged.transaction.apply`, each re-checking what it depends on.
+    transactions of :func:`memstaged.transaction.begin`, each re-checking what it depends on.
     An I/O error stops it (issue 20 item 5: exit 1, not a usage error): what was done is
     reported, and every record not yet tried is left, with the error as its reason.
     """
@@ -316,12 +316,13 @@ class _Recovery:
 
     Each group becomes a ``CREATE`` plan (its staging file; its records and duplicates removed
     once that file is durable), each record whose candidate ``staging/`` holds already an
-    ``UNLINK`` plan that depends on that staging file. :func:`memstaged.transaction.apply`
+    ``UNLINK`` plan that depends on that staging file. :func:`memstaged.transaction.begin`
     checks, under ``canonical-writer.lock``, that every record is still the very file that was
-    read (another recovery or a purge may have taken it); :meth:`_refuse` looks again at the
-    staging files that are new or changed since the plan (a candidate there now is not written
-    again). The daemon obeys the lock, so it decides a recovered file (``valid``) only once the
-    records it holds are gone, and never quarantines anything into the store while they are
+    read (another recovery or a purge may have taken it); then, still under the lock and before
+    the commit, :meth:`_refuse` looks again at the staging files that are new or changed since
+    the plan (a group a candidate of which is there now is not written again). The daemon
+    obeys the lock, so it decides a recovered file (``valid``) only once the records it holds
+    are gone, and never quarantines anything into the store while they are
     deleted. :meth:`_settle` turns each plan's result into the outcomes of its records.
     """
 
@@ -364,16 +365,11 @@ class _Recovery:
             plans = [self._create(g) for g in groups] + [self._duplicate(*h) for h in held]
             stopped: str | None = None
             try:
-                results = transact(
-                    self.mdir,
-                    mem_fd,
-                    staging_fd,
-                    plans,
-                    waiter=self.waiter,
-                    logger=self.log,
-                    announce=announce,
-                    refuse=lambda live: self._refuse(staging_fd, live),
-                )
+                with transacting(
+                    self.mdir, mem_fd, staging_fd, plans, waiter=self.waiter, logger=self.log
+                ) as tx:
+                    refused = self._refuse(staging_fd, tx.live)
+                    results = tx.commit(announce=announce, refused=refused).results
             except BusyError as err:
                 self.busy = str(err)
                 pending, staged = groups + pending, held + staged
@@ -431,6 +427,8 @@ class _Recovery:
 
     def _refuse(self, staging_fd: int, live: Sequence[Plan]) -> dict[str, str]:
         """Under the lock: a group one of whose candidates ``staging/`` holds now is refused."""
+        if not live:
+            return {}
         appeared = _look(self.mdir, staging_fd, self.options, self.clock, self.staged)
         refused: dict[str, str] = {}
         for plan in live:

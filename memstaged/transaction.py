@@ -1,9 +1,16 @@
 """Step 4 of the flow: carry out any number of plans as one durable transaction (SPEC 5).
 
-:func:`apply` is the only code that changes ``staging/`` or ``deadletter/``: the daemon applies a
+This module is the only code that changes ``staging/`` or ``deadletter/``: the daemon applies a
 transaction of one plan, ``--once`` one of up to a batch, ``deadletter recover``, ``purge`` and
 ``drop_originals`` their own. It takes :class:`~memstaged.plan.Plan` values, which it never
-changes, and hands back a :class:`~memstaged.plan.Result` for each. The order, before the lock:
+changes, and hands back a :class:`~memstaged.plan.Result` for each. A transaction has two
+phases, so that a caller's own check under the lock is made in the caller's own code::
+
+    with begin(mem_fd, staging_fd, plans, now=now) as tx:   # before the lock, the lock, step 1
+        refused = my_check(tx.live)                         # the caller's look, under the lock
+        applied = tx.commit(announce=announce, refused=refused)   # steps 2-7
+
+:func:`apply` is both with nothing refused (the daemon, ``--once``). The order, before the lock:
 
 - a too-large file that cannot be moved by a rename (``deadletter/`` on another file system) is
   copied into ``originals/`` (at most ``max_copy`` bytes), or left where it is (``UNMOVABLE``);
@@ -18,8 +25,9 @@ Then, under ``canonical-writer.lock``:
 
 1. every decision whose version is no longer in place is handed back (``GONE``/``CHANGED``);
    every change one of whose ``depends`` is no longer as read (``GONE``/``CHANGED``; a staging
-   file depended on is fsynced), or that ``refuse`` names (``REFUSED``), too: nothing of them
-   is done;
+   file depended on is fsynced), too: nothing of them is done. :func:`begin` ends here: the
+   changes still live are :attr:`Transaction.live`, and those the caller refuses when it
+   commits are ``REFUSED``, nothing of them done either;
 2. with 16 dead-letter files or fewer, their temps are written now, each fsynced;
 3. every dead-letter name is settled (:mod:`memstaged.store`: nothing there is trusted; records
    whose original must take another name than the one they were rendered for are written
@@ -35,137 +43,85 @@ Then, under ``canonical-writer.lock``:
 7. only then are the files of ``removes`` removed, each only if it is still the very file that
    was read, and their directories fsynced (SPEC 5: a record goes only once its candidate is
    durable in ``staging/``).
+
+However it ends, the stale locks seen while taking the lock are handed back
+(:attr:`~memstaged.plan.Applied.stale_locks`, or the ``stale_locks`` of the exceptions of
+:mod:`memstaged.transaction_errors`), for the caller to log.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Final
 
 from memstaged import fsio, held, replace
 from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock
 from memstaged.memdir import STAGING
 from memstaged.plan import Action, Applied, Plan, Result, Settled, StaleLock, Status
+from memstaged.planstate import PlanState
 from memstaged.progress import tick
 from memstaged.quarantine import DeadLetter
 from memstaged.store import File, Store, Written, install, settle_original, settle_record
+from memstaged.tempnames import PARTIAL, temp_name
+from memstaged.transaction_errors import Blocked, NotObeyed, Stopped
 
 #: Up to this many dead-letter temps in a transaction are fsynced one by one; more, one syncfs.
 _FSYNC_EACH: Final = 16
 
 #: Announces plans with their settled names, before anything of them is carried out (SPEC 5).
 Announce = Callable[[Sequence[Settled]], None]
-#: The caller's own check of its live ``CREATE``/``UNLINK`` plans under the lock: key -> why not.
-Refuse = Callable[[Sequence[Plan]], Mapping[str, str]]
 
 
-class Stopped(OSError):
-    """An I/O error stopped the transaction; :attr:`results` says what each plan did until then.
+@contextmanager
+def begin(
+    mem_fd: int,
+    staging_fd: int,
+    plans: Sequence[Plan],
+    *,
+    now: float,
+    max_copy: int = 1 << 30,
+    obey_stale: bool = False,
+) -> Iterator[Transaction]:
+    """Begin ``plans`` as one transaction: the work before the lock, the lock, step 1.
 
-    A plan's result is then ``FAILED``, with what it created or removed before the error.
+    The caller's own look under the lock goes between this and :meth:`Transaction.commit`, in
+    the ``with``. Leaving the ``with`` without a commit (the caller's check raised) abandons the
+    transaction exactly as an error inside it: nothing of the plans is done, the temps are
+    removed (left, on a stop or Ctrl-C, for the next start's crash recovery) and the lock is
+    released.
+
+    ``now`` names the ``.conflict-`` files. ``obey_stale``: a stale lock of another owner stops
+    the transaction before anything is done (:class:`NotObeyed`), for a command that must not
+    work beside the daemon without the lock; the daemon does not obey it (SPEC 5).
+
+    Raises :class:`Blocked` (a :class:`~memstaged.locks.LockHeld`; nothing changed) when a live
+    process holds ``canonical-writer.lock``, whatever ``announce`` or the caller's check raise
+    (nothing of the plans done), and :class:`Stopped` (an ``OSError``) when the transaction
+    could not be completed: what was not carried out is unchanged, and nothing is lost either
+    way. Each carries the stale locks seen (``stale_locks``).
     """
-
-    def __init__(self, err: OSError, results: dict[str, Result]) -> None:
-        named = () if err.filename is None else (err.filename,)
-        super().__init__(err.errno, err.strerror or str(err), *named)
-        self.results = results
-
-
-def so_far(err: OSError, key: str) -> Result:
-    """What the plan ``key`` did before ``err`` stopped its transaction (nothing, if unknown)."""
-    if isinstance(err, Stopped) and key in err.results:
-        return err.results[key]
-    return Result(key=key, status=Status.FAILED, reason=str(err))
-
-
-class NotObeyed(Exception):
-    """A stale lock of another owner is in place, and the caller works only under the lock."""
-
-    def __init__(self, info: LockInfo, seen: Sequence[StaleLock]) -> None:
-        super().__init__(info)
-        self.info = info
-        self.seen = tuple(seen)
-
-
-class _Work:
-    """One plan's progress through the transaction: the transaction's own state, not the plan's."""
-
-    __slots__ = (
-        "copied",
-        "created",
-        "failed",
-        "left",
-        "original",
-        "original_tmp",
-        "plan",
-        "records",
-        "refused",
-        "removed",
-        "stale",
-        "tmp",
-        "unmovable",
-        "written",
-    )
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        #: A too-large file's copy (a temp in ``originals/``) where a rename is impossible ...
-        self.copied: str | None = None
-        #: ... or why it can be neither moved nor copied (it stays where it is).
-        self.unmovable: str | None = None
-        #: The original's name as settled, and the records' names.
-        self.original = plan.original
-        self.records = [r.name for r in plan.records]
-        #: The dead-letter temps, written and made durable: the original's, each record's.
-        self.original_tmp: str | None = None
-        self.written: list[Written] = []
-        #: ``CREATE``: the new staging file's durable temp, then the name it gets.
-        self.tmp: str | None = None
-        self.created: str | None = None
-        self.removed: list[str] = []
-        self.left: dict[str, str] = {}
-        self.stale: dict[str, str] = {}
-        self.refused: str | None = None
-        self.failed: str | None = None
-
-    @property
-    def key(self) -> str:
-        return self.plan.key
-
-    @property
-    def action(self) -> Action:
-        """A move whose file was copied (another file system) is a removal."""
-        if self.plan.action is Action.MOVE and self.copied is not None:
-            return Action.REMOVE
-        return self.plan.action
-
-    def settled(self) -> Settled:
-        return Settled(self.key, tuple(self.records), self.original, self.created)
-
-    def result(self, status: Status, **fields: object) -> Result:
-        return Result(
-            key=self.key,
-            status=status,
-            records=tuple(self.records),
-            original=self.original,
-            created=self.created if self.tmp is None else None,
-            removed=tuple(self.removed),
-            left=dict(self.left),
-            stale=dict(self.stale),
-            **fields,  # type: ignore[arg-type]
-        )
-
-    def change_result(self) -> Result:
-        """The result of a ``CREATE`` or ``UNLINK`` plan."""
-        if self.failed is not None:
-            return self.result(Status.FAILED, reason=self.failed)
-        if self.stale:
-            gone = all(why == "gone" for why in self.stale.values())
-            return self.result(Status.GONE if gone else Status.CHANGED)
-        if self.refused is not None:
-            return self.result(Status.REFUSED, reason=self.refused)
-        return self.result(Status.DONE)
+    tx = Transaction(mem_fd, staging_fd, plans, now)
+    try:
+        tx._before_lock(max_copy)
+        with canonical_lock(mem_fd, tx._saw_stale) as stale:
+            if stale is not None and obey_stale:
+                raise NotObeyed(stale, tx.stale_locks)
+            tx._check()
+            yield tx
+    except LockHeld as busy:
+        tx._close()
+        raise Blocked(busy.info, tx.stale_locks) from None
+    except OSError as err:
+        tx._close()
+        raise Stopped(err, tx._so_far(err), tx.stale_locks) from err
+    except BaseException as exc:
+        # An error: remove our temps. A stop or Ctrl-C (not an Exception): leave them, as a
+        # kill would, for the next start's recovery (SPEC 6: acted on within a second).
+        tx._close(interrupted=not isinstance(exc, Exception))
+        raise
+    tx._close()
 
 
 def apply(
@@ -176,54 +132,14 @@ def apply(
     announce: Announce,
     now: float,
     max_copy: int = 1 << 30,
-    refuse: Refuse | None = None,
     obey_stale: bool = False,
 ) -> Applied:
-    """Carry ``plans`` out as one transaction; see the module docstring for the order.
-
-    ``now`` names the ``.conflict-`` files. ``obey_stale``: a stale lock of another owner stops
-    the transaction before anything is done (:class:`NotObeyed`), for a command that must not
-    work beside the daemon without the lock; the daemon does not obey it (SPEC 5).
-
-    Raises :class:`~memstaged.locks.LockHeld` (nothing changed) when a live process holds
-    ``canonical-writer.lock``, whatever ``announce`` raises (nothing of the plans done), and
-    :class:`Stopped` (an ``OSError``) when the transaction could not be completed: what was
-    not carried out is unchanged, and nothing is lost either way.
-    """
-    works = [_Work(p) for p in plans]
-    decisions = [w for w in works if w.plan.version is not None]
-    changes = [w for w in works if w.plan.version is None]
-    tx = _Transaction(mem_fd, staging_fd, now)
-    seen: list[StaleLock] = []
-    results: dict[str, Result] = {}
-    try:
-        for work in decisions:
-            if work.plan.action is Action.MOVE:
-                tx.copy_if_unmovable(work, max_copy)
-        tx.write_ahead(changes)
-        if _dead_letter_files(decisions) > _FSYNC_EACH:
-            _not_held(mem_fd)  # nothing is written while the reconciler works, if it can be seen
-            tx.write_records_ahead(decisions, sync=False)
-        with canonical_lock(mem_fd, lambda info, gone: seen.append(StaleLock(info, gone))) as stale:
-            if stale is not None and obey_stale:
-                raise NotObeyed(stale, seen)
-            tx.run(decisions, changes, announce, refuse, results)
-    except OSError as err:
-        tx.close()
-        failed = {w.key: w.result(Status.FAILED, reason=str(err)) for w in works}
-        raise Stopped(err, {**failed, **results}) from err
-    except BaseException as exc:
-        # An error: remove our temps. A stop or Ctrl-C (not an Exception): leave them, as a
-        # kill would, for the next start's recovery (SPEC 6: acted on within a second).
-        tx.close(interrupted=not isinstance(exc, Exception))
-        raise
-    tx.close()
-    for work in changes:
-        results[work.key] = work.change_result()
-    return Applied(results, tuple(seen))
+    """Carry ``plans`` out as one transaction, nothing refused: :func:`begin`, then commit."""
+    with begin(mem_fd, staging_fd, plans, now=now, max_copy=max_copy, obey_stale=obey_stale) as tx:
+        return tx.commit(announce=announce)
 
 
-def _dead_letter_files(works: Sequence[_Work]) -> int:
+def _dead_letter_files(works: Sequence[PlanState]) -> int:
     """How many dead-letter files the plans write (at most: a record per record, an original)."""
     return sum(
         len(w.plan.records) + (w.plan.original is not None) for w in works if w.unmovable is None
@@ -240,31 +156,75 @@ def _not_held(mem_fd: int) -> None:
         raise LockHeld(info)
 
 
-class _Transaction:
-    """The temp files of one :func:`apply` and the steps that turn them into changes."""
+class Transaction:
+    """One transaction of :func:`begin`: its plans' progress, its temps, and the steps that
+    turn them into changes. Its caller sees :attr:`live` and :attr:`stale_locks`, and commits."""
 
-    def __init__(self, mem_fd: int, staging_fd: int, now: float) -> None:
+    def __init__(self, mem_fd: int, staging_fd: int, plans: Sequence[Plan], now: float) -> None:
         self.mem_fd = mem_fd
         self.staging_fd = staging_fd
         self.now = now
         self.store = Store(mem_fd)
+        works = [PlanState(p) for p in plans]
+        self._works = works
+        self._decisions = [w for w in works if w.plan.version is not None]
+        self._changes = [w for w in works if w.plan.version is None]
+        #: After step 1: the decisions whose version is in place, the changes whose depends hold.
+        self._in_place: list[PlanState] = []
+        self._holding: list[PlanState] = []
+        self._results: dict[str, Result] = {}
+        self._seen: list[StaleLock] = []
+        #: ``checked`` between step 1 and the commit: the only time a commit may happen.
+        self._state = "new"
         #: Temp files not yet installed or handed on: removed if the transaction stops.
         self.ours: set[tuple[int, str]] = set()
         #: The descriptors holding the ``flock`` of new staging files' temps (see
-        #: :meth:`write_ahead`), closed once each temp is renamed or removed.
+        #: :meth:`_write_ahead`), closed once each temp is renamed or removed.
         self.held: dict[tuple[int, str], int] = {}
-        #: Whether the dead-letter temps are written (before the lock, or under it in ``run``).
+        #: Whether the dead-letter temps are written (before the lock, or under it in ``_run``).
         self.written_ahead = False
 
-    def close(self, *, interrupted: bool = False) -> None:
+    @property
+    def live(self) -> tuple[Plan, ...]:
+        """The ``CREATE``/``UNLINK`` plans whose ``depends`` all still hold, under the lock."""
+        return tuple(w.plan for w in self._holding)
+
+    @property
+    def stale_locks(self) -> tuple[StaleLock, ...]:
+        """The stale ``canonical-writer.lock`` files seen while the lock was taken."""
+        return tuple(self._seen)
+
+    def commit(self, *, announce: Announce, refused: Mapping[str, str] | None = None) -> Applied:
+        """Steps 2-7 for what step 1 left, but the live plans ``refused`` names (key -> why):
+        each plan's result, by its key, and the stale locks seen."""
+        if self._state != "checked":
+            raise RuntimeError(f"commit() of a transaction that is {self._state}")
+        self._state = "committed"
+        for work in self._holding:
+            work.refused = (refused or {}).get(work.key)
+        self._run([w for w in self._holding if w.refused is None], announce)
+        for work in self._changes:
+            self._results[work.key] = work.change_result()
+        return Applied(dict(self._results), self.stale_locks)
+
+    def _saw_stale(self, info: LockInfo, removed: bool) -> None:
+        self._seen.append(StaleLock(info, removed))
+
+    def _so_far(self, err: OSError) -> dict[str, Result]:
+        """Each plan's result when ``err`` stopped the transaction: what it did until then."""
+        failed = {w.key: w.result(Status.FAILED, reason=str(err)) for w in self._works}
+        return {**failed, **self._results}
+
+    def _close(self, *, interrupted: bool = False) -> None:
         """Remove the temps not installed, and close the directories.
 
-        ``interrupted`` (a stop's :class:`~memstaged.daemon.Abandoned`, Ctrl-C): the temps are
+        ``interrupted`` (a stop's :class:`~memstaged.progress.Abandoned`, Ctrl-C): the temps are
         left, exactly as a kill would leave them, for the next start's crash recovery to
         remove: a quarantine of 100,000 records has as many temps, and unlinking them would
         keep a SIGTERM waiting for seconds (SPEC 6: acted on within a second). They carry
         memstaged's temp names, which the reconciler never reads.
         """
+        self._state = "ended"
         if not interrupted:
             for dir_fd, tmp in self.ours:
                 fsio.unlink_quietly(dir_fd, tmp)
@@ -276,7 +236,19 @@ class _Transaction:
 
     # -- before the lock ------------------------------------------------------------------------
 
-    def copy_if_unmovable(self, work: _Work, max_copy: int) -> None:
+    def _before_lock(self, max_copy: int) -> None:
+        """Copies where a rename is impossible, new staging files, many dead-letter temps."""
+        for work in self._decisions:
+            if work.plan.action is Action.MOVE:
+                self._copy_if_unmovable(work, max_copy)
+        self._write_ahead(self._changes)
+        if _dead_letter_files(self._decisions) > _FSYNC_EACH:
+            _not_held(
+                self.mem_fd
+            )  # nothing is written while the reconciler works, if it can be seen
+            self._write_records_ahead(self._decisions, sync=False)
+
+    def _copy_if_unmovable(self, work: PlanState, max_copy: int) -> None:
         """SPEC 6: where a rename is impossible, copy at most ``max_copy`` bytes, or leave it."""
         version = work.plan.version
         assert version is not None
@@ -292,7 +264,7 @@ class _Transaction:
         fsio.crash_point("copy-written")
         work.copied = tmp
 
-    def write_ahead(self, changes: Sequence[_Work]) -> None:
+    def _write_ahead(self, changes: Sequence[PlanState]) -> None:
         """Write the new staging files of ``CREATE`` plans as durable temps, before the lock.
 
         Each temp is named as a partial write until it gets its name under the lock: a
@@ -309,7 +281,7 @@ class _Transaction:
                 work.tmp, lock_fd = fsio.write_held_temp(
                     self.staging_fd,
                     work.plan.data,
-                    fsio.PARTIAL,
+                    PARTIAL,
                     f"{work.plan.base}.recovered.json",
                     sync=not batch,
                 )
@@ -321,7 +293,7 @@ class _Transaction:
         if batch and any(w.tmp is not None for w in creates):
             fsio.syncfs(self.mem_fd)  # every new staging file's data is durable from here on
 
-    def write_records_ahead(self, works: Sequence[_Work], *, sync: bool) -> None:
+    def _write_records_ahead(self, works: Sequence[PlanState], *, sync: bool) -> None:
         """Write every dead-letter temp of ``works`` and make them durable (fsyncs or a syncfs).
 
         Streaming: a record is rendered, written and dropped, so a file of 100,000 candidates
@@ -358,7 +330,7 @@ class _Transaction:
             fsio.syncfs(self.mem_fd)  # every dead-letter temp's data is durable from here on
         fsio.crash_point("temps-synced")
 
-    def _write_records(self, work: _Work, dl_fd: int, *, sync: bool) -> list[Written]:
+    def _write_records(self, work: PlanState, dl_fd: int, *, sync: bool) -> list[Written]:
         """Each record's temp, rendered one at a time (its bytes are dropped once written)."""
         written: list[Written] = []
         for record in work.plan.records:
@@ -372,33 +344,31 @@ class _Transaction:
 
     # -- under the lock -------------------------------------------------------------------------
 
-    def run(
-        self,
-        decisions: Sequence[_Work],
-        changes: Sequence[_Work],
-        announce: Announce,
-        refuse: Refuse | None,
-        results: dict[str, Result],
-    ) -> None:
-        """Steps 1-7 of the module docstring; ``results`` gets each decision's."""
-        live: list[_Work] = []
-        for work in decisions:
+    def _check(self) -> None:
+        """Step 1: the decisions whose version is in place, the changes whose depends hold."""
+        for work in self._decisions:
             version = work.plan.version
             assert version is not None
             if work.unmovable is not None:
-                results[work.key] = work.result(Status.UNMOVABLE, reason=work.unmovable)
+                self._results[work.key] = work.result(Status.UNMOVABLE, reason=work.unmovable)
                 continue
             state = version.still_in_place(self.staging_fd)
             if state:
-                live.append(work)
+                self._in_place.append(work)
             else:
                 status = Status.GONE if state is None else Status.CHANGED
-                results[work.key] = work.result(status, identity=version.identity)
-        admitted = self._admitted(changes, refuse)
+                self._results[work.key] = work.result(status, identity=version.identity)
+        self._holding = self._admitted(self._changes)
+        self._state = "checked"
+
+    def _run(self, admitted: list[PlanState], announce: Announce) -> None:
+        """Steps 2-7 of the module docstring, for the decisions in place and ``admitted``."""
+        live = self._in_place
+        results = self._results
         if not live and not admitted:
             return
         if not self.written_ahead:
-            self.write_records_ahead(live, sync=True)  # a few files: under the lock
+            self._write_records_ahead(live, sync=True)  # a few files: under the lock
         taken: set[str] = set()
         files = [self._settle_names(work, taken) for work in live]
         self._settle_created(admitted)
@@ -439,7 +409,7 @@ class _Transaction:
             [w for w in admitted if w.plan.action is Action.UNLINK or w.created is not None]
         )
 
-    def _carry(self, work: _Work, rewrites: Mapping[str, str], batch: bool) -> replace.Carried:
+    def _carry(self, work: PlanState, rewrites: Mapping[str, str], batch: bool) -> replace.Carried:
         """Replace, remove or move the plan's staging file (step 6)."""
         version = work.plan.version
         assert version is not None
@@ -454,7 +424,7 @@ class _Transaction:
             self.staging_fd, dl_fd, or_fd, version, work.original, work.records, self.now
         )
 
-    def _settle_names(self, work: _Work, taken: set[str]) -> list[File]:
+    def _settle_names(self, work: PlanState, taken: set[str]) -> list[File]:
         """The dead-letter files of a plan, each with a name that is safe to use (SPEC 4).
 
         The records' temps are written already; if the original must take another name than
@@ -486,7 +456,7 @@ class _Transaction:
         work.records = names
         return files
 
-    def _rerender(self, work: _Work) -> None:
+    def _rerender(self, work: PlanState) -> None:
         """Under the lock, rare: the records point at the original's new name; written again."""
         dl_fd = self.store.open()[0]
         for old in work.written:
@@ -494,11 +464,11 @@ class _Transaction:
             self.ours.discard((dl_fd, old.tmp))
         work.written = self._write_records(work, dl_fd, sync=True)
 
-    def _rewrite_temp(self, work: _Work, batch: bool) -> str:
+    def _rewrite_temp(self, work: PlanState, batch: bool) -> str:
         assert work.plan.data is not None
         # Named ``part`` until it is durable: recovery deletes ``part`` temps rather than
         # keeping them as versions.
-        role = fsio.PARTIAL if batch else "new"
+        role = PARTIAL if batch else "new"
         tmp = fsio.write_temp(self.staging_fd, work.plan.data, role, work.key, sync=not batch)
         self.ours.add((self.staging_fd, tmp))
         fsio.crash_point("temp-written")
@@ -509,7 +479,7 @@ class _Transaction:
         self.ours.discard((self.staging_fd, tmp))
         if not batch:
             return tmp
-        ready = fsio.temp_name("new", name)
+        ready = temp_name("new", name)
         try:
             os.rename(tmp, ready, src_dir_fd=self.staging_fd, dst_dir_fd=self.staging_fd)
         except BaseException:
@@ -517,14 +487,14 @@ class _Transaction:
             raise
         return ready
 
-    def _admitted(self, changes: Sequence[_Work], refuse: Refuse | None) -> list[_Work]:
-        """The changes whose files are all still as they were read and that ``refuse`` lets be.
+    def _admitted(self, changes: Sequence[PlanState]) -> list[PlanState]:
+        """The changes whose files are all still as they were read.
 
         A staging file a change depends on (one that holds candidates whose records it removes)
         is fsynced here, so that the record goes only once the candidate is durable (SPEC 5).
         """
         fds: dict[str, int | None] = {STAGING: self.staging_fd}
-        live: list[_Work] = []
+        live: list[PlanState] = []
         try:
             for work in changes:
                 if work.failed is not None:
@@ -547,12 +517,9 @@ class _Transaction:
             for where, fd in fds.items():
                 if where != STAGING and fd is not None:
                     os.close(fd)
-        refused = refuse([w.plan for w in live]) if refuse is not None and live else {}
-        for work in live:
-            work.refused = refused.get(work.key)
-        return [w for w in live if w.refused is None]
+        return live
 
-    def _settle_created(self, changes: Sequence[_Work]) -> None:
+    def _settle_created(self, changes: Sequence[PlanState]) -> None:
         """The name each new staging file will get, so that it is announced before it is made."""
         taken: set[str] = set()
         for work in changes:
@@ -565,7 +532,7 @@ class _Transaction:
             taken.add(name)
             work.created = name
 
-    def _remove_held(self, changes: Sequence[_Work]) -> None:
+    def _remove_held(self, changes: Sequence[PlanState]) -> None:
         """Remove each file of the changes that is still the very file that was read; fsync."""
         if not any(w.plan.removes for w in changes):
             return
@@ -588,7 +555,7 @@ class _Transaction:
             for fd in synced.values():
                 os.close(fd)
 
-    def _create(self, work: _Work, announce: Announce) -> bool:
+    def _create(self, work: PlanState, announce: Announce) -> bool:
         """Give a ``CREATE``'s durable temp its free name in ``staging/``, never over a file."""
         assert work.tmp is not None and work.created is not None
         name = work.created

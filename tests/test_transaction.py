@@ -1,35 +1,44 @@
 """The one transaction, driven directly with hand-built plans on a temp dir (issue 20 item 6).
 
 Each test builds :class:`~memstaged.plan.Plan` values by hand (no triage, no pipeline), hands
-them to :func:`memstaged.transaction.apply` on a real memory dir, and checks the bytes on disk,
-the :class:`~memstaged.plan.Result` it hands back, and what it announced before it carried
-anything out. The crash test runs the same plans in a child process killed (SIGKILL) at each
-named ``crash_point``, then runs crash recovery, and checks that nothing is lost.
+them to :func:`memstaged.transaction.apply` (or :func:`~memstaged.transaction.begin` and
+``commit``, with the caller's own check between them) on a real memory dir, and checks the
+bytes on disk, the :class:`~memstaged.plan.Result` it hands back, and what it announced before
+it carried anything out. The crash test runs the same plans in a child process killed
+(SIGKILL) at each named ``crash_point``, then runs crash recovery, and checks that nothing is
+lost. The last tests check that a stale lock the transaction removed is logged however it ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from daemon_support import RecordingLogger
-from helpers import PYTHON, REPO, doc, lesson, make_memory_dir, project_root_of
+from helpers import PYTHON, REPO, doc, lesson, make_memory_dir, memory_dir_of, project_root_of
 
 from memstaged import fsio, tempnames, temps
+from memstaged.deadletter import Waiter
 from memstaged.fsio import Identity
 from memstaged.locks import CANONICAL_LOCK
+from memstaged.memdir import Options
+from memstaged.pipeline import Pipeline
 from memstaged.plan import Action, Held, Plan, Settled, Status
+from memstaged.purge import purge
 from memstaged.quarantine import Origin, original_name, whole_file_record
 from memstaged.read import Version, read_version
-from memstaged.transaction import apply
+from memstaged.transaction import apply, begin
+from memstaged.triage import Decision
 
 #: Old enough that a refreshed age is plainly newer.
 _OLD: int = 1_600_000_000
@@ -334,6 +343,196 @@ def test_a_record_goes_only_with_its_candidate_durable_and_a_changed_one_stays(
     assert sorted(p.name for p in store.iterdir()) == ["b.json"]
     assert (store / "b.json").read_bytes() == b"quarantined again"
     assert _temps(mdir) == []
+
+
+# -- the caller's own check, between begin and commit --------------------------------------------
+
+
+def _store_with(mdir: Path, *names: str) -> dict[str, Held]:
+    """Records in ``deadletter/``, each as an operator's plan holds it (name and identity)."""
+    store = mdir / "deadletter"
+    store.mkdir(exist_ok=True)
+    for name in names:
+        (store / name).write_bytes(name.encode())
+    return {n: Held("deadletter", n, Identity.of(os.lstat(store / n))) for n in names}
+
+
+def _tree(mdir: Path) -> dict[str, bytes]:
+    """Every regular file under ``staging/`` and ``deadletter/``, by its path in the memory dir."""
+    return {
+        str(p.relative_to(mdir)): p.read_bytes()
+        for top in ("staging", "deadletter")
+        for p in sorted((mdir / top).rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_plan_the_caller_refuses_between_begin_and_commit_is_refused_and_nothing_of_it_done(
+    tmp_path: Path,
+) -> None:
+    """Issue 20 (callbacks gone but ``announce``): the caller looks at the live plans itself,
+    under the lock, between ``begin`` and ``commit``; a ``CREATE`` it refuses is ``REFUSED``
+    with its reason, never announced, its staging file never named (no temp left either) and
+    the record it would remove still there, byte-exact; the other plan is carried out."""
+    mdir = make_memory_dir(tmp_path)
+    held = _store_with(mdir, "a.json", "b.json")
+    a, b = held["a.json"], held["b.json"]
+    plans = [
+        Plan(
+            key="new", action=Action.CREATE, depends=(a,), removes=(a,), data=_bytes(mdir), base="s"
+        ),
+        Plan(key="drop", action=Action.UNLINK, depends=(b,), removes=(b,)),
+    ]
+    heard = _Announcements(mdir / "staging")
+    with _opened(mdir) as (mem_fd, staging_fd), begin(mem_fd, staging_fd, plans, now=1.0) as tx:
+        assert [p.key for p in tx.live] == ["new", "drop"]
+        assert (mdir / CANONICAL_LOCK).exists()  # the caller looks under the lock
+        why = "staging/x.json got a candidate of its group while this ran"
+        results = tx.commit(announce=heard, refused={"new": why}).results
+    assert results["new"].status is Status.REFUSED
+    assert results["new"].reason == why
+    assert results["new"].created is None and results["new"].removed == ()
+    assert results["drop"].status is Status.DONE and results["drop"].removed == ("b.json",)
+    assert heard.settled == [Settled("drop")]
+    assert _tree(mdir) == {"deadletter/a.json": b"a.json"}
+    assert _temps(mdir) == []
+    assert not (mdir / CANONICAL_LOCK).exists()
+
+
+class _CheckFailed(Exception):
+    """What a caller's own check raises in the test below."""
+
+
+@pytest.mark.parametrize("raised", [_CheckFailed, KeyboardInterrupt])
+def test_an_exception_between_begin_and_commit_abandons_the_transaction(
+    tmp_path: Path, raised: type[BaseException]
+) -> None:
+    """Issue 20 (callbacks gone but ``announce``): the caller's check raises between ``begin``
+    and ``commit``; the exception reaches the caller as it was, nothing is announced, the
+    lock is free, and ``staging/`` and ``deadletter/`` are byte for byte as before: the new
+    staging file's temp (written before the lock) is removed on an error, and on a Ctrl-C
+    left, as a kill would leave it, for the next start's crash recovery, which removes it."""
+    mdir = make_memory_dir(tmp_path)
+    held = _store_with(mdir, "a.json")
+    data = _bytes(mdir)
+    (mdir / "staging" / "x.json").write_bytes(b"not json")
+    before = _tree(mdir)
+    heard = _Announcements(mdir / "staging")
+    with _opened(mdir) as (mem_fd, staging_fd):
+        version = _version(staging_fd, "x.json")
+        plans = [
+            _quarantine(version, b"not json"),
+            Plan(
+                key="new",
+                action=Action.CREATE,
+                depends=(held["a.json"],),
+                removes=(held["a.json"],),
+                data=data,
+                base="s",
+            ),
+        ]
+        with pytest.raises(raised), begin(mem_fd, staging_fd, plans, now=1.0) as tx:
+            assert _temps(mdir), "the premise: the new staging file's temp is written"
+            assert [p.key for p in tx.live] == ["new"]
+            raise raised()
+        version.close()
+    assert heard.settled == []
+    assert not (mdir / CANONICAL_LOCK).exists()
+    if raised is KeyboardInterrupt:
+        assert _temps(mdir), "a stop leaves its temps to crash recovery"
+        _recover(mdir)
+    assert _temps(mdir) == []
+    assert _tree(mdir) == before
+
+
+# -- stale locks, however the transaction ends -------------------------------------------------
+
+
+def _stale_own_lock(mdir: Path) -> Path:
+    """A ``canonical-writer.lock`` in memstaged's own format whose process is gone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = mdir / CANONICAL_LOCK
+    body = {"pid": dead.pid, "started_at": "2026-01-01T00:00:00.000Z", "owner": "memstaged"}
+    lock.write_text(json.dumps(body))
+    return lock
+
+
+_REMOVED = "removed (memstaged's own, its process is gone)"
+
+
+def test_a_stale_lock_removed_before_an_io_error_stopped_the_daemons_transaction_is_logged(
+    tmp_path: Path,
+) -> None:
+    """Issue 20 (stale locks logged in every ending), SPEC 7: the daemon's (and ``--once``'s)
+    transaction removes memstaged's own stale ``canonical-writer.lock``, then an I/O error
+    stops it (``deadletter`` is a regular file: ENOTDIR under the lock). ``lock_seen`` is
+    logged with its fields, the file is deferred and byte-exact in ``staging/``, and nothing
+    else changed. The stale lock appears after the pipeline's own look at the lock, when the
+    first file's decision is logged, so that only the transaction sees it."""
+    mdir = make_memory_dir(tmp_path)
+    (mdir / "staging" / "a.json").write_bytes(_bytes(mdir))
+    (mdir / "staging" / "b.json").write_bytes(b"not json")
+    (mdir / "deadletter").write_bytes(b"a regular file")
+    before = _tree(mdir)
+    log = RecordingLogger()
+    planted: list[Path] = []
+
+    def plant(event: dict[str, object]) -> None:
+        if event["event"] == "decision" and not planted:
+            planted.append(_stale_own_lock(mdir))
+
+    log.hooks.append(plant)
+    pipeline = Pipeline(Options(settle=0), log, durable_log=contextlib.nullcontext)
+    memory_dir = memory_dir_of(mdir)
+    outcomes = {
+        name: outcome
+        for batch in pipeline.batches(memory_dir, ["a.json", "b.json"])
+        for name, outcome in batch.outcomes.items()
+    }
+    assert outcomes["a.json"].decision is Decision.VALID
+    assert outcomes["b.json"].decision is Decision.DEFERRED
+    assert planted and not planted[0].exists()
+    seen = log.named("lock_seen")
+    assert len(seen) == 1, log.events
+    assert seen[0]["lock"] == CANONICAL_LOCK and seen[0]["alive"] is False
+    assert seen[0]["action"] == _REMOVED and seen[0]["owner"] == "memstaged"
+    assert _tree(mdir) == before
+    assert _temps(mdir) == []
+
+
+def test_a_stale_lock_removed_before_an_io_error_stopped_a_purge_is_logged(
+    tmp_path: Path,
+) -> None:
+    """Issue 20 (stale locks logged in every ending), SPEC 7: ``deadletter purge`` removes
+    memstaged's own stale ``canonical-writer.lock`` as it takes the lock; then, once the purge
+    is announced, ``deadletter/`` is replaced by a symbolic link (never followed: ELOOP), and
+    the transaction stops. The purge says the error, ``lock_seen`` is logged with the memory
+    dir, and every record is still there, byte-exact."""
+    mdir = make_memory_dir(tmp_path)
+    _store_with(mdir, "r1.json", "r2.json")
+    lock = _stale_own_lock(mdir)
+    aside = mdir / "deadletter.aside"
+    log = RecordingLogger()
+
+    def swap(event: dict[str, object]) -> None:
+        if event["event"] == "deadletter_purging":
+            (mdir / "deadletter").rename(aside)
+            (mdir / "deadletter").symlink_to(aside)
+
+    log.hooks.append(swap)
+    done = purge(
+        memory_dir_of(mdir), cutoff=None, waiter=Waiter(None, lambda _text: None), logger=log
+    )
+    assert done.error is not None and done.deleted == []
+    assert log.named("deadletter_purging"), "the premise: the purge was announced"
+    assert not lock.exists()
+    seen = log.named("lock_seen")
+    assert len(seen) == 1, log.events
+    assert seen[0]["action"] == _REMOVED and seen[0]["memory_dir"] == str(memory_dir_of(mdir).path)
+    assert sorted(p.name for p in aside.iterdir()) == ["r1.json", "r2.json"]
+    assert (aside / "r1.json").read_bytes() == b"r1.json"
+    assert not (mdir / CANONICAL_LOCK).exists()
 
 
 # -- a crash at every point -----------------------------------------------------------------------
