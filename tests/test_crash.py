@@ -145,8 +145,13 @@ def _run_killed(
     try:
         proc.wait(timeout=delay if delay is not None else 60)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        pass
+    finally:
+        # Also when the test itself is stopped here (pytest-timeout): a run left behind would
+        # go on changing the memory dir, and fail the next test as a leaked process.
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
     return proc.returncode
 
 
@@ -222,7 +227,8 @@ def test_sigkill_anywhere_in_once_loses_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
+# A hang guard (each run is bounded): 6.6 min quiet, far more at load 9.
+@pytest.mark.timeout(4 * 3600)
 def test_sigkill_anywhere_in_once_loses_nothing_at_scale(tmp_path: Path) -> None:
     """The same harness with 2,000 kills on larger corpora."""
     tally = _harness(tmp_path, kills_wanted=2000, files=40)
@@ -276,7 +282,10 @@ def _kill_big_corpus(tmp_path: Path, files: int, min_kills: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
+# A guard against a hang, not a measure: each run is bounded (killed after 60 s at most), and
+# the test's length is its number of runs times what a run costs on the machine as it is. At
+# load 8-14 it went past 3,600 s (issue 19 item 8); quiet, it takes minutes.
+@pytest.mark.timeout(4 * 3600)
 def test_sigkill_a_run_over_thousands_of_files(tmp_path: Path) -> None:
     """Issue 10, "How to prove it": a corpus of 3,000 mixed files, ``--once`` SIGKILLed at
     random times and steps at least 150 times, 500 more files arriving whenever a run gets
