@@ -341,3 +341,31 @@ def test_the_reason_a_text_is_not_json_does_not_depend_on_the_callers_stack() ->
     shallow = nested(0)
     deep = nested(sys.getrecursionlimit() - 200)
     assert shallow == deep
+
+
+def test_minus_zero_inside_a_string_takes_the_fast_path() -> None:
+    """Issue 23 (hot paths): ``-0`` inside a string, as in a UUID (``…-0a61…``, in a fifth of
+    an agent's files), is no number: such a file is rewritten as any other. It used to be read
+    as a possible integer ``-0``, and the file went through the slow parser and encoder, whose
+    rewrite escapes every non-ASCII character; an integer ``-0`` still takes that path (the
+    Node tests hold its value)."""
+    from memstaged.triage import Context, Decision, decide
+
+    def rewrite(session: str) -> bytes:
+        doc = (
+            '{"schemaVersion":1,"session_id":"' + session + '","project_root":"/p",'
+            '"produced_at":"2026-01-01T00:00:00Z","candidates":{"lessons":[],"decisions":[],'
+            '"preferences":[{"text":"caf\u00e9 \u2013 na\u00efve","source_evidence":'
+            '{"lesson_candidate_marker_ids":["m"]}}]}}'
+        )  # no "domain": R5 repairs it
+        verdict = decide(doc.encode(), Context(project_root="/p", file_name="s.json"))
+        assert verdict.decision is Decision.REPAIRED, verdict.reasons
+        assert verdict.new_bytes is not None
+        return verdict.new_bytes
+
+    with_zero = rewrite("0004df49-f6cd-4155-ae57-0a61e8b2ca11")
+    without = rewrite("0004df49-f6cd-4155-ae57-1a61e8b2ca11")
+    assert with_zero == without.replace(b"-1a61", b"-0a61")
+    assert "caf\u00e9 \u2013 na\u00efve".encode() in with_zero
+    assert not parse_json(b'{"id":"a-0b","n":[-0.5,-0e1]}').exotic
+    assert parse_json(b'{"n" : [ 1 ,\n-0 ] }').exotic  # the integer -0: the exact path

@@ -261,6 +261,12 @@ NUMBER_LITERALS = [
     "[-0, 0, -0.0, -0e0]",
     '{"z": -0}',
     "[" * 900 + "-0" + "]" * 900,  # nested
+    # whitespace of every JSON kind around it (issue 23: the search for -0 learned its context)
+    "[ -0 ]",
+    "[\n\t-0\r\n]",
+    '{"y" :\r -0\t}',
+    "[1,-0,2]",
+    '["a-0b", -0]',
 ]
 
 
