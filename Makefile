@@ -12,10 +12,11 @@ PREFIX ?= $(HOME)/.local
 # systemd-python; systemd and the user D-Bus for the real-service tests; Node.js (20 on Debian
 # 13) for the differential tests that compare memstaged's JavaScript semantics with Node's;
 # bash-completion, man-db, tmux and less for the tests that press Tab in a real bash, read the man
-# page and read what a terminal of 80 columns shows (issue 22); strace for the benchmark's system
+# page and read what a terminal of 80 columns shows (issue 22); zsh and fish, whose own parsers
+# check the generated completion scripts (skipped without them); strace for the benchmark's system
 # calls per file (measures 10, 16 and 17; skipped with the reason without it).
 APT_PACKAGES := python3-venv python3-dev gcc libsystemd-dev pkg-config systemd \
-	dbus-user-session nodejs bash-completion man-db tmux less strace
+	dbus-user-session nodejs bash-completion man-db tmux less zsh fish strace
 
 .PHONY: setup sysdeps demo install uninstall completions test test-slow lint bench clean
 
@@ -30,6 +31,7 @@ sysdeps:
 		|| [ ! -e /usr/lib/systemd/user/dbus.socket ] \
 		|| [ ! -e /usr/share/bash-completion/bash_completion ] \
 		|| ! command -v man >/dev/null || ! command -v tmux >/dev/null \
+		|| ! command -v zsh >/dev/null || ! command -v fish >/dev/null \
 		|| ! command -v strace >/dev/null; then \
 		echo "installing Debian packages: $(APT_PACKAGES)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

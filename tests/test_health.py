@@ -372,6 +372,33 @@ def test_metrics_file_is_written_by_the_daemon_and_follows_ack(
     assert daemon.stop() == 0
 
 
+def test_metrics_file_gives_the_waiting_file_and_when_its_wait_began(
+    tmp_path: Path,
+    memory_dir: Path,
+    spawn: Callable[..., DaemonProcess],
+) -> None:
+    """Issue 21 item 7 ("waits and the oldest wait"): a file the daemon holds back (it does not
+    parse yet and is within its settle interval) is one waiting file in the metrics file, and
+    the oldest wait is its last change, a timestamp an alert subtracts from time()."""
+    prom = tmp_path / "m.prom"
+    cfg = tmp_path / "memstaged.toml"
+    cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 3600\n')
+    daemon = spawn("--config", str(cfg))
+    half = memory_dir / "staging" / "half.json"
+    write(half, b'{"session_id": "half", ')
+    daemon.wait_for(
+        lambda ev: any(e["event"] == "decision" and e["decision"] == "deferred" for e in ev),
+        "half.json deferred",
+    )
+    _wait(lambda: _sample(prom, "memstaged_waiting_files") == 1, "one waiting file")
+    found = _metrics(prom)
+    assert found["memstaged_oldest_wait_timestamp_seconds"] == pytest.approx(
+        half.stat().st_mtime, abs=0.001
+    )
+    assert found["memstaged_deferrals_total"] >= 1
+    assert daemon.stop() == 0
+
+
 def test_metrics_are_written_only_after_a_change_and_at_most_every_few_seconds(
     tmp_path: Path, memory_dir: Path
 ) -> None:
