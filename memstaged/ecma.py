@@ -36,13 +36,16 @@ _JS_WHITESPACE_RUN: Final = re.compile("[" + re.escape(JS_WHITESPACE) + "]+")
 _MAX_INT_DIGITS: Final = 4000
 #: The integer literal ``-0`` (not ``-0.0``, ``-0e0``, ``-01``): ``JSON.parse`` reads minus zero,
 #: msgspec and ``int()`` read zero. Searched only in text msgspec decoded, so valid JSON, where a
-#: value starts at the text's start or after ``[``, ``,`` or ``:`` and ends at its end or before
-#: ``,``, ``]`` or ``}``, with JSON's four whitespace characters between: every integer ``-0``
-#: matches. A string holding such text (``"a: -0,"``) matches too, and only costs a slower parse;
-#: ``-0`` inside a UUID or a word (``"…-0a61…"``, a fifth of an agent's files) does not, since the
-#: first form sent every such file, and every record of it, to the slow parser and encoder.
-#: ``b"-0" in data`` first: a C-speed scan that most files answer before the regex runs.
-_NEGATIVE_ZERO: Final = re.compile(rb"(?:\A|[\[,:])[ \t\n\r]*-0[ \t\n\r]*(?:[,\]}]|\Z)")
+#: value ends at the text's end or before ``,``, ``]`` or ``}`` and starts at the text's start or
+#: after ``[``, ``,`` or ``:`` (:func:`_has_negative_zero` looks back), with JSON's four
+#: whitespace characters between: every integer ``-0`` is found. A string holding such text
+#: (``"a: -0,"``) is found too, and only costs a slower parse; ``-0`` inside a UUID or a word
+#: (``"…-0a61…"``, in a fifth of an agent's files) is not: the first form of this search sent
+#: every such file, and every record of it, to the slow parser and encoder (issue 23). The
+#: pattern starts with its literal, so that the search skips ahead at C speed.
+_NEGATIVE_ZERO: Final = re.compile(rb"-0(?=[ \t\n\r]*(?:[,\]}]|\Z))")
+_JSON_SPACE_BYTES: Final = frozenset(b" \t\n\r")
+_BEFORE_A_VALUE: Final = frozenset(b"[,:")
 
 _decoder: Final = msgspec.json.Decoder()
 
@@ -229,6 +232,17 @@ def _parse_int(literal: str) -> int | float:
     return int(literal)
 
 
+def _has_negative_zero(data: bytes) -> bool:
+    """Whether valid JSON ``data`` may hold the integer ``-0`` (see :data:`_NEGATIVE_ZERO`)."""
+    for found in _NEGATIVE_ZERO.finditer(data):
+        at = found.start() - 1
+        while at >= 0 and data[at] in _JSON_SPACE_BYTES:  # linear in all: the whitespace runs
+            at -= 1  # looked back over end at each match's own "-0", so no two overlap
+        if at < 0 or data[at] in _BEFORE_A_VALUE:
+            return True
+    return False
+
+
 def parse_json(data: bytes, *, deep_array_as_text: bool = False) -> Parsed:
     """``JSON.parse(fs.readFileSync(path, "utf-8"))`` of ``data``; raises :class:`NotJSON`.
 
@@ -251,7 +265,7 @@ def parse_json(data: bytes, *, deep_array_as_text: bool = False) -> Parsed:
     except RecursionError:
         reason = "nested too deep for msgspec"
     else:
-        if b"-0" not in data or _NEGATIVE_ZERO.search(data) is None:
+        if b"-0" not in data or not _has_negative_zero(data):
             return Parsed(value)
         # msgspec read an integer -0 as 0: a repair would write 0 where JSON.parse reads -0
         # (issue 19 item 4). The standard library's parser below keeps it (_parse_int).
