@@ -194,6 +194,22 @@ def run_once(
         )
     raise_fd_limit()  # SPEC 6: the soft limit of a service manager is 1,024
     pipeline = Pipeline(settings.options, _logger())
+    try:
+        return _run(settings, pipeline, mdirs, aliases, literal, wait, as_json, stream)
+    finally:
+        pipeline.close()  # the decider processes are the run's (issue 23)
+
+
+def _run(
+    settings: Settings,
+    pipeline: Pipeline,
+    mdirs: list[MemoryDir],
+    aliases: list[Alias],
+    literal: frozenset[str],
+    wait: bool,
+    as_json: bool,
+    stream: IO[str],
+) -> int:
     for alias in aliases:
         _same_directory(pipeline, alias)
     results: dict[str, Counter[str]] = {}

@@ -119,8 +119,12 @@ class Pipeline:
         self._rewrites: dict[tuple[str, str], str] = {}
         #: Memory dirs whose ``staging/`` could not be listed at the last :meth:`scan`.
         self.unlisted: dict[str, str] = {}
-        #: Decider processes for batches of many files (started on first use; issue 23).
+        #: Decider processes for batches of many files: started on first use, kept for the
+        #: whole run (its memory dirs one after the other) and stopped by :meth:`close`; issue 23.
         self._deciders = Deciders(workers_wanted())
+        #: Files handed to :meth:`batches` so far: a run of many small memory dirs (1,000 of 100
+        #: files) is worth a pool as much as one large one.
+        self._batched = 0
 
     # -- the entry points -----------------------------------------------------------------------
 
@@ -133,14 +137,19 @@ class Pipeline:
 
         One thread on purpose: applying a batch in a second thread while the next is decided
         was tried and measured slower (docs/performance.md): handing the GIL back and forth
-        between the two cost more CPU than the waits for the disk it hid.
+        between the two cost more CPU than the waits for the disk it hid. The decider
+        processes are the run's: they decide ahead once the run has this and earlier memory
+        dirs' files enough to win back their start (:data:`memstaged.deciders.POOL_THRESHOLD`).
         """
         todo = iter(names)
-        try:
-            for first in todo:  # no transaction (memory dir opened, lock read) for no file
-                yield self._transaction(mdir, itertools.chain((first,), todo), BATCH, len(names))
-        finally:
-            self._deciders.close()
+        size = self._batched + len(names)
+        self._batched = size
+        for first in todo:  # no transaction (memory dir opened, lock read) for no file
+            yield self._transaction(mdir, itertools.chain((first,), todo), BATCH, size)
+
+    def close(self) -> None:
+        """Stop the decider processes, if any started (at the end of a run)."""
+        self._deciders.close()
 
     # -- one transaction ------------------------------------------------------------------------
 

@@ -261,3 +261,52 @@ def test_once_refuses_a_wrong_number_of_workers_as_a_usage_error(tmp_path: Path)
         "(0: decide in the reading process)"
     ]
     assert sorted(p.name for p in (mdir / "staging").iterdir()) == sorted(i.name for i in inputs)
+
+
+def test_one_pool_decides_a_run_of_many_small_memory_dirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 (one pool per run): a run of four memory dirs of 100 files each, none large
+    enough alone to start a pool, is decided by one pool, started once for the run and stopped
+    by ``close``; what is left on disk is what deciding in process leaves."""
+    mdirs = [tmp_path / f"p{i}" / ".pi" / "memory" / "project" for i in range(4)]
+    corpora = [
+        make_corpus(random.Random(40 + i), 100, project_root_of(m), f"run{i}-", big_every=7)
+        for i, m in enumerate(mdirs)
+    ]
+
+    def decide_run() -> dict[str, bytes]:
+        pipeline = Pipeline(Options(settle=0), RecordingLogger(), clock=lambda: 1_800_000_000.0)
+        try:
+            for mdir, inputs in zip(mdirs, corpora, strict=True):
+                shutil.rmtree(mdir, ignore_errors=True)
+                (mdir / "staging").mkdir(parents=True)
+                write_inputs(mdir / "staging", inputs)
+                names = sorted(i.name for i in inputs)
+                for _batch in pipeline.batches(memory_dir_of(mdir), names):
+                    pass
+        finally:
+            pipeline.close()
+        return _tree(tmp_path)
+
+    monkeypatch.setenv(deciders.WORKERS_ENV, "0")
+    alone = decide_run()
+    starts: list[int] = []
+    sent: list[int] = []
+    start, submit = Deciders._start, Deciders._submit
+
+    def counted_start(self: Deciders) -> None:
+        starts.append(self.workers)
+        start(self)
+
+    def counted_submit(self: Deciders, jobs: list[tuple[bytes, Context]]) -> int | None:
+        sent.append(len(jobs))
+        return submit(self, jobs)
+
+    monkeypatch.setattr(Deciders, "_start", counted_start)
+    monkeypatch.setattr(Deciders, "_submit", counted_submit)
+    monkeypatch.setenv(deciders.WORKERS_ENV, "2")
+    pooled = decide_run()
+    assert starts == [2]  # one pool for the run
+    assert sum(sent) >= 100  # it decided the dirs from the one that brought the run to 256 on
+    assert pooled == alone
