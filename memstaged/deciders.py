@@ -118,12 +118,17 @@ def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure
     """In a worker: each job's verdict, pickled; what went wrong; or None when the verdict
     cannot be pickled (a document nested deeper than the pickler's recursion allows: deciding
     has no depth limit, pickling has). Never raises for one file."""
+    from memstaged.quarantine import rendered_ahead
     from memstaged.triage import decide
 
     out: list[bytes | Failure | None] = []
     for data, ctx in jobs:
         try:
             verdict = decide(data, ctx)
+            # The records' bytes travel rather than the parsed file they are rendered from.
+            ahead = rendered_ahead(verdict.deadletter)
+            if ahead is not None and ahead:
+                verdict = msgspec.structs.replace(verdict, deadletter=ahead)
         except Exception as err:  # noqa: BLE001 - a bug is logged for its file, as in process
             out.append(Failure(repr(err), traceback.format_exc()))
             continue

@@ -37,6 +37,7 @@ from memstaged.memdir import (
 )
 from memstaged.outcome import Batch, Outcome
 from memstaged.plan import Plan, Result, Settled, Status, identity_hash, plan_of
+from memstaged.quarantine import decided_again
 from memstaged.read import FirstSeen, Skip, Version, read_version
 from memstaged.timestamps import format_epoch_ms
 from memstaged.transaction_errors import Blocked, Stopped, log_stale_locks
@@ -296,7 +297,11 @@ class Pipeline:
             event["traceback"] = decided.traceback
             message = f"internal error, file left as it is: {decided.error}"
             return self._failed(event, message, started), None
-        verdict = self._verdict(version, ctx) if decided is None else decided
+        if decided is None:
+            verdict = self._verdict(version, ctx)
+        else:  # its records may be rendered ahead: rendered again here only for another name
+            verdict = decided
+            decided_again(verdict.deadletter, lambda: self._verdict(version, ctx).deadletter)
         events.describe(event, verdict)
         if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
             # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged

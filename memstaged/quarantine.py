@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -115,6 +115,7 @@ class _Shared:
     """What the records of one decision have in common, computed once."""
 
     __slots__ = (
+        "again",
         "checked",
         "doc",
         "embedded",
@@ -153,6 +154,18 @@ class _Shared:
         #: The original's name in ``originals/`` as planned; a record rendered for another name
         #: (the planned one was taken, SPEC 4) is given that name by :meth:`DeadLetter.render`.
         self.original = original_name(origin.file_name, origin.sha256)
+        #: For a copy without the parsed file (:meth:`light`): gives the records of the same
+        #: decision, whole, when a record must be rendered for another original's name.
+        self.again: Callable[[], Sequence[DeadLetter]] | None = None
+
+    def light(self) -> _Shared:
+        """This without the parsed file: what the records rendered in a decider process need
+        in the reading process (names, marks), since their bytes travel with them."""
+        copy = _Shared.__new__(_Shared)
+        for slot in _Shared.__slots__:
+            setattr(copy, slot, getattr(self, slot))
+        copy.doc = copy.checked = copy.repaired = copy.embedded = None
+        return copy
 
     def render(
         self,
@@ -208,9 +221,16 @@ class DeadLetter:
     decision is in memory at a time. Nothing of it changes once it is built.
     """
 
-    __slots__ = ("_index", "_name", "_shared", "category")
+    __slots__ = ("_at", "_body", "_index", "_name", "_shared", "category")
 
-    def __init__(self, name: str | None, category: str, shared: _Shared, index: int | None) -> None:
+    def __init__(
+        self,
+        name: str | None,
+        category: str,
+        shared: _Shared,
+        index: int | None,
+        body: bytes | None = None,
+    ) -> None:
         #: None: the name a record of its candidate gets, built when asked for (one string
         #: per record of a file of hundreds of thousands of candidates is not kept).
         self._name = name
@@ -218,6 +238,10 @@ class DeadLetter:
         self._shared = shared
         #: The candidate's index in its category, or None for the whole-file record.
         self._index = index
+        #: The record rendered ahead for the planned original (:func:`rendered_ahead`), and
+        #: its place among its decision's records.
+        self._body = body
+        self._at = 0
 
     @property
     def name(self) -> str:
@@ -238,6 +262,10 @@ class DeadLetter:
         one may be taken, SPEC 4): nothing of the record changes, each rendering is a value.
         """
         shared = self._shared
+        if self._body is not None and original == shared.original:
+            return self._body
+        if shared.again is not None:  # rendered ahead for another name: the whole record again
+            return shared.again()[self._at].render(original)
         origin = shared.origin
         file_fixed = list(origin.repairable)
         file_left = list(origin.errors[: len(origin.errors) - len(file_fixed)])
@@ -271,7 +299,9 @@ class DeadLetter:
 
     def renamed(self, name: str) -> DeadLetter:
         """The same record under another file name (SPEC 4: a name under deadletter/ is taken)."""
-        return DeadLetter(name, self.category, self._shared, self._index)
+        other = DeadLetter(name, self.category, self._shared, self._index, self._body)
+        other._at = self._at
+        return other
 
     def marks(self, original: str) -> dict[str, Any]:
         """What tells this record's quarantine apart, as :meth:`render` writes it, unrendered.
@@ -350,3 +380,53 @@ def whole_file_record(value: Any, origin: Origin, *, exotic: bool = False) -> De
     """
     shared = _Shared(value, origin, exotic)
     return DeadLetter(f"{shared.prefix}-file.json", "lessons", shared, None)
+
+
+#: :func:`rendered_ahead` renders a decision's records in a decider process only up to this many
+#: bytes together; beyond, they are rendered one at a time as they are written (SPEC 4: records
+#: stay bounded), and the parsed file travels instead.
+AHEAD_LIMIT: Final = 4 << 20
+
+
+def rendered_ahead(records: Sequence[DeadLetter]) -> tuple[DeadLetter, ...] | None:
+    """The records, each with its bytes rendered for the planned original and without the
+    parsed file; None when they would be larger than :data:`AHEAD_LIMIT` together.
+
+    A decider process sends these back instead of the parsed file (issue 23): pickling a
+    decoded document cost more than deciding it, and the reading process rendered every record
+    again. Rendering one for another original (rare: the planned name was taken) needs the
+    file: :func:`decided_again` gives the way back to it.
+    """
+    if not records:
+        return ()
+    out: list[DeadLetter] = []
+    total = 0
+    lights: dict[int, _Shared] = {}
+    for at, record in enumerate(records):
+        body = record.body
+        total += len(body)
+        if total > AHEAD_LIMIT:
+            return None
+        shared = record._shared
+        light = lights.get(id(shared))
+        if light is None:
+            light = lights[id(shared)] = shared.light()
+        ahead = DeadLetter(record.name, record.category, light, record._index, body)
+        ahead._at = at
+        out.append(ahead)
+    return tuple(out)
+
+
+def decided_again(records: Sequence[DeadLetter], again: Callable[[], Sequence[DeadLetter]]) -> None:
+    """Give records rendered ahead the way back to their whole selves: ``again`` decides the
+    same bytes in the same context again (deciding is pure: the same records)."""
+    whole: list[Sequence[DeadLetter]] = []
+
+    def once() -> Sequence[DeadLetter]:
+        if not whole:
+            whole.append(again())
+        return whole[0]
+
+    for record in records:
+        if record._body is not None:
+            record._shared.again = once

@@ -7,6 +7,7 @@ rewrite, every dead-letter record's body), over the crash tests' mixed corpus.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -34,6 +35,7 @@ from memstaged.deciders import POOL_THRESHOLD, Deciders, Failure, workers_wanted
 from memstaged.errors import ConfigError
 from memstaged.memdir import Options
 from memstaged.pipeline import Pipeline
+from memstaged.quarantine import AHEAD_LIMIT
 from memstaged.triage import Context, Verdict, decide
 
 ROOT = "/home/dev/proj"
@@ -87,20 +89,22 @@ def pool() -> Iterator[Deciders]:
 def test_the_pool_gives_each_file_the_verdict_deciding_in_process_gives(pool: Deciders) -> None:
     """Issue 23 item 3: over 400 mixed files (valid, every repair, every kind of quarantine,
     foreign, not JSON), two workers hand back, in the order read, verdicts equal to
-    ``triage.decide`` in process and writing the same bytes; a document nested 2,000 deep (no
-    depth limit in deciding, one in pickling) comes back without a verdict, to decide in
-    process."""
+    ``triage.decide`` in process and writing the same bytes. A document nested 2,000 deep comes
+    back decided too (its record rendered in the worker); one whose records are too large to
+    render ahead would carry the parsed document, which pickling cannot nest that deep: it
+    comes back without a verdict, to decide in process."""
     jobs = _jobs(400, deep=True)
+    ctx = jobs[0][1]
+    too_deep = b"[" * 2000 + b'"' + b"x" * (AHEAD_LIMIT + 1) + b'"' + b"]" * 2000
+    jobs.append((too_deep, ctx))
     got = list(pool.ahead(range(len(jobs)), lambda i: jobs[i], len(jobs)))
     assert [i for i, _ in got] == list(range(len(jobs)))
     assert pool.broken is None
     decisions = set()
     deep = {i for i, (data, _) in enumerate(jobs) if data.startswith(b"[" * 1000)}
-    assert deep  # nested deeper than pickle goes: the caller decides those in process
-    assert {i for i, v in got if v is None} == deep
-    for i, verdict in got:
-        if i in deep:
-            continue
+    assert len(deep) > 1
+    assert {i for i, v in got if v is None} == {len(jobs) - 1}
+    for i, verdict in got[:-1]:
         assert isinstance(verdict, Verdict), (i, verdict)
         expected = decide(*jobs[i])
         assert verdict == expected
@@ -201,10 +205,14 @@ def _tree(root: Path) -> dict[str, bytes]:
     }
 
 
-def _decide_batches(mdir: Path, inputs: list[Input]) -> tuple[dict[str, bytes], list[Any]]:
+def _decide_batches(
+    mdir: Path, inputs: list[Input], *, keep: bool = False
+) -> tuple[dict[str, bytes], list[Any]]:
     """``--once``'s path in process (``Pipeline.batches``) on a fresh copy of ``inputs``, with
-    a fixed clock: what is left on disk, and the decision events without their durations."""
-    shutil.rmtree(mdir, ignore_errors=True)
+    a fixed clock: what is left on disk, and the decision events without their durations.
+    ``keep``: the memory dir's other contents are kept."""
+    if not keep:
+        shutil.rmtree(mdir, ignore_errors=True)
     (mdir / "staging").mkdir(parents=True)
     write_inputs(mdir / "staging", inputs)
     log = RecordingLogger()
@@ -310,3 +318,49 @@ def test_one_pool_decides_a_run_of_many_small_memory_dirs(
     assert starts == [2]  # one pool for the run
     assert sum(sent) >= 100  # it decided the dirs from the one that brought the run to 256 on
     assert pooled == alone
+
+
+def test_records_rendered_ahead_follow_an_original_that_takes_another_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 (records rendered in the workers): when the original's planned name under
+    ``originals/`` is taken by other bytes, the records rendered ahead by a worker for that name
+    are rendered again for the name it gets; ``deadletter/`` is byte for byte what deciding in
+    process writes, and every record points at an original that holds its file's bytes."""
+    mdir = tmp_path / "proj" / ".pi" / "memory" / "project"
+    kinds = tuple(k for k in KINDS if k != "deep")  # its records are read back with json here
+    inputs = make_corpus(
+        random.Random(11), 300, project_root_of(mdir), "taken-", big_every=7, kinds=kinds
+    )
+    ctx = Context(project_root_of(mdir), "x.json")
+    taken = {}
+    for i in inputs:
+        verdict = decide(i.data, msgspec.structs.replace(ctx, file_name=i.name))
+        if verdict.original is not None and verdict.deadletter:
+            taken[verdict.original] = b"other bytes under the planned name\n"
+    assert len(taken) > 10
+
+    def run(workers: str) -> tuple[dict[str, bytes], list[Any]]:
+        monkeypatch.setenv(deciders.WORKERS_ENV, workers)
+        originals = mdir / "deadletter" / "originals"
+        shutil.rmtree(mdir, ignore_errors=True)
+        originals.mkdir(parents=True)
+        for name, data in taken.items():
+            (originals / name).write_bytes(data)
+        return _decide_batches(mdir, inputs, keep=True)
+
+    alone_tree, alone_log = run("0")
+    pool_tree, pool_log = run("2")
+    assert pool_tree == alone_tree
+    assert pool_log == alone_log
+    names_of: dict[bytes, set[str]] = {}
+    for i in inputs:
+        names_of.setdefault(i.data, set()).add(i.name)
+    pointed = 0
+    for path, data in pool_tree.items():
+        if path.startswith("deadletter/") and path.count("/") == 1:
+            record = json.loads(data)
+            original = pool_tree["deadletter/" + record["memstaged"]["original"]]
+            assert record["memstaged"]["source_file"] in names_of[original]
+            pointed += record["memstaged"]["original"].removeprefix("originals/") not in taken
+    assert pointed > 10  # records that point at the other name their original got
