@@ -325,3 +325,55 @@ def test_repairs_and_records_keep_every_number_as_json_parse_reads_it(node: Node
         if kept != expected:
             wrong.append(f"{literal[:40]!r} ({how}): node reads {kept!r}, was {expected!r}"[:400])
     assert wrong == [], "\n".join(wrong)
+
+
+def _exact(value: object) -> object:
+    """The oracle's ``exact`` form of a value ``parse_json`` gave (numbers and strings tagged)."""
+    if isinstance(value, dict):
+        return {k: _exact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_exact(v) for v in value]
+    if isinstance(value, str):
+        return "s:" + value
+    if isinstance(value, bool) or value is None:
+        return value
+    assert isinstance(value, int | float)
+    if value == 0:
+        return "n:-0" if str(float(value)).startswith("-") else "n:0"
+    return "n:" + (str(int(value)) if float(value).is_integer() else repr(value))
+
+
+def test_minus_zero_is_found_wherever_json_allows_it_and_nowhere_else(node: Node) -> None:
+    """Issue 23 (the search for ``-0`` learned its context): over 3,000 random documents
+    holding ``-0`` as a number in every place JSON allows a value (top level, array element,
+    object member; any of JSON's whitespace around it) and as text inside strings (a UUID's
+    ``-0a61``, ``": -0,"``), ``parse_json`` reads every number as ``JSON.parse`` does: minus
+    zero where Node reads minus zero, zero where it reads zero."""
+    rng = random.Random(2023)
+    space = [" ", "\t", "\n", "\r", "", "", ""]
+    numbers = ["-0", "0", "-0.0", "-0e0", "-1", "10", "2.5", "-0.5"]
+    strings = ['"a-0b"', '"0004df49-0a61"', '": -0,"', '"[-0]"', '"-0"', '"x -0 }"']
+
+    def ws() -> str:
+        return "".join(rng.choice(space) for _ in range(rng.randint(0, 2)))
+
+    def value(depth: int) -> str:
+        roll = rng.random()
+        if depth > 3 or roll < 0.45:
+            return ws() + rng.choice(numbers if rng.random() < 0.6 else strings) + ws()
+        if roll < 0.75:
+            items = [value(depth + 1) for _ in range(rng.randint(0, 4))]
+            return ws() + "[" + ",".join(items) + "]" + ws()
+        members = [f'{ws()}"k{i}"{ws()}:{value(depth + 1)}' for i in range(rng.randint(0, 4))]
+        return ws() + "{" + ",".join(members) + "}" + ws()
+
+    docs = [value(0).encode() for _ in range(3000)]
+    assert sum(b"-0" in d for d in docs) > 1000
+    theirs = [json.loads(s) for s in node.ask_bytes("exact", docs)]
+    ours = [_exact(parse_json(d).value) for d in docs]
+    wrong = [
+        f"{d!r}: ours {o!r}, node {t!r}"
+        for d, o, t in zip(docs, ours, theirs, strict=True)
+        if o != t
+    ]
+    assert wrong == [], "\n".join(wrong[:10])
