@@ -22,8 +22,10 @@ import pytest
 from cmd_support import json_lines, one_line_error, prepare, run
 from conftest import staging_doc, write
 from daemon_support import RecordingLogger, Rig, settings
+from helpers import mounted, without_dac_override
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_process import DaemonProcess
+from test_log_safety import Broken
 
 from memstaged import acks, config, metrics
 from memstaged.commands.status import SUMMARY_COLUMNS
@@ -186,8 +188,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Starts real daemons (tests/test_daemon_process.py's), ready; killed at the end."""
     started: list[DaemonProcess] = []
 
-    def start(*args: str, nofile: tuple[int, int] | None = None) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, nofile=nofile)
+    def start(*args: str, **options: Any) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, *args, **options)
         started.append(daemon)
         daemon.wait_ready()
         return daemon
@@ -396,6 +398,86 @@ def test_metrics_file_gives_the_waiting_file_and_when_its_wait_began(
         half.stat().st_mtime, abs=0.001
     )
     assert found["memstaged_deferrals_total"] >= 1
+    assert daemon.stop() == 0
+
+
+def test_metrics_say_while_the_log_cannot_be_written_and_when_it_can_again(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 21 item 7 ("log write failures"): the daemon's decision log is on a small real
+    tmpfs, filled after the daemon started. A file that arrives then waits (its bytes
+    untouched), and the metrics file says so: `memstaged_log_write_failing` 1 and
+    `memstaged_log_write_failures_total` counting the events not written. With room again the
+    daemon decides the file by itself, the flag goes back to 0 and the counter does not."""
+    logfs = tmp_path / "logfs"
+    with mounted(logfs, "-t", "tmpfs", "-o", "size=64k", "tmpfs"):
+        broken = Broken("enospc", logfs)
+        prom = tmp_path / "m.prom"
+        cfg = tmp_path / "memstaged.toml"
+        cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
+        daemon = spawn("--config", str(cfg), log_file=broken.log)
+        _wait(lambda: _sample(prom, "memstaged_log_write_failing") == 0, "the first metrics")
+        assert _metrics(prom)["memstaged_log_write_failures_total"] == 0
+
+        broken.break_it()
+        fixme = staging_doc(project, "fix")
+        del fixme["candidates"]["lessons"][0]["triggers"]
+        data = write(memory_dir / "staging" / "fixme.json", fixme)
+        _wait(
+            lambda: _sample(prom, "memstaged_log_write_failing") == 1,
+            "the metrics to say that the log cannot be written",
+        )
+        found = _metrics(prom)
+        assert found["memstaged_log_write_failures_total"] >= 1
+        assert found.get("memstaged_decisions_total{decision=repaired}") == 0
+        assert (memory_dir / "staging" / "fixme.json").read_bytes() == data  # nothing done
+
+        broken.mend()
+        _wait(
+            lambda: (
+                _sample(prom, "memstaged_log_write_failing") == 0
+                and _sample(prom, "memstaged_decisions_total{decision=repaired}") == 1
+            ),
+            "the metrics to say that the log works again",
+            timeout=90,  # the daemon's back-off after a few failures: seconds
+        )
+        assert _metrics(prom)["memstaged_log_write_failures_total"] >= 1  # a counter stays
+        assert (memory_dir / "staging" / "fixme.json").read_bytes() != data  # repaired now
+        assert daemon.stop() == 0
+
+
+def test_metrics_count_a_staging_dir_that_cannot_be_watched(
+    tmp_path: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 21 item 7 ("watch failures"): a `staging/` the daemon may not read (mode 000, the
+    daemon run without root's override of file permissions) cannot be given an inotify watch;
+    the metrics file says one watch failure and one memory dir not watched. Once staging/ is
+    made anew readable, the daemon watches it again: not watched goes back to 0, the failure
+    counter stays."""
+    staging = memory_dir / "staging"
+    staging.chmod(0)
+    prom = tmp_path / "m.prom"
+    cfg = tmp_path / "memstaged.toml"
+    cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
+    daemon = spawn("--config", str(cfg), prefix=without_dac_override())
+    _wait(
+        lambda: _sample(prom, "memstaged_memory_dirs_not_watched") == 1,
+        "the metrics to say a memory dir is not watched",
+    )
+    found = _metrics(prom)
+    assert found["memstaged_watch_failures_total"] >= 1
+    assert [e["memory_dir"] for e in daemon.events() if e["event"] == "watch_failed"] == [
+        str(memory_dir)
+    ]
+
+    staging.rmdir()
+    staging.mkdir()  # its memory dir's watch sees it come back, readable
+    _wait(
+        lambda: _sample(prom, "memstaged_memory_dirs_not_watched") == 0,
+        "the metrics to say the memory dir is watched again",
+    )
+    assert _metrics(prom)["memstaged_watch_failures_total"] >= 1
+    assert _metrics(prom)["memstaged_memory_dirs_watched"] == 1
     assert daemon.stop() == 0
 
 
