@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import stat
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,13 +23,14 @@ import pytest
 from cmd_support import json_lines, one_line_error, prepare, run
 from conftest import staging_doc, write
 from daemon_support import RecordingLogger, Rig, settings
-from helpers import mounted, without_dac_override
+from helpers import memstaged_cmd, memstaged_env, mounted, without_dac_override
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_process import DaemonProcess
 from test_log_safety import Broken
+from test_operator import _pty_run
 
 from memstaged import acks, config, metrics
-from memstaged.commands.status import SUMMARY_COLUMNS
+from memstaged.commands.status import SUMMARY_COLUMNS, TERMINAL_COLUMNS
 from memstaged.watcher import Kind, Signal
 
 pytestmark = pytest.mark.usefixtures("plain_output")
@@ -171,6 +173,48 @@ def test_many_memory_dirs_are_one_line_each_and_the_detail_with_verbose(
     assert lines[32:] == ["1 of 30 memory dirs need attention: memstaged status -v"]
     code, out, _ = run(capsys, "status", "-v", "--memory-dir", pattern)
     assert out.count("needs attention\t") == 30  # a table per memory dir
+
+
+def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
+    tmp_path: Path, log_file: Path
+) -> None:
+    """Issue 21 item 6 ("1,000 dirs must be readable"): the real `memstaged status` on 1,000
+    memory dirs, on an 80-column pseudo-terminal, prints exactly one line per memory dir, each
+    within 80 columns (the project's short label; the full path made every row wider), and
+    exits 1 for the one that needs attention; piped, one tab-separated row per memory dir with
+    its full path, as scripts cut it."""
+    dirs = []
+    for i in range(1000):
+        mdir = tmp_path / "src" / f"service-{i:04d}" / ".pi" / "memory" / "project"
+        (mdir / "staging").mkdir(parents=True)
+        dirs.append(mdir)
+    env = memstaged_env(tmp_path, MEMSTAGED_LOG_FILE=str(log_file), NO_COLOR="1")
+    write(dirs[7] / "staging" / "bad.json", b"not json")
+    once = memstaged_cmd("--once", "--memory-dir", str(dirs[7]), "--settle", "0")
+    assert subprocess.run(once, env=env, capture_output=True, check=False).returncode == 0
+    pattern = str(tmp_path / "src" / "*" / ".pi" / "memory" / "project")
+
+    code, shown = _pty_run(memstaged_cmd("status", "--memory-dir", pattern), env)
+    assert code == 1, shown[-2000:]
+    lines = shown.decode().replace("\r\n", "\n").splitlines()
+    assert lines[0] == "1000 memory dirs"
+    assert lines[1].split() == list(TERMINAL_COLUMNS)
+    rows = [line.split() for line in lines[2:1002]]
+    assert [r[0] for r in rows] == [f"service-{i:04d}" for i in range(1000)]
+    assert rows[7][4:6] == ["1", "1"] and rows[7][-1] == "attention"
+    assert sum(r[-1] == "ok" for r in rows) == 999
+    assert lines[1002:] == ["", "1 of 1000 memory dirs need attention: memstaged status -v"]
+    too_wide = [line for line in lines if len(line) > 80]
+    assert not too_wide, too_wide[:3]
+
+    piped = subprocess.run(
+        memstaged_cmd("status", "--memory-dir", pattern), env=env, capture_output=True, check=False
+    )
+    assert piped.returncode == 1
+    table = piped.stdout.decode().splitlines()
+    assert table[0] == "# 1000 memory dirs"
+    assert [line.split("\t")[0] for line in table[2:1002]] == [str(d) for d in dirs]
+    assert table[1002:] == ["1 of 1000 memory dirs need attention: memstaged status -v"]
 
 
 def _status_json(capsys: pytest.CaptureFixture[str], memory_dir: Path) -> tuple[int, Any]:
