@@ -19,6 +19,10 @@ What is measured, and how:
   (measure 8's subject) is not counted in every item, and other processes on a shared machine do
   not count either. The same in wall-clock time (``*_wall_per_s``) and the whole command's
   rate (``*_whole_per_s``) are in the output too. Median of ``--repeat`` runs, taken in turn.
+- ``memstaged deadletter ids`` (what a Tab press after ``deadletter show`` runs, issue 22 item
+  7) on a store of ``--ids-records`` (10,000) records, into a pipe: the whole command's wall
+  time, start-up included (a person waits for all of it), median of ``IDS_RUNS`` runs per
+  repeat, beside the same on an empty store. Target: under 100 ms, a keypress.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ TARGETS: Final = {
     "log_tty_events_per_s": 20_000.0,
     "deadletter_list_records_per_s": 20_000.0,
 }
+#: ``deadletter ids`` must answer within a keypress (issue 22 item 7), in milliseconds of wall.
+IDS_TARGET_MS: Final = 100.0
+#: Runs of ``deadletter ids`` per repeat: one is a fraction of a second, its median needs several.
+IDS_RUNS: Final = 5
 
 
 def memstaged(*args: str) -> list[str]:
@@ -186,6 +194,29 @@ def on_tty(cmd: Sequence[str], env: dict[str, str]) -> Ran:
     return _reap(proc, started, lines, cmd)
 
 
+def copy_records(source: Path, mdir: Path) -> None:
+    """A new memory dir whose ``deadletter/`` holds copies of ``source``'s seed records."""
+    (mdir / "staging").mkdir(parents=True)
+    (mdir / "deadletter").mkdir()
+    for path in (source / "deadletter").iterdir():
+        if path.is_file():
+            shutil.copyfile(path, mdir / "deadletter" / path.name)
+
+
+def ids_figures(records: int, big: list[Ran], empty: list[Ran]) -> dict[str, Any]:
+    """``deadletter ids``' wall and CPU time in milliseconds (medians), and its samples."""
+    ms = 1000.0
+    return {
+        "deadletter_ids_records": records,
+        "deadletter_ids_wall_ms": round(statistics.median(r.wall for r in big) * ms, 1),
+        "deadletter_ids_cpu_ms": round(statistics.median(r.cpu for r in big) * ms, 1),
+        "deadletter_ids_empty_wall_ms": round(statistics.median(r.wall for r in empty) * ms, 1),
+        "deadletter_ids_wall_samples_ms": [round(r.wall * ms, 1) for r in big],
+        "deadletter_ids_lines": big[-1].lines,
+        "deadletter_ids_target_ms": IDS_TARGET_MS,
+    }
+
+
 def rate(name: str, items: int, big: list[Ran], empty: list[Ran]) -> dict[str, Any]:
     """The marginal rates of one command (CPU, wall), with what they were computed from."""
     out: dict[str, Any] = {}
@@ -201,11 +232,19 @@ def rate(name: str, items: int, big: list[Ran], empty: list[Ran]) -> dict[str, A
     return out
 
 
+def ids_cmd(mdir: Path) -> list[str]:
+    """What the completion scripts run for a Tab press after ``deadletter show``."""
+    return memstaged("deadletter", "ids", "--memory-dir", str(mdir), "--", "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--events", type=int, default=200_000, help="log lines (200,000)")
     parser.add_argument("--records", type=int, default=40_000, help="dead-letter records")
     parser.add_argument("--repeat", type=int, help="runs of each command (3; --quick 1)")
+    parser.add_argument(
+        "--ids-records", type=int, default=10_000, help="records for deadletter ids (10,000)"
+    )
     parser.add_argument("--quick", action="store_true", help="20,000 events, 4,000 records, 1 run")
     args = parser.parse_args(argv)
     if args.quick:
@@ -220,7 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         empty_log.write_bytes(b"")
         empty_mdir = work / "empty-project" / ".pi" / "memory" / "project"
         (empty_mdir / "staging").mkdir(parents=True)
+        ids_mdir = work / "ids-project" / ".pi" / "memory" / "project"
+        copy_records(mdir, ids_mdir)  # before the big store is filled: the seed's records
         fill_store(mdir, args.records)
+        fill_store(ids_mdir, args.ids_records)
         big_env, empty_env = _env(big_log, work), _env(empty_log, work)
         log_cmd = memstaged("log", "--no-pager")
         samples: dict[str, list[Ran]] = {}
@@ -246,15 +288,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, (how, cmd, env, empty_cmd, env0) in runs.items():
                 samples.setdefault(name, []).append(how(cmd, env))
                 samples.setdefault(name + "_empty", []).append(how(empty_cmd, env0))
+            for _ in range(IDS_RUNS):
+                samples.setdefault("ids", []).append(to_pipe(ids_cmd(ids_mdir), empty_env))
+                samples.setdefault("ids_empty", []).append(to_pipe(ids_cmd(empty_mdir), empty_env))
         result: dict[str, Any] = {"events": args.events, "records": args.records}
         for name in runs:
             items = args.records if "records" in name else args.events
             result.update(rate(name, items, samples[name], samples[name + "_empty"]))
+        result.update(ids_figures(args.ids_records, samples["ids"], samples["ids_empty"]))
         result["targets"] = TARGETS
     print(json.dumps(result))
     for key, target in TARGETS.items():
         wall = result[key.replace("_per_s", "_wall_per_s")]
         print(f"{key}: {result[key]:,} (target {target:,.0f}; wall: {wall:,})", file=sys.stderr)
+    print(
+        f"deadletter ids on {args.ids_records:,} records: {result['deadletter_ids_wall_ms']} ms"
+        f" wall (target < {IDS_TARGET_MS:.0f}; empty store "
+        f"{result['deadletter_ids_empty_wall_ms']} ms)",
+        file=sys.stderr,
+    )
     return 0
 
 

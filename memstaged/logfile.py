@@ -35,6 +35,21 @@ _FOLLOWS: Final = 100
 #: announces waits, ``deferred``, and is retried with the back-off.
 LOCK_PATIENCE: Final = 5.0
 
+#: Events this process failed to write into a decision log file, by every sink it had: a reload
+#: replaces the sink, and a monitor's counter must not go back to 0 with it.
+_failed_writes = 0
+
+
+def failed_writes() -> int:
+    """Events not written (whole, durably) into the decision log file since the process
+    started (``memstaged_log_write_failures_total``)."""
+    return _failed_writes
+
+
+def _count_failure() -> None:
+    global _failed_writes  # noqa: PLW0603 - one process-wide count, see above
+    _failed_writes += 1
+
 
 def _say(text: str) -> None:
     """One line on stderr about the log itself."""
@@ -186,6 +201,7 @@ class FileSink:
             self._append(line)
         except OSError as err:
             self.failures += 1
+            _count_failure()
             self._error = err
             self._writing.failed(
                 err,
@@ -305,6 +321,7 @@ class FileSink:
                 self._dir_changed = False
         except OSError as err:
             self.failures += 1
+            _count_failure()
             self._error = err
             self._writing.failed(err, "nothing is carried out while it cannot be made durable")
             raise LogUnwritable(self.path, err) from None

@@ -12,7 +12,9 @@ nothing happens; an alert computes ``time() - …``.
 
 The counts come from the daemon's own state (decisions by decision, files waiting, memory dirs
 watched) and from :class:`Tally`, which sees every event the daemon logs (repairs by rule,
-quarantined candidates, watch failures, the last decision). ``prometheus_client`` is imported
+quarantined candidates, watch failures, the last decision); the log file's failed writes
+are counted by the log itself (:func:`memstaged.logfile.failed_writes`), across reloads.
+``prometheus_client`` is imported
 only when a metrics file is configured.
 """
 
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from memstaged import acks, control, fsio
+from memstaged import acks, control, fsio, logfile
 from memstaged.triage import Decision
 
 if TYPE_CHECKING:
@@ -186,6 +188,11 @@ class Collector:
             "memstaged_log_write_failing",
             "1 while the decision log file cannot be written",
             value=1 if state.log_failing else 0,
+        )
+        yield CounterMetricFamily(
+            "memstaged_log_write_failures",
+            "Events not written into the decision log file (each one's change waited, deferred)",
+            value=logfile.failed_writes(),
         )
         last = GaugeMetricFamily(
             "memstaged_last_decision_timestamp_seconds",

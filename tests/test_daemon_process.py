@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,13 @@ class DaemonProcess:
         name: str = "daemon",
         nofile: tuple[int, int] | None = None,
         env: dict[str, str] | None = None,
+        log_file: Path | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
+        """``log_file``: the decision log elsewhere (on a file system a test fills);
+        ``prefix``: a command the daemon runs under (``setpriv``, to obey file permissions)."""
         extra_env = env or {}
-        self.log_file = tmp_path / f"{name}.jsonl"
+        self.log_file = log_file or tmp_path / f"{name}.jsonl"
         self.stderr_file = tmp_path / f"{name}.stderr"
         env = {
             k: v
@@ -70,7 +74,7 @@ class DaemonProcess:
 
         with self.stderr_file.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "memstaged", *args],
+                [*prefix, sys.executable, "-m", "memstaged", *args],
                 env=env,
                 cwd=tmp_path,
                 stdin=subprocess.DEVNULL,

@@ -10,9 +10,11 @@ Tab presses themselves are in tests/test_install.py.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from cmd_support import prepare, record_files
 from helpers import memstaged_cmd, memstaged_env
 
@@ -88,3 +90,45 @@ def test_ids_prints_nothing_when_it_cannot_list(tmp_path: Path, memory_dir: Path
     ]:
         listed = _ids(tmp_path, *argv, **env)
         assert (listed.returncode, listed.stdout, listed.stderr) == (code, "", ""), argv
+
+
+def test_ids_on_ten_thousand_records_opens_none_of_them(tmp_path: Path) -> None:
+    """Issue 22 item 7 ("fast enough for a keypress on 10,000 records"): a Tab press must not
+    cost a read per record. Under strace, ``deadletter ids`` on a store of 10,000 records
+    prints every ID and opens ``deadletter/`` itself and nothing inside it: no ``open``,
+    ``openat`` or ``openat2`` of a record (and no ``stat`` of one either). Its time is a bench
+    row (bench/inspection.py), not a test."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (make sysdeps installs it)")
+    mdir = tmp_path / "proj" / ".pi" / "memory" / "project"
+    (mdir / "staging").mkdir(parents=True)
+    store = mdir / "deadletter"
+    store.mkdir()
+    expected = [f"session-{i:05d}-{i:016x}-lessons-0" for i in range(10_000)]
+    for name in expected:
+        (store / f"{name}.json").write_bytes(b"{}\n")
+    trace = tmp_path / "trace"
+    listed = subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=open,openat,openat2,stat,lstat,newfstatat,statx",
+            "-o",
+            str(trace),
+            *memstaged_cmd("deadletter", "ids", "--memory-dir", str(mdir)),
+        ],
+        env=memstaged_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (listed.returncode, listed.stderr) == (0, "")
+    assert listed.stdout.splitlines() == expected
+    calls = trace.read_text().splitlines()
+    assert any('"deadletter"' in call or f'"{store}"' in call for call in calls)  # the premise
+    touched = [call for call in calls if "-lessons-0.json" in call]
+    assert touched == [], touched[:3]

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import stat
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,11 +23,14 @@ import pytest
 from cmd_support import json_lines, one_line_error, prepare, run
 from conftest import staging_doc, write
 from daemon_support import RecordingLogger, Rig, settings
+from helpers import memstaged_cmd, memstaged_env, mounted, without_dac_override
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_process import DaemonProcess
+from test_log_safety import Broken
+from test_operator import _pty_run
 
 from memstaged import acks, config, metrics
-from memstaged.commands.status import SUMMARY_COLUMNS
+from memstaged.commands.status import SUMMARY_COLUMNS, TERMINAL_COLUMNS
 from memstaged.watcher import Kind, Signal
 
 pytestmark = pytest.mark.usefixtures("plain_output")
@@ -171,6 +175,48 @@ def test_many_memory_dirs_are_one_line_each_and_the_detail_with_verbose(
     assert out.count("needs attention\t") == 30  # a table per memory dir
 
 
+def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
+    tmp_path: Path, log_file: Path
+) -> None:
+    """Issue 21 item 6 ("1,000 dirs must be readable"): the real `memstaged status` on 1,000
+    memory dirs, on an 80-column pseudo-terminal, prints exactly one line per memory dir, each
+    within 80 columns (the project's short label; the full path made every row wider), and
+    exits 1 for the one that needs attention; piped, one tab-separated row per memory dir with
+    its full path, as scripts cut it."""
+    dirs = []
+    for i in range(1000):
+        mdir = tmp_path / "src" / f"service-{i:04d}" / ".pi" / "memory" / "project"
+        (mdir / "staging").mkdir(parents=True)
+        dirs.append(mdir)
+    env = memstaged_env(tmp_path, MEMSTAGED_LOG_FILE=str(log_file), NO_COLOR="1")
+    write(dirs[7] / "staging" / "bad.json", b"not json")
+    once = memstaged_cmd("--once", "--memory-dir", str(dirs[7]), "--settle", "0")
+    assert subprocess.run(once, env=env, capture_output=True, check=False).returncode == 0
+    pattern = str(tmp_path / "src" / "*" / ".pi" / "memory" / "project")
+
+    code, shown = _pty_run(memstaged_cmd("status", "--memory-dir", pattern), env)
+    assert code == 1, shown[-2000:]
+    lines = shown.decode().replace("\r\n", "\n").splitlines()
+    assert lines[0] == "1000 memory dirs"
+    assert lines[1].split() == list(TERMINAL_COLUMNS)
+    rows = [line.split() for line in lines[2:1002]]
+    assert [r[0] for r in rows] == [f"service-{i:04d}" for i in range(1000)]
+    assert rows[7][4:6] == ["1", "1"] and rows[7][-1] == "attention"
+    assert sum(r[-1] == "ok" for r in rows) == 999
+    assert lines[1002:] == ["", "1 of 1000 memory dirs need attention: memstaged status -v"]
+    too_wide = [line for line in lines if len(line) > 80]
+    assert not too_wide, too_wide[:3]
+
+    piped = subprocess.run(
+        memstaged_cmd("status", "--memory-dir", pattern), env=env, capture_output=True, check=False
+    )
+    assert piped.returncode == 1
+    table = piped.stdout.decode().splitlines()
+    assert table[0] == "# 1000 memory dirs"
+    assert [line.split("\t")[0] for line in table[2:1002]] == [str(d) for d in dirs]
+    assert table[1002:] == ["1 of 1000 memory dirs need attention: memstaged status -v"]
+
+
 def _status_json(capsys: pytest.CaptureFixture[str], memory_dir: Path) -> tuple[int, Any]:
     code, out, err = run(capsys, "status", "--json", "--memory-dir", str(memory_dir))
     assert code in (0, 1), err
@@ -186,8 +232,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Starts real daemons (tests/test_daemon_process.py's), ready; killed at the end."""
     started: list[DaemonProcess] = []
 
-    def start(*args: str, nofile: tuple[int, int] | None = None) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, nofile=nofile)
+    def start(*args: str, **options: Any) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, *args, **options)
         started.append(daemon)
         daemon.wait_ready()
         return daemon
@@ -396,6 +442,86 @@ def test_metrics_file_gives_the_waiting_file_and_when_its_wait_began(
         half.stat().st_mtime, abs=0.001
     )
     assert found["memstaged_deferrals_total"] >= 1
+    assert daemon.stop() == 0
+
+
+def test_metrics_say_while_the_log_cannot_be_written_and_when_it_can_again(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 21 item 7 ("log write failures"): the daemon's decision log is on a small real
+    tmpfs, filled after the daemon started. A file that arrives then waits (its bytes
+    untouched), and the metrics file says so: `memstaged_log_write_failing` 1 and
+    `memstaged_log_write_failures_total` counting the events not written. With room again the
+    daemon decides the file by itself, the flag goes back to 0 and the counter does not."""
+    logfs = tmp_path / "logfs"
+    with mounted(logfs, "-t", "tmpfs", "-o", "size=64k", "tmpfs"):
+        broken = Broken("enospc", logfs)
+        prom = tmp_path / "m.prom"
+        cfg = tmp_path / "memstaged.toml"
+        cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
+        daemon = spawn("--config", str(cfg), log_file=broken.log)
+        _wait(lambda: _sample(prom, "memstaged_log_write_failing") == 0, "the first metrics")
+        assert _metrics(prom)["memstaged_log_write_failures_total"] == 0
+
+        broken.break_it()
+        fixme = staging_doc(project, "fix")
+        del fixme["candidates"]["lessons"][0]["triggers"]
+        data = write(memory_dir / "staging" / "fixme.json", fixme)
+        _wait(
+            lambda: _sample(prom, "memstaged_log_write_failing") == 1,
+            "the metrics to say that the log cannot be written",
+        )
+        found = _metrics(prom)
+        assert found["memstaged_log_write_failures_total"] >= 1
+        assert found.get("memstaged_decisions_total{decision=repaired}") == 0
+        assert (memory_dir / "staging" / "fixme.json").read_bytes() == data  # nothing done
+
+        broken.mend()
+        _wait(
+            lambda: (
+                _sample(prom, "memstaged_log_write_failing") == 0
+                and _sample(prom, "memstaged_decisions_total{decision=repaired}") == 1
+            ),
+            "the metrics to say that the log works again",
+            timeout=90,  # the daemon's back-off after a few failures: seconds
+        )
+        assert _metrics(prom)["memstaged_log_write_failures_total"] >= 1  # a counter stays
+        assert (memory_dir / "staging" / "fixme.json").read_bytes() != data  # repaired now
+        assert daemon.stop() == 0
+
+
+def test_metrics_count_a_staging_dir_that_cannot_be_watched(
+    tmp_path: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 21 item 7 ("watch failures"): a `staging/` the daemon may not read (mode 000, the
+    daemon run without root's override of file permissions) cannot be given an inotify watch;
+    the metrics file says one watch failure and one memory dir not watched. Once staging/ is
+    made anew readable, the daemon watches it again: not watched goes back to 0, the failure
+    counter stays."""
+    staging = memory_dir / "staging"
+    staging.chmod(0)
+    prom = tmp_path / "m.prom"
+    cfg = tmp_path / "memstaged.toml"
+    cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
+    daemon = spawn("--config", str(cfg), prefix=without_dac_override())
+    _wait(
+        lambda: _sample(prom, "memstaged_memory_dirs_not_watched") == 1,
+        "the metrics to say a memory dir is not watched",
+    )
+    found = _metrics(prom)
+    assert found["memstaged_watch_failures_total"] >= 1
+    assert [e["memory_dir"] for e in daemon.events() if e["event"] == "watch_failed"] == [
+        str(memory_dir)
+    ]
+
+    staging.rmdir()
+    staging.mkdir()  # its memory dir's watch sees it come back, readable
+    _wait(
+        lambda: _sample(prom, "memstaged_memory_dirs_not_watched") == 0,
+        "the metrics to say the memory dir is watched again",
+    )
+    assert _metrics(prom)["memstaged_watch_failures_total"] >= 1
+    assert _metrics(prom)["memstaged_memory_dirs_watched"] == 1
     assert daemon.stop() == 0
 
 

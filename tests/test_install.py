@@ -138,6 +138,10 @@ def test_tab_offers_the_dead_letter_ids_in_bash(tmp_path: Path) -> None:
                 "memstaged deadletter show --memory-dir ~/other/.pi/memory/project ",
                 f"memstaged deadletter show --memory-dir ~/other/.pi/memory/project {gamma} X",
             ),
+            (
+                "memstaged --memory-dir ~/other/.pi/memory/project deadletter show ",
+                f"memstaged --memory-dir ~/other/.pi/memory/project deadletter show {gamma} X",
+            ),
         ]:
             term.type(typed)
             term.send("Tab")
@@ -152,6 +156,84 @@ def test_tab_offers_the_dead_letter_ids_in_bash(tmp_path: Path) -> None:
         term.send("Tab")  # the second Tab lists what the first could not choose between
         # Exactly the configured memory dir's two IDs on the line bash lists them on.
         term.wait_for(rf"^{re.escape(alpha)}\s+{re.escape(beta)}\s*$")
+
+
+#: How each shell is started for a person who followed ``memstaged completion --install``:
+#: its start-up file, its command, and the prompt it shows (short, to find on the screen).
+_SHELLS: Final = {
+    "zsh": (
+        ".zshrc",
+        # The line the install's output says to add, then compinit, as a user's .zshrc does.
+        "fpath=(~/.local/share/zsh/site-functions $fpath)\n"
+        "autoload -Uz compinit && compinit\n"
+        "PS1='zsh> '\n",
+        ["zsh", "-i"],
+    ),
+    "fish": (
+        ".config/fish/config.fish",
+        # No greeting and no autosuggestion: grey text after the cursor is on the screen too.
+        "set -g fish_greeting ''\n"
+        "set -g fish_autosuggestion_enabled 0\n"
+        "function fish_prompt; echo -n 'fish> '; end\n",
+        ["fish", "-i"],
+    ),
+}
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_tab_offers_the_dead_letter_ids_in_zsh_and_fish(tmp_path: Path, shell: str) -> None:
+    """Issue 22 items 6 and 7, in a real interactive zsh and fish (tmux) of a fresh account
+    after ``memstaged completion --install``: Tab completes a subcommand, a record ID after
+    ``deadletter show`` and ``recover --id`` (the IDs of the configured memory dir), and after
+    a ``--memory-dir`` typed on the line (before or after ``deadletter``, with ``~``), that
+    memory dir's IDs, as bash does. Before, the zsh and fish scripts ignored the
+    ``--memory-dir`` on the line and offered the configured memory dir's IDs there."""
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed (make sysdeps installs it)")
+    home, env = _fresh_home(tmp_path)
+    alpha, beta = _quarantined(home / "proj" / ".pi" / "memory" / "project", env, "alpha", "beta")
+    [gamma] = _quarantined(home / "other" / ".pi" / "memory" / "project", env, "gamma")
+    (home / ".config" / "memstaged").mkdir(parents=True)
+    (home / ".config" / "memstaged" / "config.toml").write_text(
+        f'memory_dirs = ["{home}/proj/.pi/memory/project"]\n'
+    )
+    installed = subprocess.run(
+        [str(home / ".local" / "bin" / "memstaged"), "completion", "--install"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    rc, text, argv = _SHELLS[shell]
+    (home / rc).parent.mkdir(parents=True, exist_ok=True)
+    (home / rc).write_text(text)
+    other = "~/other/.pi/memory/project"
+    with terminal(argv, env, str(home)) as term:
+        prompt = f"{shell}> "
+        term.run(
+            "echo ready-$((40 + 5))" if shell == "zsh" else "echo ready-(math 40 + 5)", "^ready-45$"
+        )
+        for typed, completed in [
+            ("memstaged deadl", "memstaged deadletter X"),
+            ("memstaged deadletter show al", f"memstaged deadletter show {alpha} X"),
+            ("memstaged deadletter recover --id b", f"memstaged deadletter recover --id {beta} X"),
+            (
+                f"memstaged deadletter show --memory-dir {other} ",
+                f"memstaged deadletter show --memory-dir {other} {gamma} X",
+            ),
+            (
+                f"memstaged --memory-dir {other} deadletter show ",
+                f"memstaged --memory-dir {other} deadletter show {gamma} X",
+            ),
+        ]:
+            term.type(typed)
+            term.send("Tab")
+            term.type("X")  # a marker: it follows whatever Tab completed
+            term.wait_for(rf"^{re.escape(prompt + completed)}$")
+            term.send("C-u")  # the line is emptied, in the order the keys were typed
+            term.wait_for(rf"^{re.escape(prompt)} *$")
 
 
 def test_man_finds_the_page_completion_install_wrote(tmp_path: Path) -> None:

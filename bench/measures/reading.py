@@ -65,7 +65,31 @@ def measure_inspection(c: Corpora, plan: Plan) -> list[Row]:
                 ),
             )
         )
+    rows.append(_ids_row(got))
     return rows
+
+
+def _ids_row(got: dict[str, object]) -> Row:
+    """``deadletter ids`` on 10,000 records: a Tab press's wait, in wall milliseconds."""
+    value = got.get("deadletter_ids_wall_ms")
+    records = got.get("deadletter_ids_records", IDS_RECORDS)
+    label = f"13 inspection: deadletter ids, {records:,} records"
+    if not isinstance(value, int | float):
+        return Row(label, None, "ms", note="deadletter_ids_wall_ms missing from inspection.py")
+    samples = got.get("deadletter_ids_wall_samples_ms")
+    return Row(
+        label,
+        float(value),
+        "ms",
+        target=f"< {IDS_TARGET_MS:.0f} ms (a keypress)",
+        met=value < IDS_TARGET_MS,
+        samples=[float(x) for x in samples] if isinstance(samples, list) else [],
+        note=(
+            f"wall, the whole command (start-up included: measure 8); CPU "
+            f"{got.get('deadletter_ids_cpu_ms')} ms; an empty store "
+            f"{got.get('deadletter_ids_empty_wall_ms')} ms"
+        ),
+    )
 
 
 INSPECTION: Final = Path(__file__).resolve().parent / "inspection.py"
@@ -75,3 +99,6 @@ INSPECTION_TARGETS: Final = (
     ("log_tty_events_per_s", "log to a terminal", 20_000.0, "events/s"),
     ("deadletter_list_records_per_s", "deadletter list", 20_000.0, "records/s"),
 )
+#: ``deadletter ids`` (a Tab press after ``deadletter show``, issue 22 item 7): its target.
+IDS_TARGET_MS: Final = 100.0
+IDS_RECORDS: Final = 10_000

@@ -41,9 +41,11 @@ SHOW_BYTES: Final = 64 * 1024
 
 #: The shell functions that complete a record ID (issue 22 item 7): each runs the hidden
 #: ``memstaged deadletter ids`` (see :mod:`memstaged.commands.ids`), which lists the names in
-#: ``deadletter/`` of the configured memory dirs. bash also passes on the ``--memory-dir`` and
-#: ``--config`` already typed, and runs the memstaged being completed (``COMP_WORDS[0]``, its
-#: ``~`` expanded). Errors go to /dev/null: a completion that fails offers nothing.
+#: ``deadletter/`` of the configured memory dirs. Each shell also passes on the ``--memory-dir``
+#: and ``--config`` already typed on the line (``--opt VALUE`` or ``--opt=VALUE``, a leading
+#: ``~/`` expanded), so that Tab offers the IDs that command will act on, and runs the
+#: memstaged being completed (the line's first word). Errors go to /dev/null: a completion that
+#: fails offers nothing.
 _ID_BASH: Final = r"""
 # $1=the word being completed; prints the dead-letter IDs that start with it, one a line
 _shtab_memstaged_record_ids() {
@@ -61,18 +63,59 @@ _shtab_memstaged_record_ids() {
   "$prog" deadletter ids "${chosen[@]}" -- "$1" 2>/dev/null
 }
 """
+#: zsh: ``$words`` holds only the subcommand's words there (shtab's ``*:::``), so the line is
+#: split again from ``$LBUFFER`` (``(z)``, then ``(Q)`` for the quotes), less the word being
+#: completed.
 _ID_ZSH: Final = r"""
-# the dead-letter IDs of the configured memory dirs
+# the dead-letter IDs of the memory dirs the line names (or the configured ones)
 _shtab_memstaged_record_ids() {
-  local -a ids
-  ids=(${(f)"$(memstaged deadletter ids 2>/dev/null)"})
+  local -a line_words chosen ids
+  local prog word value i
+  line_words=(${(Q)${(z)LBUFFER}})
+  [[ $LBUFFER == *[^[:space:]] ]] && shift -p line_words  # the word being completed
+  prog=${line_words[1]:-memstaged}
+  [[ $prog == "~/"* ]] && prog=$HOME/${prog#"~/"}
+  for ((i = 2; i <= $#line_words; i++)); do
+    word=${line_words[i]}
+    case $word in
+      --memory-dir=*|--config=*) value=${word#*=}; word=${word%%=*} ;;
+      --memory-dir|--config) value=${line_words[i + 1]-}; ((i++)) ;;
+      *) continue ;;
+    esac
+    [[ $value == "~/"* ]] && value=$HOME/${value#"~/"}
+    [[ -n $value ]] && chosen+=("$word=$value")
+  done
+  ids=(${(f)"$("$prog" deadletter ids "${chosen[@]}" -- "$PREFIX" 2>/dev/null)"})
   compadd -a ids
 }
 """
 _ID_FISH: Final = r"""
-# the dead-letter IDs of the configured memory dirs
+# the dead-letter IDs of the memory dirs the line names (or the configured ones)
 function _shtab_memstaged_record_ids
-  memstaged deadletter ids -- (commandline -ct) 2>/dev/null
+  set -l tokens (commandline -opc)
+  set -l prog $tokens[1]
+  string match -q -- '~/*' $prog; and set prog $HOME/(string sub -s 3 -- $prog)
+  set -l chosen
+  set -l want ''
+  for word in $tokens[2..-1]
+    set -l value
+    if test -n "$want"
+      set value $word
+      set word $want
+      set want ''
+    else if string match -qr -- '^--(memory-dir|config)=' $word
+      set value (string replace -r -- '^[^=]*=' '' $word)
+      set word (string replace -r -- '=.*' '' $word)
+    else if contains -- $word --memory-dir --config
+      set want $word
+      continue
+    else
+      continue
+    end
+    string match -q -- '~/*' $value; and set value $HOME/(string sub -s 3 -- $value)
+    test -n "$value"; and set -a chosen "$word=$value"
+  end
+  $prog deadletter ids $chosen -- (commandline -ct) 2>/dev/null
 end
 """
 RECORD_IDS: Final = {

@@ -24,6 +24,7 @@ from memstaged import acks, control, display
 from memstaged.argtypes import count, wait_seconds
 from memstaged.commands import _common
 from memstaged.commands._common import (
+    ProjectLabels,
     add_json_option,
     add_memory_dir_options,
     add_output_options,
@@ -362,32 +363,90 @@ SUMMARY_COLUMNS: Final = (
 )
 
 
+#: The same columns on a terminal, where each row must fit in 80 columns (issue 21 item 6:
+#: 1,000 memory dirs readable): the project's short label (as ``log`` shows it), shorter
+#: headings, and the daemon's pid without words around it.
+TERMINAL_COLUMNS: Final = (
+    "project",
+    "files",
+    "waiting",
+    "oldest",
+    "dead",
+    "unseen",
+    "memstaged",
+    "state",
+)
+#: The narrowest project label cut to fit: a few characters of its end still tell it apart.
+_LABEL_MIN: Final = 8
+
+
+def _terminal_width(out: Output) -> int:
+    """The terminal's width; 80 when it does not say (a terminal of zero columns, say)."""
+    try:
+        return os.get_terminal_size(out.stream.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
+def _fit_labels(rows: list[list[str]], width: int) -> None:
+    """Cut the labels (the first cell) that would make a row wider than ``width``, from the
+    left (``…tail``): the end of a project's path is what tells it apart."""
+    table = [list(TERMINAL_COLUMNS), *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(1, len(TERMINAL_COLUMNS))]
+    room = max(width - sum(widths) - 2 * (len(TERMINAL_COLUMNS) - 1), _LABEL_MIN)
+    for row in rows:
+        label = row[0]
+        if len(label) > room:
+            row[0] = "…" + label[-(room - 1) :]
+
+
 def _summary(results: list[DirStatus], out: Output) -> None:
-    """One line per memory dir: 1,000 of them stay readable (``-v`` for the detail)."""
+    """One line per memory dir: 1,000 of them stay readable (``-v`` for the detail). Off a
+    terminal each row names its memory dir in full (what scripts cut on); on one, its project's
+    short label, so that a row fits the terminal's width."""
+    labels = ProjectLabels(r.memory_dir for r in results) if out.terminal else None
     rows = []
     styles: list[list[str | None]] = []
     for r in results:
         state = "critical" if r.critical else "attention" if r.attention else "ok"
+        if labels is None:
+            name, holder = display.name(r.memory_dir), _holder_text(r)
+        else:
+            name = display.text(labels(r.memory_dir))
+            holder = "none" if r.memstaged_pid is None else f"{r.memstaged_kind} {r.memstaged_pid}"
         rows.append(
             [
-                display.name(r.memory_dir),
+                name,
                 str(r.staging["total"]),
                 "-" if r.waiting is None else str(r.waiting),
                 human_age(r.oldest_wait_seconds) if r.oldest_wait_seconds is not None else "-",
                 str(r.deadletter_records),
                 str(r.deadletter_unseen),
-                _holder_text(r),
+                holder,
                 state,
             ]
         )
         colour = {"ok": "green", "attention": "yellow", "critical": "red"}[state]
         styles.append([None] * 7 + [colour])
+    columns = SUMMARY_COLUMNS
+    if labels is not None:
+        columns = TERMINAL_COLUMNS
+        _fit_labels(rows, _terminal_width(out))
     render_table(
         out,
         f"{len(results)} memory dirs",
-        list(SUMMARY_COLUMNS),
+        list(columns),
         rows,
-        right=["staging", "waiting", "oldest wait", "dead letters", "unseen"],
+        right=[
+            "staging",
+            "files",
+            "waiting",
+            "oldest wait",
+            "oldest",
+            "dead letters",
+            "dead",
+            "unseen",
+        ],
         styles=styles,
     )
     flagged = sum(1 for r in results if r.attention)

@@ -6,9 +6,32 @@
 
 # Custom Preamble
 
-# the dead-letter IDs of the configured memory dirs
+# the dead-letter IDs of the memory dirs the line names (or the configured ones)
 function _shtab_memstaged_record_ids
-  memstaged deadletter ids -- (commandline -ct) 2>/dev/null
+  set -l tokens (commandline -opc)
+  set -l prog $tokens[1]
+  string match -q -- '~/*' $prog; and set prog $HOME/(string sub -s 3 -- $prog)
+  set -l chosen
+  set -l want ''
+  for word in $tokens[2..-1]
+    set -l value
+    if test -n "$want"
+      set value $word
+      set word $want
+      set want ''
+    else if string match -qr -- '^--(memory-dir|config)=' $word
+      set value (string replace -r -- '^[^=]*=' '' $word)
+      set word (string replace -r -- '=.*' '' $word)
+    else if contains -- $word --memory-dir --config
+      set want $word
+      continue
+    else
+      continue
+    end
+    string match -q -- '~/*' $value; and set value $HOME/(string sub -s 3 -- $value)
+    test -n "$value"; and set -a chosen "$word=$value"
+  end
+  $prog deadletter ids $chosen -- (commandline -ct) 2>/dev/null
 end
 
 # End Custom Preamble
