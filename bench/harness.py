@@ -366,14 +366,19 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def daemon(box: Sandbox, memory_dirs: Sequence[Path], settle: float) -> Iterator[Daemon]:
+def daemon(
+    box: Sandbox,
+    memory_dirs: Sequence[Path],
+    settle: float,
+    more_env: dict[str, str] | None = None,
+) -> Iterator[Daemon]:
     """Start ``python -m memstaged`` on ``memory_dirs``, wait for ``ready``; always stop it."""
     cmd = [PYTHON, "-m", "memstaged", "--settle", str(settle)]
     for m in memory_dirs:
         cmd += ["--memory-dir", str(m)]
     proc = subprocess.Popen(
         cmd,
-        env=box.env(),
+        env={**box.env(), **(more_env or {})},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
