@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import IO, Final
 
@@ -42,6 +41,9 @@ def _escape_char(char: str, quoted: bool) -> str:
         return _SHORT[char]
     if code < 0x20 or code == 0x7F:  # \xNN below 0x80 is a character, above it a raw byte
         return f"\\x{code:02x}"
+    # Imported here: its tables are 0.9 MB of a daemon's RSS, for a character that is rare.
+    import unicodedata
+
     if char in _BIDI or unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp", "Cf", "Co", "Cn"):
         return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
     return char
