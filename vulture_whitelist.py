@@ -18,8 +18,6 @@ _.manual
 _.on_event
 _.on_watch_deleted
 _.on_queue_overflow
-# prometheus_client's registry calls a custom collector's ``collect``.
-_.collect  # memstaged/metrics.py
 # logging.LogRecord.msg, read by the handler under test.
 _.msg
 # pytest: fixtures are used by parameter name, ``pytestmark`` by the collector.
