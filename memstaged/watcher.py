@@ -382,6 +382,9 @@ class Watcher:
             mask = _MASKS[role] | (current.mask if current is not None else 0)
             wd = fd.add_callback(os.fsencode(path), Mask(mask | _FLAGS), callback, callback.id)
             if wd < 0:  # watchdog returns -1 instead of raising for EACCES
+                # ... and keeps the callback on a watch of its own numbered -1: not one more
+                # at each failed try.
+                fd.remove_callbacks([(wd, callback.id)])
                 raise PermissionError(13, "Permission denied", path)
             if current is None or current.wd != wd:
                 current = _Inotify(wd, mask, dir_id)
@@ -434,21 +437,30 @@ class Watcher:
         """Watch a memory dir (and its ``staging/`` if present); returns the observer kind.
 
         Raises ``OSError`` when the memory dir cannot be watched (it vanished meanwhile, or the
-        inotify watch limit is reached); a ``staging/`` that vanishes meanwhile is just not
-        watched (its appearance will be reported by the memory dir's watch).
+        inotify watch limit is reached) or its ``staging/`` cannot (no permission to read it);
+        a ``staging/`` that vanishes meanwhile is just not watched (its appearance will be
+        reported by the memory dir's watch).
+
+        Watching anew keeps the memory dir's own watch in place (:meth:`_add` is idempotent and
+        replaces only a watch of a directory that was replaced): removing it first, even for a
+        moment, lost the event of a ``staging/`` created meanwhile, and the daemon then waited
+        for the periodic rescan to see it (a ``staging/`` made readable again, issue 21 item 7).
         """
-        self.unwatch(mdir.path)
         kind = self.kind_for(mdir.path)
+        if kind == "polling" or mdir.path in self._polled:
+            self.unwatch(mdir.path)
         if kind == "polling":
             self._watch_polling(mdir)
             return kind
         self._add("memory", mdir.path, mdir.path)
         staging = Path(mdir.staging)
-        if staging.is_dir() and not staging.is_symlink():
-            try:
-                self._add("staging", mdir.staging, mdir.path)
-            except FileNotFoundError:
-                return kind
+        if not staging.is_dir() or staging.is_symlink():
+            self._remove("staging", mdir.staging)
+            return kind
+        try:
+            self._add("staging", mdir.staging, mdir.path)
+        except FileNotFoundError:
+            self._remove("staging", mdir.staging)
         return kind
 
     def unwatch(self, mdir: str) -> None:
