@@ -489,7 +489,7 @@ def test_a_staging_dir_made_while_the_daemon_watches_anew_is_scanned_at_once(
     inside the watcher's ``watch`` (at its look at the file system's type): the daemon used to
     look at staging/ before that, and to drop the memory dir's watch there."""
     staging = memory_dir / "staging"
-    made = []
+    made: list[str] = []
 
     class WriterInTheWindow(Watcher):
         def kind_for(self, path: str) -> str:
@@ -504,7 +504,7 @@ def test_a_staging_dir_made_while_the_daemon_watches_anew_is_scanned_at_once(
         settings(memory_dir, settle=0),
         log,
         notifier=Notifier(environ={}, send=lambda _text: None),
-        watcher_factory=lambda out, mode: WriterInTheWindow(out, mode),
+        watcher_factory=WriterInTheWindow,
     )
     daemon.start()
     try:
