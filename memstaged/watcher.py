@@ -360,21 +360,29 @@ class Watcher:
             self._fd.start()
         return self._fd
 
-    def _add(self, role: str, path: str, mdir: str) -> _Callback:
+    def _add(self, role: str, path: str, mdir: str, *, renew: bool = False) -> _Callback:
         """Watch ``path`` in ``role`` (raises OSError: gone, not a directory, a link, limit).
 
         Idempotent: the same directory already watched in this role keeps its watch; a new
         directory at the same path (the old one was replaced) is watched anew.
+
+        ``renew``: ask the kernel again in any case (a directory removed and made again may
+        have the same inode number while its old watch is not yet known to be gone), and
+        give up the old callback only once the new one is in place, so that no event of the
+        directory falls between the two.
         """
         st = os.stat(path, follow_symlinks=False)
         dir_id = (st.st_dev, st.st_ino)
         with self._lock:
             current = self._dirs.get(path)
             existing = current.callbacks.get(role) if current is not None else None
-            if current is not None and existing is not None and current.dir_id == dir_id:
+            same = current is not None and existing is not None and current.dir_id == dir_id
+            if same and existing is not None and not renew:
                 return existing
-        if existing is not None:
+            old_wd = current.wd if current is not None else None
+        if existing is not None and not renew:
             self._remove(role, path)
+            existing = None
         fd = self._inotify()
         callback = _Callback(self, role, path, mdir)
         with self._lock:
@@ -393,6 +401,11 @@ class Watcher:
             current.mask = mask
             current.dir_id = dir_id
             current.callbacks[role] = callback
+        if existing is not None and old_wd is not None:
+            try:
+                fd.remove_callbacks([(old_wd, existing.id)])
+            except OSError:
+                return callback  # already gone with its directory
         return callback
 
     def _remove(self, role: str, path: str) -> None:
@@ -441,10 +454,10 @@ class Watcher:
         a ``staging/`` that vanishes meanwhile is just not watched (its appearance will be
         reported by the memory dir's watch).
 
-        Watching anew keeps the memory dir's own watch in place (:meth:`_add` is idempotent and
-        replaces only a watch of a directory that was replaced): removing it first, even for a
-        moment, lost the event of a ``staging/`` created meanwhile, and the daemon then waited
-        for the periodic rescan to see it (a ``staging/`` made readable again, issue 21 item 7).
+        Watching anew adds each new watch before it gives up the old one (``renew``):
+        removing the memory dir's watch first, even for a moment, lost the event of a
+        ``staging/`` created meanwhile, and the daemon then waited for the periodic rescan to
+        see it (a ``staging/`` made readable again, issue 21 item 7).
         """
         kind = self.kind_for(mdir.path)
         if kind == "polling" or mdir.path in self._polled:
@@ -452,15 +465,18 @@ class Watcher:
         if kind == "polling":
             self._watch_polling(mdir)
             return kind
-        self._add("memory", mdir.path, mdir.path)
+        self._add("memory", mdir.path, mdir.path, renew=True)
         staging = Path(mdir.staging)
         if not staging.is_dir() or staging.is_symlink():
             self._remove("staging", mdir.staging)
             return kind
         try:
-            self._add("staging", mdir.staging, mdir.path)
+            self._add("staging", mdir.staging, mdir.path, renew=True)
         except FileNotFoundError:
             self._remove("staging", mdir.staging)
+        except OSError:
+            self._remove("staging", mdir.staging)  # not the watch of a staging/ that went
+            raise
         return kind
 
     def unwatch(self, mdir: str) -> None:
