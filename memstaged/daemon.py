@@ -250,13 +250,18 @@ class Daemon:
             )
 
     def _dir_changed(self, path: str) -> None:
+        """staging/ (or the memory dir) came or went: watch anew, then look at staging/.
+
+        In that order: a staging/ that comes after the look is signalled by the watch, one that
+        came before it is seen by the look (looked at first, one made meanwhile was watched
+        but neither said nor scanned until the periodic rescan)."""
         mdir = self.mdirs.get(path)
         if mdir is None or not self.dirs.still_there(path):
             return
-        staging_ok = Path(mdir.staging).is_dir()
         was_watched = self.watcher.staging_watched(mdir.path)
         # Watch anew in any case: a staging/ replaced by another directory needs a new watch.
         self.dirs.watch(mdir)
+        staging_ok = Path(mdir.staging).is_dir()
         if staging_ok != was_watched:
             self.log.info("staging_changed", memory_dir=mdir.path, exists=staging_ok)
         if staging_ok:

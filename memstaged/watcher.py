@@ -360,21 +360,29 @@ class Watcher:
             self._fd.start()
         return self._fd
 
-    def _add(self, role: str, path: str, mdir: str) -> _Callback:
+    def _add(self, role: str, path: str, mdir: str, *, renew: bool = False) -> _Callback:
         """Watch ``path`` in ``role`` (raises OSError: gone, not a directory, a link, limit).
 
         Idempotent: the same directory already watched in this role keeps its watch; a new
         directory at the same path (the old one was replaced) is watched anew.
+
+        ``renew``: ask the kernel again in any case (a directory removed and made again may
+        have the same inode number while its old watch is not yet known to be gone), and
+        give up the old callback only once the new one is in place, so that no event of the
+        directory falls between the two.
         """
         st = os.stat(path, follow_symlinks=False)
         dir_id = (st.st_dev, st.st_ino)
         with self._lock:
             current = self._dirs.get(path)
             existing = current.callbacks.get(role) if current is not None else None
-            if current is not None and existing is not None and current.dir_id == dir_id:
+            same = current is not None and existing is not None and current.dir_id == dir_id
+            if same and existing is not None and not renew:
                 return existing
-        if existing is not None:
+            old_wd = current.wd if current is not None else None
+        if existing is not None and not renew:
             self._remove(role, path)
+            existing = None
         fd = self._inotify()
         callback = _Callback(self, role, path, mdir)
         with self._lock:
@@ -382,6 +390,9 @@ class Watcher:
             mask = _MASKS[role] | (current.mask if current is not None else 0)
             wd = fd.add_callback(os.fsencode(path), Mask(mask | _FLAGS), callback, callback.id)
             if wd < 0:  # watchdog returns -1 instead of raising for EACCES
+                # ... and keeps the callback on a watch of its own numbered -1: not one more
+                # at each failed try.
+                fd.remove_callbacks([(wd, callback.id)])
                 raise PermissionError(13, "Permission denied", path)
             if current is None or current.wd != wd:
                 current = _Inotify(wd, mask, dir_id)
@@ -390,6 +401,11 @@ class Watcher:
             current.mask = mask
             current.dir_id = dir_id
             current.callbacks[role] = callback
+        if existing is not None and old_wd is not None:
+            try:
+                fd.remove_callbacks([(old_wd, existing.id)])
+            except OSError:
+                return callback  # already gone with its directory
         return callback
 
     def _remove(self, role: str, path: str) -> None:
@@ -434,21 +450,33 @@ class Watcher:
         """Watch a memory dir (and its ``staging/`` if present); returns the observer kind.
 
         Raises ``OSError`` when the memory dir cannot be watched (it vanished meanwhile, or the
-        inotify watch limit is reached); a ``staging/`` that vanishes meanwhile is just not
-        watched (its appearance will be reported by the memory dir's watch).
+        inotify watch limit is reached) or its ``staging/`` cannot (no permission to read it);
+        a ``staging/`` that vanishes meanwhile is just not watched (its appearance will be
+        reported by the memory dir's watch).
+
+        Watching anew adds each new watch before it gives up the old one (``renew``):
+        removing the memory dir's watch first, even for a moment, lost the event of a
+        ``staging/`` created meanwhile, and the daemon then waited for the periodic rescan to
+        see it (a ``staging/`` made readable again, issue 21 item 7).
         """
-        self.unwatch(mdir.path)
         kind = self.kind_for(mdir.path)
+        if kind == "polling" or mdir.path in self._polled:
+            self.unwatch(mdir.path)
         if kind == "polling":
             self._watch_polling(mdir)
             return kind
-        self._add("memory", mdir.path, mdir.path)
+        self._add("memory", mdir.path, mdir.path, renew=True)
         staging = Path(mdir.staging)
-        if staging.is_dir() and not staging.is_symlink():
-            try:
-                self._add("staging", mdir.staging, mdir.path)
-            except FileNotFoundError:
-                return kind
+        if not staging.is_dir() or staging.is_symlink():
+            self._remove("staging", mdir.staging)
+            return kind
+        try:
+            self._add("staging", mdir.staging, mdir.path, renew=True)
+        except FileNotFoundError:
+            self._remove("staging", mdir.staging)
+        except OSError:
+            self._remove("staging", mdir.staging)  # not the watch of a staging/ that went
+            raise
         return kind
 
     def unwatch(self, mdir: str) -> None:

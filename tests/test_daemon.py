@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import lesson, staging_doc, write
-from daemon_support import Notes, Rig, settings, settings_from_file
+from daemon_support import Notes, RecordingLogger, Rig, settings, settings_from_file
 
 from memstaged import progress
 from memstaged.config import Settings
@@ -33,7 +33,7 @@ from memstaged.memdir import MemoryDir
 from memstaged.notify import Notifier
 from memstaged.schedule import MAX_BACKOFF
 from memstaged.seen import seen_cache
-from memstaged.watcher import Kind, Signal
+from memstaged.watcher import Kind, Signal, Watcher
 
 VALID_NAME = "s1.json"
 
@@ -477,6 +477,50 @@ def test_run_says_ready_after_the_startup_scan_and_exits_0_on_stop(
     assert firsts.index("WATCHDOG=1") < firsts.index("READY=1")
     assert any(m[0].startswith("EXTEND_TIMEOUT_USEC=") for m in notes.messages)
     assert firsts[-1] == "STOPPING=1"
+
+
+def test_a_staging_dir_made_while_the_daemon_watches_anew_is_scanned_at_once(
+    project: Path, memory_dir: Path
+) -> None:
+    """Issue 21 item 7 (a staging/ made anew was seen only at the periodic rescan): staging/
+    is removed, and a writer makes it again, with a file in it, while the daemon is watching
+    the memory dir anew for that removal. The daemon, with real inotify, says staging/ is back
+    and decides the file now, not at the rescan minutes later. The writer's mkdir runs from
+    inside the watcher's ``watch`` (at its look at the file system's type): the daemon used to
+    look at staging/ before that, and to drop the memory dir's watch there."""
+    staging = memory_dir / "staging"
+    made: list[str] = []
+
+    class WriterInTheWindow(Watcher):
+        def kind_for(self, path: str) -> str:
+            if not staging.exists() and not made:
+                staging.mkdir()
+                write(staging / "a.json", staging_doc(project, "s1"))
+                made.append(path)
+            return super().kind_for(path)
+
+    log = RecordingLogger()
+    daemon = Daemon(
+        settings(memory_dir, settle=0),
+        log,
+        notifier=Notifier(environ={}, send=lambda _text: None),
+        watcher_factory=WriterInTheWindow,
+    )
+    daemon.start()
+    try:
+        daemon.work()
+        staging.rmdir()
+        deadline = time.monotonic() + 30  # a failure guard only: each drain waits for a signal
+        while not log.named("decision") and time.monotonic() < deadline:
+            daemon.drain(1.0)
+            daemon.work()
+        assert made
+        assert [(e["exists"]) for e in log.named("staging_changed")] == [True]
+        assert [(e["decision"], os.path.basename(e["path"])) for e in log.named("decision")] == [
+            ("valid", "a.json")
+        ]
+    finally:
+        daemon.shutdown()
 
 
 class _EndlessPipeline:

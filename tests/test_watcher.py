@@ -259,6 +259,30 @@ def test_staging_deleted_is_signalled(
     assert out.get(timeout=30) == Signal(Kind.DIR_CHANGED, str(memory_dir))
 
 
+def test_staging_created_while_the_memory_dir_is_watched_anew_is_signalled(
+    memory_dir: Path, live: tuple[Watcher, queue.SimpleQueue[Signal]]
+) -> None:
+    """Issue 21 item 7 (a staging/ made readable again was seen only at the periodic rescan):
+    the daemon watches a memory dir anew at each DIR_CHANGED; a staging/ created while it does
+    is signalled. The writer's mkdir is run from inside :meth:`Watcher.watch` (at its look at
+    the file system's type), the moment where the daemon's thread can be preempted; the memory
+    dir's watch used to be removed there, and the event was lost."""
+    watcher, out = live
+    mdir = MemoryDir(str(memory_dir), str(memory_dir.parents[2]))
+    (memory_dir / "staging").rmdir()
+    watcher.watch(mdir)
+    real_kind_for = watcher.kind_for
+
+    def kind_for_with_a_writer(path: str) -> str:
+        if not (memory_dir / "staging").exists():
+            (memory_dir / "staging").mkdir()
+        return real_kind_for(path)
+
+    watcher.kind_for = kind_for_with_a_writer  # type: ignore[method-assign]
+    watcher.watch(mdir)  # as the daemon's _dir_changed does
+    assert out.get(timeout=30) == Signal(Kind.DIR_CHANGED, str(memory_dir))
+
+
 def test_watching_a_vanished_memory_dir_raises_oserror(
     tmp_path: Path, live: tuple[Watcher, queue.SimpleQueue[Signal]]
 ) -> None:
