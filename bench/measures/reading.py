@@ -92,7 +92,7 @@ def _ids_row(got: dict[str, object]) -> Row:
     )
 
 
-INSPECTION: Final = Path(__file__).resolve().parent / "inspection.py"
+INSPECTION: Final = Path(__file__).resolve().parent.parent / "inspection.py"  # bench/
 #: bench/inspection.py's figures and their targets (issue 13/14: the inspection commands).
 INSPECTION_TARGETS: Final = (
     ("log_pipe_events_per_s", "log to a pipe", 100_000.0, "events/s"),
