@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # multiprocessing is imported when a pool starts: start-up st
 
 __all__ = [
     "AHEAD_BYTES",
+    "AHEAD_FILES",
     "CHUNK",
     "POOL_THRESHOLD",
     "WORKERS_ENV",
@@ -66,6 +67,10 @@ CHUNK: Final = 16
 #: The bytes read ahead and not yet handed back, at most (beyond the first chunk in flight):
 #: what read-ahead adds to the process's memory, whatever the size of the files.
 AHEAD_BYTES: Final = 16 * 1024 * 1024
+#: The files read and sent ahead before a transaction's commit, at most: the workers decide the
+#: next transaction's files while the commit runs (a few hundred milliseconds), and each file read
+#: ahead holds a descriptor and its read lease until it is decided (SPEC 6: bounded).
+AHEAD_FILES: Final = 512
 #: The environment variable that sets how many workers decide (0: none, decide in process).
 WORKERS_ENV: Final = "MEMSTAGED_WORKERS"
 #: The most workers taken from :data:`WORKERS_ENV`: a typo of ``10000`` would fork that many.
@@ -264,13 +269,28 @@ class Deciders:
                 proc.join()
 
 
+class _Chunk(Generic[T]):
+    """Items read ahead together: the indexes among them that were sent, to which worker."""
+
+    __slots__ = ("items", "nbytes", "sent", "worker")
+
+    def __init__(self, items: list[T], sent: list[int], worker: int | None, nbytes: int) -> None:
+        self.items = items
+        self.sent = sent
+        self.worker = worker
+        self.nbytes = nbytes
+
+
 class ReadAhead(Generic[T]):
     """Items in their order, each with its verdict from the pool (None: decide it in process).
 
-    Iterating pulls items from the source while the workers decide, up to
-    ``2 x workers`` chunks or :data:`AHEAD_BYTES` ahead of what it hands back. :meth:`stop` ends
-    the pulling (a transaction is full); the items already pulled are still handed back, so no
-    file read is dropped: a transaction may take up to that many more files than it asked for.
+    Taking the next item pulls items from the source while the workers decide, up to
+    ``2 x workers`` chunks or :data:`AHEAD_BYTES` ahead of what it hands back. A caller may stop
+    taking items at any point (a transaction is full) and take the rest later (the next
+    transaction): nothing read is dropped. :meth:`prefetch` reads and sends further ahead, up to
+    :data:`AHEAD_FILES`, so that the workers decide the next transaction's files while the caller
+    carries out this one's; :meth:`close` hands back the items never taken, for the caller to
+    release what they hold.
     """
 
     def __init__(
@@ -282,62 +302,89 @@ class ReadAhead(Generic[T]):
         self._deciders = deciders
         self._items = iter(items)
         self._job = job
-        self._stopped = False
-
-    def stop(self) -> None:
-        """Pull no more items; those already pulled are still handed back."""
-        self._stopped = True
+        self._exhausted = False
+        #: Chunks sent (or kept whole in process: nothing in them to decide), oldest first.
+        self._chunks: deque[_Chunk[T]] = deque()
+        #: Items whose verdicts are back, to hand out before any other.
+        self._ready: deque[tuple[T, Verdict | Failure | None]] = deque()
+        #: The chunk being filled: its items, the indexes sent, their jobs.
+        self._filling: list[T] = []
+        self._sent: list[int] = []
+        self._jobs: list[tuple[bytes, Context]] = []
+        self._held = 0  # the bytes of the jobs in flight
 
     def __iter__(self) -> Iterator[tuple[T, Verdict | Failure | None]]:
+        return self
+
+    def __next__(self) -> tuple[T, Verdict | Failure | None]:
         deciders = self._deciders
         if deciders is None:
-            for item in self._items:
-                yield item, None
-                if self._stopped:
-                    return
+            return next(self._items), None
+        while not self._ready:
+            self._fill(2 * deciders.workers)
+            if not self._chunks:
+                raise StopIteration
+            self._receive(deciders)
+        return self._ready.popleft()
+
+    def prefetch(self) -> None:
+        """Read and send up to :data:`AHEAD_FILES` items ahead: the caller is about to be busy
+        (a commit) and the workers would otherwise wait for it."""
+        if self._deciders is not None:
+            self._fill(AHEAD_FILES // CHUNK)
+
+    def close(self) -> list[T]:
+        """The items pulled from the source and never handed out; verdicts still in flight are
+        received and dropped, so that the pool's next user reads its own."""
+        left = [item for item, _ in self._ready]
+        self._ready.clear()
+        while self._chunks:
+            chunk = self._chunks.popleft()
+            if self._deciders is not None:
+                self._deciders._result(chunk.worker)
+            left += chunk.items
+        left += self._filling
+        self._filling, self._sent, self._jobs = [], [], []
+        self._exhausted = True
+        return left
+
+    def _fill(self, depth: int) -> None:
+        """Pull and send items until ``depth`` chunks or :data:`AHEAD_BYTES` are in flight."""
+        while not self._exhausted and len(self._chunks) < depth and self._held < AHEAD_BYTES:
+            try:
+                item = next(self._items)
+            except StopIteration:
+                self._exhausted = True
+                break
+            self._filling.append(item)
+            work = self._job(item)
+            if work is not None:
+                self._sent.append(len(self._filling) - 1)
+                self._jobs.append(work)
+                self._held += len(work[0])
+            if len(self._filling) >= CHUNK:
+                self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        if not self._filling:
             return
-        depth = 2 * deciders.workers
-        # Each chunk: its items, the indexes among them that were sent, the worker deciding them.
-        chunks: deque[tuple[list[T], list[int], int | None]] = deque()
-        items: list[T] = []
-        sent: list[int] = []
-        jobs: list[tuple[bytes, Context]] = []
-        held = 0  # the bytes of the jobs in flight
-        sizes: deque[int] = deque()
+        assert self._deciders is not None
+        jobs = self._jobs
+        worker = self._deciders._submit(jobs) if jobs else None
+        nbytes = sum(len(data) for data, _ in jobs)
+        self._chunks.append(_Chunk(self._filling, self._sent, worker, nbytes))
+        self._filling, self._sent, self._jobs = [], [], []
 
-        def flush() -> None:
-            nonlocal items, sent, jobs
-            if items:
-                chunks.append((items, sent, deciders._submit(jobs) if jobs else None))
-                sizes.append(sum(len(data) for data, _ in jobs))
-            items, sent, jobs = [], [], []
-
-        while True:
-            if not self._stopped and len(chunks) < depth and held < AHEAD_BYTES:
-                try:
-                    item = next(self._items)
-                except StopIteration:
-                    self._stopped = True
-                    continue
-                items.append(item)
-                work = self._job(item)
-                if work is not None:
-                    sent.append(len(items) - 1)
-                    jobs.append(work)
-                    held += len(work[0])
-                if len(items) >= CHUNK:
-                    flush()
-                continue
-            flush()
-            if not chunks:
-                return
-            done, indexes, worker = chunks.popleft()
-            held -= sizes.popleft()
-            verdicts = deciders._result(worker)
-            by_index: dict[int, bytes | Failure | None] = (
-                {} if verdicts is None else dict(zip(indexes, verdicts, strict=True))
-            )
-            for i, item in enumerate(done):
-                got = by_index.get(i)
-                # The unpickler needs no recursion, whatever the nesting (C's _pickle).
-                yield item, pickle.loads(got) if isinstance(got, bytes) else got  # noqa: S301
+    def _receive(self, deciders: Deciders) -> None:
+        chunk = self._chunks.popleft()
+        self._held -= chunk.nbytes
+        verdicts = deciders._result(chunk.worker)
+        by_index: dict[int, bytes | Failure | None] = (
+            {} if verdicts is None else dict(zip(chunk.sent, verdicts, strict=True))
+        )
+        for i, item in enumerate(chunk.items):
+            got = by_index.get(i)
+            # The unpickler needs no recursion, whatever the nesting (C's _pickle).
+            verdict = pickle.loads(got) if isinstance(got, bytes) else got  # noqa: S301
+            self._ready.append((item, verdict))

@@ -103,8 +103,9 @@ def _decide_all(
     if advance is not _nothing:
         for _ in held:
             advance()
-    for batch in pipeline.batches(mdir, todo):
-        _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance, rewritten)
+    with contextlib.closing(pipeline.batches(mdir, todo)) as batches:
+        for batch in batches:
+            _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance, rewritten)
     waiting.sort()
     if waiting:
         _say_waiting(mdir, waiting, pipeline.options.settle)
@@ -134,9 +135,10 @@ def _look_at_rewrites(
     (issue 21 item 3). A version a writer put there meanwhile gets its own decision, counted
     (a deferred one too: the exit code says that something waits for the next run).
     """
-    for batch in pipeline.batches(mdir, rewritten):
-        for name, outcome in batch.outcomes.items():
-            _count(mdir, name, outcome, counts, cache, [])
+    with contextlib.closing(pipeline.batches(mdir, rewritten)) as batches:
+        for batch in batches:
+            for name, outcome in batch.outcomes.items():
+                _count(mdir, name, outcome, counts, cache, [])
 
 
 #: A settle wait from this long on is said on stderr: a silent pause looks like a hang.

@@ -12,20 +12,21 @@ one way; each module only calls downwards.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
 import stat
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
 import msgspec
 
 from memstaged import events, fsio, temps, transaction
-from memstaged.deciders import Deciders, Failure, workers_wanted
+from memstaged.deciders import Deciders, Failure, ReadAhead, workers_wanted
 from memstaged.errors import LogUnwritable
 from memstaged.locks import LockHeld, LockInfo, lock_to_obey
 from memstaged.memdir import (
@@ -98,6 +99,24 @@ class _Read:
         self.changed_at = 0.0
 
 
+class _Lock:
+    """The reconciler's lock as the current transaction read it: files are read ahead for the
+    next transaction only while it is known to be free."""
+
+    __slots__ = ("blocked", "known")
+
+    def __init__(self) -> None:
+        self.blocked: LockInfo | None = None
+        self.known = False
+
+
+def _release(read: _Read) -> None:
+    """Close a version read ahead and never decided (its transaction found the lock held)."""
+    if isinstance(read.read, Version):
+        read.read.close()
+        read.read = None
+
+
 class Pipeline:
     """Decides staging files of any number of memory dirs."""
 
@@ -131,22 +150,23 @@ class Pipeline:
 
     def process(self, mdir: MemoryDir, name: str) -> Outcome:
         """Decide ``staging/<name>`` of ``mdir`` and carry the decision out; never raises."""
-        return self._transaction(mdir, iter((name,)), 1).outcomes[name]
+        with contextlib.closing(self._transactions(mdir, [name], 1, 1)) as transactions:
+            return next(transactions).outcomes[name]
 
-    def batches(self, mdir: MemoryDir, names: list[str]) -> Iterator[Batch]:
-        """Transactions of up to :data:`BATCH` files, one after the other.
+    def batches(self, mdir: MemoryDir, names: list[str]) -> Generator[Batch, None, None]:
+        """Transactions of up to :data:`BATCH` files, one after the other; close the generator
+        (``contextlib.closing``) if it is left before its end: it holds the memory dir open.
 
         One thread on purpose: applying a batch in a second thread while the next is decided
         was tried and measured slower (docs/performance.md): handing the GIL back and forth
         between the two cost more CPU than the waits for the disk it hid. The decider
         processes are the run's: they decide ahead once the run has this and earlier memory
-        dirs' files enough to win back their start (:data:`memstaged.deciders.POOL_THRESHOLD`).
+        dirs' files enough to win back their start (:data:`memstaged.deciders.POOL_THRESHOLD`),
+        and they decide the next transaction's files while this one is carried out.
         """
-        todo = iter(names)
         size = self._batched + len(names)
         self._batched = size
-        for first in todo:  # no transaction (memory dir opened, lock read) for no file
-            yield self._transaction(mdir, itertools.chain((first,), todo), BATCH, size)
+        return self._transactions(mdir, names, BATCH, size)
 
     def close(self) -> None:
         """Stop the decider processes, if any started (at the end of a run)."""
@@ -154,58 +174,98 @@ class Pipeline:
 
     # -- one transaction ------------------------------------------------------------------------
 
-    def _transaction(
-        self, mdir: MemoryDir, names: Iterator[str], most: int, size: int = 1
-    ) -> Batch:
-        """Read and decide up to ``most`` of ``names``, then apply their plans together.
+    def _transactions(
+        self, mdir: MemoryDir, names: list[str], most: int, size: int
+    ) -> Generator[Batch, None, None]:
+        """The transactions of ``names`` in one memory dir, opened once for all of them.
 
-        Valid, foreign, skipped and deferred files are final (and logged) at once; repairs and
-        quarantines wait for the transaction, which stops taking files early when the versions
-        it holds open reach :data:`BATCH_HELD` or their bytes :data:`BATCH_BYTES`. With ``size``
-        files to go (``--once``'s batches), files are read ahead and decided by decider
-        processes (:mod:`memstaged.deciders`); a transaction that is full still takes the few
-        files already read ahead.
+        Files are read ahead of their transaction, across transactions: with ``size`` files to
+        go (``--once``'s batches), the next transaction's files are read and sent to the decider
+        processes before this one's commit, so that they are decided while it runs. The
+        reconciler's lock is read again at the start of each transaction, and obeyed there: a
+        file read ahead while it was free is deferred, unchanged, if it is held by then (the
+        transaction takes the lock itself before it changes anything, SPEC 5). A file read
+        ahead holds its descriptor and read lease until it is decided, so a writer waits for
+        it at most one commit longer.
         """
-        batch = Batch(mdir)
+        if not names:
+            return
         try:
             opened = opened_memory_dir(mdir)
             mem_fd, staging_fd = opened.__enter__()
         except OSError as err:
-            for name in itertools.islice(names, most):
-                batch.outcomes[name] = self._unopened(mdir, name, err)
+            for start in range(0, len(names), most):
+                batch = Batch(mdir)
+                for name in names[start : start + most]:
+                    batch.outcomes[name] = self._unopened(mdir, name, err)
+                yield batch
+            return
+        lock = _Lock()
+        reads = (self._read_ahead(mdir, name, staging_fd, lock) for name in names)
+        ahead = self._deciders.ahead(reads, _job, size)
+        try:
+            left = len(names)  # so that no lock is read again after the last file
+            while left:
+                batch = self._transaction(mdir, mem_fd, staging_fd, lock, ahead, most)
+                if not batch.outcomes:  # every file taken (a name given twice)
+                    return
+                left -= len(batch.outcomes)
+                yield batch
+        finally:
+            for read in ahead.close():
+                if isinstance(read.read, Version):
+                    read.read.close()
+            opened.__exit__()
+
+    def _transaction(
+        self,
+        mdir: MemoryDir,
+        mem_fd: int,
+        staging_fd: int,
+        lock: _Lock,
+        ahead: ReadAhead[_Read],
+        most: int,
+    ) -> Batch:
+        """Decide up to ``most`` files read ahead, then apply their plans together.
+
+        Valid, foreign, skipped and deferred files are final (and logged) at once; repairs and
+        quarantines wait for the transaction, which stops taking files early when the versions
+        it holds open reach :data:`BATCH_HELD` or their bytes :data:`BATCH_BYTES`.
+        """
+        batch = Batch(mdir)
+        try:
+            lock.blocked = lock_to_obey(mem_fd, self.log)
+            lock.known = True
+        except OSError as err:
+            lock.known = False  # nothing more is read ahead until it can be read
+            for read, _verdict in itertools.islice(ahead, most):
+                _release(read)
+                batch.outcomes[read.name] = self._io_error(self._event(mdir, read.name), err)
             return batch
         pending: list[_Pending] = []
         try:
-            try:
-                blocked = lock_to_obey(mem_fd, self.log)
-            except OSError as err:
-                for name in itertools.islice(names, most):
-                    batch.outcomes[name] = self._io_error(self._event(mdir, name), err)
-                return batch
             held = 0
-            reads = (
-                self._read_ahead(mdir, name, staging_fd, blocked)
-                for name in itertools.islice(names, most)
-            )
-            ahead = self._deciders.ahead(reads, _job, size)
             for read, verdict in ahead:
-                name, started = read.name, read.started
                 outcome, item = self._read_and_decide(
-                    mdir, name, staging_fd, blocked, started, read, verdict
+                    mdir, read.name, staging_fd, lock.blocked, read.started, read, verdict
                 )
                 if item is None:
-                    batch.outcomes[name] = outcome
-                    continue
-                pending.append(item)
-                held += item.plan.held_bytes
-                if len(pending) >= BATCH_HELD or held >= BATCH_BYTES:
-                    ahead.stop()
+                    batch.outcomes[read.name] = outcome
+                else:
+                    pending.append(item)
+                    held += item.plan.held_bytes
+                if (
+                    len(batch.outcomes) + len(pending) >= most
+                    or len(pending) >= BATCH_HELD
+                    or held >= BATCH_BYTES
+                ):
+                    break
             if pending:
+                ahead.prefetch()  # decided by the workers while this transaction is carried out
                 batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
         finally:
             for item in pending:
                 item.version.close()
-            opened.__exit__()
         return batch
 
     def _unopened(self, mdir: MemoryDir, name: str, err: OSError) -> Outcome:
@@ -247,6 +307,8 @@ class Pipeline:
                 event, Decision.SKIPPED, "not a staging file name", started=started
             ), None
         if blocked is not None:
+            if ahead is not None:
+                _release(ahead)  # read ahead while the lock was free: left as it is
             outcome = self._final(event, Decision.DEFERRED, str(LockHeld(blocked)), started=started)
             return msgspec.structs.replace(outcome, blocked_by_lock=True), None
         version: Version | None = None
@@ -333,13 +395,12 @@ class Pipeline:
         )
         return ctx, changed_at
 
-    def _read_ahead(
-        self, mdir: MemoryDir, name: str, staging_fd: int, blocked: LockInfo | None
-    ) -> _Read:
+    def _read_ahead(self, mdir: MemoryDir, name: str, staging_fd: int, lock: _Lock) -> _Read:
         """Read a file (and settle its context) before the files ahead of it are decided; what
-        is logged about it is left to :meth:`_read_and_decide`, in the files' order."""
+        is logged about it is left to :meth:`_read_and_decide`, in the files' order. Nothing is
+        read while the reconciler's lock is held or could not be read."""
         read = _Read(name, time.perf_counter())
-        if blocked is not None or not is_staging_name(name):
+        if not lock.known or lock.blocked is not None or not is_staging_name(name):
             return read
         try:
             read.read = read_version(staging_fd, name, self.options.max_file_size)

@@ -7,11 +7,16 @@ rewrite, every dead-letter record's body), over the crash tests' mixed corpus.
 
 from __future__ import annotations
 
+import gc
+import itertools
 import json
+import multiprocessing
 import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +39,10 @@ from memstaged import deciders
 from memstaged.deciders import POOL_THRESHOLD, Deciders, Failure, workers_wanted
 from memstaged.errors import ConfigError
 from memstaged.memdir import Options
+from memstaged import pipeline as pipeline_module
 from memstaged.pipeline import Pipeline
 from memstaged.quarantine import AHEAD_LIMIT
-from memstaged.triage import Context, Verdict, decide
+from memstaged.triage import Context, Decision, Verdict, decide
 
 ROOT = "/home/dev/proj"
 
@@ -122,21 +128,50 @@ def test_a_small_batch_is_decided_in_the_reading_process(pool: Deciders) -> None
     assert not pool._procs
 
 
-def test_items_with_nothing_to_decide_keep_their_place(pool: Deciders) -> None:
-    """Issue 23 item 3: a file skipped or too large (no job) is handed back in its place, and
-    stopping (a full transaction) still hands back every item already read."""
-    jobs = _jobs(300)
-    source = iter(range(len(jobs)))
-    ahead = pool.ahead(source, lambda i: None if i % 5 == 0 else jobs[i], len(jobs))
+def test_items_keep_their_place_across_transactions(pool: Deciders) -> None:
+    """Issue 23: a caller that stops taking items (a full transaction), has the next ones read
+    and sent ahead (before its commit) and takes the rest later (the next transaction) gets
+    every item once, in order, each with its own file's verdict; a file skipped or too large
+    (no job) is handed back in its place."""
+    jobs = _jobs(700)
+    ahead = pool.ahead(range(len(jobs)), lambda i: None if i % 5 == 0 else jobs[i], len(jobs))
     seen: list[int] = []
-    for i, verdict in ahead:
-        seen.append(i)
-        assert (verdict is None) == (i % 5 == 0)
-        if i == 50:
-            ahead.stop()
-    assert seen == list(range(len(seen))) and 50 < len(seen) < len(jobs)
-    # What was not pulled is still in the source, for the next transaction.
-    assert next(source) == len(seen)
+    for end in (50, 51, 400, len(jobs)):
+        for i, verdict in ahead:
+            seen.append(i)
+            if i % 5 == 0:
+                assert verdict is None
+            else:
+                assert isinstance(verdict, Verdict)
+                assert verdict.sha256 == decide(*jobs[i]).sha256, i
+            if i + 1 == end:
+                break
+        ahead.prefetch()
+    assert seen == list(range(len(jobs)))
+    assert ahead.close() == []
+
+
+def test_items_left_are_handed_back_and_the_pool_s_next_user_gets_its_own_verdicts(
+    pool: Deciders,
+) -> None:
+    """Issue 23: a transaction left early (an error, a stop) with files read and sent ahead:
+    :meth:`ReadAhead.close` hands back every file never taken, for their descriptors to be
+    closed, and drops the verdicts still coming, so that the next memory dir's files, decided by
+    the same workers, each get their own verdict."""
+    jobs = _jobs(600)
+    ahead = pool.ahead(range(len(jobs)), lambda i: jobs[i], len(jobs))
+    taken = [i for i, _ in itertools.islice(ahead, 10)]
+    ahead.prefetch()
+    left = ahead.close()
+    assert taken + left == list(range(len(taken) + len(left)))
+    assert len(left) >= deciders.AHEAD_FILES - 10 - deciders.CHUNK  # read ahead, not taken
+    others = _jobs(320)[::-1]
+    got = list(pool.ahead(range(len(others)), lambda i: others[i], len(others)))
+    assert [i for i, _ in got] == list(range(len(others)))
+    for i, verdict in got:
+        assert isinstance(verdict, Verdict)
+        assert verdict.sha256 == decide(*others[i]).sha256, i
+    assert pool.broken is None
 
 
 def test_a_killed_worker_costs_time_not_a_verdict(pool: Deciders) -> None:
@@ -220,6 +255,7 @@ def _decide_batches(
     names = sorted(i.name for i in inputs)
     for _batch in pipeline.batches(memory_dir_of(mdir), names):
         pass
+    pipeline.close()
     events = [
         {k: v for k, v in e.items() if k not in ("duration_ms", "timestamp")} for e in log.events
     ]
@@ -247,6 +283,16 @@ def test_once_with_deciders_writes_and_logs_what_in_process_deciding_does(
     monkeypatch.setenv(deciders.WORKERS_ENV, "2")
     pool_tree, pool_log = _decide_batches(mdir, inputs)
     assert sum(sent) > 250  # the workers decided (all but files not read: none here)
+    assert pool_tree == alone_tree
+    assert pool_log == alone_log
+    # Transactions of at most 40 plans: the next one's files are read and decided ahead, during
+    # each commit (issue 23); still the same bytes and the same log.
+    monkeypatch.setattr(pipeline_module, "BATCH_HELD", 40)
+    sent.clear()
+    pool_tree, pool_log = _decide_batches(mdir, inputs)
+    assert sum(sent) > 250
+    monkeypatch.setenv(deciders.WORKERS_ENV, "0")
+    alone_tree, alone_log = _decide_batches(mdir, inputs)
     assert pool_tree.keys() == alone_tree.keys()
     assert pool_tree == alone_tree
     assert pool_log == alone_log
@@ -364,3 +410,53 @@ def test_records_rendered_ahead_follow_an_original_that_takes_another_name(
             assert record["memstaged"]["source_file"] in names_of[original]
             pointed += record["memstaged"]["original"].removeprefix("originals/") not in taken
     assert pointed > 10  # records that point at the other name their original got
+
+
+def _open_fds() -> int:
+    gc.collect()  # descriptors of earlier tests' garbage are closed first,
+    multiprocessing.active_children()  # and their workers reaped (each holds a sentinel)
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_files_read_ahead_are_deferred_and_closed_when_the_lock_is_taken_before_their_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 and SPEC 5: the next transaction's files are read ahead during a commit, while
+    the reconciler's lock is free. The reconciler takes it before their transaction starts (a
+    live process named in ``canonical-writer.lock``, written between the two transactions):
+    every such file is deferred and left byte for byte as it was, and the descriptors of the
+    versions read ahead are closed (SPEC 6: bounded; a leak here is one per file)."""
+    mdir = tmp_path / "proj" / ".pi" / "memory" / "project"
+    (mdir / "staging").mkdir(parents=True)
+    inputs = make_corpus(random.Random(11), 700, project_root_of(mdir), "lock-", big_every=0)
+    write_inputs(mdir / "staging", inputs)
+    monkeypatch.setenv(deciders.WORKERS_ENV, "2")
+    monkeypatch.setattr(pipeline_module, "BATCH_HELD", 40)
+    before = _open_fds()
+    log = RecordingLogger()
+    pipeline = Pipeline(Options(settle=0), log, clock=lambda: 1_800_000_000.0)
+    names = sorted(i.name for i in inputs)
+    batches = pipeline.batches(memory_dir_of(mdir), names)
+    first = next(batches)
+    assert len(first.outcomes) < len(names)
+    read_ahead = _open_fds() - before - 2 * 2  # less the pool's sockets (and the fork's pipes)
+    assert read_ahead > 100, "no file was read ahead during the commit"
+    assert read_ahead <= deciders.AHEAD_FILES + 2 * deciders.CHUNK + 8
+    staged = _tree(mdir / "staging")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (mdir / "canonical-writer.lock").write_text(
+            json.dumps({"pid": holder.pid, "owner": "reconciler"})
+        )
+        rest = {n: o for batch in batches for n, o in batch.outcomes.items()}
+    finally:
+        holder.kill()
+        holder.wait()
+    pipeline.close()
+    assert set(rest) == set(names) - set(first.outcomes)
+    assert {o.decision for o in rest.values()} == {Decision.DEFERRED}
+    assert all(o.blocked_by_lock for o in rest.values())
+    assert {n: b for n, b in _tree(mdir / "staging").items() if n in rest} == {
+        n: b for n, b in staged.items() if n in rest
+    }
+    assert _open_fds() == before
