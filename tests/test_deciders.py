@@ -36,10 +36,10 @@ from helpers import (
 )
 
 from memstaged import deciders
+from memstaged import pipeline as pipeline_module
 from memstaged.deciders import POOL_THRESHOLD, Deciders, Failure, workers_wanted
 from memstaged.errors import ConfigError
 from memstaged.memdir import Options
-from memstaged import pipeline as pipeline_module
 from memstaged.pipeline import Pipeline
 from memstaged.quarantine import AHEAD_LIMIT
 from memstaged.triage import Context, Decision, Verdict, decide
