@@ -147,12 +147,15 @@ def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure
 def _serve(conn: Connection, forked: bool) -> None:
     """A worker's life: decide each chunk received, send the results back, in order.
 
-    A thread receives while the main thread decides, so the parent's sends never wait for a
-    worker that is itself waiting to send (the deadlock of two full pipes); the parent hangs up
-    to end the worker. A forked worker first closes every descriptor it inherited but its own
-    socket: a staging file's descriptor would keep its read lease (and a writer waiting) after
-    the parent let it go, and another worker's socket would keep that worker from ever seeing
-    the parent hang up.
+    One thread receives and another sends while the main thread decides: the parent's sends
+    never wait for a worker that is itself waiting to send (the deadlock of two full pipes), and
+    a worker keeps deciding while the parent is busy with a commit and reads nothing (a chunk's
+    results, with their records rendered, fill a socket's buffer in two or three chunks). What
+    waits to be sent is bounded by what the parent sent ahead (:data:`AHEAD_FILES`). The parent
+    hangs up to end the worker. A forked worker first closes every descriptor it inherited but
+    its own socket: a staging file's descriptor would keep its read lease (and a writer waiting)
+    after the parent let it go, and another worker's socket would keep that worker from ever
+    seeing the parent hang up.
     """
     if forked:
         keep = conn.fileno()
@@ -160,6 +163,7 @@ def _serve(conn: Connection, forked: bool) -> None:
         os.closerange(keep + 1, _MAX_FD)
     _start_worker()
     chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    results: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
     def receive() -> None:
         try:
@@ -168,14 +172,24 @@ def _serve(conn: Connection, forked: bool) -> None:
         except (EOFError, OSError):
             chunks.put(None)
 
+    def send() -> None:
+        try:
+            while (result := results.get()) is not None:
+                conn.send_bytes(result)
+        except OSError:
+            pass  # the parent hung up (it stopped, or gave up on the pool): nothing to answer
+        os._exit(0)  # no atexit, no flushing of the parent's inherited buffers
+
     threading.Thread(target=receive, daemon=True).start()
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
     try:
         while (chunk := chunks.get()) is not None:
-            conn.send_bytes(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
-    except OSError:
-        pass  # the parent hung up (it stopped, or gave up on the pool): nothing to answer
+            results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
+        results.put(None)
+        sender.join()
     finally:
-        os._exit(0)  # no atexit, no flushing of the parent's inherited buffers
+        os._exit(0)  # the parent sees an end of file, and decides what is left in process
 
 
 class Deciders:
