@@ -15,7 +15,6 @@ bookkeeping: lost, it only means the records are reported as unseen again.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Final
 
 import msgspec
 
-from memstaged import fsio
+from memstaged import digests, fsio
 from memstaged.deadletter import is_record_name
 from memstaged.logfile import private_dirs
 from memstaged.memdir import DEADLETTER, MemoryDir
@@ -45,7 +44,7 @@ _decoder: Final = msgspec.json.Decoder(_Stored)
 
 def acked_path(state_dir: Path, memory_dir: str) -> Path:
     """Where the marks of ``memory_dir`` live (named by a hash of its path, as the seen cache)."""
-    name = hashlib.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
+    name = digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
     return state_dir / ACKED_DIR / f"{name}.json"
 
 

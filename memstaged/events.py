@@ -7,11 +7,11 @@ names it really uses. The file layer (:mod:`memstaged.transaction`) knows nothin
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import msgspec
 
+from memstaged import digests
 from memstaged.memdir import DEADLETTER
 from memstaged.plan import Plan, Settled
 from memstaged.quarantine import ORIGINALS_DIR
@@ -37,7 +37,7 @@ def describe(event: dict[str, Any], verdict: Verdict) -> None:
             event["partly_quarantined"] = True
     if verdict.new_bytes is not None:
         # Names the version memstaged puts in place: its look at it is told from a decision.
-        event["rewrite_sha256"] = hashlib.sha256(verdict.new_bytes).hexdigest()
+        event["rewrite_sha256"] = digests.sha256(verdict.new_bytes).hexdigest()
     names = [f"{DEADLETTER}/{r.name}" for r in verdict.deadletter]
     if verdict.original is not None:
         names.append(f"{DEADLETTER}/{ORIGINALS_DIR}/{verdict.original}")

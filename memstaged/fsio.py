@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import signal
 import stat
@@ -22,6 +21,7 @@ from typing import Final, NamedTuple, TypeVar
 
 import msgspec
 
+from memstaged import digests
 from memstaged.tempnames import PARTIAL, temp_name
 
 CHUNK: Final = 1 << 20
@@ -428,7 +428,7 @@ def copy_to_temp(
     name = temp_name(role, for_name)
 
     def copy(fd: int) -> tuple[str, int]:
-        digest = hashlib.sha256()
+        digest = digests.sha256()
         size = 0
         while chunk := os.pread(
             src_fd, CHUNK if most is None else min(CHUNK, most - size + 1), size
@@ -446,7 +446,7 @@ def copy_to_temp(
 
 def hash_fd(fd: int) -> tuple[str, int]:
     """sha256 and size of a whole open file, read in bounded chunks from its start."""
-    digest = hashlib.sha256()
+    digest = digests.sha256()
     size = 0
     os.lseek(fd, 0, os.SEEK_SET)
     while chunk := os.read(fd, CHUNK):

@@ -16,12 +16,12 @@ any number of them as one transaction and hands back a
 
 from __future__ import annotations
 
-import hashlib
 from enum import Enum
 from typing import NamedTuple
 
 import msgspec
 
+from memstaged import digests
 from memstaged.fsio import Identity
 from memstaged.locks import LockInfo
 from memstaged.quarantine import DeadLetter
@@ -111,7 +111,7 @@ def identity_hash(version: Version) -> str:
     """
     ident = version.identity
     text = f"id:{ident.dev}:{ident.ino}:{ident.size}:{ident.mtime_ns}:{ident.ctime_ns}"
-    return hashlib.sha256(text.encode()).hexdigest()
+    return digests.sha256(text.encode()).hexdigest()
 
 
 class Status(Enum):

@@ -18,7 +18,6 @@ original under ``originals/`` (which holds the bytes in any case) instead of emb
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
+from memstaged import digests
 from memstaged.ecma import encode_json, is_finite_number, is_nonempty_string, trim
 from memstaged.schema import candidate_arrays, check_candidate
 from memstaged.timestamps import canonical_or_epoch
@@ -82,7 +82,7 @@ def name_component(name: str) -> str:
         raw = os.fsencode(name)  # a name read from the disk: its bytes
     except UnicodeEncodeError:
         raw = name.encode("utf-8", "surrogatepass")  # a lone surrogate that is not a byte
-    return f"{cleaned}-n{hashlib.sha256(raw).hexdigest()[:8]}"
+    return f"{cleaned}-n{digests.sha256(raw).hexdigest()[:8]}"
 
 
 def stem(file_name: str) -> str:

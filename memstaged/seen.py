@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from memstaged import __version__, fsio
+from memstaged import __version__, digests, fsio
 from memstaged.logfile import private_dirs
 from memstaged.triage import Decision
 
@@ -64,7 +63,7 @@ _engine_digest: str | None = None
 def _engine_hash() -> str:
     global _engine_digest  # noqa: PLW0603 - computed once per process, on first use
     if _engine_digest is None:
-        digest = hashlib.sha256(__version__.encode())
+        digest = digests.sha256(__version__.encode())
         here = Path(__file__).parent
         for module in _ENGINE:
             digest.update((here / f"{module}.py").read_bytes())
@@ -104,7 +103,7 @@ class SeenCache:
         fingerprint = f"{_engine_hash()}|{project_root}|{settings_key}"
         if state_dir is None:
             return cls(None, fingerprint)
-        name = hashlib.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
+        name = digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
         cache = cls(state_dir / "seen" / f"{name}.msgpack", fingerprint)
         try:
             raw = cache.path.read_bytes()  # type: ignore[union-attr]

@@ -10,12 +10,13 @@ bytes (:func:`clip_name`). Writing the files themselves is :mod:`memstaged.fsio`
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import re
 from collections.abc import Iterable, Iterator
 from typing import Final
+
+from memstaged import digests
 
 TEMP_PREFIX: Final = ".memstaged~"
 #: Linux's NAME_MAX, in bytes: every name memstaged makes up must fit.
@@ -28,7 +29,7 @@ PARTIAL: Final = "part"
 
 
 def _name_hash(name: str) -> str:
-    return "#" + hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+    return "#" + digests.sha256(os.fsencode(name)).hexdigest()[:32]
 
 
 def temp_name(role: str, for_name: str = "") -> str:

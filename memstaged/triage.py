@@ -7,14 +7,13 @@ daemon and the inspection commands all call it, so they cannot disagree about a 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Final
 
 import msgspec
 
-from memstaged import timestamps
+from memstaged import digests, timestamps
 from memstaged.ecma import (
     JS_WHITESPACE_SET,
     decode_utf8,
@@ -242,7 +241,7 @@ def _unparseable(data: bytes, ctx: Context, sha: str, size: int, err: NotJSON) -
 
 
 def _decide(data: bytes, ctx: Context) -> Verdict:
-    sha = hashlib.sha256(data).hexdigest()
+    sha = digests.sha256(data).hexdigest()
     size = len(data)
     body = data[len(BOM) :] if data.startswith(BOM) else data
     bom_repair = (Repair("R2", "(file)", "removed the UTF-8 byte-order mark"),)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import staging_doc
+from conftest import lesson, staging_doc, write
 from helpers import carried_out
 
 from memstaged.discovery import FD_RESERVE
@@ -731,6 +731,61 @@ def _process_figures(pid: int) -> dict[str, int]:
         "threads": int(status["Threads"]),
         "rss_kib": int(status["VmRSS"].split()[0]),
     }
+
+
+def _mapped_files(pid: int) -> set[str]:
+    """The names of the files a process has mapped (its shared objects among them)."""
+    names = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            names.add(Path(fields[5]).name)
+    return names
+
+
+def test_the_daemon_maps_no_openssl_after_deciding_every_kind_of_file(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 23, the idle daemon's memory (< 25 MB on 50 memory dirs, measure 6): a daemon with
+    its metrics file and control socket on, which decided a valid, a repaired and a quarantined
+    file (the digests in their events, the rewrite's, the original's name), has not mapped
+    OpenSSL's libcrypto or libssl (3.4 MB of its resident memory). Its digests are SHA-256's,
+    as ``hashlib`` computes them."""
+    mdirs = _many_projects(tmp_path / "src", 3)
+    metrics = tmp_path / "metrics" / "memstaged.prom"
+    metrics.parent.mkdir()
+    args = [a for m in mdirs for a in ("--memory-dir", str(m))]
+    daemon = spawn(*args, "--settle", "0.5", env={"MEMSTAGED_METRICS_FILE": str(metrics)})
+    project = mdirs[0].parents[2]
+    staging = mdirs[0] / "staging"
+    valid = write(staging / "valid.json", staging_doc(project, "v"))
+    no_triggers = staging_doc(project, "nt", candidates={"lessons": [lesson(triggers=[])]})
+    write(staging / "repair.json", no_triggers)
+    bad = write(staging / "bad.json", staging_doc(project, "bad", schemaVersion="1"))
+    final = daemon.wait_decided("valid.json", "repair.json", "bad.json")
+    rewrite = next(
+        e for e in daemon.events() if e["event"] == "decision" and e["decision"] == "repaired"
+    )
+    assert final["valid.json"]["decision"] == "valid"
+    assert final["valid.json"]["sha256"] == _sha(valid)
+    assert rewrite["rewrite_sha256"] == _sha((staging / "repair.json").read_bytes())
+    assert final["bad.json"]["sha256"] == _sha(bad)
+    [original] = (mdirs[0] / "deadletter" / "originals").iterdir()
+    assert original.name.endswith(f".{_sha(bad)[:16]}.orig")
+    assert original.read_bytes() == bad
+    socket_file = Path(os.environ["XDG_RUNTIME_DIR"], "memstaged", f"daemon-{daemon.proc.pid}.sock")
+    assert socket_file.exists()
+    deadline = time.monotonic() + WAIT
+    while not metrics.exists():  # written after the first event, from the work loop
+        assert time.monotonic() < deadline, "no metrics file"
+        time.sleep(0.02)
+    figures = _process_figures(daemon.proc.pid)
+    openssl = sorted(
+        n for n in _mapped_files(daemon.proc.pid) if n.startswith(("libcrypto", "libssl"))
+    )
+    assert openssl == [], f"RSS {figures['rss_kib'] / 1024:.1f} MiB"
+    print(f"3 memory dirs, after 3 decisions: RSS {figures['rss_kib'] / 1024:.1f} MiB")
+    assert daemon.stop() == 0
 
 
 def test_1100_memory_dirs_under_a_soft_limit_of_1024_descriptors(

@@ -70,13 +70,14 @@ def test_once_on_an_empty_memory_dir_loads_neither_structlog_nor_rich(
     tmp_path: Path, memory_dir: Path
 ) -> None:
     """Issue 14 start-up: ``--once`` with nothing to decide loads no structlog, rich, watchdog
-    or systemd, no other subcommand's module, no TOML parser without a config file, and not
-    the decision engine's JavaScript semantics."""
+    or systemd, no other subcommand's module, no TOML parser without a config file, not
+    the decision engine's JavaScript semantics, and not OpenSSL (issue 23)."""
     modules = _modules_loaded(tmp_path, "--once", "--memory-dir", str(memory_dir))
     assert _heavy(modules) == []
     assert not {m for m in modules if m.startswith("memstaged.commands")}
     assert "tomllib" not in modules
     assert "ctypes" not in modules  # renameat2/syncfs are loaded when something is changed
+    assert "_hashlib" not in modules  # OpenSSL's libcrypto: only for a backlog (issue 23)
 
 
 def test_check_and_status_load_neither_structlog_nor_rich(
@@ -84,13 +85,14 @@ def test_check_and_status_load_neither_structlog_nor_rich(
 ) -> None:
     """Issue 14 start-up: ``check`` of one file and ``status`` load only their own
     subcommand's module (and the commands' shared ``_common`` and ``_output``), and nothing
-    of structlog, rich, watchdog or systemd."""
+    of structlog, rich, watchdog, systemd or OpenSSL (issue 23: the built-in SHA-256)."""
     path = memory_dir / "staging" / "a.json"
     write(path, staging_doc(project, "a"))
     checked = _modules_loaded(tmp_path, "check", "--project-root", str(project), str(path))
     status = _modules_loaded(tmp_path, "status", "--memory-dir", str(memory_dir))
     for modules, own in ((checked, "check"), (status, "status")):
         assert _heavy(modules) == [], own
+        assert "_hashlib" not in modules, own  # OpenSSL's libcrypto (issue 23)
         commands = {m for m in modules if m.startswith("memstaged.commands.")}
         shared = {"memstaged.commands._common", "memstaged.commands._output"}
         assert commands <= {f"memstaged.commands.{own}", *shared}, own
