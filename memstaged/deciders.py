@@ -162,6 +162,9 @@ def _serve(conn: Connection, forked: bool) -> None:
         os.closerange(3, keep)
         os.closerange(keep + 1, _MAX_FD)
     _start_worker()
+    from memstaged import digests
+
+    digests.for_backlog()  # a worker decides backlogs (one from a fork server has the built-in)
     chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
     results: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 

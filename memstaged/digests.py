@@ -14,8 +14,8 @@ a file costs its start-up scan), but a ``--once`` run on measure 9's corpus hash
 file, each rewrite, each original it copies): 64 ms more CPU, 2-3 % of the run. So the
 built-in is the default, and ``--once`` calls :func:`for_backlog` once it has files to decide:
 a run that finds only files already decided, and every short command, stay without OpenSSL.
-The decider workers it forks inherit the choice (a worker started by a fork server, as when a
-progress bar's thread runs, imports this module afresh and hashes with the built-in).
+A decider worker makes the same choice when it starts (it decides backlogs only), whether it was
+forked or came from a fork server (as when a progress bar's thread runs).
 """
 
 from __future__ import annotations
