@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import resource
 import signal
 import threading
 import traceback
@@ -71,6 +72,11 @@ AHEAD_BYTES: Final = 16 * 1024 * 1024
 #: next transaction's files while the commit runs (a few hundred milliseconds), and each file read
 #: ahead holds a descriptor and its read lease until it is decided (SPEC 6: bounded).
 AHEAD_FILES: Final = 512
+#: Descriptors left free beside the files read ahead and the versions a transaction holds: the
+#: process's own (stdio, the decision log, the memory dir, its locks), what a commit opens (temps,
+#: directories, ``canonical-writer.lock``) and a module imported late (``ctypes``, at the first
+#: commit: an EMFILE there was a traceback, issue 23).
+FD_RESERVE: Final = 64
 #: The environment variable that sets how many workers decide (0: none, decide in process).
 WORKERS_ENV: Final = "MEMSTAGED_WORKERS"
 #: The most workers taken from :data:`WORKERS_ENV`: a typo of ``10000`` would fork that many.
@@ -213,13 +219,38 @@ class Deciders:
         self.broken: str | None = None
 
     def ahead(
-        self, items: Iterable[T], job: Callable[[T], tuple[bytes, Context] | None], size: int
+        self,
+        items: Iterable[T],
+        job: Callable[[T], tuple[bytes, Context] | None],
+        size: int,
+        held: int = 0,
     ) -> ReadAhead[T]:
         """Walk ``items`` (each a file read), deciding ahead in the pool when ``size`` (the
         batch's number of files) is worth it; ``job`` gives an item's bytes and context, or
-        None for an item with nothing to decide (skipped, unreadable, too large)."""
-        use = self.workers > 0 and size >= POOL_THRESHOLD and self.broken is None
-        return ReadAhead(self if use else None, items, job)
+        None for an item with nothing to decide (skipped, unreadable, too large). ``held``:
+        the descriptors the caller may hold besides (a transaction's versions): what is read
+        ahead stays within the descriptor limit beside them (:meth:`ahead_files`)."""
+        most = self.ahead_files(held)
+        use = self.workers > 0 and size >= POOL_THRESHOLD and self.broken is None and most > 0
+        return ReadAhead(self if use else None, items, job, most)
+
+    def ahead_files(self, held: int) -> int:
+        """How many files may be read ahead (each holds a descriptor until it is decided): up
+        to :data:`AHEAD_FILES`, and never more than the soft ``RLIMIT_NOFILE`` leaves beside
+        ``held``, the pool's own descriptors (a socket and a sentinel per worker) and
+        :data:`FD_RESERVE`; whole chunks, one of them for verdicts back and not yet taken.
+
+        SPEC 6: a service manager's soft limit is 1,024, and a hard limit can be lower still;
+        512 files read ahead and 256 held by a transaction, or 2 chunks per worker on a machine
+        of 32 cores, ran out of descriptors in the commit (issue 23). 0: too few to read ahead
+        (the files are then decided in process, one after the other, as before the pool).
+        """
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return AHEAD_FILES
+        room = soft - held - 2 * self.workers - FD_RESERVE
+        chunks = room // CHUNK - 1
+        return max(0, min(AHEAD_FILES, chunks * CHUNK))
 
     def _submit(self, jobs: list[tuple[bytes, Context]]) -> int | None:
         """Send a chunk to the next worker; which one (None: the pool is broken)."""
@@ -302,12 +333,13 @@ class ReadAhead(Generic[T]):
     """Items in their order, each with its verdict from the pool (None: decide it in process).
 
     Taking the next item pulls items from the source while the workers decide, up to
-    ``2 x workers`` chunks or :data:`AHEAD_BYTES` ahead of what it hands back. A caller may stop
+    ``2 x workers`` chunks or :data:`AHEAD_BYTES` ahead of what it hands back, and never more
+    than ``most`` items in flight (each holds a descriptor). A caller may stop
     taking items at any point (a transaction is full) and take the rest later (the next
     transaction): nothing read is dropped. :meth:`prefetch` reads and sends further ahead, up to
-    :data:`AHEAD_FILES`, so that the workers decide the next transaction's files while the caller
-    carries out this one's; :meth:`close` hands back the items never taken, for the caller to
-    release what they hold.
+    ``most`` (:data:`AHEAD_FILES` at most), so that the workers decide the next transaction's
+    files while the caller carries out this one's; :meth:`close` hands back the items never
+    taken, for the caller to release what they hold.
     """
 
     def __init__(
@@ -315,8 +347,11 @@ class ReadAhead(Generic[T]):
         deciders: Deciders | None,
         items: Iterable[T],
         job: Callable[[T], tuple[bytes, Context] | None],
+        most: int = AHEAD_FILES,
     ) -> None:
         self._deciders = deciders
+        #: The most chunks in flight: ``most`` files read ahead (:meth:`Deciders.ahead_files`).
+        self._depth = max(1, most // CHUNK)
         self._items = iter(items)
         self._job = job
         self._exhausted = False
@@ -338,17 +373,17 @@ class ReadAhead(Generic[T]):
         if deciders is None:
             return next(self._items), None
         while not self._ready:
-            self._fill(2 * deciders.workers)
+            self._fill(min(2 * deciders.workers, self._depth))
             if not self._chunks:
                 raise StopIteration
             self._receive(deciders)
         return self._ready.popleft()
 
     def prefetch(self) -> None:
-        """Read and send up to :data:`AHEAD_FILES` items ahead: the caller is about to be busy
-        (a commit) and the workers would otherwise wait for it."""
+        """Read and send up to ``most`` items ahead (:data:`AHEAD_FILES`): the caller is about
+        to be busy (a commit) and the workers would otherwise wait for it."""
         if self._deciders is not None:
-            self._fill(AHEAD_FILES // CHUNK)
+            self._fill(self._depth)
 
     def close(self) -> list[T]:
         """The items pulled from the source and never handed out; verdicts still in flight are

@@ -202,7 +202,7 @@ class Pipeline:
             return
         lock = _Lock()
         reads = (self._read_ahead(mdir, name, staging_fd, lock) for name in names)
-        ahead = self._deciders.ahead(reads, _job, size)
+        ahead = self._deciders.ahead(reads, _job, size, held=BATCH_HELD)
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:
