@@ -386,15 +386,19 @@ class ReadAhead(Generic[T]):
             self._fill(self._depth)
 
     def close(self) -> list[T]:
-        """The items pulled from the source and never handed out; verdicts still in flight are
-        received and dropped, so that the pool's next user reads its own."""
+        """The items pulled from the source and never handed out.
+
+        With verdicts still in flight (the caller left early: an error, a stop, Ctrl-C) the pool
+        is hung up on, not drained: its next user starts another and reads only its own verdicts,
+        and nothing here waits on a worker's socket that an interrupted read may have left out
+        of step.
+        """
         left = [item for item, _ in self._ready]
         self._ready.clear()
+        if self._chunks and self._deciders is not None:
+            self._deciders.close()
         while self._chunks:
-            chunk = self._chunks.popleft()
-            if self._deciders is not None:
-                self._deciders._result(chunk.worker)
-            left += chunk.items
+            left += self._chunks.popleft().items
         left += self._filling
         self._filling, self._sent, self._jobs = [], [], []
         self._exhausted = True

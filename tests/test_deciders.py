@@ -156,8 +156,8 @@ def test_items_left_are_handed_back_and_the_pool_s_next_user_gets_its_own_verdic
 ) -> None:
     """Issue 23: a transaction left early (an error, a stop) with files read and sent ahead:
     :meth:`ReadAhead.close` hands back every file never taken, for their descriptors to be
-    closed, and drops the verdicts still coming, so that the next memory dir's files, decided by
-    the same workers, each get their own verdict."""
+    closed, and hangs up on the workers with verdicts still coming, so that the next memory
+    dir's files, decided by the run's pool, each get their own verdict."""
     jobs = _jobs(600)
     ahead = pool.ahead(range(len(jobs)), lambda i: jobs[i], len(jobs))
     taken = [i for i, _ in itertools.islice(ahead, 10)]
