@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from memstaged import __version__
 from memstaged.argtypes import settle_seconds
-from memstaged.errors import BusyError, LogUnwritable, MemstagedError, UsageError
+from memstaged.errors import BusyError, LogUnwritable, MemstagedError, Terminated, UsageError
 
 EXIT_ATTENTION: Final = 1
 EXIT_USAGE: Final = 2
@@ -274,3 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("memstaged: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("memstaged: terminated", file=sys.stderr)
+        return 143

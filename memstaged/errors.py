@@ -26,6 +26,16 @@ class BusyError(MemstagedError):
     """Another memstaged already works on a memory dir (SPEC section 5). Exit code 1."""
 
 
+class Terminated(BaseException):
+    """SIGTERM to ``--once``: the run stops as on Ctrl-C, exit 143.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` turns it into a
+    decision: a transaction it lands in leaves its temps as a kill would (the next run deletes
+    them) and releases ``canonical-writer.lock`` on its way out, which a kill by the signal's
+    default action would leave for the next memstaged to find stale, the reconciler waiting.
+    """
+
+
 class NotJSON(MemstagedError):
     """The bytes are not RFC 8259 JSON in UTF-8, as the reconciler's ``JSON.parse`` would see it."""
 

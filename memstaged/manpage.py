@@ -94,7 +94,8 @@ SIGNALS: Final = (
         "SIGTERM, SIGINT",
         "Stop: the file being decided gets 0.5 s to finish (its decision is "
         "then durable and logged), or is abandoned and decided by the next run; no other file is "
-        "started; exit 0 (--once exits 130 on Ctrl-C).",
+        "started; exit 0. --once stops at once: exit 130 on Ctrl-C, 143 on SIGTERM, with "
+        "canonical-writer.lock released and temps left for the next run.",
     ),
     (
         "SIGHUP",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -31,7 +32,7 @@ from memstaged.config import (
     one_path_each,
     unwritable,
 )
-from memstaged.errors import BusyError, ConfigError
+from memstaged.errors import BusyError, ConfigError, Terminated
 from memstaged.fsio import raise_fd_limit
 from memstaged.locks import InstanceLock
 from memstaged.memdir import MemoryDir
@@ -198,10 +199,26 @@ def run_once(
         )
     raise_fd_limit()  # SPEC 6: the soft limit of a service manager is 1,024
     pipeline = Pipeline(settings.options, _logger())
+    previous = _on_sigterm()
     try:
         return _run(settings, pipeline, mdirs, aliases, literal, wait, as_json, stream)
     finally:
         pipeline.close()  # the decider processes are the run's (issue 23)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(_sig: int, _frame: object) -> None:
+    raise Terminated
+
+
+def _on_sigterm() -> signal.Handlers | Callable[[int, Any], Any] | int | None:
+    """Stop on SIGTERM as on Ctrl-C (:class:`~memstaged.errors.Terminated`); the handler it
+    replaced, or None where none can be set (a thread other than the main one)."""
+    try:
+        return signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:
+        return None
 
 
 def _run(

@@ -419,6 +419,49 @@ def test_a_backlog_waits_for_the_reconcilers_lock_in_every_batch(
     assert json.loads(lock.read_text())["pid"] == holder.pid
 
 
+def test_sigterm_under_the_lock_exits_143_releases_it_and_the_next_run_finishes(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to ``--once`` (``timeout``, a service manager's stop) while it installs a
+    quarantine's records under ``canonical-writer.lock``: exit 143 with the one line
+    ``memstaged: terminated`` and no traceback; the lock is released (a run killed by the
+    signal's default action left it, and the reconciler waited for the next memstaged to find it
+    stale); the staging file is as it was; the next run exits 0 with the original, every record
+    once and no temp left. The signal comes at the 100th record installed (the crash hook)."""
+    mdir = make_memory_dir(tmp_path)
+    env = memstaged_env(tmp_path, MEMSTAGED_CRASH_AT="record-written:100:TERM")
+    doc = staging_doc(project_root_of(mdir), "many")
+    doc["candidates"]["lessons"] = [{}] * 2_000
+    data = write(mdir / "staging" / "many.json", doc)
+    os.utime(mdir / "staging" / "many.json", (1, 1))  # settled long ago
+    proc = run_once(mdir, env, timeout=300)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 143, stderr[-2000:]
+    assert stderr.splitlines()[-1] == "memstaged: terminated"
+    assert "Traceback" not in stderr
+    assert not (mdir / "canonical-writer.lock").exists()
+    assert (mdir / "staging" / "many.json").read_bytes() == data
+
+    del env["MEMSTAGED_CRASH_AT"]
+    again = run_once(mdir, env, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    dl = mdir / "deadletter"
+    assert not (mdir / "staging" / "many.json").exists()
+    assert [p.read_bytes() for p in (dl / "originals").iterdir()] == [data]
+    assert not list(mdir.rglob(".memstaged~*"))
+    assert not (mdir / "canonical-writer.lock").exists()
+    # Every record once: the same names as a run never interrupted gives.
+    other = make_memory_dir(tmp_path / "other")
+    (other / "staging" / "many.json").write_bytes(data)
+    os.utime(other / "staging" / "many.json", (1, 1))
+    root = ["--project-root", project_root_of(mdir)]
+    assert run_once(other, env, *root, timeout=300).returncode == 0
+    assert sorted(p.name for p in dl.glob("*.json")) == sorted(
+        p.name for p in (other / "deadletter").glob("*.json")
+    )
+    assert len(list(dl.glob("*.json"))) > 2_000
+
+
 @pytest.mark.timeout(600)  # two runs over 20,000 records: 35-45 s on a busy 2-core machine
 def test_ctrl_c_during_a_large_quarantine_exits_130_and_the_next_run_finishes(
     tmp_path: Path,
