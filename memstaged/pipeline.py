@@ -16,6 +16,7 @@ import contextlib
 import errno
 import itertools
 import os
+import resource
 import stat
 import time
 import traceback
@@ -26,7 +27,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged import events, fsio, temps, transaction
-from memstaged.deciders import Deciders, Failure, ReadAhead, workers_wanted
+from memstaged.deciders import FD_RESERVE, Deciders, Failure, ReadAhead, workers_wanted
 from memstaged.errors import LogUnwritable
 from memstaged.locks import LockHeld, LockInfo, lock_to_obey
 from memstaged.memdir import (
@@ -146,6 +147,16 @@ class Pipeline:
         #: files) is worth a pool as much as one large one.
         self._batched = 0
 
+    @property
+    def _held_most(self) -> int:
+        """The versions a transaction holds open at most: :data:`BATCH_HELD`, or fewer where the
+        descriptor limit leaves less room (SPEC 6: a hard limit of 200 ran out of descriptors
+        with 256 held, a traceback); read ahead gets no more than as many again."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return BATCH_HELD
+        return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 2))
+
     # -- the entry points -----------------------------------------------------------------------
 
     def process(self, mdir: MemoryDir, name: str) -> Outcome:
@@ -202,7 +213,7 @@ class Pipeline:
             return
         lock = _Lock()
         reads = (self._read_ahead(mdir, name, staging_fd, lock) for name in names)
-        ahead = self._deciders.ahead(reads, _job, size, held=BATCH_HELD)
+        ahead = self._deciders.ahead(reads, _job, size, held=self._held_most)
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:
@@ -256,7 +267,7 @@ class Pipeline:
                     held += item.plan.held_bytes
                 if (
                     len(batch.outcomes) + len(pending) >= most
-                    or len(pending) >= BATCH_HELD
+                    or len(pending) >= self._held_most
                     or held >= BATCH_BYTES
                 ):
                     break

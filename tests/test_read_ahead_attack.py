@@ -84,6 +84,8 @@ def _limit_descriptors(limit: int) -> Callable[[], None]:
     [
         (500, "2"),  # a hard limit below what 512 files read ahead and 256 held need
         (1024, "32"),  # the default limit, on a 32-core machine: 2 chunks per worker ahead
+        (200, "0"),  # below the 256 versions a transaction held, with no pool at all
+        (200, "2"),
     ],
 )
 def test_once_under_a_low_descriptor_limit_decides_every_file_without_an_error(
