@@ -419,6 +419,16 @@ def test_a_backlog_waits_for_the_reconcilers_lock_in_every_batch(
     assert json.loads(lock.read_text())["pid"] == holder.pid
 
 
+def _many_invalid(mdir: Path, count: int) -> bytes:
+    """``staging/many.json`` with ``count`` invalid lessons (a record each), settled long ago;
+    its bytes."""
+    doc = staging_doc(project_root_of(mdir), "many")
+    doc["candidates"]["lessons"] = [{}] * count
+    data = write(mdir / "staging" / "many.json", doc)
+    os.utime(mdir / "staging" / "many.json", (1, 1))
+    return data
+
+
 def test_sigterm_under_the_lock_exits_143_releases_it_and_the_next_run_finishes(
     tmp_path: Path,
 ) -> None:
@@ -430,10 +440,7 @@ def test_sigterm_under_the_lock_exits_143_releases_it_and_the_next_run_finishes(
     once and no temp left. The signal comes at the 100th record installed (the crash hook)."""
     mdir = make_memory_dir(tmp_path)
     env = memstaged_env(tmp_path, MEMSTAGED_CRASH_AT="record-written:100:TERM")
-    doc = staging_doc(project_root_of(mdir), "many")
-    doc["candidates"]["lessons"] = [{}] * 2_000
-    data = write(mdir / "staging" / "many.json", doc)
-    os.utime(mdir / "staging" / "many.json", (1, 1))  # settled long ago
+    data = _many_invalid(mdir, 2_000)
     proc = run_once(mdir, env, timeout=300)
     stderr = proc.stderr.decode()
     assert proc.returncode == 143, stderr[-2000:]
@@ -476,10 +483,7 @@ def test_ctrl_c_during_a_large_quarantine_exits_130_and_the_next_run_finishes(
     scheduled for the second or two the temps take, on a busy machine (issue 19 item 8)."""
     mdir = make_memory_dir(tmp_path)
     env = memstaged_env(tmp_path, MEMSTAGED_CRASH_AT="temp-created:200:INT")
-    doc = staging_doc(project_root_of(mdir), "many")
-    doc["candidates"]["lessons"] = [{}] * 20_000
-    data = write(mdir / "staging" / "many.json", doc)
-    os.utime(mdir / "staging" / "many.json", (1, 1))  # settled long ago
+    data = _many_invalid(mdir, 20_000)
     # Ctrl-C's disposition in a terminal's foreground job: a suite started as a background job
     # of a non-interactive shell has SIGINT ignored, which a child inherits, and Python then
     # keeps it ignored (rightly, as under nohup): the interruption never came and the run ended

@@ -69,6 +69,22 @@ def _decided(events: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
+def _once(
+    env: dict[str, str], *mdirs: Path, limit: int | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """``memstaged --once`` on ``mdirs`` in a real process, under a descriptor ``limit``."""
+    args = [a for m in mdirs for a in ("--memory-dir", str(m))]
+    return subprocess.run(
+        memstaged_cmd("--once", *args),
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+        preexec_fn=None if limit is None else _limit_descriptors(limit),
+    )
+
+
 def _limit_descriptors(limit: int) -> Callable[[], None]:
     """In the child, before exec: a soft and hard limit of ``limit`` descriptors (so that
     ``raise_fd_limit`` cannot raise it), as a container or a unit's ``LimitNOFILE=`` sets."""
@@ -101,15 +117,7 @@ def test_once_under_a_low_descriptor_limit_decides_every_file_without_an_error(
     mdir = make_memory_dir(tmp_path)
     inputs = _corpus(mdir, 3000, 31, "fd-")
     env = memstaged_env(tmp_path, MEMSTAGED_WORKERS=workers)
-    proc = subprocess.run(
-        memstaged_cmd("--once", "--memory-dir", str(mdir)),
-        env=env,
-        capture_output=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-        preexec_fn=_limit_descriptors(limit),
-    )
+    proc = _once(env, mdir, limit=limit)
     stderr = proc.stderr.decode(errors="replace")
     assert "Traceback" not in stderr
     assert proc.returncode == 0, stderr[-2000:]
@@ -169,14 +177,7 @@ def test_a_lock_taken_between_transactions_stops_that_memory_dir_and_not_the_nex
         [sys.executable, "-c", _RECONCILER, str(first)], stdout=subprocess.PIPE
     )
     try:
-        run = subprocess.run(
-            memstaged_cmd("--once", "--memory-dir", str(first), "--memory-dir", str(second)),
-            env=env,
-            capture_output=True,
-            timeout=120,
-            check=False,
-            cwd=REPO,
-        )
+        run = _once(env, first, second)
         assert reconciler.stdout is not None
         assert reconciler.stdout.readline() == b"locked\n"
     finally:
@@ -212,14 +213,7 @@ def test_a_lock_taken_between_transactions_stops_that_memory_dir_and_not_the_nex
     }
     # The reconciler is gone; its lock stays (memstaged never deletes another's lock) and
     # is not obeyed. Then the reconciler's own clean-up removes it.
-    again = subprocess.run(
-        memstaged_cmd("--once", "--memory-dir", str(first), "--memory-dir", str(second)),
-        env=env,
-        capture_output=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-    )
+    again = _once(env, first, second)
     assert again.returncode == 0, again.stderr.decode(errors="replace")
     (first / "canonical-writer.lock").unlink()
     assert check_final(first, inputs1) == []
@@ -287,14 +281,7 @@ def test_a_writer_s_versions_of_files_read_ahead_survive_the_commit(tmp_path: Pa
         assert writer.stdin is not None and writer.stdout is not None
         writer.stdin.write("\n".join(lines).encode() + b"\n")
         writer.stdin.close()
-        run = subprocess.run(
-            memstaged_cmd("--once", "--memory-dir", str(mdir)),
-            env=env,
-            capture_output=True,
-            timeout=120,
-            check=False,
-            cwd=REPO,
-        )
+        run = _once(env, mdir)
         assert writer.stdout.readline() == b"written\n"
         assert writer.wait(timeout=40) == 0  # under the lease-break time (45 s by default)
     finally:
@@ -306,14 +293,7 @@ def test_a_writer_s_versions_of_files_read_ahead_survive_the_commit(tmp_path: Pa
     assert "Traceback" not in run.stderr.decode(errors="replace")
     assert run.returncode in (0, 1)
     _assert_kept(mdir, new)
-    again = subprocess.run(
-        memstaged_cmd("--once", "--memory-dir", str(mdir)),
-        env=env,
-        capture_output=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-    )
+    again = _once(env, mdir)
     assert again.returncode == 0, again.stderr.decode(errors="replace")
     _assert_kept(mdir, new)
     decided = _decided(read_events(tmp_path / "decisions.jsonl"))
