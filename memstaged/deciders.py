@@ -230,9 +230,10 @@ class Deciders:
         None for an item with nothing to decide (skipped, unreadable, too large). ``held``:
         the descriptors the caller may hold besides (a transaction's versions): what is read
         ahead stays within the descriptor limit beside them (:meth:`ahead_files`)."""
+        if self.workers == 0 or size < POOL_THRESHOLD or self.broken is not None:
+            return ReadAhead(None, items, job)  # the daemon's one file: no limit to look up
         most = self.ahead_files(held)
-        use = self.workers > 0 and size >= POOL_THRESHOLD and self.broken is None and most > 0
-        return ReadAhead(self if use else None, items, job, most)
+        return ReadAhead(self if most > 0 else None, items, job, most)
 
     def ahead_files(self, held: int) -> int:
         """How many files may be read ahead (each holds a descriptor until it is decided): up

@@ -111,6 +111,16 @@ class _Lock:
         self.known = False
 
 
+def _held_most() -> int:
+    """The versions a transaction holds open at most: :data:`BATCH_HELD`, or fewer where the
+    descriptor limit leaves less room (SPEC 6: a hard limit of 200 ran out of descriptors with
+    256 held, a traceback); read ahead gets no more than as many again."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return BATCH_HELD
+    return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 2))
+
+
 def _release(read: _Read) -> None:
     """Close a version read ahead and never decided (its transaction found the lock held)."""
     if isinstance(read.read, Version):
@@ -146,16 +156,6 @@ class Pipeline:
         #: Files handed to :meth:`batches` so far: a run of many small memory dirs (1,000 of 100
         #: files) is worth a pool as much as one large one.
         self._batched = 0
-
-    @property
-    def _held_most(self) -> int:
-        """The versions a transaction holds open at most: :data:`BATCH_HELD`, or fewer where the
-        descriptor limit leaves less room (SPEC 6: a hard limit of 200 ran out of descriptors
-        with 256 held, a traceback); read ahead gets no more than as many again."""
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft == resource.RLIM_INFINITY:
-            return BATCH_HELD
-        return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 2))
 
     # -- the entry points -----------------------------------------------------------------------
 
@@ -213,19 +213,19 @@ class Pipeline:
             return
         lock = _Lock()
         reads = (self._read_ahead(mdir, name, staging_fd, lock) for name in names)
-        ahead = self._deciders.ahead(reads, _job, size, held=self._held_most)
+        held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
+        ahead = self._deciders.ahead(reads, _job, size, held=held_most)
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:
-                batch = self._transaction(mdir, mem_fd, staging_fd, lock, ahead, most)
+                batch = self._transaction(mdir, mem_fd, staging_fd, lock, ahead, most, held_most)
                 if not batch.outcomes:  # every file taken (a name given twice)
                     return
                 left -= len(batch.outcomes)
                 yield batch
         finally:
             for read in ahead.close():
-                if isinstance(read.read, Version):
-                    read.read.close()
+                _release(read)
             opened.__exit__()
 
     def _transaction(
@@ -236,12 +236,14 @@ class Pipeline:
         lock: _Lock,
         ahead: ReadAhead[_Read],
         most: int,
+        held_most: int,
     ) -> Batch:
         """Decide up to ``most`` files read ahead, then apply their plans together.
 
         Valid, foreign, skipped and deferred files are final (and logged) at once; repairs and
         quarantines wait for the transaction, which stops taking files early when the versions
-        it holds open reach :data:`BATCH_HELD` or their bytes :data:`BATCH_BYTES`.
+        it holds open reach ``held_most`` (:data:`BATCH_HELD`, or fewer under a low descriptor
+        limit) or their bytes :data:`BATCH_BYTES`.
         """
         batch = Batch(mdir)
         try:
@@ -267,7 +269,7 @@ class Pipeline:
                     held += item.plan.held_bytes
                 if (
                     len(batch.outcomes) + len(pending) >= most
-                    or len(pending) >= self._held_most
+                    or len(pending) >= held_most
                     or held >= BATCH_BYTES
                 ):
                     break
