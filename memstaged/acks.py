@@ -54,12 +54,9 @@ def load(state_dir: Path | None, memory_dir: str) -> set[str]:
         return set()
     path = acked_path(state_dir, memory_dir)
     try:
-        with path.open("rb") as fh:
-            data = fh.read(_MAX_SIZE + 1)
+        data = fsio.read_private(path, _MAX_SIZE)
     except OSError:
-        return set()
-    if len(data) > _MAX_SIZE:
-        return set()
+        return set()  # none, or not a file memstaged wrote (a FIFO, a link, too large)
     try:
         stored = _decoder.decode(data)
     except msgspec.DecodeError:

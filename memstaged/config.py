@@ -17,6 +17,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
+from memstaged import fsio
 from memstaged.errors import ConfigError
 from memstaged.memdir import MemoryDir, Options
 from memstaged.project import default_project_root, normalize
@@ -279,18 +280,8 @@ def _read_config(path: Path) -> tuple[FileConfig, frozenset[str]]:
     import tomllib  # only when there is a config file (issue 14: start-up)
 
     try:
-        # O_NONBLOCK: a FIFO named as the config must not hang the command; links are followed,
-        # as the user named this path (dotfile managers link configs)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(f"{path}: cannot read: not a regular file")
-            data = os.read(fd, MAX_CONFIG_SIZE + 1)
-        finally:
-            os.close(fd)
-        if len(data) > MAX_CONFIG_SIZE:
-            raise ConfigError(f"{path}: cannot read: larger than {MAX_CONFIG_SIZE} bytes")
+        # Links are followed, as the user named this path (dotfile managers link configs).
+        data = fsio.read_private(path, MAX_CONFIG_SIZE, follow=True)
         raw = tomllib.loads(data.decode("utf-8"))
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
@@ -298,6 +289,8 @@ def _read_config(path: Path) -> tuple[FileConfig, frozenset[str]]:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 (byte {err.start}), as TOML must be") from None
+    except RecursionError:  # tomllib recurses once per level of an array or inline table
+        raise ConfigError(f"{path}: not valid TOML: a value is nested too deep") from None
     except ValueError:  # os.open refuses a path with a NUL byte: no file has such a name
         raise ConfigError(f"{path}: cannot read: a path cannot hold a NUL byte") from None
     roots = raw.get("project_roots")
@@ -316,6 +309,8 @@ def _read_config(path: Path) -> tuple[FileConfig, frozenset[str]]:
         if len(where) == 2:
             raise ConfigError(f"{path}: key '{where[1].rstrip('`')}': {where[0]}") from None
         raise ConfigError(f"{path}: {text}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: a value is nested too deep") from None
     paths = [("log_file", parsed.log_file), ("metrics_file", parsed.metrics_file)]
     paths += [("memory_dirs", p) for p in parsed.memory_dirs]
     paths += [(f"project_roots.{k}", v) for k, v in parsed.project_roots.items()]

@@ -488,6 +488,31 @@ def open_regular_fd(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
+def read_private(path: os.PathLike[str] | str, limit: int, *, follow: bool = False) -> bytes:
+    """The whole of a file memstaged keeps for itself (seen cache, ack marks, config), opened
+    the one safe way: never blocking (``O_NONBLOCK``: a FIFO or a device put at its name gives
+    ``EINVAL`` at once), a regular file only, at most ``limit`` bytes (``EFBIG`` beyond), and a
+    link at its last component refused (``ELOOP``) unless ``follow`` (a path the user named).
+
+    Raises :class:`OSError` (``FileNotFoundError`` when there is none); the caller says what
+    that means for its file.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+        data = read_fd_at(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # grew since the fstat
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+    return data
+
+
 @contextmanager
 def open_regular(dir_fd: int, name: str) -> Iterator[tuple[int, os.stat_result]]:
     """:func:`open_regular_fd` as a context manager that closes the fd."""

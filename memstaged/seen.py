@@ -45,6 +45,8 @@ Key = tuple[int, int, int, int, int]
 #: Decisions that leave a file as it is in staging/: worth remembering. A repaired file's
 #: rewrite is remembered once memstaged looked at it and found it valid (SPEC 1).
 STAYS: Final = frozenset({Decision.VALID, Decision.FOREIGN})
+#: A cache file larger than this is not one memstaged wrote (a million entries take ~100 MB).
+_MAX_SIZE: Final = 512 * 1024 * 1024
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -106,7 +108,7 @@ class SeenCache:
         name = digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
         cache = cls(state_dir / "seen" / f"{name}.msgpack", fingerprint)
         try:
-            raw = cache.path.read_bytes()  # type: ignore[union-attr]
+            raw = fsio.read_private(cache.path, _MAX_SIZE)  # type: ignore[arg-type]
             with _gc_paused():
                 stored = _decoder.decode(raw)
         except (OSError, msgspec.DecodeError):
