@@ -28,6 +28,7 @@ import pytest
 from conftest import lesson, staging_doc, write
 from helpers import carried_out
 
+from memstaged import acks
 from memstaged.discovery import FD_RESERVE
 
 FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
@@ -629,6 +630,60 @@ def test_sighup_reload_bad_config_keeps_running_good_config_adds_memory_dir(
     assert [e["ok"] for e in daemon.events() if e["event"] == "reload"] == [False, True]
     assert daemon.proc.poll() is None
     assert daemon.stop() == 0
+
+
+def test_sighup_with_a_config_nested_too_deep_keeps_the_old_settings(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 29 item 3: SIGHUP with a config holding a value nested 1,000 deep made the daemon
+    log ``crash`` (a ``RecursionError``) and exit. The reload is refused with one line, and the
+    daemon goes on deciding files with its old settings."""
+    conf = tmp_path / "config.toml"
+    _write_config(conf, memory_dir)
+    daemon = spawn("--config", str(conf))
+    conf.write_text("settle = " + "[" * 1000 + "]" * 1000 + "\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    events = daemon.wait_for(lambda ev: any(e["event"] == "reload" for e in ev), "a reload")
+    reload_event = next(e for e in events if e["event"] == "reload")
+    assert reload_event["ok"] is False
+    assert reload_event["error"] == f"{conf}: not valid TOML: a value is nested too deep"
+    (memory_dir / "staging" / "a.json").write_bytes(_doc_bytes(project))
+    assert daemon.wait_decided("a.json")["a.json"]["decision"] == "valid"
+    assert daemon.stop() == 0
+    assert "Traceback" not in daemon.stderr_file.read_text()
+
+
+def test_a_fifo_at_the_marks_does_not_stop_a_quarantine_holding_the_lock(
+    tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 29 item 4: with the metrics file on, a FIFO at the memory dir's ack marks
+    (``acked/<hash>.json``) stopped the daemon in the middle of a quarantine, holding
+    ``canonical-writer.lock`` for ever and deaf to SIGTERM. The marks are read through the
+    file layer's safe open: the quarantine is carried out, the lock released, the metrics
+    written, and SIGTERM obeyed."""
+    metrics = tmp_path / "metrics" / "memstaged.prom"
+    metrics.parent.mkdir()
+    marks = acks.acked_path(tmp_path / "xdg-state" / "memstaged", str(memory_dir))
+    marks.parent.mkdir(parents=True, mode=0o700)
+    os.mkfifo(marks, 0o600)
+    daemon = spawn(
+        "--memory-dir", str(memory_dir), "--settle", "0.3",
+        env={"MEMSTAGED_METRICS_FILE": str(metrics)},
+    )  # fmt: skip
+    (memory_dir / "staging" / "bad.json").write_bytes(b"not JSON")
+    assert daemon.wait_decided("bad.json")["bad.json"]["decision"] == "quarantined"
+    assert not (memory_dir / "canonical-writer.lock").exists()
+    assert daemon.wait_for(
+        lambda _ev: b"memstaged_deadletter_unseen_records 1" in _read_or_empty(metrics), "metrics"
+    )
+    assert daemon.stop() == 0
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 # -- new projects under a glob -------------------------------------------------------------------
