@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from memstaged import config
+from memstaged import config, fsio
 from memstaged.errors import ConfigError
 from memstaged.notify import Notifier
 
@@ -35,6 +35,8 @@ __all__ = [  # Notifier is re-exported: it lived here before memstaged.notify
 ]
 
 UNIT_NAME: Final = "memstaged.service"
+#: A unit file larger than this is not one memstaged wrote.
+_MAX_UNIT: Final = 1024 * 1024
 #: What to run once memory dirs are configured (said when ``install --enable`` does not start).
 ENABLE_COMMAND: Final = "systemctl --user enable --now memstaged"
 #: What makes a running service run the unit just installed.
@@ -352,8 +354,8 @@ def check_sandbox(unit: str, dropin: str, executable: str) -> None:
 
 
 def _read_if_there(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
+    try:  # a unit file may be a link (a dotfile manager's): the user's own path, followed
+        return fsio.read_private(path, _MAX_UNIT, follow=True).decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as err:
