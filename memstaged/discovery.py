@@ -79,8 +79,9 @@ class Stopped(Exception):
 #: descriptor and watchdog's two wake-up pipe ends), and at most 6 more while one file is decided
 #: (memory dir, staging/, the version in hand, deadletter/, originals/, a temp file or the
 #: reconciler's lock); measured with every kind of decision, rescans, log rotation and a
-#: reload: 16 suffice and 12 do not. 24 leaves room for journald's socket and a lazy import,
-#: and lets 1,000 memory dirs fit under a hard limit of 1,024 (SPEC 6).
+#: reload: 16 suffice and 12 do not. 24 leaves room for journald's socket, a lazy import and
+#: the control socket's six at most (its socket, an eventfd, four clients), and lets 1,000
+#: memory dirs fit under a hard limit of 1,024 (SPEC 6).
 FD_RESERVE: Final = 24
 
 

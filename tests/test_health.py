@@ -8,11 +8,15 @@ own parser).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import select
 import signal
+import socket
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,11 +29,11 @@ from conftest import staging_doc, write
 from daemon_support import RecordingLogger, Rig, settings
 from helpers import memstaged_cmd, memstaged_env, mounted, without_dac_override
 from prometheus_client.parser import text_string_to_metric_families
-from test_daemon_process import DaemonProcess
+from test_daemon_process import DaemonProcess, _glob_config, _many_projects
 from test_log_safety import Broken
 from test_operator import _pty_run
 
-from memstaged import acks, config, metrics
+from memstaged import acks, config, control, control_clients, metrics
 from memstaged.commands.status import SUMMARY_COLUMNS, TERMINAL_COLUMNS
 from memstaged.watcher import Kind, Signal
 
@@ -330,6 +334,126 @@ def test_status_shows_the_daemons_live_queue_and_waits(
     assert "waiting=1;;;0" in perf
     code, _, _ = _check(capsys, "--memory-dir", str(memory_dir), "--max-wait", "1h")
     assert code == 0
+
+
+@contextlib.contextmanager
+def _connected(pid: int, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` clients connected to the daemon's control socket that say nothing."""
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            clients.append(_client(pid))
+        yield clients
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _client(pid: int, request: bytes = b"") -> socket.socket:
+    """A connection to the daemon's control socket (named through its directory's descriptor:
+    a test's path is too long for ``sun_path``), that sent ``request``."""
+    path = control.socket_path(pid)
+    assert path is not None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        sock.settimeout(0.2)  # a full listen queue: the caller tries again
+        sock.connect(f"/proc/self/fd/{fd}/{path.name}")
+        sock.sendall(request)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.close(fd)
+    return sock
+
+
+class NeverReading:
+    """Clients that connect, ask ``status`` and never read their answer; each one the daemon
+    closes is replaced by another at once, so as many always wait on it."""
+
+    def __init__(self, pid: int, count: int) -> None:
+        self.pid = pid
+        self.count = count
+        self.closed = 0  # by the daemon
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="never-reading")
+
+    def __enter__(self) -> NeverReading:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        clients: dict[int, socket.socket] = {}
+        poller = select.poll()
+        try:
+            while not self.stop.is_set():
+                while len(clients) < self.count and not self.stop.is_set():
+                    with contextlib.suppress(OSError):  # the listen queue is full: again
+                        client = _client(self.pid, control_clients.REQUEST)
+                        clients[client.fileno()] = client
+                        poller.register(client, select.POLLHUP)
+                for fd, _ in poller.poll(100):  # POLLHUP: the daemon closed it, unread
+                    poller.unregister(fd)
+                    clients.pop(fd).close()
+                    self.closed += 1
+        finally:
+            for client in clients.values():
+                client.close()
+
+
+def test_clients_that_say_nothing_do_not_make_a_live_daemon_critical(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    memory_dir: Path,
+    spawn: Callable[..., DaemonProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 29 item 1: twelve clients connected to the control socket that send nothing made
+    `status --check --require-daemon` say "does not answer" (CRITICAL, exit 2) while the
+    daemon decided files: each silent one held up the accepting of the next for a second. A
+    silent client now holds up no other: the check is OK while they are all still connected,
+    and the daemon still decides a file."""
+    daemon = spawn("--memory-dir", str(memory_dir))
+    _daemon_env(tmp_path, monkeypatch, daemon)
+    with _connected(daemon.proc.pid, 12):
+        code, text, perf = _check(capsys, "--memory-dir", str(memory_dir), "--require-daemon")
+        assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir(s), nothing needs attention")
+        assert "not_answering=0;;0;0" in perf
+        write(memory_dir / "staging" / "bad.json", b"{not json")
+        assert daemon.wait_decided("bad.json")["bad.json"]["decision"] == "quarantined"
+    assert daemon.stop() == 0
+
+
+def _socket_buffer() -> int:
+    """The default send buffer of a socket (the daemon's: it sets none)."""
+    return int(Path("/proc/sys/net/core/wmem_default").read_text())
+
+
+def test_clients_that_never_read_delay_neither_decisions_nor_sigterm(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 29 item 2: with 1,000 memory dirs the daemon's answer is larger than what a
+    socket buffers, and the work loop itself wrote it to each client, waiting up to a second
+    for each: clients that ask and never read (here twelve, each replaced as soon as the daemon
+    closes it) held the loop for ever, so a new file was never decided and SIGTERM never acted
+    on. The loop now only makes the answer; it is sent by another thread that waits on no
+    client: the file is decided and SIGTERM ends the daemon while they keep asking."""
+    src = tmp_path / ("s" * 250)  # long paths: a large answer
+    mdirs = _many_projects(src, 1000)
+    daemon = spawn("--config", str(_glob_config(tmp_path, src)))
+    pid = daemon.proc.pid
+    answer = msgspec.json.encode(control.ask(pid, timeout=60))
+    assert len(answer) > 1.5 * _socket_buffer()  # the premise: a client that does not read blocks
+    with NeverReading(pid, 12) as flood:
+        _wait(lambda: flood.closed >= 12, "the daemon closing clients that never read", 60)
+        (mdirs[-1] / "staging" / "new.json").write_bytes(b"{not json")
+        assert daemon.wait_decided("new.json")["new.json"]["decision"] == "quarantined"
+        assert daemon.stop() == 0
 
 
 # -- metrics ------------------------------------------------------------------------------------
