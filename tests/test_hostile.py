@@ -17,11 +17,11 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import as_nobody
 import pytest
 from daemon_support import RecordingLogger
 from helpers import (
@@ -554,12 +554,9 @@ def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
 def _unreadable_world(*, fix: bool) -> Iterator[tuple[Path, Path, dict[str, str], bytes]]:
     """A memory dir owned by ``nobody`` whose ``secret.json`` (malformed) only root may read,
     and with ``fix`` a repairable ``fix.json``: (base, memory dir, environment, secret's bytes).
-    Under /tmp, which ``nobody`` can reach (a test's tmp_path may not be)."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv is not installed: cannot drop privileges for this test")
-    base = Path(tempfile.mkdtemp(prefix="memstaged-nobody-", dir="/tmp"))
-    try:
-        os.chmod(base, 0o755)  # noqa: S103 - nobody must reach the memory dir inside
+    In a workspace ``nobody`` can reach (a test's tmp_path may not be)."""
+    uid, gid = as_nobody.ids()
+    with as_nobody.workspace("memstaged-nobody-") as base:
         mdir = make_memory_dir(base)
         root = project_root_of(mdir)
         secret = _put(mdir / "staging" / "secret.json", _malformed(root))
@@ -568,29 +565,16 @@ def _unreadable_world(*, fix: bool) -> Iterator[tuple[Path, Path, dict[str, str]
             _put(mdir / "staging" / "fix.json", _repairable(root))
         for path in [base, *base.rglob("*")]:
             if path.name != "secret.json":
-                os.chown(path, 65534, 65534)
+                os.chown(path, uid, gid)
         env = memstaged_env(base)
         env["HOME"] = str(base)
-        os.chown(base / "xdg-config", 65534, 65534)
+        os.chown(base / "xdg-config", uid, gid)
         yield base, mdir, env, secret
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _as_nobody(base: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """``memstaged ARGS`` as ``nobody`` (root would bypass permissions)."""
-    return subprocess.run(
-        [
-            *("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"),
-            *(PYTHON, "-m", "memstaged", *args),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=base,
-    )
+    return as_nobody.run_memstaged(*args, env=env, cwd=base)
 
 
 # -- the daemon keeps running ---------------------------------------------------------------------
