@@ -532,7 +532,8 @@ def test_a_deadletter_store_that_cannot_be_written(tmp_path: Path) -> None:
 def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
     """Run as an unprivileged user (root would bypass permissions), ``--once`` meets a file it
     may not read: it is left as it is, ``deferred`` with "permission denied" (exit 1), and the
-    other files are decided."""
+    other files are decided. Issue 29 item 14: passes wherever the clone is (in /root too), as
+    ``nobody`` runs memstaged from a venv it can reach (:mod:`as_nobody`)."""
     with _unreadable_world(fix=True) as (base, mdir, env, secret):
         result = _as_nobody(base, env, "--once", "--settle", "0", "--memory-dir", str(mdir))
         assert result.returncode == 1, result.stderr
@@ -679,7 +680,8 @@ def test_the_daemon_says_why_it_ignores_a_staging_link(tmp_path: Path) -> None:
 def test_check_status_and_once_agree_on_a_file_memstaged_may_not_read() -> None:
     """Issue 20 (one reader, one answer): a file memstaged may not read is ``deferred`` with
     "permission denied" (SPEC 5) for ``check`` (exit 1), ``status`` and ``--once`` alike;
-    ``check`` and ``status`` said ``unreadable`` (exit 2) where ``--once`` deferred it."""
+    ``check`` and ``status`` said ``unreadable`` (exit 2) where ``--once`` deferred it. Issue 29
+    item 14: run as ``nobody`` from a venv it can reach, in a clone under /root too."""
     with _unreadable_world(fix=False) as (base, mdir, env, secret):
         target = str(mdir / "staging" / "secret.json")
         check = _as_nobody(base, env, "check", "--json", "--settle", "0", target)
