@@ -19,7 +19,7 @@ import msgspec
 
 from memstaged import fsio
 from memstaged.errors import ConfigError
-from memstaged.memdir import MemoryDir, Options
+from memstaged.memdir import MemoryDir, Options, physical_path
 from memstaged.project import default_project_root, normalize
 from memstaged.seconds import parse_seconds
 
@@ -156,9 +156,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             anchor = _literal_prefix(expanded, derived=pattern == DEFAULT_MEMORY_DIR)
             for path in paths:
                 absolute = normalize(os.path.abspath(path))  # abspath: links are not resolved
-                root = self.project_roots.get(absolute) or default_project_root(absolute)
-                found.setdefault(absolute, MemoryDir(absolute, root, anchor))
+                if absolute not in found:
+                    named, physical = self.project_root(absolute)
+                    link = "" if physical == named else named
+                    found[absolute] = MemoryDir(absolute, physical, anchor, named_root=link)
         return list(found.values())
+
+    def project_root(self, memory_dir: str) -> tuple[str, str]:
+        """The project root of ``memory_dir`` (absolute, normalized) as named (configured in
+        ``project_roots`` or ``--project-root``, else three levels up), and its physical path,
+        the one its files are compared with (SPEC 2.4)."""
+        named = self.project_roots.get(memory_dir) or default_project_root(memory_dir)
+        return named, physical_path(named)
 
     def literal_dirs(self) -> frozenset[str]:
         """The memory dirs named without a wildcard on the command line or in

@@ -282,6 +282,9 @@ class MemoryDirs:
             observer=observer,
             project_root=mdir.project_root,
         )
+        said = mdir.physical_root_said()
+        if said is not None:  # SPEC 2.4: once, when the memory dir is added
+            self.log.info("project_root_physical", **said)
         self.owner.added(mdir)
         return True
 

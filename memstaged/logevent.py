@@ -35,6 +35,7 @@ MESSAGE_IDS: Final = {
     "memory_dir_busy": "9e6e3817119a4076b6638db108148301",
     "memory_dir_error": "8b1a3b02e3754abe93bbe98158de47dc",
     "memory_dir_skipped": "3df9a49682ef4e6a892a6cd587e917da",
+    "project_root_physical": "dfbf988254f048398503b20e34b87eef",
     "staging_changed": "a8e4907125ee4ee396ef6669bfe3bb82",
     "watch_failed": "cb27afd0a35d49a4a4901ed0657842aa",
     "observer_died": "845149373c7f4d0fa061fbb6413af8a4",

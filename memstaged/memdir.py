@@ -16,6 +16,10 @@ DEADLETTER: Final = "deadletter"
 class MemoryDir(msgspec.Struct, frozen=True):
     """A memory dir and the project root its files must name (SPEC 2.4).
 
+    ``project_root`` is the root's physical path (:func:`physical_path`), which is the root the
+    reconciler has; ``named_root`` the root as configured or derived from ``path`` (three levels
+    up), when links make the two differ (empty when they do not).
+
     ``anchor`` is the configured literal prefix it was found under (the part of a glob before
     its first wildcard, or the directory a memory dir was derived from): links are followed
     only there, never below it (SPEC 6). Empty: the memory dir's parent.
@@ -24,6 +28,18 @@ class MemoryDir(msgspec.Struct, frozen=True):
     path: str
     project_root: str
     anchor: str = ""
+    named_root: str = ""
+
+    def physical_root_said(self) -> dict[str, str] | None:
+        """SPEC 2.4: when this memory dir's path, or its project root's, holds a symbolic link,
+        the fields of the event that says which physical root its files are compared with
+        (said once, at start); None when there is no link to say."""
+        if not self.named_root and physical_path(self.path) == self.path:
+            return None
+        said = {"memory_dir": self.path, "project_root": self.project_root}
+        if self.named_root:
+            said["named_root"] = self.named_root
+        return said
 
     @property
     def staging(self) -> str:
@@ -50,6 +66,16 @@ class MemoryDir(msgspec.Struct, frozen=True):
         finally:
             os.close(fd)
         return (st.st_dev, st.st_ino)
+
+
+def physical_path(path: str) -> str:
+    """``path`` with every symbolic link resolved, as far as it exists (the rest as written):
+    a directory as the reconciler's Node reports it when it works there (``process.cwd()``).
+    Touches the disk: used where memory dirs are set up, never in the decision."""
+    try:
+        return os.path.realpath(path)
+    except ValueError:  # a NUL in the path: no such directory, nothing to resolve
+        return path
 
 
 class Options(msgspec.Struct, frozen=True):

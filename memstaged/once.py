@@ -233,6 +233,10 @@ def _run(
 ) -> int:
     for alias in aliases:
         _same_directory(pipeline, alias)
+    for mdir in mdirs:
+        said = mdir.physical_root_said()
+        if said is not None:  # SPEC 2.4: once, at start; on a terminal too (the log's console)
+            pipeline.log.info("project_root_physical", **said)
     results: dict[str, Counter[str]] = {}
     unchanged: dict[str, int] = {}
     busy: dict[str, str] = {}

@@ -1,7 +1,9 @@
 """Which project a staging file belongs to (SPEC 2.4).
 
-Paths are compared lexically, never through the file system: a foreign file must be recognised as
-such even when its project no longer exists, and symbolic links are not followed.
+The root given is already physical (links resolved where the memory dirs are set up:
+:func:`memstaged.memdir.physical_path`); a file's value is resolved against it lexically, never
+through the file system, as Node's ``path.resolve`` does: a foreign file must be recognised as
+such even when its project no longer exists, and links in the value are not followed.
 """
 
 from __future__ import annotations

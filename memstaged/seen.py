@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -37,8 +38,19 @@ if TYPE_CHECKING:
     from memstaged.memdir import MemoryDir, Options
     from memstaged.outcome import Outcome
 
-#: The modules whose code decides validity: a change in any of them invalidates every cache.
-_ENGINE: Final = ("ecma", "schema", "timestamps", "repair", "triage", "project", "quarantine")
+#: Where every verdict comes from: the package and the module of ``decide``. The fingerprint
+#: covers them and every memstaged module they import, directly or not (:func:`engine_files`).
+_DECISION_ROOTS: Final = ("__init__.py", "triage.py")
+#: An import of a memstaged module: ``from memstaged[.a.b] import x, (y, z)``, ``from .a import``,
+#: ``from . import x``, ``import memstaged.a``, anywhere in a line's indentation (imports made
+#: inside a function count too). Group 1: the module after ``memstaged.`` or ``.`` (or empty);
+#: group 2: the names imported (each may be a module); group 3: ``import memstaged.a``'s module.
+_IMPORT: Final = re.compile(
+    rb"^[ \t]*(?:from[ \t]+(?:memstaged|\.)(?:\.?([\w.]+))?[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)"
+    rb"|import[ \t]+memstaged\.([\w.]+))",
+    re.MULTILINE,
+)
+_WORD: Final = re.compile(rb"\w+")
 
 Key = tuple[int, int, int, int, int]
 
@@ -62,13 +74,70 @@ _decoder: Final = msgspec.msgpack.Decoder(_Stored)
 _engine_digest: str | None = None
 
 
+def engine_files(package: str) -> list[str]:
+    """The source files of the decision, relative to ``package`` (the package's directory):
+    :data:`_DECISION_ROOTS` and every module of the package they import, transitively, sorted.
+
+    Found by following the imports written in the sources, not by a list kept by hand: a module
+    the decision comes to use is covered as soon as it is imported, and an edit of any of them
+    (``Date.parse``'s included) drops every cache of ``valid`` decisions made by the old code.
+    A regular expression over the bytes, not :mod:`ast`, and one listing per directory, not a
+    ``stat`` per name: about 2 ms for the dozen files, where parsing them costs tens of
+    milliseconds of every start-up that loads a cache. It may find more than is imported (an
+    import in a docstring), never less, for the forms above.
+    """
+    listings: dict[str, frozenset[str]] = {}
+
+    def exists(relative: str) -> bool:
+        folder, _, name = relative.rpartition("/")
+        if folder not in listings:
+            try:
+                listings[folder] = frozenset(os.listdir(os.path.join(package, folder)))
+            except OSError:
+                listings[folder] = frozenset()
+        return name in listings[folder]
+
+    found: set[str] = set()
+    todo = list(_DECISION_ROOTS)
+    while todo:
+        relative = todo.pop()
+        if relative in found or not exists(relative):
+            continue
+        found.add(relative)
+        with open(os.path.join(package, relative), "rb") as source:
+            text = source.read()
+        for match in _IMPORT.finditer(text):
+            module, names, imported = match.groups()
+            todo.extend(_module_files((module or imported or b"").decode(), names))
+    return sorted(found)
+
+
+def _module_files(base: str, names: bytes | None) -> list[str]:
+    """The files an import may run, relative to the package: the module ``base`` (with the
+    ``__init__.py`` of each package on the way), and each imported name that is a module."""
+    parts = [p for p in base.split(".") if p]
+    out = ["/".join([*parts[:i], "__init__.py"]) for i in range(len(parts))]
+    if parts:
+        out += ["/".join(parts) + ".py", "/".join([*parts, "__init__.py"])]
+    prefix = "".join(f"{p}/" for p in parts)
+    for word in _WORD.findall(names or b""):
+        name = word.decode()
+        out += [f"{prefix}{name}.py", f"{prefix}{name}/__init__.py"]
+    return out
+
+
 def _engine_hash() -> str:
+    """What the engine is: ``__version__`` (0.1.0 across upgrades so far, so not enough alone)
+    and the bytes of every file of :func:`engine_files`, by name. Computed once per process,
+    on first use."""
     global _engine_digest  # noqa: PLW0603 - computed once per process, on first use
     if _engine_digest is None:
         digest = digests.sha256(__version__.encode())
-        here = Path(__file__).parent
-        for module in _ENGINE:
-            digest.update((here / f"{module}.py").read_bytes())
+        package = os.path.dirname(__file__)
+        for relative in engine_files(package):
+            digest.update(b"\0" + os.fsencode(relative) + b"\0")
+            with open(os.path.join(package, relative), "rb") as source:
+                digest.update(source.read())
         _engine_digest = digest.hexdigest()[:16]
     return _engine_digest
 

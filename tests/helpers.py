@@ -60,8 +60,8 @@ def make_memory_dir(base: Path, project: str = "example-project") -> Path:
 
 
 def project_root_of(mdir: Path) -> str:
-    """The project root memstaged derives for ``mdir`` (SPEC 2.4)."""
-    return default_project_root(normalize(os.path.abspath(mdir)))
+    """The project root memstaged derives for ``mdir``: its physical path (SPEC 2.4)."""
+    return os.path.realpath(default_project_root(normalize(os.path.abspath(mdir))))
 
 
 def memory_dir_of(mdir: Path) -> MemoryDir:
@@ -73,7 +73,7 @@ def context_for(mdir: Path, name: str, *, split: bool = False) -> Context:
     """The :class:`Context` the pipeline builds for ``staging/<name>`` of ``mdir``."""
     absolute = normalize(os.path.abspath(mdir))
     return Context(
-        project_root=default_project_root(absolute),
+        project_root=project_root_of(mdir),
         file_name=name,
         source_path=os.path.join(absolute, "staging", name),
         settled=True,

@@ -17,11 +17,11 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import as_nobody
 import pytest
 from daemon_support import RecordingLogger
 from helpers import (
@@ -532,7 +532,8 @@ def test_a_deadletter_store_that_cannot_be_written(tmp_path: Path) -> None:
 def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
     """Run as an unprivileged user (root would bypass permissions), ``--once`` meets a file it
     may not read: it is left as it is, ``deferred`` with "permission denied" (exit 1), and the
-    other files are decided."""
+    other files are decided. Issue 29 item 14: passes wherever the clone is (in /root too), as
+    ``nobody`` runs memstaged from a venv it can reach (:mod:`as_nobody`)."""
     with _unreadable_world(fix=True) as (base, mdir, env, secret):
         result = _as_nobody(base, env, "--once", "--settle", "0", "--memory-dir", str(mdir))
         assert result.returncode == 1, result.stderr
@@ -554,12 +555,9 @@ def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
 def _unreadable_world(*, fix: bool) -> Iterator[tuple[Path, Path, dict[str, str], bytes]]:
     """A memory dir owned by ``nobody`` whose ``secret.json`` (malformed) only root may read,
     and with ``fix`` a repairable ``fix.json``: (base, memory dir, environment, secret's bytes).
-    Under /tmp, which ``nobody`` can reach (a test's tmp_path may not be)."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv is not installed: cannot drop privileges for this test")
-    base = Path(tempfile.mkdtemp(prefix="memstaged-nobody-", dir="/tmp"))
-    try:
-        os.chmod(base, 0o755)  # noqa: S103 - nobody must reach the memory dir inside
+    In a workspace ``nobody`` can reach (a test's tmp_path may not be)."""
+    uid, gid = as_nobody.ids()
+    with as_nobody.workspace("memstaged-nobody-") as base:
         mdir = make_memory_dir(base)
         root = project_root_of(mdir)
         secret = _put(mdir / "staging" / "secret.json", _malformed(root))
@@ -568,29 +566,16 @@ def _unreadable_world(*, fix: bool) -> Iterator[tuple[Path, Path, dict[str, str]
             _put(mdir / "staging" / "fix.json", _repairable(root))
         for path in [base, *base.rglob("*")]:
             if path.name != "secret.json":
-                os.chown(path, 65534, 65534)
+                os.chown(path, uid, gid)
         env = memstaged_env(base)
         env["HOME"] = str(base)
-        os.chown(base / "xdg-config", 65534, 65534)
+        os.chown(base / "xdg-config", uid, gid)
         yield base, mdir, env, secret
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _as_nobody(base: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """``memstaged ARGS`` as ``nobody`` (root would bypass permissions)."""
-    return subprocess.run(
-        [
-            *("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"),
-            *(PYTHON, "-m", "memstaged", *args),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=base,
-    )
+    return as_nobody.run_memstaged(*args, env=env, cwd=base)
 
 
 # -- the daemon keeps running ---------------------------------------------------------------------
@@ -695,7 +680,8 @@ def test_the_daemon_says_why_it_ignores_a_staging_link(tmp_path: Path) -> None:
 def test_check_status_and_once_agree_on_a_file_memstaged_may_not_read() -> None:
     """Issue 20 (one reader, one answer): a file memstaged may not read is ``deferred`` with
     "permission denied" (SPEC 5) for ``check`` (exit 1), ``status`` and ``--once`` alike;
-    ``check`` and ``status`` said ``unreadable`` (exit 2) where ``--once`` deferred it."""
+    ``check`` and ``status`` said ``unreadable`` (exit 2) where ``--once`` deferred it. Issue 29
+    item 14: run as ``nobody`` from a venv it can reach, in a clone under /root too."""
     with _unreadable_world(fix=False) as (base, mdir, env, secret):
         target = str(mdir / "staging" / "secret.json")
         check = _as_nobody(base, env, "check", "--json", "--settle", "0", target)

@@ -48,6 +48,17 @@ class TwoPaths:
     def alias(self, project: str) -> Path:
         return self.other / project / ".pi" / "memory" / "project"
 
+    def root(self, project: str) -> Path:
+        """The project root through ``other``: its physical path (SPEC 2.4), ``src/p`` when
+        ``other`` is a link, ``other/p`` through a bind mount (a mount is not a link)."""
+        return Path(os.path.realpath(self.other / project))
+
+    def elsewhere(self, project: str) -> Path:
+        """The project's other path: another project's to a memory dir reached via ``other``."""
+        return (
+            self.src / project if self.root(project) != self.src / project else self.other / project
+        )
+
 
 @pytest.fixture(params=["bind mount", "linked prefix"])
 def two_paths(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoPaths]:
@@ -65,9 +76,12 @@ def two_paths(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoPat
 
 
 def _foreign_by_the_first_path(paths: TwoPaths) -> bytes:
-    """A file naming ``src/p`` as its project, with a lesson that cannot be made valid: foreign
-    through ``other/p`` (the first path), quarantined through ``src/p``."""
-    doc = staging_doc(paths.src / "p", "f", candidates={"lessons": [BROKEN_LESSON]})
+    """A file naming the project by its path that is not its root through ``other/p`` (the
+    first path), with a lesson that cannot be made valid: through a bind mount it names
+    ``src/p``, foreign through ``other/p`` and quarantined through ``src/p``; through a link
+    it names ``other/p``, the link path, foreign through both (SPEC 2.4 since version 2.2: the
+    root is the physical ``src/p`` either way)."""
+    doc = staging_doc(paths.elsewhere("p"), "f", candidates={"lessons": [BROKEN_LESSON]})
     data = write(paths.real("p") / "staging" / "f.json", doc)
     os.utime(paths.real("p") / "staging" / "f.json", (1_700_000_000, 1_700_000_000))
     return data
@@ -87,7 +101,7 @@ def test_once_never_moves_a_file_foreign_through_the_first_path(
     2.4 forbids); ``src`` is said in one stderr line and one ``memory_dir_skipped`` event, the
     summary has one line, and the exit code is 0."""
     data = _foreign_by_the_first_path(two_paths)
-    mine = staging_doc(two_paths.other / "p", "mine")
+    mine = staging_doc(two_paths.root("p"), "mine")
     write(two_paths.real("p") / "staging" / "mine.json", mine)
     if given == "literal paths":
         first, second = str(two_paths.alias("p")), str(two_paths.real("p"))
@@ -165,7 +179,7 @@ def test_the_daemon_holds_each_memory_dir_once_whatever_the_number_of_globs(
             proc,
             err,
         )
-        write(two_paths.real("q") / "staging" / "new.json", staging_doc(two_paths.other / "q"))
+        write(two_paths.real("q") / "staging" / "new.json", staging_doc(two_paths.root("q")))
         _wait("new.json decided", lambda: _events(tmp_path, "decision"), proc, err)
         rescans = len(_events(tmp_path, "rescan"))
         _wait("two rescans", lambda: len(_events(tmp_path, "rescan")) >= rescans + 2, proc, err)
@@ -175,8 +189,8 @@ def test_the_daemon_holds_each_memory_dir_once_whatever_the_number_of_globs(
         reap(proc)
     added = [(e["memory_dir"], e["project_root"]) for e in _events(tmp_path, "memory_dir_added")]
     assert added == [
-        (str(two_paths.alias("p")), str(two_paths.other / "p")),
-        (str(two_paths.alias("q")), str(two_paths.other / "q")),
+        (str(two_paths.alias("p")), str(two_paths.root("p"))),
+        (str(two_paths.alias("q")), str(two_paths.root("q"))),
     ]
     assert _events(tmp_path, "memory_dir_busy") == []  # it was, against the daemon's own lock
     skipped = [(e["memory_dir"], e["same_as"]) for e in _events(tmp_path, "memory_dir_skipped")]

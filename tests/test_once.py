@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import as_nobody
 import pytest
 from conftest import decisions, lesson, read_log, staging_doc, write
 from helpers import make_memory_dir, memstaged_cmd, memstaged_env, project_root_of, run_once
@@ -243,52 +242,33 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
     """A staging file that cannot be read stays in staging/ and makes the run exit 1.
 
     Root reads any file regardless of its mode, so the run is made as the unprivileged user
-    ``nobody`` (setpriv), who may use the memory dir but not read the file.
+    ``nobody`` (setpriv), who may use the memory dir but not read the file. Issue 29 item 14:
+    from a venv ``nobody`` can reach (:mod:`as_nobody`), so it passes in a clone under /root.
     """
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run memstaged as another user; this test runs as non-root")
-    base = Path(tempfile.mkdtemp(prefix="memstaged-perm-"))
-    try:
+    with as_nobody.workspace("memstaged-perm-") as base:
         project = base / "p"
         memory_dir = project / ".pi" / "memory" / "project"
         staging = memory_dir / "staging"
         staging.mkdir(parents=True)
         data = write(staging / "secret.json", staging_doc(project))
         os.chmod(staging / "secret.json", 0)
-        for path in (base, project, project / ".pi", memory_dir.parent, memory_dir, staging):
+        for path in (project, project / ".pi", memory_dir.parent, memory_dir, staging):
             os.chmod(path, 0o777)  # noqa: S103 - the unprivileged run must reach the dir
         log = base / "decisions.jsonl"
         # Nothing of this process's environment but what any run gets (memstaged_env): no
         # MEMSTAGED_* setting, no systemd socket or journal stream of the test's own.
         env = memstaged_env(base / "work", HOME=str(base))
         env["MEMSTAGED_LOG_FILE"] = str(log)
+        os.chmod(base, 0o777)  # noqa: S103 - the unprivileged run writes its log here
         os.chmod(base / "work", 0o777)  # noqa: S103 - the unprivileged run's config and state
-        result = subprocess.run(
-            [
-                "setpriv",
-                "--reuid=nobody",
-                "--regid=nogroup",
-                "--clear-groups",
-                sys.executable,
-                "-m",
-                "memstaged",
-                "--once",
-                "--memory-dir",
-                str(memory_dir),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-            timeout=300,
+        result = as_nobody.run_memstaged(
+            "--once", "--memory-dir", str(memory_dir), env=env, cwd=base
         )
         assert result.returncode == 1, result.stderr
         assert (staging / "secret.json").read_bytes() == data
         assert decisions(log) == {"secret.json": "deferred"}, (read_log(log), result.stderr)
         assert "permission denied" in log.read_text()
         assert "Traceback" not in result.stderr
-    finally:
-        shutil.rmtree(base)
 
 
 def test_second_run_does_not_reread_unchanged_files(

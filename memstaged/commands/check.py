@@ -22,8 +22,8 @@ from memstaged.commands._common import add_output_options
 from memstaged.commands._output import guard_verdict
 from memstaged.config import Settings
 from memstaged.logevent import dumps
-from memstaged.memdir import MemoryDir, is_staging_name
-from memstaged.project import default_project_root, normalize
+from memstaged.memdir import MemoryDir, is_staging_name, physical_path
+from memstaged.project import normalize
 from memstaged.survey import decide_entry
 from memstaged.timestamps import format_epoch_ms
 from memstaged.triage import Context, Decision, Verdict, decide
@@ -56,7 +56,8 @@ _EPILOG: Final = """\
 check decides exactly as --once (and the daemon) would with the same settings, and changes
 nothing: the size limit (max_file_size), the settle interval, links and FIFOs (skipped, never
 opened for reading), the project root (--project-root, the config file's project_roots, else
-three levels up from the file's memory dir <project>/.pi/memory/project/staging/FILE).
+three levels up from the file's memory dir <project>/.pi/memory/project/staging/FILE), by its
+physical path: links resolved, as the reconciler has it.
 
 exit codes (the worst over all files):
 """ + "".join(f"  {code}  {meaning}\n" for code, meaning in EXIT_MEANINGS)
@@ -102,13 +103,14 @@ def register(sub: Any) -> None:
 
 
 def _root_for(path: str, explicit: str | None, settings: Settings) -> str:
+    """The physical project root a file is compared with, as ``--once`` has it (SPEC 2.4)."""
     if explicit:
-        return normalize(os.path.abspath(explicit))
+        return physical_path(normalize(os.path.abspath(explicit)))
     if path == "-":
-        return normalize(os.getcwd())
+        return normalize(os.getcwd())  # the working directory: already physical
     # <project>/.pi/memory/project/staging/<file>: the memory dir is the file's dir's parent.
     mdir = normalize(os.path.join(os.path.dirname(os.path.abspath(path)), ".."))
-    return settings.project_roots.get(mdir) or default_project_root(mdir)
+    return settings.project_root(mdir)[1]
 
 
 def _decide_path(

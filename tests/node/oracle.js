@@ -65,6 +65,13 @@ const ops = {
   lower: (s) => s.toLowerCase(),
   length: (s) => s.length,
   basename: (s) => path.posix.basename(s),
+  // SPEC 2.4 as the reconciler has it: working in `dir` (reached through links or not), the
+  // root is process.cwd(); a file's project_root is its own when path.resolve(trimmed) is it.
+  own: ([dir, value]) => {
+    process.chdir(dir);
+    const root = process.cwd();
+    return [root, path.resolve(value.trim()) === root];
+  },
   // JSON.parse of the bytes as fs.readFileSync(path, "utf-8") reads them: parses or not.
   parses: (b64) => { try { JSON.parse(Buffer.from(b64, "base64").toString("utf-8")); return true; } catch (e) { return false; } },
   valid: (b64) => validFile(Buffer.from(b64, "base64").toString("utf-8")),
