@@ -111,7 +111,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_max_bytes: int
     log_backups: int
     explicit_dirs: bool
-    #: Where memstaged keeps its own state (the seen cache, the ack marks):
+    #: Where memstaged keeps its own state (the seen cache, the ack marks, the instance locks):
     #: ``$XDG_STATE_HOME/memstaged``, used only when it is the user's own (:func:`own_state_dir`).
     state_dir: Path | None = None
     #: Where the daemon writes its metrics (issue 21 item 7); None: it does not.
@@ -270,9 +270,9 @@ def default_log_file(env: Mapping[str, str]) -> Path:
 def own_state_dir(settings: Settings, *, create: bool = True) -> Path | None:
     """The state dir, made 0700 if ``create`` and missing, and refused (:class:`ConfigError`,
     one line) unless it is the user's own and private, as ssh refuses such a directory: what
-    memstaged keeps there (the seen cache, the ack marks, by default the decision log) is
-    trusted, and another user who made it first could have put anything there. ``None`` when
-    there is none (and it is not to be made)."""
+    memstaged keeps there (the seen cache, the ack marks, the instance locks, by default the
+    decision log) is trusted, and another user who made it first could have put anything
+    there. ``None`` when there is none (and it is not to be made)."""
     if settings.state_dir is None:
         return None
     try:

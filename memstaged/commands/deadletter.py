@@ -280,9 +280,9 @@ def run_ack(args: argparse.Namespace) -> int:
                 acks.save(state_dir, mdir.path, seen | set(new))
             except OSError as err:
                 raise ConfigError(f"cannot keep the marks in {state_dir}: {err.strerror}") from None
-            pid = instance_holder(mdir.path)
-            if pid is not None:
-                control.touch(pid)  # its metrics file says the new unseen count
+            holder = instance_holder(state_dir, mdir)
+            if holder is not None and holder.role == "daemon":
+                control.touch(holder.pid)  # its metrics file says the new unseen count
         unseen = len(present - seen - set(new))
         if args.json:
             print_json(

@@ -186,6 +186,7 @@ def look(
             max_age=max_age,
             require_daemon=args.require_daemon,
             acked=acks.load(state_dir, m.path),
+            state_dir=state_dir,
         )
         for m in mdirs
     ]
