@@ -24,7 +24,6 @@ import msgspec
 
 from memstaged import digests, fsio
 from memstaged.deadletter import is_record_name
-from memstaged.logfile import private_dirs
 from memstaged.memdir import DEADLETTER, MemoryDir
 
 ACKED_DIR: Final = "acked"
@@ -73,7 +72,7 @@ def save(state_dir: Path, memory_dir: str, seen: Iterable[str]) -> None:
     not kept must be said.
     """
     path = acked_path(state_dir, memory_dir)
-    private_dirs(path.parent)
+    fsio.private_dirs(path.parent)
     names = sorted(n for n in set(seen) if _encodable(n))
     data = msgspec.json.encode(_Stored(_label(memory_dir), names))
     fsio.replace_file(path, data)

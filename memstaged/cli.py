@@ -219,6 +219,8 @@ def _run(args: argparse.Namespace) -> int:
     check_literal_dirs(settings, one_path_each(settings.memory_dirs())[0])
     if args.verbose and not args.once:
         raise UsageError("--verbose is for --once: the daemon logs every event already")
+    # before the log (there by default) is opened: the user's own and private, or one line
+    config.own_state_dir(settings)
     _configure_logging(settings, console="lines" if args.verbose else "auto")
     if args.once:
         from memstaged.once import run_once

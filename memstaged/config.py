@@ -18,7 +18,7 @@ from typing import Any, Final, Literal, NamedTuple
 import msgspec
 
 from memstaged import fsio
-from memstaged.errors import ConfigError
+from memstaged.errors import ConfigError, NotPrivate
 from memstaged.memdir import MemoryDir, Options, physical_path
 from memstaged.project import default_project_root, normalize
 from memstaged.seconds import parse_seconds
@@ -111,7 +111,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_max_bytes: int
     log_backups: int
     explicit_dirs: bool
-    #: Where memstaged keeps its own state (the seen cache): ``$XDG_STATE_HOME/memstaged``.
+    #: Where memstaged keeps its own state (the seen cache, the ack marks, the instance locks):
+    #: ``$XDG_STATE_HOME/memstaged``, used only when it is the user's own (:func:`own_state_dir`).
     state_dir: Path | None = None
     #: Where the daemon writes its metrics (issue 21 item 7); None: it does not.
     metrics_file: Path | None = None
@@ -273,6 +274,23 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
 
 def default_log_file(env: Mapping[str, str]) -> Path:
     return default_state_dir(env) / "decisions.jsonl"
+
+
+def own_state_dir(settings: Settings, *, create: bool = True) -> Path | None:
+    """The state dir, made 0700 if ``create`` and missing, and refused (:class:`ConfigError`,
+    one line) unless it is the user's own and private, as ssh refuses such a directory: what
+    memstaged keeps there (the seen cache, the ack marks, the instance locks, by default the
+    decision log) is trusted, and another user who made it first could have put anything
+    there. ``None`` when there is none (and it is not to be made)."""
+    if settings.state_dir is None:
+        return None
+    try:
+        exists = fsio.private_dir(settings.state_dir, create=create)
+    except NotPrivate as err:
+        raise ConfigError(f"state dir: {err.strerror}") from None
+    except OSError as err:
+        raise ConfigError(f"state dir {settings.state_dir}: {err.strerror or err}") from None
+    return settings.state_dir if exists else None
 
 
 #: A config is a few lines; anything larger is not one (and is not read whole into memory).

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
+from memstaged import fsio
 from memstaged.control_clients import BACKLOG, CLIENT_PATIENCE, REQUEST, TOUCH, Clients
-from memstaged.logfile import private_dirs
 
 if TYPE_CHECKING:
     from memstaged.daemon import Daemon
@@ -111,14 +111,19 @@ def socket_path(pid: int, env: Mapping[str, str] | None = None) -> Path | None:
 
 def daemon_pids(env: Mapping[str, str] | None = None) -> list[int]:
     """The daemons of this user that have a control socket and are alive (a socket left by a
-    killed one names a pid that is gone)."""
+    killed one names a pid that is gone). None from a runtime dir that is not the user's own
+    and private (:func:`memstaged.fsio.open_private_dir`): another user may have named them."""
     base = runtime_dir(env)
     if base is None:
         return []
     try:
-        names = os.listdir(base)
+        fd = fsio.open_private_dir(base, create=False)
     except OSError:
         return []
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
     found = []
     for name in names:
         if name.startswith("daemon-") and name.endswith(".sock"):
@@ -131,8 +136,13 @@ def daemon_pids(env: Mapping[str, str] | None = None) -> list[int]:
 @contextlib.contextmanager
 def _short_name(path: Path) -> Iterator[str]:
     """``path`` by a name short enough for ``sun_path`` (108 bytes): the directory opened, and
-    named through ``/proc/self/fd``, so a deep ``$XDG_RUNTIME_DIR`` (a test's) works too."""
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    named through ``/proc/self/fd``, so a deep ``$XDG_RUNTIME_DIR`` (a test's) works too.
+
+    The directory is the user's own and private, checked on the descriptor the name goes
+    through (:func:`memstaged.fsio.open_private_dir`): in a runtime dir that others share (a
+    ``su`` session, a wrong ``XDG_RUNTIME_DIR``), a socket another user put there is neither
+    bound over nor asked; ``NotPrivate`` (an ``OSError``) says why."""
+    fd = fsio.open_private_dir(path.parent, create=False)
     try:
         yield f"/proc/self/fd/{fd}/{path.name}"
     finally:
@@ -200,7 +210,7 @@ class Control:
         #: The last ticket answered, and when the loop may make its next answer.
         self.answered = 0
         self.next_answer = daemon.clock()
-        private_dirs(path.parent)
+        fsio.private_dir(path.parent)  # made 0700, or refused if it is not the user's own
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             with _short_name(path) as name:

@@ -96,7 +96,9 @@ class Daemon:
         self.sleep = sleep
         self.wait = wait
         self.pipeline = Pipeline(settings.options, logger)
-        self.dirs = MemoryDirs(self, logger, self.queue, watcher_factory, settings.observer)
+        self.dirs = MemoryDirs(
+            self, logger, self.queue, watcher_factory, settings.observer, settings.state_dir
+        )
         self.due = Schedule()
         #: The version of each file last given a final decision: a rescan skips it.
         self.identities: dict[Key, Identity] = {}

@@ -113,8 +113,11 @@ class MemoryDirs:
         out: queue.SimpleQueue[Signal],
         watcher_factory: WatcherFactory,
         observer: str,
+        state_dir: Path | None,
     ) -> None:
         self.owner = owner
+        #: Where the instance locks are kept (:class:`~memstaged.locks.InstanceLock`).
+        self.state_dir = state_dir
         self.log = logger
         self.out = out
         self.watcher_factory = watcher_factory
@@ -153,7 +156,8 @@ class MemoryDirs:
         ``--wait`` polls (rather than blocking in ``flock``) so that SIGTERM still stops us and
         the systemd watchdog is still fed while we wait.
         """
-        lock = InstanceLock(mdir.path, mdir.open)  # no link followed below the anchor
+        # no link followed below the anchor
+        lock = InstanceLock(mdir.path, mdir.open, state_dir=self.state_dir)
         waiting_logged = False
         while True:
             try:

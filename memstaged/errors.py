@@ -26,6 +26,17 @@ class BusyError(MemstagedError):
     """Another memstaged already works on a memory dir (SPEC section 5). Exit code 1."""
 
 
+class NotPrivate(PermissionError):
+    """A directory memstaged keeps its own state or its control socket in is not the user's own
+    and private (a link, another owner, open to group or others): what is in it may be another
+    user's, and is not trusted (as ssh refuses such a directory).
+
+    An :class:`OSError` (``EPERM``), so that what opens a file there treats it as one it cannot
+    use; a command refuses it with one line (exit 2) through
+    :func:`memstaged.config.own_state_dir`. ``strerror`` is that line.
+    """
+
+
 class Terminated(BaseException):
     """SIGTERM to ``--once``: the run stops as on Ctrl-C, exit 143.
 

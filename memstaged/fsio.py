@@ -17,11 +17,13 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Final, NamedTuple, TypeVar
 
 import msgspec
 
 from memstaged import digests
+from memstaged.errors import NotPrivate
 from memstaged.tempnames import PARTIAL, temp_name
 
 CHUNK: Final = 1 << 20
@@ -184,6 +186,93 @@ def open_dir(path: str, dir_fd: int | None = None, *, create: bool = False) -> i
     except FileExistsError:
         pass  # created meanwhile by another process: open what is there
     return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def private_dirs(path: Path) -> None:
+    """``mkdir -p`` with every directory it creates 0700, parents included (SPEC 6).
+
+    ``Path.mkdir(parents=True, mode=0o700)`` gives the mode to the last one only: the parents
+    get the umask's default (0755), and ``$XDG_STATE_HOME/memstaged`` was world-readable.
+    Directories that exist already are left as they are: they are not memstaged's.
+    """
+    missing: list[Path] = []
+    here = path
+    while not here.exists() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by another process
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_private(st: os.stat_result, path: os.PathLike[str] | str) -> None:
+    """Raise :class:`~memstaged.errors.NotPrivate` unless ``st`` is of a directory that is the
+    user's own (the effective uid's) and private (no permission for group or others)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not mode & 0o077:
+        return
+    why = (
+        f"bad ownership or modes for directory {os.fspath(path)} (owner {_owner(st.st_uid)}, "
+        f"mode {mode:04o}): it must be {_owner(os.geteuid())}'s own, mode 0700"
+    )
+    raise NotPrivate(errno.EPERM, why, os.fspath(path))
+
+
+def open_private_dir(
+    path: os.PathLike[str] | str, dir_fd: int | None = None, *, create: bool = True
+) -> int:
+    """Open the directory memstaged keeps its own files in (its state dir, its control
+    socket's), checked to be the user's own and private (:func:`check_private`), through the
+    descriptor it returns: it cannot be swapped between the check and its use.
+
+    ``create``: a missing one is made 0700 (its parents too, for a path not relative to
+    ``dir_fd``). Its last component is never followed: a link there is refused (NotPrivate).
+    Raises :class:`OSError` (``FileNotFoundError`` when missing and not ``create``).
+    """
+    name = os.fspath(path)
+    if create and dir_fd is None:
+        private_dirs(Path(name))
+    try:
+        fd = open_dir(name, dir_fd, create=create)
+    except OSError as err:
+        if is_link(err, dir_fd, name):
+            raise NotPrivate(
+                errno.EPERM,
+                f"bad ownership or modes for directory {name}: a symbolic link, not a "
+                "directory of memstaged's own",
+                name,
+            ) from None
+        raise
+    try:
+        check_private(os.fstat(fd), path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def private_dir(path: os.PathLike[str] | str, *, create: bool = True) -> bool:
+    """Check the directory at ``path`` as :func:`open_private_dir` does (making it if
+    ``create``); whether it exists (``False`` only without ``create``)."""
+    try:
+        fd = open_private_dir(path, create=create)
+    except FileNotFoundError:
+        if create:
+            raise
+        return False
+    os.close(fd)
+    return True
 
 
 def open_below(anchor: str, path: str) -> int:

@@ -4,10 +4,11 @@
   nothing in that memory dir. memstaged takes it, create-exclusive, only for the instant it rewrites
   or removes a file. It never deletes a lock it did not create; a lock memstaged created whose
   process is gone would block the reconciler for ever, so it is removed (and that is logged).
-* the instance lock: ``flock`` on the memory dir's own directory descriptor, so a daemon and a
-  ``--once`` run never work on one memory dir at once, a killed one never blocks the next, and no
-  file is left behind. Recovery and purge do not take it: they work beside the daemon, under
-  ``canonical-writer.lock``, which the daemon obeys.
+* the instance lock: ``flock`` on a file of memstaged's own in the user's private state dir,
+  named by the memory dir's identity, so a daemon and a ``--once`` run never work on one memory
+  dir at once, a killed one never blocks the next, nothing is left in the memory dir, and no
+  other user can take it first. Recovery and purge do not take it: they work beside the daemon,
+  under ``canonical-writer.lock``, which the daemon obeys.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from memstaged.errors import BusyError
+from memstaged import fsio
+from memstaged.errors import BusyError, ConfigError, NotPrivate
 from memstaged.fsio import crash_point, put_complete, write_all
+from memstaged.memdir import MemoryDir
 from memstaged.tempnames import temp_name
 from memstaged.timestamps import format_epoch_ms
 
@@ -164,17 +168,47 @@ def live_lock_at(memory_dir: str) -> bool:
 
 def memstaged_role(pid: int) -> str | None:
     """What the memstaged process ``pid`` is, from its command line: ``once``, ``deadletter``
-    or ``daemon``; None when its command line cannot be read (gone, or not ours to read)."""
+    or ``daemon``; None when it is not memstaged, or its command line cannot be read (gone, or
+    not ours to read)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             argv = fh.read().split(b"\0")
     except OSError:
+        return None
+    if not runs_memstaged(argv):
         return None
     if b"--once" in argv:
         return "once"
     if b"deadletter" in argv:
         return "deadletter"
     return "daemon"
+
+
+#: Interpreter options that take the next word as their value (``python -X dev memstaged``).
+_VALUED_OPTIONS: Final = (b"-W", b"-X", b"--check-hash-based-pycs")
+
+
+def runs_memstaged(argv: list[bytes]) -> bool:
+    """Whether a command line runs memstaged: the ``memstaged`` script, by itself or by its
+    interpreter (``python3 /usr/bin/memstaged``), or ``python -m memstaged``."""
+    if not argv or not argv[0]:
+        return False
+    program = os.path.basename(argv[0])
+    if program == b"memstaged":
+        return True
+    if not program.startswith(b"python"):
+        return False
+    words = iter(argv[1:])
+    for word in words:
+        if word == b"-m":
+            return next(words, None) == b"memstaged"
+        if word.startswith((b"-m", b"-c")) or word == b"-":
+            return word == b"-mmemstaged"
+        if word in _VALUED_OPTIONS:
+            next(words, None)
+        elif not word.startswith(b"-"):
+            return os.path.basename(word) == b"memstaged"
+    return False
 
 
 def log_stale_lock(logger: Any, info: LockInfo, removed: bool, **fields: Any) -> None:
@@ -302,18 +336,68 @@ def _release(mem_fd: int, ino: int) -> None:
         pass
 
 
-class InstanceLock:
-    """``flock`` on the memory dir's own directory descriptor; nothing is created.
+#: The directory of the instance locks, in the state dir.
+INSTANCES: Final = "instances"
+_LOCK_FLAGS: Final = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
-    The lock is on the directory inode, so it leaves no file in the agent's memory dir, cannot
-    be unlinked away from under its holder (issue 10, item 13), cannot be redirected through a
-    planted link or hard link (item 6), and the kernel drops it when its process dies. The held
-    descriptor is the one descriptor per memory dir that SPEC 6 allows.
+
+def instance_lock_path(state_dir: Path, dir_id: tuple[int, int]) -> Path:
+    """The instance lock of the memory dir whose ``(st_dev, st_ino)`` is ``dir_id``: two paths
+    to one directory (a bind mount, a linked prefix) have one lock."""
+    return state_dir / INSTANCES / f"{dir_id[0]}-{dir_id[1]}.lock"
+
+
+def _open_lock_file(state_dir: Path, path: Path) -> int:
+    """The lock file ``path``, opened (made 0600 if missing) in ``<state dir>/instances``,
+    which is made 0700 if missing; the state dir and it are both checked to be the user's own
+    and private, on the descriptors the file is opened through (:func:`fsio.open_private_dir`).
+    Raises :class:`ConfigError`: without it, no memory dir can be worked on."""
+    try:
+        state_fd = fsio.open_private_dir(state_dir)
+        try:
+            dir_fd = fsio.open_private_dir(INSTANCES, state_fd)
+        finally:
+            os.close(state_fd)
+        try:
+            fd = os.open(path.name, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    except NotPrivate as err:
+        raise ConfigError(f"state dir: {err.strerror}") from None
+    except OSError as err:
+        raise ConfigError(f"instance lock {path}: {err.strerror or err}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # O_NONBLOCK: a FIFO there did not block
+        os.close(fd)
+        raise ConfigError(f"instance lock {path}: not a regular file")
+    return fd
+
+
+class InstanceLock:
+    """``flock`` on an empty file of memstaged's own, ``<state dir>/instances/<dev>-<ino>.lock``,
+    named by the memory dir's identity; nothing is created in the memory dir (SPEC 5).
+
+    Only the memory dir's user can open it: its directory is checked to be theirs and private,
+    so another user who may read the memory dir cannot take the lock first and stop memstaged,
+    as one ``flock`` on the memory dir itself did. The lock is on the file's inode and the
+    kernel drops it when its process dies: a killed memstaged never blocks the next one. The
+    file stays for the next one (its name is the memory dir's, and nothing is written in it).
+    The held descriptor is the one descriptor per memory dir that SPEC 6 allows.
+
+    memstaged processes that share a state dir (one user's) exclude each other this way; two
+    users' do not (neither may open the other's lock), and their changes to one memory dir are
+    kept apart by ``canonical-writer.lock``, as the reconciler's are.
     """
 
-    def __init__(self, memory_dir: str, open_dir: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        memory_dir: str,
+        open_dir: Callable[[], int] | None = None,
+        *,
+        state_dir: Path | None,
+    ) -> None:
         self.memory_dir = memory_dir
         self._open = open_dir or (lambda: os.open(memory_dir, _DIR_FLAGS))
+        self.state_dir = state_dir
         self._fd: int | None = None
 
     def acquire(
@@ -322,10 +406,15 @@ class InstanceLock:
         """Take the lock; with ``wait`` (seconds, or True for :data:`DEFAULT_WAIT`), poll for it.
 
         A wait has a limit (SPEC 5) and says once, through ``on_wait``, what it waits for.
-        Raises :class:`BusyError` when another memstaged holds it (after the wait).
+        Raises :class:`BusyError` when another memstaged holds it (after the wait),
+        :class:`OSError` when the memory dir cannot be opened, and :class:`ConfigError` when
+        the lock cannot be kept (no state dir, or one that is not the user's own and private).
         """
         limit = DEFAULT_WAIT if wait is True else float(wait or 0)
-        fd = self._open()
+        if self.state_dir is None:
+            raise ConfigError("no state dir: memstaged has nowhere to keep its instance locks")
+        path = instance_lock_path(self.state_dir, self._identity())
+        fd = _open_lock_file(self.state_dir, path)
         deadline = time.monotonic() + limit
         said = False
         try:
@@ -334,7 +423,7 @@ class InstanceLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    busy = self._busy(fd, limit)
+                    busy = self._busy(fd, path, limit)
                     if time.monotonic() >= deadline:
                         raise busy from None
                     if not said and on_wait is not None:
@@ -346,11 +435,25 @@ class InstanceLock:
             raise
         self._fd = fd
 
-    def _busy(self, fd: int, limit: float) -> BusyError:
-        pid = flock_holder(os.fstat(fd))
-        holder = f"pid {pid}" if pid else "pid unknown"
+    def _identity(self) -> tuple[int, int]:
+        """``(st_dev, st_ino)`` of the memory dir (opened, no link below its anchor)."""
+        fd = self._open()
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return st.st_dev, st.st_ino
+
+    def _busy(self, fd: int, path: Path, limit: float) -> BusyError:
+        """Who holds the lock, named only when it is memstaged."""
+        holder = lock_holder(os.fstat(fd))
         hint = f"waited {limit:g} s" if limit else "use --wait to wait for it"
-        return BusyError(f"another memstaged ({holder}) is working on {self.memory_dir}; {hint}")
+        if holder is not None and holder.role is not None:
+            return BusyError(
+                f"another memstaged (pid {holder.pid}) is working on {self.memory_dir}; {hint}"
+            )
+        who = "a process it cannot name" if holder is None else "a process that is not memstaged"
+        return BusyError(f"{self.memory_dir} is busy: {who} holds its instance lock {path}; {hint}")
 
     def release(self) -> None:
         if self._fd is not None:
@@ -383,10 +486,34 @@ def flock_holder(st: os.stat_result) -> int | None:
     return None
 
 
-def instance_holder(memory_dir: str) -> int | None:
-    """The pid of the memstaged working on ``memory_dir``, or ``None`` (for ``status``)."""
+class Holder(NamedTuple):
+    """The process holding a lock: its pid, and what memstaged it is (``None``: not one)."""
+
+    pid: int
+    role: str | None
+
+
+def lock_holder(st: os.stat_result) -> Holder | None:
+    """Who holds an exclusive ``flock`` on the file ``st`` is of (:func:`flock_holder`), and
+    whether it is memstaged (:func:`memstaged_role`); ``None`` when no one (or the kernel does
+    not say). A holder gone between the two looks is no holder, not one that is not memstaged."""
+    pid = flock_holder(st)
+    if not pid:
+        return None
+    role = memstaged_role(pid)
+    if role is None and flock_holder(st) != pid:
+        return None
+    return Holder(pid, role)
+
+
+def instance_holder(state_dir: Path | None, mdir: MemoryDir) -> Holder | None:
+    """Who holds the instance lock of ``mdir`` (for ``status``, which takes no lock and
+    creates nothing: a lock file not there yet is held by no one)."""
+    dir_id = mdir.identity()
+    if state_dir is None or dir_id is None:
+        return None
     try:
-        st = os.stat(memory_dir, follow_symlinks=False)
+        st = os.stat(instance_lock_path(state_dir, dir_id), follow_symlinks=False)
     except OSError:
         return None
-    return flock_holder(st)
+    return lock_holder(st)

@@ -4,8 +4,7 @@ The inspection commands read it without journald, and it is the one sink a chang
 change whose announcement it could not take whole and durably is not carried out
 (:func:`memstaged.log.durable`, SPEC 5 and 7). The daemon, ``--once``, recover and purge append
 to and rotate the same file, each line under an exclusive ``flock`` (issue 19 item 6). Also the
-one-line errors of a log file that cannot be opened, and making a private directory (0700,
-parents included), which memstaged's other state files use too.
+one-line errors of a log file that cannot be opened.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Any, Final
 
 from memstaged import display
 from memstaged.errors import ConfigError, LogUnwritable, MemstagedError
+from memstaged.fsio import private_dirs
 
 #: After a rotation failed (a rename refused), how long (seconds) the file grows before a retry.
 _ROTATE_RETRY: Final = 1.0
@@ -58,25 +58,6 @@ def _say(text: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         return  # stderr itself is closed or broken: there is nobody left to tell
-
-
-def private_dirs(path: Path) -> None:
-    """``mkdir -p`` with every directory it creates 0700, parents included (SPEC 6).
-
-    ``Path.mkdir(parents=True, mode=0o700)`` gives the mode to the last one only: the parents
-    get the umask's default (0755), and ``$XDG_STATE_HOME/memstaged`` was world-readable.
-    Directories that exist already are left as they are: they are not memstaged's.
-    """
-    missing: list[Path] = []
-    here = path
-    while not here.exists() and here != here.parent:
-        missing.append(here)
-        here = here.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            continue  # made meanwhile by another process
 
 
 class Trouble:

@@ -21,6 +21,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any, Final
 
 from memstaged import digests, display
@@ -243,7 +244,8 @@ def _run(
     show_progress = sys.stderr.isatty()
     with _progress(show_progress) as bar:
         for mdir in mdirs:
-            lock = _lock(pipeline, mdir, wait, busy, strict=mdir.path in literal)
+            strict = mdir.path in literal
+            lock = _lock(pipeline, mdir, wait, busy, strict=strict, state_dir=settings.state_dir)
             if lock is None:
                 continue
             if not settings.options.dry_run and _unwritable(pipeline, mdir, busy):
@@ -280,13 +282,20 @@ def _run(
 
 
 def _lock(
-    pipeline: Pipeline, mdir: MemoryDir, wait: bool, busy: dict[str, str], *, strict: bool
+    pipeline: Pipeline,
+    mdir: MemoryDir,
+    wait: bool,
+    busy: dict[str, str],
+    *,
+    strict: bool,
+    state_dir: Path | None,
 ) -> InstanceLock | None:
     """The instance lock of ``mdir``, or None (said, and noted in ``busy`` if it counts).
 
     ``strict`` (a memory dir named literally): one that cannot be opened is exit 2.
     """
-    lock = InstanceLock(mdir.path, mdir.open)  # no link followed below the anchor
+    # no link followed below the anchor
+    lock = InstanceLock(mdir.path, mdir.open, state_dir=state_dir)
     try:
         lock.acquire(wait=wait, on_wait=lambda what: print(f"memstaged: {what}", file=sys.stderr))
     except BusyError as err:

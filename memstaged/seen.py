@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from memstaged import __version__, digests, fsio
-from memstaged.logfile import private_dirs
 from memstaged.triage import Decision
 
 if TYPE_CHECKING:
@@ -254,7 +253,7 @@ class SeenCache:
             return
         data = _encode(self.fingerprint, self.entries)
         try:
-            private_dirs(self.path.parent)
+            fsio.private_dirs(self.path.parent)
             fsio.replace_file(self.path, data, sync=False)
         except OSError:
             return

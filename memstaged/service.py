@@ -393,7 +393,7 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
     if sandbox:
         trees = writable_trees(env)
         state = config.default_state_dir(env)
-        from memstaged.logfile import private_dirs  # the state dir and any parent it makes: 0700
+        from memstaged.fsio import private_dirs  # the state dir and any parent it makes: 0700
 
         try:  # it must exist at start: the sandbox makes its parent read-only
             private_dirs(state)

@@ -19,7 +19,7 @@ import msgspec
 from memstaged import acks, fsio
 from memstaged.deadletter import list_originals
 from memstaged.errors import MemstagedError
-from memstaged.locks import instance_holder, memstaged_role, read_lock
+from memstaged.locks import instance_holder, read_lock
 from memstaged.memdir import DEADLETTER, STAGING, MemoryDir, Options, is_staging_name
 from memstaged.read import CANNOT_READ, VANISHED, FirstSeen, Skip, read_version
 from memstaged.timestamps import format_epoch_ms
@@ -142,16 +142,10 @@ class DirStatus(msgspec.Struct, kw_only=True):
 
 #: How ``status`` names the memstaged holding the instance lock, by its role.
 _ROLE_TEXT: Final = {
-    None: "memstaged",
     "once": "--once run",
     "deadletter": "deadletter command",
     "daemon": "daemon",
 }
-
-
-def _holder_kind(pid: int) -> str:
-    """What the memstaged holding the instance lock is, from its command line."""
-    return _ROLE_TEXT[memstaged_role(pid)] if pid > 0 else "memstaged"
 
 
 def _deadletter_counts(mdir: MemoryDir, acked: set[str]) -> tuple[int, int, int]:
@@ -170,11 +164,13 @@ def survey(
     max_age: float | None = None,
     require_daemon: bool = False,
     acked: set[str] | None = None,
+    state_dir: Path | None = None,
 ) -> DirStatus:
     """Look at ``mdir`` without changing it, and say what needs an operator's attention.
 
     Dead-letter records need it only until they are marked seen (``acked``, see
-    :mod:`memstaged.acks`): a quarantine is a normal outcome (issue 21 item 6)."""
+    :mod:`memstaged.acks`): a quarantine is a normal outcome (issue 21 item 6). The memstaged
+    working on it is found by its instance lock, in ``state_dir`` (checked by the caller)."""
     status = DirStatus(
         memory_dir=mdir.path,
         project_root=mdir.project_root,
@@ -203,7 +199,7 @@ def survey(
             f"{status.deadletter_unseen} dead-letter record(s) not yet seen: memstaged "
             "deadletter list, then memstaged deadletter ack"
         )
-    _lock_status(status, mdir, require_daemon)
+    _lock_status(status, mdir, require_daemon, state_dir)
     return status
 
 
@@ -240,7 +236,9 @@ def _staging_attention(
             attention.append(f"the oldest staging file ({oldest.name}) is older than --max-age")
 
 
-def _lock_status(status: DirStatus, mdir: MemoryDir, require_daemon: bool) -> None:
+def _lock_status(
+    status: DirStatus, mdir: MemoryDir, require_daemon: bool, state_dir: Path | None
+) -> None:
     try:
         with fsio.opened_dir(mdir.path) as mem_fd:
             info = read_lock(mem_fd)
@@ -253,10 +251,12 @@ def _lock_status(status: DirStatus, mdir: MemoryDir, require_daemon: bool) -> No
             status.attention.append(
                 f"canonical-writer.lock names pid {info.pid}, which is gone (a stale lock)"
             )
-    pid = instance_holder(mdir.path)
-    if pid is not None:
-        status.memstaged_pid = pid
-        status.memstaged_kind = _holder_kind(pid)
+    holder = instance_holder(state_dir, mdir)
+    if holder is not None and holder.role is not None:
+        status.memstaged_pid = holder.pid
+        status.memstaged_kind = _ROLE_TEXT[holder.role]
+    elif holder is not None:  # only the user's own processes may open it: not named
+        _critical(status, "a process that is not memstaged holds its instance lock")
     elif require_daemon:
         _critical(status, "no memstaged daemon is running on it")
 

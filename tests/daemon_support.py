@@ -9,6 +9,7 @@ directly (test_hostile.py, test_races.py).
 
 from __future__ import annotations
 
+import os
 import queue
 from collections.abc import Callable
 from pathlib import Path
@@ -139,20 +140,24 @@ def notifier(notes: Notes, watchdog_usec: int | None = None) -> Notifier:
     return Notifier(environ=env, send=notes)
 
 
+def _env() -> dict[str, str]:
+    """No config file; the state dir (the instance locks) in the test's own home (conftest)."""
+    return {
+        "HOME": "/nonexistent",
+        "XDG_CONFIG_HOME": "/nonexistent",
+        "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],
+    }
+
+
 def settings(*memory_dirs: Path | str, settle: float = 2.0, dry_run: bool = False) -> Settings:
     """Settings as the command line would give them, with no config file and no environment."""
     return config.load(
-        memory_dirs=[str(m) for m in memory_dirs],
-        settle=settle,
-        dry_run=dry_run,
-        env={"HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"},
+        memory_dirs=[str(m) for m in memory_dirs], settle=settle, dry_run=dry_run, env=_env()
     )
 
 
 def settings_from_file(config_file: Path) -> Settings:
-    return config.load(
-        config=str(config_file), env={"HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
-    )
+    return config.load(config=str(config_file), env=_env())
 
 
 class Rig:

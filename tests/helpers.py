@@ -325,6 +325,44 @@ def start_deadletter(mdir: Path, env: dict[str, str], *args: str) -> subprocess.
     )
 
 
+_HOLD_INSTANCE_LOCK: Final = """
+import sys
+from pathlib import Path
+from memstaged.locks import InstanceLock
+lock = InstanceLock(sys.argv[1], state_dir=Path(sys.argv[2]))
+lock.acquire(wait=False)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+@contextlib.contextmanager
+def instance_lock_held(
+    mdir: Path, state_dir: Path, scripts: Path
+) -> Iterator[subprocess.Popen[str]]:
+    """A process holding the instance lock of ``mdir`` (in ``state_dir``) as memstaged holds
+    it, until the block ends. Its command line is memstaged's (a script named ``memstaged``,
+    in ``scripts``, run by the interpreter, as an installed one is), so it is named as one."""
+    scripts.mkdir(parents=True, exist_ok=True)
+    script = scripts / "memstaged"
+    script.write_text(_HOLD_INSTANCE_LOCK)
+    proc = subprocess.Popen(
+        [PYTHON, str(script), str(mdir), str(state_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
 @dataclass(frozen=True)
 class Input:
     """One staging file of a corpus: its name, bytes and what it is meant to exercise."""

@@ -26,7 +26,7 @@ from cmd_support import (
 from conftest import EVIDENCE, write
 from helpers import memstaged_cmd, memstaged_env
 
-from memstaged import deadletter, fsio, tempnames
+from memstaged import config, deadletter, fsio, tempnames
 from memstaged import held as holding
 from memstaged import recover as recover_module
 from memstaged.cli import main
@@ -571,7 +571,7 @@ def test_recover_waits_for_nobody_by_default(
     assert lock.exists()
     lock.unlink()
 
-    held = InstanceLock(str(store))
+    held = InstanceLock(str(store), state_dir=config.default_state_dir(os.environ))
     held.acquire(wait=False)
     try:
         code, out, err = _dl(capsys, store, "recover", "--all")

@@ -20,8 +20,9 @@ from cmd_support import (
     staging_files,
 )
 from conftest import lesson, staging_doc, write
+from helpers import instance_lock_held
 
-from memstaged.locks import InstanceLock
+from memstaged import config
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -127,7 +128,7 @@ def test_links_and_special_files_need_attention(
 
 
 def test_locks_and_a_running_memstaged(
-    capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path, tmp_path: Path
 ) -> None:
     """A live reconciler lock is reported but fine; a stale one needs attention; a memstaged
     holding the instance lock is named with its pid."""
@@ -150,14 +151,11 @@ def test_locks_and_a_running_memstaged(
     assert lock.exists()  # status never removes anything
     lock.unlink()
 
-    held = InstanceLock(str(memory_dir))
-    held.acquire(wait=False)
-    try:
+    state = config.default_state_dir(os.environ)
+    with instance_lock_held(memory_dir, state, tmp_path / "bin") as held:
         code, result = _status(capsys, memory_dir, "--require-daemon")
-    finally:
-        held.release()
-    assert result["memstaged_pid"] == os.getpid()
-    # This process holds the lock as a daemon would but answers no status (issue 21 item 6).
+    assert result["memstaged_pid"] == held.pid
+    # It holds the lock as a daemon would but answers no status (issue 21 item 6).
     assert code == 1
     assert result["daemon_answered"] is False
     assert any("does not answer" in a for a in result["critical"])

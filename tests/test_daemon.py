@@ -429,7 +429,7 @@ def test_stop_mid_burst_finishes_the_file_in_hand_and_nothing_more(memory_dir: P
     assert _temp_files(memory_dir) == []
     assert rig.notes.firsts()[-1] == "STOPPING=1"
     assert rig.log.named("stop")[0]["pending"] == 90
-    next_one = InstanceLock(str(memory_dir))
+    next_one = InstanceLock(str(memory_dir), state_dir=rig.daemon.settings.state_dir)
     next_one.acquire(wait=False)
     next_one.release()
 
@@ -650,10 +650,12 @@ class _NullWatcher:
 
 
 def test_second_daemon_on_the_same_memory_dir_is_refused(memory_dir: Path) -> None:
-    """A second daemon on a memory dir another memstaged works on raises BusyError (exit 1)."""
+    """A second daemon on a memory dir another memstaged works on raises BusyError (exit 1).
+    (Both are in this process, which is no memstaged by its command line: the holder is not
+    named; tests/test_instance_lock.py has real processes.)"""
     first = _started(memory_dir)
     second = Rig(settings(memory_dir))
-    with pytest.raises(BusyError, match="another memstaged"):
+    with pytest.raises(BusyError, match=f"{memory_dir} is busy"):
         second.daemon.start()
     first.daemon.shutdown()
     second.daemon.start()  # free once the first one is gone
@@ -868,10 +870,14 @@ def test_explicit_memory_dir_that_does_not_exist_is_a_config_error(tmp_path: Pat
 def test_replaced_memory_dir_is_locked_and_watched_anew(project: Path, memory_dir: Path) -> None:
     """A memory dir deleted and created again (a re-clone) is re-added: its new files are
     decided, and the instance lock is taken on the new directory, so no second memstaged can
-    start on it."""
+    start on it. (The old one is removed once the new one exists, so that the new one has
+    another inode number: the daemon holds no descriptor of the directory, and a number given
+    again names the same instance lock, which the daemon then holds already.)"""
     rig = _started(memory_dir)
-    shutil.rmtree(memory_dir)
+    old = memory_dir.with_name("old")
+    memory_dir.rename(old)
     (memory_dir / "staging").mkdir(parents=True)
+    shutil.rmtree(old)
     write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
     assert rig.send(Signal(Kind.DIR_CHANGED, str(memory_dir))) == 1
     assert rig.log.decisions(VALID_NAME) == ["valid"]
@@ -879,7 +885,7 @@ def test_replaced_memory_dir_is_locked_and_watched_anew(project: Path, memory_di
         "memory dir was replaced by a new directory"
     ]
     with pytest.raises(BusyError):
-        InstanceLock(str(memory_dir)).acquire(wait=False)
+        InstanceLock(str(memory_dir), state_dir=rig.daemon.settings.state_dir).acquire(wait=False)
     assert rig.log.errors() == []
 
 
@@ -916,7 +922,7 @@ def test_stop_during_the_startup_backlog_sends_no_ready(project: Path, memory_di
 def test_failed_start_is_logged_as_a_stop_with_the_error(memory_dir: Path) -> None:
     """A daemon that cannot start (memory dir busy) logs a stop event saying why before the
     error reaches the command line."""
-    holder = InstanceLock(str(memory_dir))
+    holder = InstanceLock(str(memory_dir), state_dir=settings(memory_dir).state_dir)
     holder.acquire(wait=False)
     try:
         rig = Rig(settings(memory_dir))
@@ -925,7 +931,7 @@ def test_failed_start_is_logged_as_a_stop_with_the_error(memory_dir: Path) -> No
     finally:
         holder.release()
     stop = rig.log.named("stop")[0]
-    assert stop["level"] == "error" and "another memstaged" in stop["error"]
+    assert stop["level"] == "error" and f"{memory_dir} is busy" in stop["error"]
 
 
 # -- the seen cache -----------------------------------------------------------------------------

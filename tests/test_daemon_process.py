@@ -55,6 +55,8 @@ class DaemonProcess:
         ``prefix``: a command the daemon runs under (``setpriv``, to obey file permissions)."""
         extra_env = env or {}
         self.log_file = log_file or tmp_path / f"{name}.jsonl"
+        #: Its ``XDG_STATE_HOME`` (the seen cache, the instance locks).
+        self.state_home = tmp_path / "xdg-state"
         self.stderr_file = tmp_path / f"{name}.stderr"
         env = {
             k: v
@@ -65,7 +67,7 @@ class DaemonProcess:
         env.update(
             MEMSTAGED_LOG_FILE=str(self.log_file),
             XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
-            XDG_STATE_HOME=str(tmp_path / "xdg-state"),
+            XDG_STATE_HOME=str(self.state_home),
         )
         env.update(extra_env)
 
@@ -929,7 +931,8 @@ def test_second_instance_exits_1_and_a_killed_one_blocks_nobody(
     memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
     """A second daemon or --once on a busy memory dir says so and exits 1; after the first is
-    killed with SIGKILL, a new daemon starts at once (the lock died with the process)."""
+    killed with SIGKILL, a new daemon starts at once (the lock died with the process). (The
+    --once shares the daemons' state dir, where the instance locks are.)"""
     first = spawn("--memory-dir", str(memory_dir), name="first")
     second = spawn("--memory-dir", str(memory_dir), name="second", ready=False)
     assert second.proc.wait(timeout=10) == 1
@@ -941,7 +944,11 @@ def test_second_instance_exits_1_and_a_killed_one_blocks_nobody(
         text=True,
         timeout=30,
         check=False,
-        env={**os.environ, "MEMSTAGED_LOG_FILE": str(memory_dir.parent / "once.jsonl")},
+        env={
+            **os.environ,
+            "MEMSTAGED_LOG_FILE": str(memory_dir.parent / "once.jsonl"),
+            "XDG_STATE_HOME": str(first.state_home),
+        },
     )
     assert once.returncode == 1
     assert "another memstaged" in once.stdout + once.stderr

@@ -1,31 +1,39 @@
-"""The instance lock is a ``flock`` on the memory dir's own descriptor (SPEC 5, issue 10 items 6
-and 13, issue 12): it leaves no file, follows no planted link, and cannot be unlinked away.
+"""The instance lock (SPEC 5, issue 10 items 6 and 13, issue 12, issue 29 item 10): ``flock`` on
+an empty file of memstaged's own in the user's private state dir, named by the memory dir's
+identity. It leaves nothing in the memory dir, follows no planted link, cannot be taken first by
+another user who may read the memory dir, and names its holder only when that is memstaged.
 
 Every test runs real ``memstaged`` processes; the lock holder is a real second process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import make_memory_dir, memstaged_env, run_once, wait_for
+from helpers import (
+    daemon,
+    instance_lock_held,
+    make_memory_dir,
+    memory_dir_of,
+    memstaged_cmd,
+    memstaged_env,
+    read_events,
+    run_once,
+    wait_for,
+)
 
-from memstaged.locks import InstanceLock, instance_holder
-
-_HOLD = """
-import sys, time
-from memstaged.locks import InstanceLock
-lock = InstanceLock(sys.argv[1])
-lock.acquire(wait=False)
-print("held", flush=True)
-time.sleep(60)
-"""
+from memstaged.fsio import private_dirs
+from memstaged.locks import InstanceLock, instance_holder, instance_lock_path, runs_memstaged
 
 
 def _tree(root: Path) -> dict[str, tuple[int, bytes | None]]:
@@ -38,21 +46,18 @@ def _tree(root: Path) -> dict[str, tuple[int, bytes | None]]:
     return out
 
 
+def _state_dir(env: dict[str, str]) -> Path:
+    return Path(env["XDG_STATE_HOME"]) / "memstaged"
+
+
 @pytest.fixture
 def holder(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
-    """A memory dir whose instance lock a second, real process holds."""
+    """A memory dir whose instance lock a second, real process holds, as memstaged would
+    (the state dir of ``memstaged_env(tmp_path / "work")``)."""
     mdir = make_memory_dir(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, str(mdir)], stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "held"
-    try:
+    state = _state_dir(memstaged_env(tmp_path / "work"))
+    with instance_lock_held(mdir, state, tmp_path / "bin") as proc:
         yield mdir, proc
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
 
 
 def test_once_leaves_nothing_in_the_memory_dir_and_changes_nothing_the_second_time(
@@ -89,38 +94,40 @@ def test_a_planted_hard_link_at_the_old_lock_name_is_never_written(tmp_path: Pat
 def test_unlinking_a_lock_file_does_not_let_a_second_memstaged_in(
     holder: tuple[Path, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    """Issue 10 item 13: with the lock on the directory there is nothing to unlink."""
+    """Issue 10 item 13: nothing in the memory dir is the lock, so there is nothing to unlink."""
     mdir, proc = holder
     for leftover in mdir.glob(".memstaged*"):
         leftover.unlink()
     busy = run_once(mdir, memstaged_env(tmp_path / "work"))
     assert busy.returncode == 1
-    assert f"pid {proc.pid}" in busy.stdout.decode() + busy.stderr.decode()
+    assert f"another memstaged (pid {proc.pid})" in busy.stderr.decode()
 
 
 def test_status_finds_the_holder_without_taking_the_lock(
-    holder: tuple[Path, subprocess.Popen[str]],
+    holder: tuple[Path, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     """Issue 12: ``status`` reads ``/proc/locks``; it never takes even a shared flock."""
     mdir, proc = holder
-    assert instance_holder(str(mdir)) == proc.pid
+    state = _state_dir(memstaged_env(tmp_path / "work"))
+    assert instance_holder(state, memory_dir_of(mdir)) == (proc.pid, "daemon")
     proc.kill()
     proc.wait()
-    assert wait_for(lambda: instance_holder(str(mdir)) is None, 60)
-    lock = InstanceLock(str(mdir))
+    assert wait_for(lambda: instance_holder(state, memory_dir_of(mdir)) is None, 60)
+    lock = InstanceLock(str(mdir), state_dir=state)
     lock.acquire(wait=False)  # the kernel dropped the killed holder's lock
     lock.release()
 
 
 def test_wait_has_a_limit_and_says_what_it_waits_for(
-    holder: tuple[Path, subprocess.Popen[str]],
+    holder: tuple[Path, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     """SPEC 5: a wait for another memstaged has a limit and says what it waits for."""
     mdir, proc = holder
+    state = _state_dir(memstaged_env(tmp_path / "work"))
     said: list[str] = []
     started = time.monotonic()
     with pytest.raises(Exception, match=f"pid {proc.pid}.*waited 0.5 s"):
-        InstanceLock(str(mdir)).acquire(wait=0.5, on_wait=said.append)
+        InstanceLock(str(mdir), state_dir=state).acquire(wait=0.5, on_wait=said.append)
     assert time.monotonic() - started < 10  # bounded, not for ever (a generous hang guard)
     assert len(said) == 1 and str(mdir) in said[0] and f"pid {proc.pid}" in said[0]
 
@@ -168,3 +175,145 @@ def test_every_command_that_only_looks_leaves_the_memory_dir_as_it_was(
     )
     assert "Traceback" not in done.stderr.decode(), done.stderr
     assert _tree(mdir) == before, (argv, done.stderr)
+
+
+# -- issue 29 item 10: another user cannot take the lock; a holder is named only if memstaged --
+
+
+def _as_nobody() -> list[str]:
+    """The command prefix that runs a program as the user ``nobody``; skips where it cannot."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a program as another user")
+    if shutil.which("setpriv") is None or shutil.which("flock") is None:
+        pytest.skip("setpriv and flock(1) are needed to hold a flock as another user")
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+@contextlib.contextmanager
+def _shared_memory_dir() -> Iterator[Path]:
+    """A memory dir that another user may read (and so ``flock``): under /tmp, which ``nobody``
+    reaches, where a test's tmp_path (or a clone in /root) may not be reachable."""
+    base = Path(tempfile.mkdtemp(prefix="memstaged-shared-", dir="/tmp"))
+    try:
+        mdir = make_memory_dir(base)
+        for path in [base, *base.rglob("*")]:
+            os.chmod(path, 0o755)  # noqa: S103 - another user must reach it
+        yield mdir
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, prefix: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """``flock -x PATH`` (util-linux) held until the block ends, by ``prefix``'s user."""
+    proc = subprocess.Popen(
+        [*prefix, "flock", "-x", str(path), "sh", "-c", "echo held; exec cat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def _status(mdir: Path, env: dict[str, str], *args: str) -> dict[str, object]:
+    done = subprocess.run(
+        memstaged_cmd("status", "--json", *args, "--memory-dir", str(mdir)),
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr.decode(), done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_another_users_flock_on_the_memory_dir_stops_no_memstaged(tmp_path: Path) -> None:
+    """Issue 29 item 10: with the user ``nobody`` holding ``flock -x`` on the memory dir (any
+    user who may read it can), ``--once`` decides its file (exit 0; it exited 1 with "another
+    memstaged (pid N)", naming nobody's flock), ``status`` names no memstaged (it named the
+    flock as the daemon), and the daemon starts, decides, is named by ``status`` and answers,
+    and stops with exit 0 (it exited 1)."""
+    prefix = _as_nobody()
+    with _shared_memory_dir() as mdir, _flock(mdir, prefix) as other:
+        bad = mdir / "staging" / "bad.json"
+        bad.write_bytes(b"not json")
+        os.utime(bad, (1, 1))
+        env = memstaged_env(tmp_path / "work")
+        once = run_once(mdir, env)
+        assert once.returncode == 0, once.stderr
+        assert f"pid {other.pid}" not in once.stderr.decode()
+        assert not bad.exists()  # quarantined
+        result = _status(mdir, env)
+        assert result["memstaged_pid"] is None, result
+
+        log = Path(env["MEMSTAGED_LOG_FILE"])
+        (mdir / "staging" / "later.json").write_bytes(b"not json either")
+        os.utime(mdir / "staging" / "later.json", (1, 1))
+        with daemon([mdir], env, "--settle", "0.5", stderr=tmp_path / "daemon.err") as proc:
+            assert wait_for(
+                lambda: (
+                    any(e.get("event") == "ready" for e in read_events(log))
+                    or proc.poll() is not None
+                ),
+                120,
+            )
+            assert proc.poll() is None, (tmp_path / "daemon.err").read_text()
+            assert not (mdir / "staging" / "later.json").exists()
+            result = _status(mdir, env, "--require-daemon")
+            assert (result["memstaged_pid"], result["memstaged_kind"]) == (proc.pid, "daemon")
+            assert result["daemon_answered"] is True, result
+        assert proc.returncode == 0
+
+
+def test_a_holder_that_is_not_memstaged_is_not_named(tmp_path: Path) -> None:
+    """Issue 29 item 10: the lock file is the user's own, so only their own processes may hold
+    it; one that is not memstaged (``flock(1)`` here) makes ``--once`` busy (exit 1) without
+    its pid being named as memstaged's, and ``status`` names no memstaged but says why none can
+    work there."""
+    if shutil.which("flock") is None:
+        pytest.skip("flock(1) is not installed")
+    mdir = make_memory_dir(tmp_path)
+    env = memstaged_env(tmp_path / "work")
+    st = mdir.stat()
+    lock = instance_lock_path(_state_dir(env), (st.st_dev, st.st_ino))
+    private_dirs(lock.parent)
+    with _flock(lock, []) as other:
+        once = run_once(mdir, env)
+        assert once.returncode == 1
+        err = once.stderr.decode()
+        assert f"{mdir} is busy: a process that is not memstaged holds its instance lock" in err
+        assert str(other.pid) not in err
+        result = _status(mdir, env)
+        assert result["memstaged_pid"] is None, result
+        assert result["critical"] == ["a process that is not memstaged holds its instance lock"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "memstaged"),
+    [
+        (["/usr/bin/python3", "/home/u/.local/bin/memstaged", "--once"], True),
+        (["/usr/bin/python3", "-I", "/usr/bin/memstaged"], True),
+        (["/usr/bin/python3", "-X", "dev", "/usr/bin/memstaged"], True),
+        (["python3", "-m", "memstaged", "status"], True),
+        (["python3", "-mmemstaged"], True),
+        (["memstaged", "--memory-dir", "x"], True),
+        (["flock", "-x", "/home/u/p/.pi/memory/project", "cat"], False),
+        (["python3", "-c", "import memstaged", "memstaged"], False),
+        (["python3", "-m", "pytest", "tests/memstaged"], False),
+        (["sleep", "memstaged"], False),
+        ([], False),
+    ],
+)
+def test_only_a_memstaged_command_line_is_memstaged(argv: list[str], memstaged: bool) -> None:
+    """Issue 29 item 10: what names a lock's holder as memstaged is its command line running
+    memstaged (the script, by itself or by its interpreter, or ``-m memstaged``)."""
+    assert runs_memstaged([os.fsencode(a) for a in argv] + [b""]) is memstaged

@@ -32,6 +32,7 @@ from memstaged.commands._common import (
 from memstaged.commands._output import print_json
 from memstaged.commands.deadletter_change import run_purge, run_recover
 from memstaged.commands.deadletter_read import records_of, run_list, run_show
+from memstaged.config import own_state_dir
 from memstaged.deadletter import DEFAULT_WAIT, resolve_ids
 from memstaged.errors import ConfigError, UsageError
 from memstaged.locks import instance_holder
@@ -253,7 +254,7 @@ def run_ack(args: argparse.Namespace) -> int:
             "memstaged deadletter ack: name the records (ID...) or give --all, not both"
         )
     settings = load_settings(args)
-    state_dir = settings.state_dir
+    state_dir = own_state_dir(settings)  # the marks are trusted, so kept only there
     if state_dir is None:
         raise ConfigError("no state dir: the marks have nowhere to be kept")
     mdirs = memory_dirs(settings, writable=False)
@@ -279,9 +280,9 @@ def run_ack(args: argparse.Namespace) -> int:
                 acks.save(state_dir, mdir.path, seen | set(new))
             except OSError as err:
                 raise ConfigError(f"cannot keep the marks in {state_dir}: {err.strerror}") from None
-            pid = instance_holder(mdir.path)
-            if pid is not None:
-                control.touch(pid)  # its metrics file says the new unseen count
+            holder = instance_holder(state_dir, mdir)
+            if holder is not None and holder.role == "daemon":
+                control.touch(holder.pid)  # its metrics file says the new unseen count
         unseen = len(present - seen - set(new))
         if args.json:
             print_json(

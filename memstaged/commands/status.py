@@ -41,7 +41,7 @@ from memstaged.commands._output import (
     print_json,
     render_table,
 )
-from memstaged.config import Settings
+from memstaged.config import Settings, own_state_dir
 from memstaged.errors import MemstagedError
 from memstaged.survey import OUTCOMES, DirStatus, survey
 
@@ -175,6 +175,7 @@ def look(
 ) -> list[DirStatus]:
     """Every memory dir surveyed, and what the daemon holding it says of it."""
     mdirs = memory_dirs(settings, writable=False)
+    state_dir = own_state_dir(settings, create=False)  # what is found there is trusted
     clock = _common.now()
     results = [
         survey(
@@ -184,7 +185,8 @@ def look(
             grace=grace,
             max_age=max_age,
             require_daemon=args.require_daemon,
-            acked=acks.load(settings.state_dir, m.path),
+            acked=acks.load(state_dir, m.path),
+            state_dir=state_dir,
         )
         for m in mdirs
     ]
