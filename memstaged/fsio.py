@@ -216,11 +216,19 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_private(st: os.stat_result, path: os.PathLike[str] | str) -> None:
-    """Raise :class:`~memstaged.errors.NotPrivate` unless ``st`` is of a directory that is the
-    user's own (the effective uid's) and private (no permission for group or others)."""
+def check_private(fd: int, path: os.PathLike[str] | str) -> None:
+    """Raise :class:`~memstaged.errors.NotPrivate` unless ``fd`` is of a directory that is the
+    user's own (the effective uid's) and private (no permission for group or others).
+
+    The user's own directory that group or others may read or enter but not write (0755, as
+    versions before 0.2 left ``$XDG_STATE_HOME/memstaged``) is made private (``fchmod`` 0700):
+    no one else can have put anything in it. One that others may write is refused.
+    """
+    st = os.fstat(fd)
     mode = stat.S_IMODE(st.st_mode)
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not mode & 0o077:
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not mode & 0o022:
+        if mode & 0o077:
+            os.fchmod(fd, mode & 0o700)
         return
     why = (
         f"bad ownership or modes for directory {os.fspath(path)} (owner {_owner(st.st_uid)}, "
@@ -255,7 +263,7 @@ def open_private_dir(
             ) from None
         raise
     try:
-        check_private(os.fstat(fd), path)
+        check_private(fd, path)
     except BaseException:
         os.close(fd)
         raise

@@ -81,10 +81,24 @@ def test_a_missing_directory_is_made_private_with_its_parents(tmp_path: Path) ->
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
 
 
-@pytest.mark.parametrize("mode", [0o755, 0o750, 0o701, 0o777])
-def test_a_directory_open_to_others_is_refused_in_one_line(tmp_path: Path, mode: int) -> None:
-    """Issue 29 item 11: the user's own directory that group or others may enter is refused,
-    naming the directory, its owner and its mode (as ssh's "bad ownership or modes")."""
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o701, 0o705])
+def test_the_users_own_directory_others_may_only_read_is_made_private(
+    tmp_path: Path, mode: int
+) -> None:
+    """Issue 29 item 11: the user's own directory that group or others may read or enter, but
+    not write (a state dir an earlier version left 0755), is made 0700 and used: no one else
+    can have put anything in it."""
+    target = tmp_path / "memstaged"
+    target.mkdir()
+    os.chmod(target, mode)
+    assert fsio.private_dir(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o775, 0o770, 0o703, 0o777])
+def test_a_directory_others_may_write_is_refused_in_one_line(tmp_path: Path, mode: int) -> None:
+    """Issue 29 item 11: the user's own directory that group or others may write into is
+    refused, naming the directory, its owner and its mode (as ssh's "bad ownership or modes")."""
     target = tmp_path / "memstaged"
     target.mkdir()
     os.chmod(target, mode)
@@ -275,15 +289,15 @@ def test_another_users_state_dir_is_refused_in_one_line(
     assert sorted(p.name for p in state.rglob("*")) == before
 
 
-def test_the_users_own_state_dir_open_to_others_is_refused_by_the_daemon(
+def test_the_users_own_state_dir_others_may_write_is_refused_by_the_daemon(
     tmp_path: Path, memory_dir: Path
 ) -> None:
     """Issue 29 item 11: the daemon refuses a state dir that is its user's but that others
-    may enter (exit 2, one line), before it takes any instance lock or decides anything."""
+    may write (exit 2, one line), before it takes any instance lock or decides anything."""
     env = memstaged_env(tmp_path / "work")
     state = Path(env["XDG_STATE_HOME"]) / "memstaged"
     state.mkdir(parents=True)
-    os.chmod(state, 0o755)  # noqa: S103 - what is refused
+    os.chmod(state, 0o775)  # noqa: S103 - what is refused
     log = Path(env["MEMSTAGED_LOG_FILE"])
     with daemon([memory_dir], env, stderr=tmp_path / "daemon.err") as proc:
         assert wait_for(
