@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from memstaged import acks, control, display
-from memstaged.argtypes import count, wait_seconds
+from memstaged.argtypes import count, record_id, wait_seconds
 from memstaged.commands._common import (
     add_json_option,
     add_memory_dir_options,
@@ -164,6 +164,7 @@ def register(sub: Any) -> None:
     _ids_completed(
         shower.add_argument(
             "id",
+            type=record_id,
             metavar="ID",
             help="the record's file name without .json, or a unique prefix of it",
         )
@@ -230,6 +231,7 @@ def register(sub: Any) -> None:
         acker.add_argument(
             "ids",
             nargs="*",
+            type=record_id,
             metavar="ID",
             help="a record's ID (its file name without .json), or a unique prefix of it",
         )
@@ -290,6 +292,7 @@ def _add_id_option(parser: argparse.ArgumentParser, subject: str) -> None:
         parser.add_argument(
             "--id",
             action="append",
+            type=record_id,
             metavar="ID",
             help=f"{subject} (repeatable; a unique prefix will do)",
         )
