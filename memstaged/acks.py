@@ -11,24 +11,35 @@ A record is named by its file name, which holds its hash and is never reused for
 so the mark needs no more than the names. Names of records gone from ``deadletter/`` (recovered,
 purged) are dropped when the file is next written. Like the seen cache, it is only memstaged's
 bookkeeping: lost, it only means the records are reported as unseen again.
+
+The file is read, changed and written only by :func:`mark`, under an exclusive ``flock`` on
+``acked/`` itself (a directory in the user's private state dir: no other user can open it, and
+no lock file is left), so that marks made at once by several ``deadletter ack`` are all kept.
+Readers (``status``, the metrics) take no lock: the file is replaced whole by a rename.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 
-from memstaged import digests, fsio
+from memstaged import digests, display, fsio
 from memstaged.deadletter import is_record_name
+from memstaged.errors import BusyError, ConfigError
+from memstaged.locks import flock_holder
 from memstaged.memdir import DEADLETTER, MemoryDir
 
 ACKED_DIR: Final = "acked"
 #: A mark file larger than this is not one memstaged wrote: it is ignored (all unseen).
 _MAX_SIZE: Final = 64 * 1024 * 1024
+#: How long a change of the marks waits for another one to end. Each holds the lock for a read,
+#: a write and a rename; past this the holder is stuck (a ``deadletter ack`` stopped by Ctrl-Z).
+LOCK_PATIENCE: Final = 5.0
 
 
 class _Stored(msgspec.Struct, frozen=True):
@@ -65,14 +76,74 @@ def load(state_dir: Path | None, memory_dir: str) -> set[str]:
     return set(stored.seen)
 
 
-def save(state_dir: Path, memory_dir: str, seen: Iterable[str]) -> None:
-    """Write the marks (temp file, 0600, rename: a reader never sees half of it).
+class Marked(NamedTuple):
+    """What :func:`mark` did in one memory dir."""
+
+    #: Records marked seen now.
+    marked: int
+    #: Records marked seen, those of before included.
+    seen: int
+    #: Records not seen.
+    unseen: int
+    #: Whether the file was written (new marks, or marks of records gone dropped).
+    changed: bool
+
+
+def mark(state_dir: Path, mdir: MemoryDir, chosen: Iterable[str] | None) -> Marked:
+    """Mark the records ``chosen`` (names; ``None``: every record) of ``mdir`` seen, and drop the
+    marks of records gone: one read-modify-write under the marks' lock.
+
+    The records are listed under the lock too, so that a mark made meanwhile by another ack is
+    never dropped as a record gone. A name that is no record now is not marked. Raises
+    :class:`ConfigError` when ``deadletter/`` cannot be listed or the marks cannot be kept, and
+    :class:`BusyError` when another process holds the lock past :data:`LOCK_PATIENCE`.
+    """
+    try:
+        with _locked(state_dir):
+            try:
+                present = set(record_names(mdir))
+            except OSError as err:
+                where = display.name(mdir.path)
+                raise ConfigError(f"{where}/deadletter: {err.strerror}") from None
+            stored = load(state_dir, mdir.path)
+            seen = stored & present
+            new = present - seen if chosen is None else (set(chosen) & present) - seen
+            changed = bool(new) or seen != stored
+            if changed:
+                _save(state_dir, mdir.path, seen | new)
+    except OSError as err:
+        where = display.name(str(state_dir))
+        raise ConfigError(f"cannot keep the marks in {where}: {err.strerror}") from None
+    return Marked(len(new), len(seen) + len(new), len(present - seen - new), changed)
+
+
+@contextmanager
+def _locked(state_dir: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``acked/`` (made 0700 if missing, refused when not the user's
+    own and private) for the block."""
+    directory = state_dir / ACKED_DIR
+    fd = fsio.open_private_dir(directory)
+    try:
+        if not fsio.flock_within(fd, LOCK_PATIENCE):
+            pid = flock_holder(os.fstat(fd))
+            holder = f"pid {pid}" if pid else "another process"
+            raise BusyError(
+                f"the dead-letter marks in {display.name(str(directory))} have been locked by "
+                f"{holder} for over {LOCK_PATIENCE:g} s (a stopped memstaged deadletter ack?); "
+                "nothing was marked"
+            )
+        yield
+    finally:
+        os.close(fd)  # closing our only descriptor of it drops the flock
+
+
+def _save(state_dir: Path, memory_dir: str, seen: Iterable[str]) -> None:
+    """Write the marks (temp file, 0600, rename: a reader never sees half of it), under the lock.
 
     Raises :class:`OSError`: unlike the seen cache, a mark an operator asked for and that was
     not kept must be said.
     """
     path = acked_path(state_dir, memory_dir)
-    fsio.private_dirs(path.parent)
     names = sorted(n for n in set(seen) if _encodable(n))
     data = msgspec.json.encode(_Stored(_label(memory_dir), names))
     fsio.replace_file(path, data)

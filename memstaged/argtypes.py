@@ -1,4 +1,5 @@
-"""The ``type=`` functions of the numeric options: a value is taken, clamped or refused here.
+"""The ``type=`` functions of the numeric options and of record IDs: a value is taken, clamped
+or refused here.
 
 A value refused here is argparse's own one line (``memstaged log: argument -n/--lines: ...``)
 and exit 2; one taken is one the code after it can use. ``log -n 99999999999999999999999`` once
@@ -66,3 +67,26 @@ def wait_seconds(text: str) -> float:
     if not 0 <= seconds < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}")
     return seconds
+
+
+#: What a shell pattern is made of: an ID is a name or the start of one, never a pattern.
+_WILDCARDS: Final = frozenset("*?[")
+
+
+def record_id(text: str) -> str:
+    """A dead-letter record's ID (``show``, ``recover --id``, ``purge --id``, ``ack``): its name
+    without ``.json``, or the start of it.
+
+    Empty or blank, it would be the start of every name, and choose the only record there is;
+    a wildcard would be taken as a character, not as the pattern it looks like. Either is
+    refused, so that no record is chosen by a typo or an unset shell variable.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"an ID names a record; {text!r} names none")
+    wild = sorted(_WILDCARDS.intersection(text))
+    if wild:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: an ID is a record's name or the start of one, not a pattern "
+            f"({' '.join(wild)})"
+        )
+    return text

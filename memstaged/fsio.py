@@ -14,6 +14,7 @@ import fcntl
 import os
 import signal
 import stat
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -489,6 +490,32 @@ def _write_temp(
             os.close(fd)
         raise
     return name, held[0] if held else -1
+
+
+def flock_within(fd: int, patience: float) -> bool:
+    """``flock(LOCK_EX)`` on ``fd``, waiting at most ``patience`` seconds; whether it was had.
+
+    The one wait for a ``flock`` another process holds (the decision log's, the ack marks'):
+    polled (1 ms, doubling to 50 ms), since ``flock`` has no timeout and an alarm would
+    interrupt whatever else the process does. Only a contended lock polls. The caller says what
+    it waited for when it was not had.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass  # held by another process: wait for it, a while
+    deadline = time.monotonic() + patience
+    pause = 0.001
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            continue
+    return False
 
 
 def temp_in_use(dir_fd: int, name: str) -> bool:

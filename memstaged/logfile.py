@@ -19,7 +19,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Final
 
-from memstaged import display
+from memstaged import display, fsio
 from memstaged.errors import ConfigError, LogUnwritable, MemstagedError
 from memstaged.fsio import private_dirs
 
@@ -340,24 +340,10 @@ def fsync_dir(path: Path) -> None:
 def _lock(fd: int, name: str, patience: float) -> None:
     """``flock(LOCK_EX)`` on the log, waiting at most ``patience`` seconds; else ``OSError``.
 
-    Polled (1 ms, doubling to 50 ms): ``flock`` has no timeout, and an alarm would interrupt
-    whatever else the process does. Only a contended lock polls; an idle daemon takes none.
+    Only a contended lock waits (:func:`memstaged.fsio.flock_within`); an idle daemon takes none.
     """
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fsio.flock_within(fd, patience):
         return
-    except BlockingIOError:
-        pass  # held by another process: wait for it, a while
-    deadline = time.monotonic() + patience
-    pause = 0.001
-    while time.monotonic() < deadline:
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            continue
     raise OSError(
         errno.EWOULDBLOCK,
         f"locked by another process for over {LOCK_PATIENCE:g} s (a stopped memstaged?)",

@@ -21,6 +21,12 @@ phases, so that a caller's own check under the lock is made in the caller's own 
   written and made durable by one ``syncfs``, so that a large quarantine writes nothing while
   the lock is held (SPEC 5: about a second at most).
 
+Before each of these steps (each copy, each temp, each ``syncfs``) the transaction looks for
+``canonical-writer.lock`` (:class:`_Lookout`, a ``stat``), and stops at the first live holder
+it sees, as if it had found the lock taken: SPEC 5, memstaged does nothing in a memory dir
+while the reconciler holds its lock, and a large quarantine's work before the lock takes
+seconds. At most the one file under way when the lock appeared is completed.
+
 Then, under ``canonical-writer.lock``:
 
 1. every decision whose version is no longer in place is handed back (``GONE``/``CHANGED``);
@@ -57,7 +63,7 @@ from contextlib import contextmanager
 from typing import Final
 
 from memstaged import fsio, held, replace
-from memstaged.locks import LockHeld, LockInfo, canonical_lock, read_lock
+from memstaged.locks import CANONICAL_LOCK, LockHeld, LockInfo, canonical_lock, read_lock
 from memstaged.memdir import STAGING
 from memstaged.plan import Action, Applied, Plan, Result, Settled, StaleLock, Status
 from memstaged.planstate import PlanState
@@ -146,14 +152,37 @@ def _dead_letter_files(works: Sequence[PlanState]) -> int:
     )
 
 
-def _not_held(mem_fd: int) -> None:
-    """Raise :class:`~memstaged.locks.LockHeld` now if a live process holds the lock."""
-    try:
-        info = read_lock(mem_fd)
-    except OSError:
-        return  # taking the lock will tell
-    if info is not None and info.alive:
-        raise LockHeld(info)
+class _Lookout:
+    """Looks for ``canonical-writer.lock`` before each durable step of the work before the lock.
+
+    A look is a ``stat`` of the name (one system call, failing, when there is no lock); a lock
+    there is read, and a live holder raises :class:`~memstaged.locks.LockHeld`, which ends the
+    transaction as a lock found taken does: its temps removed, nothing of it done, its files
+    deferred. A lock whose holder is gone is not obeyed (SPEC 5), and not read again while it
+    is the same file. Under the lock, memstaged's own, there is nothing to look for.
+    """
+
+    def __init__(self, mem_fd: int) -> None:
+        self.mem_fd = mem_fd
+        #: The inode of a lock seen stale (its holder gone), looked past from then on.
+        self._stale: int | None = None
+
+    def __call__(self) -> None:
+        try:
+            st = os.stat(CANONICAL_LOCK, dir_fd=self.mem_fd, follow_symlinks=False)
+        except OSError:
+            return  # none (or it cannot be seen: taking the lock will tell)
+        if st.st_ino == self._stale:
+            return
+        try:
+            info = read_lock(self.mem_fd)
+        except OSError:
+            return  # taking the lock will tell
+        if info is None:
+            return  # released meanwhile
+        if info.alive:
+            raise LockHeld(info)
+        self._stale = info.ino
 
 
 class Transaction:
@@ -165,6 +194,7 @@ class Transaction:
         self.staging_fd = staging_fd
         self.now = now
         self.store = Store(mem_fd)
+        self._look = _Lookout(mem_fd)
         works = [PlanState(p) for p in plans]
         self._works = works
         self._decisions = [w for w in works if w.plan.version is not None]
@@ -237,16 +267,15 @@ class Transaction:
     # -- before the lock ------------------------------------------------------------------------
 
     def _before_lock(self, max_copy: int) -> None:
-        """Copies where a rename is impossible, new staging files, many dead-letter temps."""
+        """Copies where a rename is impossible, new staging files, many dead-letter temps; each
+        step only while no live process holds ``canonical-writer.lock``."""
         for work in self._decisions:
             if work.plan.action is Action.MOVE:
+                self._look()
                 self._copy_if_unmovable(work, max_copy)
         self._write_ahead(self._changes)
         if _dead_letter_files(self._decisions) > _FSYNC_EACH:
-            _not_held(
-                self.mem_fd
-            )  # nothing is written while the reconciler works, if it can be seen
-            self._write_records_ahead(self._decisions, sync=False)
+            self._write_records_ahead(self._decisions, ahead=True)
 
     def _copy_if_unmovable(self, work: PlanState, max_copy: int) -> None:
         """SPEC 6: where a rename is impossible, copy at most ``max_copy`` bytes, or leave it."""
@@ -277,6 +306,7 @@ class Transaction:
         batch = len(creates) > 1
         for work in creates:
             assert work.plan.data is not None
+            self._look()
             try:
                 work.tmp, lock_fd = fsio.write_held_temp(
                     self.staging_fd,
@@ -291,10 +321,12 @@ class Transaction:
             self.ours.add((self.staging_fd, work.tmp))
             self.held[(self.staging_fd, work.tmp)] = lock_fd
         if batch and any(w.tmp is not None for w in creates):
+            self._look()
             fsio.syncfs(self.mem_fd)  # every new staging file's data is durable from here on
 
-    def _write_records_ahead(self, works: Sequence[PlanState], *, sync: bool) -> None:
-        """Write every dead-letter temp of ``works`` and make them durable (fsyncs or a syncfs).
+    def _write_records_ahead(self, works: Sequence[PlanState], *, ahead: bool) -> None:
+        """Write every dead-letter temp of ``works`` and make them durable: ``ahead`` of the
+        lock, looking for it before each, then one ``syncfs``; else under it, each fsynced.
 
         Streaming: a record is rendered, written and dropped, so a file of 100,000 candidates
         never has their records in memory together (SPEC 4). With more than
@@ -308,6 +340,8 @@ class Transaction:
         self.written_ahead = True
         if not todo:
             return
+        if ahead:
+            self._look()  # before deadletter/ is made, too
         dl_fd, or_fd = self.store.open()
         taken: set[str] = set()
         for work in todo:
@@ -321,22 +355,28 @@ class Transaction:
                 )
                 if not renamed:
                     assert data is not None
+                    if ahead:
+                        self._look()
                     work.original_tmp = fsio.write_temp(
-                        or_fd, data, "rec", work.original, sync=sync
+                        or_fd, data, "rec", work.original, sync=not ahead
                     )
                     self.ours.add((or_fd, work.original_tmp))
-            work.written = self._write_records(work, dl_fd, sync=sync)
-        if not sync:
+            work.written = self._write_records(work, dl_fd, ahead=ahead)
+        if ahead:
+            self._look()
             fsio.syncfs(self.mem_fd)  # every dead-letter temp's data is durable from here on
         fsio.crash_point("temps-synced")
 
-    def _write_records(self, work: PlanState, dl_fd: int, *, sync: bool) -> list[Written]:
-        """Each record's temp, rendered one at a time (its bytes are dropped once written)."""
+    def _write_records(self, work: PlanState, dl_fd: int, *, ahead: bool) -> list[Written]:
+        """Each record's temp, rendered one at a time (its bytes are dropped once written);
+        ``ahead`` of the lock, each only while no live process holds it, and not fsynced."""
         written: list[Written] = []
         for record in work.plan.records:
             tick()  # each record is rendered and written: thousands of them take seconds
+            if ahead:
+                self._look()
             body = _render(record, work.original)
-            tmp = fsio.write_temp(dl_fd, body, "rec", record.name, sync=sync)
+            tmp = fsio.write_temp(dl_fd, body, "rec", record.name, sync=not ahead)
             self.ours.add((dl_fd, tmp))
             written.append(Written(tmp, len(body)))
             del body
@@ -368,7 +408,7 @@ class Transaction:
         if not live and not admitted:
             return
         if not self.written_ahead:
-            self._write_records_ahead(live, sync=True)  # a few files: under the lock
+            self._write_records_ahead(live, ahead=False)  # a few files: under the lock
         taken: set[str] = set()
         files = [self._settle_names(work, taken) for work in live]
         self._settle_created(admitted)
@@ -462,7 +502,7 @@ class Transaction:
         for old in work.written:
             fsio.unlink_quietly(dl_fd, old.tmp)
             self.ours.discard((dl_fd, old.tmp))
-        work.written = self._write_records(work, dl_fd, sync=True)
+        work.written = self._write_records(work, dl_fd, ahead=False)
 
     def _rewrite_temp(self, work: PlanState, batch: bool) -> str:
         assert work.plan.data is not None

@@ -184,8 +184,10 @@ _NEEDS: dict[tuple[str, ...], list[str]] = {
 
 
 def _is_numeric(action: argparse.Action) -> bool:
-    return bool(action.option_strings) and (
-        action.type is not None or action.metavar in _NUMERIC_METAVARS
+    return (
+        bool(action.option_strings)
+        and action.type is not argtypes.record_id  # an ID: tests/test_deadletter_ids.py
+        and (action.type is not None or action.metavar in _NUMERIC_METAVARS)
     )
 
 

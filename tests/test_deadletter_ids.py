@@ -1,4 +1,5 @@
-"""``memstaged deadletter ids``: the hidden listing the completion scripts call for record IDs.
+"""Record IDs: ``memstaged deadletter ids``, the hidden listing the completion scripts call for
+them, and the IDs ``show``, ``recover --id``, ``purge --id`` and ``ack`` take.
 
 Issue 22 item 7: ``deadletter show <Tab>``, ``recover --id <Tab>`` and ``purge --id <Tab>``
 offer the IDs of the configured memory dirs, from a listing that reads only names and prints
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from cmd_support import prepare, record_files
-from helpers import memstaged_cmd, memstaged_env
+from conftest import staging_doc, write
+from helpers import REPO, make_memory_dir, memstaged_cmd, memstaged_env, project_root_of, run_once
 
 
 def _ids(work: Path, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -132,3 +134,58 @@ def test_ids_on_ten_thousand_records_opens_none_of_them(tmp_path: Path) -> None:
     assert any('"deadletter"' in call or f'"{store}"' in call for call in calls)  # the premise
     touched = [call for call in calls if "-lessons-0.json" in call]
     assert touched == [], touched[:3]
+
+
+def _files_under(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_an_empty_blank_or_wildcard_id_chooses_no_record(tmp_path: Path) -> None:
+    """Issue 29 item 7: with one record in the store, ``purge --id '' --yes`` deleted it and its
+    original (exit 0): the empty string is the start of every ID, so a unique prefix of the only
+    one. An empty, blank or wildcard ID is a usage error, for every command that takes an ID
+    (``purge --id``, ``recover --id``, ``ack``, ``show``): exit 2, one line naming the ID, and
+    nothing changed (the memory dir byte for byte, no mark kept). A real prefix still works."""
+    mdir = make_memory_dir(tmp_path)
+    doc = staging_doc(project_root_of(mdir), "only", candidates={"lessons": [{}]})
+    write(mdir / "staging" / "only.json", doc)
+    os.utime(mdir / "staging" / "only.json", (1, 1))
+    env = memstaged_env(tmp_path)
+    assert run_once(mdir, env).returncode == 0
+    [record] = [p.stem for p in (mdir / "deadletter").glob("*.json")]
+    assert list((mdir / "deadletter" / "originals").iterdir())
+    before = _files_under(tmp_path)
+    at = ["--memory-dir", str(mdir)]
+    refused = ["", " ", "\t", "*", "?", "[a-z]*", f"{record[:4]}*"]
+    commands = [
+        *(["deadletter", "purge", f"--id={v}", "--yes", *at] for v in refused),
+        *(["deadletter", "purge", "--id", v, "--yes", *at] for v in ("", " ")),
+        *(["deadletter", "recover", f"--id={v}", *at] for v in ("", " ", "*")),
+        *(["deadletter", "ack", v, *at] for v in ("", " ", "*")),
+        *(["deadletter", "show", v, *at] for v in ("", "*")),
+    ]
+    for argv in commands:
+        done = subprocess.run(
+            memstaged_cmd(*argv),
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert (done.returncode, done.stdout) == (2, ""), (argv, done.stdout, done.stderr)
+        [line] = done.stderr.splitlines()
+        assert line.startswith("memstaged deadletter ") and "ID" in line, (argv, line)
+        assert _files_under(tmp_path) == before, argv
+    shown = subprocess.run(
+        memstaged_cmd("deadletter", "show", record[:4], *at),
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (shown.returncode, shown.stderr) == (0, ""), shown.stderr
+    assert record in shown.stdout

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from memstaged import acks, control, display
-from memstaged.argtypes import count, wait_seconds
+from memstaged.argtypes import count, record_id, wait_seconds
 from memstaged.commands._common import (
     add_json_option,
     add_memory_dir_options,
@@ -165,6 +165,7 @@ def register(sub: Any) -> None:
     _ids_completed(
         shower.add_argument(
             "id",
+            type=record_id,
             metavar="ID",
             help="the record's file name without .json, or a unique prefix of it",
         )
@@ -231,6 +232,7 @@ def register(sub: Any) -> None:
         acker.add_argument(
             "ids",
             nargs="*",
+            type=record_id,
             metavar="ID",
             help="a record's ID (its file name without .json), or a unique prefix of it",
         )
@@ -258,45 +260,29 @@ def run_ack(args: argparse.Namespace) -> int:
     if state_dir is None:
         raise ConfigError("no state dir: the marks have nowhere to be kept")
     mdirs = memory_dirs(settings, writable=False)
-    names: dict[str, list[str]] = {m.path: [] for m in mdirs}
-    for mdir in mdirs:
-        try:
-            names[mdir.path] = acks.record_names(mdir)
-        except OSError as err:
-            raise ConfigError(f"{mdir.path}/deadletter: {err.strerror}") from None
-    if args.all:
-        chosen = names
-    else:
-        chosen = {m.path: [] for m in mdirs}
+    chosen: dict[str, list[str]] = {m.path: [] for m in mdirs}
+    if not args.all:
         for record in resolve_ids(records_of(mdirs, light=True), args.ids):
             chosen[record.memory_dir].append(record.name)
     for mdir in mdirs:
-        present = set(names[mdir.path])
-        stored = acks.load(state_dir, mdir.path)
-        seen = stored & present  # marks of records gone (recovered, purged) are dropped
-        new = [n for n in chosen[mdir.path] if n not in seen]
-        if new or seen != stored:
-            try:
-                acks.save(state_dir, mdir.path, seen | set(new))
-            except OSError as err:
-                raise ConfigError(f"cannot keep the marks in {state_dir}: {err.strerror}") from None
+        done = acks.mark(state_dir, mdir, None if args.all else chosen[mdir.path])
+        if done.changed:
             holder = instance_holder(state_dir, mdir)
             if holder is not None and holder.role == "daemon":
                 control.touch(holder.pid)  # its metrics file says the new unseen count
-        unseen = len(present - seen - set(new))
         if args.json:
             print_json(
                 {
                     "memory_dir": mdir.path,
-                    "marked": len(new),
-                    "seen": len(seen) + len(new),
-                    "unseen": unseen,
+                    "marked": done.marked,
+                    "seen": done.seen,
+                    "unseen": done.unseen,
                 }
             )
         else:
             print(
-                f"{display.name(mdir.path)}: {len(new)} record(s) marked seen, "
-                f"{unseen} not yet seen"
+                f"{display.name(mdir.path)}: {done.marked} record(s) marked seen, "
+                f"{done.unseen} not yet seen"
             )
     return 0
 
@@ -307,6 +293,7 @@ def _add_id_option(parser: argparse.ArgumentParser, subject: str) -> None:
         parser.add_argument(
             "--id",
             action="append",
+            type=record_id,
             metavar="ID",
             help=f"{subject} (repeatable; a unique prefix will do)",
         )
