@@ -13,8 +13,17 @@ What stays in the calling process:
   few files): starting workers would cost more than it saves (docs/performance.md measures what
   a worker costs to start);
 - a file too large to read (nothing to decide but its identity);
-- every file once the pool broke (a worker killed, a fork refused): deciding again in process
-  gives the same verdict, since deciding is pure, so a broken pool costs time and nothing else.
+- every file once the pool is given up (a worker killed or stopped, a fork refused):
+  deciding again in process gives the same verdict, since deciding is pure, so a pool given up
+  costs time and nothing else. It is given up for the rest of the run, said once
+  (``on_break``).
+
+No wait on a worker is unbounded: a chunk's verdicts are waited for at most
+:func:`answer_seconds` (ten seconds and twenty per MiB sent: twenty times what the slowest
+file measured takes on an idle core), a send that makes no progress at most
+:data:`STALL_SECONDS`; a worker that does not answer in time is killed. A signal (SIGTERM,
+Ctrl-C) interrupts every such wait. :meth:`Deciders.close` kills and reaps every worker, at
+once: a worker holds nothing but files to decide, which the caller decides again if it needs.
 
 The pool is started on first use and stopped by :meth:`Deciders.close`; its workers ignore
 SIGINT (a terminal's ^C is the parent's to handle) and take SIGTERM's default action, so a
@@ -28,6 +37,7 @@ import pickle
 import queue
 import resource
 import signal
+import struct
 import threading
 import traceback
 from collections import deque
@@ -50,10 +60,12 @@ __all__ = [
     "AHEAD_FILES",
     "CHUNK",
     "POOL_THRESHOLD",
+    "STALL_SECONDS",
     "WORKERS_ENV",
     "Deciders",
     "Failure",
     "ReadAhead",
+    "answer_seconds",
     "workers_wanted",
 ]
 
@@ -82,8 +94,15 @@ WORKERS_ENV: Final = "MEMSTAGED_WORKERS"
 #: The most workers taken from :data:`WORKERS_ENV`: a typo of ``10000`` would fork that many.
 MAX_WORKERS: Final = 64
 
-#: How long a worker hung up on may take to finish the chunk in hand before it is killed.
-_JOIN_SECONDS: Final = 5.0
+#: A chunk's verdicts are waited for at most this long, plus :data:`ANSWER_SECONDS_PER_MIB`
+#: per MiB of its files: the slowest file measured (an object nested a million deep, 8 MiB)
+#: took 0.9 s per MiB on an idle core, a chunk of small files milliseconds. A worker that does
+#: not answer in time (stopped, swapping, looping) is killed.
+ANSWER_SECONDS: Final = 10.0
+ANSWER_SECONDS_PER_MIB: Final = 20.0
+#: A send to a worker that makes no progress for this long (the worker stopped reading) gives
+#: the pool up.
+STALL_SECONDS: Final = 10.0
 #: Above any descriptor a forked worker can have inherited (memstaged raises its soft limit).
 _MAX_FD: Final = 1 << 20
 
@@ -150,6 +169,11 @@ def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure
     return out
 
 
+def answer_seconds(nbytes: int) -> float:
+    """How long the verdicts of a chunk of ``nbytes`` of files are waited for."""
+    return ANSWER_SECONDS + ANSWER_SECONDS_PER_MIB * nbytes / (1 << 20)
+
+
 def _serve(conn: Connection, forked: bool) -> None:
     """A worker's life: decide each chunk received, send the results back, in order.
 
@@ -201,21 +225,37 @@ def _serve(conn: Connection, forked: bool) -> None:
         os._exit(0)  # the parent sees an end of file, and decides what is left in process
 
 
+def _set_timeout(conn: Connection, seconds: float, *, reads: bool) -> None:
+    """Bound each blocking read (``SO_RCVTIMEO``) or write (``SO_SNDTIMEO``) on a worker's
+    socket: past ``seconds`` without progress, it fails with ``EAGAIN``."""
+    import socket
+
+    sock = socket.socket(fileno=conn.fileno())
+    try:
+        whole = int(seconds)
+        timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+        option = socket.SO_RCVTIMEO if reads else socket.SO_SNDTIMEO
+        sock.setsockopt(socket.SOL_SOCKET, option, timeval)
+    finally:
+        sock.detach()  # the descriptor stays the connection's
+
+
 class Deciders:
     """A pool of decider processes, started on first use; :meth:`close` stops it.
 
     Each worker has its own socket pair: chunks go round-robin and their results are read back
     in the order sent, so a worker that dies is an end of file on its own socket (no shared
     queue a killed worker could leave locked or half-written) and no thread runs in this
-    process to feed or drain the workers.
+    process to feed or drain the workers. ``on_break`` is told, once, why the pool was given up.
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, on_break: Callable[[str], None] | None = None) -> None:
         self.workers = workers
         self._conns: list[Connection] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._next = 0
-        #: Why the pool stopped being used, once it broke (None while it works).
+        self._on_break = on_break
+        #: Why the pool stopped being used, once it was given up (None while it works).
         self.broken: str | None = None
 
     def ahead(
@@ -254,17 +294,24 @@ class Deciders:
         return max(0, min(AHEAD_FILES, chunks * CHUNK))
 
     def _submit(self, jobs: list[tuple[bytes, Context]]) -> int | None:
-        """Send a chunk to the next worker; which one (None: the pool is broken)."""
+        """Send a chunk to the next worker; which one (None: the pool is given up)."""
         if self.broken is not None:
             return None
         try:
             if not self._conns:
                 self._start()
-            worker = self._next
-            self._next = (worker + 1) % self.workers
-            self._conns[worker].send_bytes(pickle.dumps(jobs, pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError) as err:  # ValueError: a fork or a socket refused
-            self._break(err)
+            self._give_up(f"a decider could not be started: {err}")
+            return None
+        worker = self._next
+        self._next = (worker + 1) % self.workers
+        try:
+            self._conns[worker].send_bytes(pickle.dumps(jobs, pickle.HIGHEST_PROTOCOL))
+        except BlockingIOError:  # SO_SNDTIMEO: the worker read nothing for that long
+            self._give_up(f"a decider took no work for {STALL_SECONDS:g} s, and was killed")
+            return None
+        except OSError as err:
+            self._lost(worker, err)
             return None
         return worker
 
@@ -283,39 +330,68 @@ class Deciders:
             context.set_forkserver_preload(["memstaged.triage"])
         for _ in range(self.workers):
             ours, theirs = context.Pipe(duplex=True)
-            proc = context.Process(target=_serve, args=(theirs, forked), daemon=True)
-            proc.start()
-            theirs.close()  # so that the worker's death is an end of file here
             self._conns.append(ours)
+            try:
+                proc = context.Process(target=_serve, args=(theirs, forked), daemon=True)
+                proc.start()
+            finally:
+                theirs.close()  # so that the worker's death is an end of file here
             self._procs.append(proc)
+            _set_timeout(ours, STALL_SECONDS, reads=False)
 
-    def _result(self, worker: int | None) -> list[bytes | Failure | None] | None:
+    def _result(self, worker: int | None, nbytes: int) -> list[bytes | Failure | None] | None:
+        """The verdicts of the chunk of ``nbytes`` sent to ``worker``, waited for at most
+        :func:`answer_seconds`; None: decide them in process (the pool is given up)."""
         if worker is None or self.broken is not None:
             return None
+        seconds = answer_seconds(nbytes)
         try:
-            got: list[bytes | Failure | None] = pickle.loads(  # noqa: S301 - our own worker's
-                self._conns[worker].recv_bytes()
-            )
-        except (EOFError, OSError) as err:
-            self._break(err)
+            conn = self._conns[worker]
+            _set_timeout(conn, seconds, reads=True)
+            data = conn.recv_bytes()
+        except BlockingIOError:  # SO_RCVTIMEO: nothing came for that long
+            self._give_up(f"a decider did not answer within {seconds:.0f} s, and was killed")
             return None
+        except (EOFError, OSError) as err:
+            self._lost(worker, err)
+            return None
+        got: list[bytes | Failure | None] = pickle.loads(data)  # noqa: S301 - our own worker's
         return got
 
-    def _break(self, err: BaseException) -> None:
-        self.broken = f"deciding in process from now on: the pool of deciders broke: {err!r}"
+    def _lost(self, worker: int, err: BaseException) -> None:
+        """A worker's socket failed (it ended): give the pool up, saying why it ended."""
+        proc = self._procs[worker]
         self.close()
+        self._give_up(f"a decider ended unexpectedly (exit status {proc.exitcode}; {err!r})")
+
+    def _give_up(self, why: str) -> None:
+        """Kill the workers and decide in process for the rest of the run; said once."""
+        self.close()
+        self.broken = f"the pool of deciders broke: {why}; deciding in this process from now on"
+        if self._on_break is not None:
+            self._on_break(self.broken)
 
     def close(self) -> None:
-        """Hang up on the workers and reap them; one that does not end is killed."""
+        """Hang up on the workers, kill them and reap them, at once, whatever state each is in
+        (busy, stopped, exiting): a worker holds only files to decide, which the caller decides
+        again if it still needs them. A worker's end can no longer be told from its sentinel
+        (it closed every inherited descriptor), so nothing here waits for it to end by itself;
+        SIGTERM and Ctrl-C wait until every worker is reaped, microseconds after its SIGKILL."""
         conns, self._conns = self._conns, []
         procs, self._procs = self._procs, []
-        for conn in conns:
-            conn.close()
-        for proc in procs:
-            proc.join(_JOIN_SECONDS)
-            if proc.exitcode is None:
-                proc.kill()
+        if not conns and not procs:
+            return
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for conn in conns:
+                conn.close()
+            for proc in procs:
+                if proc.exitcode is None:  # reaps one that ended: no other process is signalled
+                    proc.kill()
+            for proc in procs:
                 proc.join()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 class _Chunk(Generic[T]):
@@ -436,7 +512,7 @@ class ReadAhead(Generic[T]):
     def _receive(self, deciders: Deciders) -> None:
         chunk = self._chunks.popleft()
         self._held -= chunk.nbytes
-        verdicts = deciders._result(chunk.worker)
+        verdicts = deciders._result(chunk.worker, chunk.nbytes)
         by_index: dict[int, bytes | Failure | None] = (
             {} if verdicts is None else dict(zip(chunk.sent, verdicts, strict=True))
         )

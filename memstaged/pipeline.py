@@ -152,7 +152,7 @@ class Pipeline:
         self.unlisted: dict[str, str] = {}
         #: Decider processes for batches of many files: started on first use, kept for the
         #: whole run (its memory dirs one after the other) and stopped by :meth:`close`; issue 23.
-        self._deciders = Deciders(workers_wanted())
+        self._deciders = Deciders(workers_wanted(), on_break=self._pool_given_up)
         #: Files handed to :meth:`batches` so far: a run of many small memory dirs (1,000 of 100
         #: files) is worth a pool as much as one large one.
         self._batched = 0
@@ -182,6 +182,15 @@ class Pipeline:
     def close(self) -> None:
         """Stop the decider processes, if any started (at the end of a run)."""
         self._deciders.close()
+
+    @property
+    def pool_given_up(self) -> str | None:
+        """Why the decider processes were given up for the rest of the run (None: they were
+        not), in one line."""
+        return self._deciders.broken
+
+    def _pool_given_up(self, why: str) -> None:
+        self.log.warning("deciders_stopped", reason=why)
 
     # -- one transaction ------------------------------------------------------------------------
 

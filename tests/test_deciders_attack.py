@@ -1,0 +1,177 @@
+"""The pool of deciders attacked from outside (issue 29): a worker stopped.
+
+Real ``memstaged --once`` processes with two workers (``MEMSTAGED_WORKERS=2`` and more files
+than :data:`memstaged.deciders.POOL_THRESHOLD`), real signals, real resource limits; the
+workers are found as the run's children in ``/proc``. Nothing is timed: each test waits for
+the run to end, with a deadline that only bounds a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from helpers import (
+    REPO,
+    Input,
+    check_final,
+    make_corpus,
+    make_memory_dir,
+    memstaged_cmd,
+    memstaged_env,
+    project_root_of,
+    wait_for,
+    write_inputs,
+)
+
+from memstaged.deciders import POOL_THRESHOLD
+
+#: Enough files that a worker stopped early holds work the run cannot finish without: the
+#: run sends at most two chunks per worker ahead of the verdicts it has read.
+FILES = 4 * POOL_THRESHOLD
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started that are still its children."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except OSError:
+        return []
+    return found
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (``T``: stopped, ``Z``: a zombie), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _reading_a_socket(pid: int) -> bool:
+    """Whether ``pid`` sleeps in ``read`` on a socket: a run waiting for a worker's verdicts (it
+    reads nothing else from a socket). True where the kernel does not say (no ``syscall``)."""
+    try:
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return True
+    try:
+        if call[0] != "0" or _state(pid) != "S":
+            return False
+        return os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:")
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+@contextmanager
+def _run(mdir: Path, env: dict[str, str], *args: str, **popen: object) -> Iterator[RunOnce]:
+    """``memstaged --once`` on ``mdir`` in the background; whatever it left running is killed
+    at the end (its workers too: they are this test's processes)."""
+    proc = subprocess.Popen(
+        memstaged_cmd("--once", "--memory-dir", str(mdir), *args),
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **popen,  # type: ignore[call-overload]
+    )
+    run = RunOnce(proc)
+    try:
+        yield run
+    finally:
+        for pid in run.workers:
+            if _state(pid) not in (None, "Z"):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+class RunOnce:
+    """A ``--once`` run in the background and the worker processes seen under it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.workers: list[int] = []
+
+    def first_worker(self) -> int:
+        """The first worker, as soon as the pool starts."""
+        assert wait_for(lambda: bool(self._seen()) or self.proc.poll() is not None, 60)
+        assert self.workers, f"no worker started (the run exited {self.proc.returncode})"
+        return self.workers[0]
+
+    def _seen(self) -> list[int]:
+        for pid in _children(self.proc.pid):
+            if pid not in self.workers:
+                self.workers.append(pid)
+        return self.workers
+
+    def end(self, timeout: float) -> tuple[int, str]:
+        """The run's exit status and stderr, once it ended (within ``timeout``)."""
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not end within {timeout} s")
+        return self.proc.returncode, err.decode()
+
+
+def _corpus(tmp_path: Path) -> tuple[Path, list[Input], dict[str, str]]:
+    mdir = make_memory_dir(tmp_path)
+    inputs = make_corpus(random.Random(29), FILES, project_root_of(mdir), "pool-", big_every=7)
+    write_inputs(mdir / "staging", inputs)
+    return mdir, inputs, memstaged_env(tmp_path, MEMSTAGED_WORKERS="2")
+
+
+def _said(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "pool of deciders" in line]
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_worker_does_not_keep_a_signal_from_ending_the_run(
+    tmp_path: Path, sig: signal.Signals, status: int
+) -> None:
+    """Issue 29 item 6: one decider SIGSTOPped as soon as the pool starts; once the run waits
+    for verdicts (it sleeps reading a worker's socket), SIGTERM ends it with 143 and Ctrl-C's
+    SIGINT with 130, and no worker is left behind, stopped or not. The run never ended: it read
+    the stopped worker's verdicts with no deadline, and on the signal waited in ``waitpid`` for
+    that worker to end by itself (each worker had closed its own sentinel)."""
+    mdir, _inputs, env = _corpus(tmp_path)
+    with _run(mdir, env) as run:
+        os.kill(run.first_worker(), signal.SIGSTOP)
+        assert wait_for(lambda: _reading_a_socket(run.proc.pid) or run.proc.poll() is not None, 60)
+        assert run.proc.poll() is None, "the run ended with a worker stopped"
+        run.proc.send_signal(sig)
+        code, err = run.end(timeout=30)
+        assert code == status, err
+        assert "Traceback" not in err
+        assert [pid for pid in run.workers if _state(pid) not in (None, "Z")] == []
+
+
+def test_a_stopped_worker_is_killed_and_its_files_are_decided_in_process(tmp_path: Path) -> None:
+    """Issue 29 item 6: a decider SIGSTOPped as soon as the pool starts, and nothing else done:
+    the run waits a bounded time for its verdicts, kills it, says once that the pool is given
+    up, decides every file in process and exits 0, each file where SPEC says (bytes on disk,
+    records, originals) and no worker left. The run never ended."""
+    mdir, inputs, env = _corpus(tmp_path)
+    with _run(mdir, env) as run:
+        stopped = run.first_worker()
+        os.kill(stopped, signal.SIGSTOP)
+        code, err = run.end(timeout=300)
+        assert code == 0, err
+        assert "Traceback" not in err
+        assert len(_said(err)) == 1, err
+        assert "killed" in _said(err)[0]
+        assert _state(stopped) is None
+    assert check_final(mdir, inputs) == []
+    events = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("deciders_stopped") == 1
+    assert sum(e["event"] == "decision" for e in events) >= FILES
