@@ -13,7 +13,7 @@ What stays in the calling process:
   few files): starting workers would cost more than it saves (docs/performance.md measures what
   a worker costs to start);
 - a file too large to read (nothing to decide but its identity);
-- every file once the pool is given up (a worker killed or stopped, a fork refused):
+- every file once the pool is given up (a worker killed or stopped, a fork or a thread refused):
   deciding again in process gives the same verdict, since deciding is pure, so a pool given up
   costs time and nothing else. It is given up for the rest of the run, said once
   (``on_break``).
@@ -103,6 +103,8 @@ ANSWER_SECONDS_PER_MIB: Final = 20.0
 #: A send to a worker that makes no progress for this long (the worker stopped reading) gives
 #: the pool up.
 STALL_SECONDS: Final = 10.0
+#: A worker's exit status when it cannot serve (a thread or memory refused as it starts).
+_CANNOT_SERVE: Final = 3
 #: Above any descriptor a forked worker can have inherited (memstaged raises its soft limit).
 _MAX_FD: Final = 1 << 20
 
@@ -182,10 +184,32 @@ def _serve(conn: Connection, forked: bool) -> None:
     a worker keeps deciding while the parent is busy with a commit and reads nothing (a chunk's
     results, with their records rendered, fill a socket's buffer in two or three chunks). What
     waits to be sent is bounded by what the parent sent ahead (:data:`AHEAD_FILES`). The parent
-    hangs up to end the worker. A forked worker first closes every descriptor it inherited but
-    its own socket: a staging file's descriptor would keep its read lease (and a writer waiting)
-    after the parent let it go, and another worker's socket would keep that worker from ever
-    seeing the parent hang up.
+    hangs up to end the worker. A worker that cannot start its threads (a limit on processes,
+    threads or memory) ends at once with :data:`_CANNOT_SERVE` and prints nothing: the parent
+    says, once, why it decides in process.
+    """
+    try:
+        chunks, results, sender = _begin(conn, forked)
+    except (RuntimeError, MemoryError, OSError):  # "can't start new thread", and its kin
+        os._exit(_CANNOT_SERVE)
+    try:
+        while (chunk := chunks.get()) is not None:
+            results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
+        results.put(None)
+        sender.join()
+    finally:
+        os._exit(0)  # the parent sees an end of file, and decides what is left in process
+
+
+def _begin(
+    conn: Connection, forked: bool
+) -> tuple[queue.SimpleQueue[bytes | None], queue.SimpleQueue[bytes | None], threading.Thread]:
+    """A worker's start: its descriptors, signals and threads; the queues of chunks received
+    and results to send, and the thread that sends them.
+
+    A forked worker first closes every descriptor it inherited but its own socket: a staging
+    file's descriptor would keep its read lease (and a writer waiting) after the parent let it
+    go, and another worker's socket would keep that worker from ever seeing the parent hang up.
     """
     if forked:
         keep = conn.fileno()
@@ -216,13 +240,7 @@ def _serve(conn: Connection, forked: bool) -> None:
     threading.Thread(target=receive, daemon=True).start()
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
-    try:
-        while (chunk := chunks.get()) is not None:
-            results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
-        results.put(None)
-        sender.join()
-    finally:
-        os._exit(0)  # the parent sees an end of file, and decides what is left in process
+    return chunks, results, sender
 
 
 def _set_timeout(conn: Connection, seconds: float, *, reads: bool) -> None:
@@ -362,7 +380,11 @@ class Deciders:
         """A worker's socket failed (it ended): give the pool up, saying why it ended."""
         proc = self._procs[worker]
         self.close()
-        self._give_up(f"a decider ended unexpectedly (exit status {proc.exitcode}; {err!r})")
+        if proc.exitcode == _CANNOT_SERVE:
+            why = "a decider could not start its threads (a limit on processes, threads or memory)"
+        else:
+            why = f"a decider ended unexpectedly (exit status {proc.exitcode}; {err!r})"
+        self._give_up(why)
 
     def _give_up(self, why: str) -> None:
         """Kill the workers and decide in process for the rest of the run; said once."""

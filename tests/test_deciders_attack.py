@@ -1,4 +1,5 @@
-"""The pool of deciders attacked from outside (issue 29): a worker stopped.
+"""The pool of deciders attacked from outside (issue 29): a worker stopped, a worker that cannot
+start a thread.
 
 Real ``memstaged --once`` processes with two workers (``MEMSTAGED_WORKERS=2`` and more files
 than :data:`memstaged.deciders.POOL_THRESHOLD`), real signals, real resource limits; the
@@ -11,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -175,3 +177,32 @@ def test_a_stopped_worker_is_killed_and_its_files_are_decided_in_process(tmp_pat
     events = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events].count("deciders_stopped") == 1
     assert sum(e["event"] == "decision" for e in events) >= FILES
+
+
+def _no_threads() -> Callable[[], None]:
+    """A limit under which no thread can start (its stack, sized by ``RLIMIT_STACK``, does not
+    fit in ``RLIMIT_AS``) while a process without threads, as ``--once`` is, works."""
+    hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
+    if hard != resource.RLIM_INFINITY and hard < 4 << 30:
+        pytest.skip(f"the hard stack limit ({hard}) is too low to refuse threads by it")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_STACK, (4 << 30, hard))
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return limit
+
+
+def test_a_worker_that_cannot_start_a_thread_prints_no_traceback(tmp_path: Path) -> None:
+    """Issue 29 item 9: under a stack limit larger than the address-space limit, a worker
+    cannot start its threads. The run says in one line that it gives the pool up, prints no
+    traceback, decides every file in process (each where SPEC says) and exits 0. Each worker
+    printed ``RuntimeError: can't start new thread`` with its traceback."""
+    mdir, inputs, env = _corpus(tmp_path)
+    with _run(mdir, env, preexec_fn=_no_threads()) as run:
+        code, err = run.end(timeout=300)
+    assert code == 0, err
+    assert "Traceback" not in err and "RuntimeError" not in err
+    assert len(_said(err)) == 1, err
+    assert "could not start its threads" in _said(err)[0]
+    assert check_final(mdir, inputs) == []
