@@ -25,6 +25,9 @@ file measured takes on an idle core), a send that makes no progress at most
 Ctrl-C) interrupts every such wait. :meth:`Deciders.close` kills and reaps every worker, at
 once: a worker holds nothing but files to decide, which the caller decides again if it needs.
 
+What the files sent ahead may cost in memory, together with those the caller holds, stays
+within a :class:`memstaged.cost.Ledger`: the pool does not multiply the memory of a run.
+
 The pool is started on first use and stopped by :meth:`Deciders.close`; its workers ignore
 SIGINT (a terminal's ^C is the parent's to handle) and take SIGTERM's default action, so a
 service manager that signals the whole group ends them at once.
@@ -46,6 +49,7 @@ from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import msgspec
 
+from memstaged.cost import Ledger, estimate
 from memstaged.errors import ConfigError
 
 if TYPE_CHECKING:  # multiprocessing is imported when a pool starts: start-up stays lean
@@ -282,16 +286,20 @@ class Deciders:
         job: Callable[[T], tuple[bytes, Context] | None],
         size: int,
         held: int = 0,
+        budget: int | None = None,
     ) -> ReadAhead[T]:
         """Walk ``items`` (each a file read), deciding ahead in the pool when ``size`` (the
         batch's number of files) is worth it; ``job`` gives an item's bytes and context, or
         None for an item with nothing to decide (skipped, unreadable, too large). ``held``:
         the descriptors the caller may hold besides (a transaction's versions): what is read
-        ahead stays within the descriptor limit beside them (:meth:`ahead_files`)."""
+        ahead stays within the descriptor limit beside them (:meth:`ahead_files`). ``budget``:
+        what the files in flight and in the caller's hands may cost together
+        (:mod:`memstaged.cost`; None: no bound)."""
+        ledger = Ledger(budget)
         if self.workers == 0 or size < POOL_THRESHOLD or self.broken is not None:
-            return ReadAhead(None, items, job)  # the daemon's one file: no limit to look up
+            return ReadAhead(None, items, job, ledger=ledger)  # the daemon's one file
         most = self.ahead_files(held)
-        return ReadAhead(self if most > 0 else None, items, job, most)
+        return ReadAhead(self if most > 0 else None, items, job, most, ledger)
 
     def ahead_files(self, held: int) -> int:
         """How many files may be read ahead (each holds a descriptor until it is decided): up
@@ -417,12 +425,16 @@ class Deciders:
 
 
 class _Chunk(Generic[T]):
-    """Items read ahead together: the indexes among them that were sent, to which worker."""
+    """Items read ahead together: the indexes among them that were sent, to which worker, and
+    what each costs (:func:`memstaged.cost.estimate`)."""
 
-    __slots__ = ("items", "nbytes", "sent", "worker")
+    __slots__ = ("costs", "items", "nbytes", "sent", "worker")
 
-    def __init__(self, items: list[T], sent: list[int], worker: int | None, nbytes: int) -> None:
+    def __init__(
+        self, items: list[T], costs: list[int], sent: list[int], worker: int | None, nbytes: int
+    ) -> None:
         self.items = items
+        self.costs = costs
         self.sent = sent
         self.worker = worker
         self.nbytes = nbytes
@@ -439,6 +451,13 @@ class ReadAhead(Generic[T]):
     ``most`` (:data:`AHEAD_FILES` at most), so that the workers decide the next transaction's
     files while the caller carries out this one's; :meth:`close` hands back the items never
     taken, for the caller to release what they hold.
+
+    Memory: each item is charged to ``ledger`` (this reader's own) with its estimated cost from
+    the moment it is read until the caller is :meth:`done` with it: in a worker, waiting to be
+    handed out, or in the caller's hands (deciding it again, holding its plan until its
+    transaction is carried out). An item the ledger does not admit waits: it is not sent
+    ahead, and, while the caller holds others, not handed out either: the iteration stops
+    there for now, the caller carries out what it holds, is done with it, and takes the rest.
     """
 
     def __init__(
@@ -447,19 +466,26 @@ class ReadAhead(Generic[T]):
         items: Iterable[T],
         job: Callable[[T], tuple[bytes, Context] | None],
         most: int = AHEAD_FILES,
+        ledger: Ledger | None = None,
     ) -> None:
         self._deciders = deciders
         #: The most chunks in flight: ``most`` files read ahead (:meth:`Deciders.ahead_files`).
         self._depth = max(1, most // CHUNK)
         self._items = iter(items)
         self._job = job
+        self._ledger = ledger if ledger is not None else Ledger(None)
         self._exhausted = False
+        #: An item read that the ledger did not admit yet, with its job and cost.
+        self._waiting: tuple[T, tuple[bytes, Context] | None, int] | None = None
         #: Chunks sent (or kept whole in process: nothing in them to decide), oldest first.
         self._chunks: deque[_Chunk[T]] = deque()
-        #: Items whose verdicts are back, to hand out before any other.
-        self._ready: deque[tuple[T, Verdict | Failure | None]] = deque()
-        #: The chunk being filled: its items, the indexes sent, their jobs.
+        #: Items whose verdicts are back, to hand out before any other, with their costs.
+        self._ready: deque[tuple[T, Verdict | Failure | None, int]] = deque()
+        #: The costs of the items handed out that the caller is not done with, by ``id``.
+        self._handed: dict[int, int] = {}
+        #: The chunk being filled: its items, their costs, the indexes sent, their jobs.
         self._filling: list[T] = []
+        self._costs: list[int] = []
         self._sent: list[int] = []
         self._jobs: list[tuple[bytes, Context]] = []
         self._held = 0  # the bytes of the jobs in flight
@@ -470,13 +496,25 @@ class ReadAhead(Generic[T]):
     def __next__(self) -> tuple[T, Verdict | Failure | None]:
         deciders = self._deciders
         if deciders is None:
-            return next(self._items), None
+            got = self._pull()
+            if got is None:
+                raise StopIteration
+            item, _work, cost = got
+            self._ledger.take(cost)
+            self._hand(item, cost)
+            return item, None
         while not self._ready:
             self._fill(min(2 * deciders.workers, self._depth))
             if not self._chunks:
                 raise StopIteration
             self._receive(deciders)
-        return self._ready.popleft()
+        item, verdict, cost = self._ready.popleft()
+        self._hand(item, cost)
+        return item, verdict
+
+    def done(self, item: T) -> None:
+        """The caller holds nothing more of ``item`` (decided and logged, or carried out)."""
+        self._ledger.give(self._handed.pop(id(item), 0))
 
     def prefetch(self) -> None:
         """Read and send up to ``most`` items ahead (:data:`AHEAD_FILES`): the caller is about
@@ -492,27 +530,58 @@ class ReadAhead(Generic[T]):
         and nothing here waits on a worker's socket that an interrupted read may have left out
         of step.
         """
-        left = [item for item, _ in self._ready]
+        left = [item for item, _, _ in self._ready]
         self._ready.clear()
         if self._chunks and self._deciders is not None:
             self._deciders.close()
         while self._chunks:
             left += self._chunks.popleft().items
         left += self._filling
-        self._filling, self._sent, self._jobs = [], [], []
+        if self._waiting is not None:
+            left.append(self._waiting[0])
+        self._filling, self._costs, self._sent, self._jobs = [], [], [], []
+        self._waiting = None
         self._exhausted = True
+        self._handed.clear()
+        self._ledger.give(self._ledger.used)
         return left
 
-    def _fill(self, depth: int) -> None:
-        """Pull and send items until ``depth`` chunks or :data:`AHEAD_BYTES` are in flight."""
-        while not self._exhausted and len(self._chunks) < depth and self._held < AHEAD_BYTES:
+    def _pull(self) -> tuple[T, tuple[bytes, Context] | None, int] | None:
+        """The next item read, with its job and cost, once the ledger admits it; None when the
+        source is exhausted or the next item must wait (it is kept for a later call)."""
+        got = self._waiting
+        self._waiting = None
+        if got is None:
+            if self._exhausted:
+                return None
             try:
                 item = next(self._items)
             except StopIteration:
                 self._exhausted = True
-                break
-            self._filling.append(item)
+                return None
             work = self._job(item)
+            unbounded = self._ledger.limit is None  # nothing to weigh it against
+            got = (item, work, 0 if work is None or unbounded else estimate(work[0]))
+        if not self._ledger.admits(got[2]):
+            self._waiting = got
+            return None
+        return got
+
+    def _hand(self, item: T, cost: int) -> None:
+        if cost:
+            self._handed[id(item)] = self._handed.get(id(item), 0) + cost
+
+    def _fill(self, depth: int) -> None:
+        """Pull and send items until ``depth`` chunks or :data:`AHEAD_BYTES` are in flight, or
+        the next item waits for the ledger."""
+        while len(self._chunks) < depth and self._held < AHEAD_BYTES:
+            got = self._pull()
+            if got is None:
+                break
+            item, work, cost = got
+            self._ledger.take(cost)
+            self._filling.append(item)
+            self._costs.append(cost)
             if work is not None:
                 self._sent.append(len(self._filling) - 1)
                 self._jobs.append(work)
@@ -528,8 +597,8 @@ class ReadAhead(Generic[T]):
         jobs = self._jobs
         worker = self._deciders._submit(jobs) if jobs else None
         nbytes = sum(len(data) for data, _ in jobs)
-        self._chunks.append(_Chunk(self._filling, self._sent, worker, nbytes))
-        self._filling, self._sent, self._jobs = [], [], []
+        self._chunks.append(_Chunk(self._filling, self._costs, self._sent, worker, nbytes))
+        self._filling, self._costs, self._sent, self._jobs = [], [], [], []
 
     def _receive(self, deciders: Deciders) -> None:
         chunk = self._chunks.popleft()
@@ -538,8 +607,8 @@ class ReadAhead(Generic[T]):
         by_index: dict[int, bytes | Failure | None] = (
             {} if verdicts is None else dict(zip(chunk.sent, verdicts, strict=True))
         )
-        for i, item in enumerate(chunk.items):
+        for i, (item, cost) in enumerate(zip(chunk.items, chunk.costs, strict=True)):
             got = by_index.get(i)
             # The unpickler needs no recursion, whatever the nesting (C's _pickle).
             verdict = pickle.loads(got) if isinstance(got, bytes) else got  # noqa: S301
-            self._ready.append((item, verdict))
+            self._ready.append((item, verdict, cost))

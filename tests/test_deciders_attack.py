@@ -1,5 +1,5 @@
 """The pool of deciders attacked from outside (issue 29): a worker stopped, a worker that cannot
-start a thread.
+start a thread, hostile files that each cost hundreds of times their size.
 
 Real ``memstaged --once`` processes with two workers (``MEMSTAGED_WORKERS=2`` and more files
 than :data:`memstaged.deciders.POOL_THRESHOLD`), real signals, real resource limits; the
@@ -15,12 +15,15 @@ import random
 import resource
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import staging_doc
 from helpers import (
+    OLD_MTIME,
     REPO,
     Input,
     check_final,
@@ -28,12 +31,16 @@ from helpers import (
     make_memory_dir,
     memstaged_cmd,
     memstaged_env,
+    proc_status,
     project_root_of,
     wait_for,
+    write_config,
     write_inputs,
 )
 
-from memstaged.deciders import POOL_THRESHOLD
+from memstaged.cost import estimate
+from memstaged.deciders import POOL_THRESHOLD, Deciders
+from memstaged.triage import Context
 
 #: Enough files that a worker stopped early holds work the run cannot finish without: the
 #: run sends at most two chunks per worker ahead of the verdicts it has read.
@@ -206,3 +213,92 @@ def test_a_worker_that_cannot_start_a_thread_prints_no_traceback(tmp_path: Path)
     assert len(_said(err)) == 1, err
     assert "could not start its threads" in _said(err)[0]
     assert check_final(mdir, inputs) == []
+
+
+#: The size limit of the memory test: a hostile file near it costs about 160 MB to decide.
+_LIMIT = 2 << 20
+#: Small valid files beside the hostile ones, so that the run starts its pool.
+_SMALL = POOL_THRESHOLD + 44
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        return proc_status(pid, "VmRSS")
+    except (OSError, KeyError):  # ended meanwhile (a zombie has no memory left)
+        return 0
+
+
+def _tree_peak(mdir: Path, env: dict[str, str], config: Path) -> int:
+    """The most memory (KiB of RSS) that a ``--once`` run and its workers held at one time,
+    sampled from ``/proc`` until the run ended (a sample can only miss a peak, never add
+    one)."""
+    peak = 0
+    with _run(mdir, env, "--config", str(config)) as run:
+        while run.proc.poll() is None:
+            pids = [run.proc.pid, *_children(run.proc.pid)]
+            peak = max(peak, sum(_rss_kib(pid) for pid in pids))
+            time.sleep(0.002)
+        code, err = run.end(timeout=60)
+    assert code == 0, err
+    return peak
+
+
+def test_a_pool_does_not_multiply_what_hostile_files_cost(tmp_path: Path) -> None:
+    """Issue 29 item 12, SPEC 4: an array nested a million deep that never closes, just under
+    the size limit, costs about 80 times its size to decide (a list per bracket before the
+    end is found missing). With two workers, four such files were decided two at a time, and
+    the run held twice what one costs. The run's memory, summed over memstaged and its
+    workers, less that of a run of small files alone, must stay within 1.3 times what it is
+    with one such file: files are sent ahead only while their estimated cost stays within the
+    budget (memstaged.cost), and each of these is decided alone."""
+    project = tmp_path / "proj"
+    mdir = make_memory_dir(tmp_path, "proj")
+    staging = mdir / "staging"
+    config = write_config(tmp_path / "config.toml", max_file_size=_LIMIT, settle=0)
+    env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="2")
+    depth = _LIMIT // 2
+    hostile = b"[" * depth + b"]" * (depth - 1)  # not JSON: the last bracket is missing
+
+    def peak_with(count: int) -> int:
+        """The peak of a run of the small files (written again: decided again) and ``count``
+        hostile ones, one in each of the first chunks (chunks go to the workers in turn)."""
+        names = [f"f-{i:04d}.json" for i in range(_SMALL)]
+        names += [f"f-{15 * i:04d}-deep.json" for i in range(count)]
+        for name in names:
+            data = hostile if "deep" in name else json.dumps(staging_doc(project, name)).encode()
+            (staging / name).write_bytes(data)
+            os.utime(staging / name, (OLD_MTIME, OLD_MTIME))
+        peak = _tree_peak(mdir, env, config)
+        assert not list(staging.glob("*-deep.json"))  # quarantined: not JSON
+        return peak
+
+    base = peak_with(0)
+    one = peak_with(1) - base
+    four = peak_with(4) - base
+    originals = mdir / "deadletter" / "originals"
+    assert sum(p.read_bytes() == hostile for p in originals.iterdir()) == 4
+    print(f"peak RSS over the run's processes: {base} KiB, +{one} KiB with one, +{four} with four")
+    assert one > 40 * len(hostile) // 1024  # the file is as costly as it is meant to be
+    assert four < 1.3 * one
+
+
+def test_files_wait_while_those_held_leave_no_room() -> None:
+    """Issue 29 item 12, in process (no worker: a transaction of ``--once`` holds its files'
+    plans until it is carried out): files are handed out only while the estimates of those the
+    caller holds fit the budget; the next waits until the caller is done with them (its
+    transaction ends there), and one estimated above the budget comes alone. Nothing is
+    dropped or handed out twice. Four deep files held by one transaction peaked at 1.8 GB."""
+    data = b"[" * 1000
+    ctx = Context("/p", "x.json")
+    ahead = Deciders(0).ahead(
+        range(7), lambda i: (data * (3 if i == 4 else 1), ctx), 7, budget=2 * estimate(data)
+    )
+    taken: list[list[int]] = []
+    while sum(map(len, taken)) < 7:
+        held = [i for i, verdict in ahead if verdict is None]
+        assert held, "nothing handed out while the caller held nothing"
+        taken.append(held)
+        for i in held:
+            ahead.done(i)
+    assert taken == [[0, 1], [2, 3], [4], [5, 6]]
+    assert ahead.close() == []
