@@ -13,8 +13,20 @@ What stays in the calling process:
   few files): starting workers would cost more than it saves (docs/performance.md measures what
   a worker costs to start);
 - a file too large to read (nothing to decide but its identity);
-- every file once the pool broke (a worker killed, a fork refused): deciding again in process
-  gives the same verdict, since deciding is pure, so a broken pool costs time and nothing else.
+- every file once the pool is given up (a worker killed or stopped, a fork or a thread refused):
+  deciding again in process gives the same verdict, since deciding is pure, so a pool given up
+  costs time and nothing else. It is given up for the rest of the run, said once
+  (``on_break``).
+
+No wait on a worker is unbounded: a chunk's verdicts are waited for at most
+:func:`answer_seconds` (ten seconds and twenty per MiB sent: twenty times what the slowest
+file measured takes on an idle core), a send that makes no progress at most
+:data:`STALL_SECONDS`; a worker that does not answer in time is killed. A signal (SIGTERM,
+Ctrl-C) interrupts every such wait. :meth:`Deciders.close` kills and reaps every worker, at
+once: a worker holds nothing but files to decide, which the caller decides again if it needs.
+
+What the files sent ahead may cost in memory, together with those the caller holds, stays
+within a :class:`memstaged.cost.Ledger`: the pool does not multiply the memory of a run.
 
 The pool is started on first use and stopped by :meth:`Deciders.close`; its workers ignore
 SIGINT (a terminal's ^C is the parent's to handle) and take SIGTERM's default action, so a
@@ -28,6 +40,7 @@ import pickle
 import queue
 import resource
 import signal
+import struct
 import threading
 import traceback
 from collections import deque
@@ -36,6 +49,7 @@ from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import msgspec
 
+from memstaged.cost import Ledger, estimate
 from memstaged.errors import ConfigError
 
 if TYPE_CHECKING:  # multiprocessing is imported when a pool starts: start-up stays lean
@@ -50,10 +64,12 @@ __all__ = [
     "AHEAD_FILES",
     "CHUNK",
     "POOL_THRESHOLD",
+    "STALL_SECONDS",
     "WORKERS_ENV",
     "Deciders",
     "Failure",
     "ReadAhead",
+    "answer_seconds",
     "workers_wanted",
 ]
 
@@ -82,8 +98,17 @@ WORKERS_ENV: Final = "MEMSTAGED_WORKERS"
 #: The most workers taken from :data:`WORKERS_ENV`: a typo of ``10000`` would fork that many.
 MAX_WORKERS: Final = 64
 
-#: How long a worker hung up on may take to finish the chunk in hand before it is killed.
-_JOIN_SECONDS: Final = 5.0
+#: A chunk's verdicts are waited for at most this long, plus :data:`ANSWER_SECONDS_PER_MIB`
+#: per MiB of its files: the slowest file measured (an object nested a million deep, 8 MiB)
+#: took 0.9 s per MiB on an idle core, a chunk of small files milliseconds. A worker that does
+#: not answer in time (stopped, swapping, looping) is killed.
+ANSWER_SECONDS: Final = 10.0
+ANSWER_SECONDS_PER_MIB: Final = 20.0
+#: A send to a worker that makes no progress for this long (the worker stopped reading) gives
+#: the pool up.
+STALL_SECONDS: Final = 10.0
+#: A worker's exit status when it cannot serve (a thread or memory refused as it starts).
+_CANNOT_SERVE: Final = 3
 #: Above any descriptor a forked worker can have inherited (memstaged raises its soft limit).
 _MAX_FD: Final = 1 << 20
 
@@ -150,6 +175,11 @@ def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure
     return out
 
 
+def answer_seconds(nbytes: int) -> float:
+    """How long the verdicts of a chunk of ``nbytes`` of files are waited for."""
+    return ANSWER_SECONDS + ANSWER_SECONDS_PER_MIB * nbytes / (1 << 20)
+
+
 def _serve(conn: Connection, forked: bool) -> None:
     """A worker's life: decide each chunk received, send the results back, in order.
 
@@ -158,10 +188,32 @@ def _serve(conn: Connection, forked: bool) -> None:
     a worker keeps deciding while the parent is busy with a commit and reads nothing (a chunk's
     results, with their records rendered, fill a socket's buffer in two or three chunks). What
     waits to be sent is bounded by what the parent sent ahead (:data:`AHEAD_FILES`). The parent
-    hangs up to end the worker. A forked worker first closes every descriptor it inherited but
-    its own socket: a staging file's descriptor would keep its read lease (and a writer waiting)
-    after the parent let it go, and another worker's socket would keep that worker from ever
-    seeing the parent hang up.
+    hangs up to end the worker. A worker that cannot start its threads (a limit on processes,
+    threads or memory) ends at once with :data:`_CANNOT_SERVE` and prints nothing: the parent
+    says, once, why it decides in process.
+    """
+    try:
+        chunks, results, sender = _begin(conn, forked)
+    except (RuntimeError, MemoryError, OSError):  # "can't start new thread", and its kin
+        os._exit(_CANNOT_SERVE)
+    try:
+        while (chunk := chunks.get()) is not None:
+            results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
+        results.put(None)
+        sender.join()
+    finally:
+        os._exit(0)  # the parent sees an end of file, and decides what is left in process
+
+
+def _begin(
+    conn: Connection, forked: bool
+) -> tuple[queue.SimpleQueue[bytes | None], queue.SimpleQueue[bytes | None], threading.Thread]:
+    """A worker's start: its descriptors, signals and threads; the queues of chunks received
+    and results to send, and the thread that sends them.
+
+    A forked worker first closes every descriptor it inherited but its own socket: a staging
+    file's descriptor would keep its read lease (and a writer waiting) after the parent let it
+    go, and another worker's socket would keep that worker from ever seeing the parent hang up.
     """
     if forked:
         keep = conn.fileno()
@@ -192,13 +244,22 @@ def _serve(conn: Connection, forked: bool) -> None:
     threading.Thread(target=receive, daemon=True).start()
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
+    return chunks, results, sender
+
+
+def _set_timeout(conn: Connection, seconds: float, *, reads: bool) -> None:
+    """Bound each blocking read (``SO_RCVTIMEO``) or write (``SO_SNDTIMEO``) on a worker's
+    socket: past ``seconds`` without progress, it fails with ``EAGAIN``."""
+    import socket
+
+    sock = socket.socket(fileno=conn.fileno())
     try:
-        while (chunk := chunks.get()) is not None:
-            results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
-        results.put(None)
-        sender.join()
+        whole = int(seconds)
+        timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+        option = socket.SO_RCVTIMEO if reads else socket.SO_SNDTIMEO
+        sock.setsockopt(socket.SOL_SOCKET, option, timeval)
     finally:
-        os._exit(0)  # the parent sees an end of file, and decides what is left in process
+        sock.detach()  # the descriptor stays the connection's
 
 
 class Deciders:
@@ -207,15 +268,16 @@ class Deciders:
     Each worker has its own socket pair: chunks go round-robin and their results are read back
     in the order sent, so a worker that dies is an end of file on its own socket (no shared
     queue a killed worker could leave locked or half-written) and no thread runs in this
-    process to feed or drain the workers.
+    process to feed or drain the workers. ``on_break`` is told, once, why the pool was given up.
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, on_break: Callable[[str], None] | None = None) -> None:
         self.workers = workers
         self._conns: list[Connection] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._next = 0
-        #: Why the pool stopped being used, once it broke (None while it works).
+        self._on_break = on_break
+        #: Why the pool stopped being used, once it was given up (None while it works).
         self.broken: str | None = None
 
     def ahead(
@@ -224,16 +286,20 @@ class Deciders:
         job: Callable[[T], tuple[bytes, Context] | None],
         size: int,
         held: int = 0,
+        budget: int | None = None,
     ) -> ReadAhead[T]:
         """Walk ``items`` (each a file read), deciding ahead in the pool when ``size`` (the
         batch's number of files) is worth it; ``job`` gives an item's bytes and context, or
         None for an item with nothing to decide (skipped, unreadable, too large). ``held``:
         the descriptors the caller may hold besides (a transaction's versions): what is read
-        ahead stays within the descriptor limit beside them (:meth:`ahead_files`)."""
+        ahead stays within the descriptor limit beside them (:meth:`ahead_files`). ``budget``:
+        what the files in flight and in the caller's hands may cost together
+        (:mod:`memstaged.cost`; None: no bound)."""
+        ledger = Ledger(budget)
         if self.workers == 0 or size < POOL_THRESHOLD or self.broken is not None:
-            return ReadAhead(None, items, job)  # the daemon's one file: no limit to look up
+            return ReadAhead(None, items, job, ledger=ledger)  # the daemon's one file
         most = self.ahead_files(held)
-        return ReadAhead(self if most > 0 else None, items, job, most)
+        return ReadAhead(self if most > 0 else None, items, job, most, ledger)
 
     def ahead_files(self, held: int) -> int:
         """How many files may be read ahead (each holds a descriptor until it is decided): up
@@ -254,17 +320,24 @@ class Deciders:
         return max(0, min(AHEAD_FILES, chunks * CHUNK))
 
     def _submit(self, jobs: list[tuple[bytes, Context]]) -> int | None:
-        """Send a chunk to the next worker; which one (None: the pool is broken)."""
+        """Send a chunk to the next worker; which one (None: the pool is given up)."""
         if self.broken is not None:
             return None
         try:
             if not self._conns:
                 self._start()
-            worker = self._next
-            self._next = (worker + 1) % self.workers
-            self._conns[worker].send_bytes(pickle.dumps(jobs, pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError) as err:  # ValueError: a fork or a socket refused
-            self._break(err)
+            self._give_up(f"a decider could not be started: {err}")
+            return None
+        worker = self._next
+        self._next = (worker + 1) % self.workers
+        try:
+            self._conns[worker].send_bytes(pickle.dumps(jobs, pickle.HIGHEST_PROTOCOL))
+        except BlockingIOError:  # SO_SNDTIMEO: the worker read nothing for that long
+            self._give_up(f"a decider took no work for {STALL_SECONDS:g} s, and was killed")
+            return None
+        except OSError as err:
+            self._lost(worker, err)
             return None
         return worker
 
@@ -283,48 +356,85 @@ class Deciders:
             context.set_forkserver_preload(["memstaged.triage"])
         for _ in range(self.workers):
             ours, theirs = context.Pipe(duplex=True)
-            proc = context.Process(target=_serve, args=(theirs, forked), daemon=True)
-            proc.start()
-            theirs.close()  # so that the worker's death is an end of file here
             self._conns.append(ours)
+            try:
+                proc = context.Process(target=_serve, args=(theirs, forked), daemon=True)
+                proc.start()
+            finally:
+                theirs.close()  # so that the worker's death is an end of file here
             self._procs.append(proc)
+            _set_timeout(ours, STALL_SECONDS, reads=False)
 
-    def _result(self, worker: int | None) -> list[bytes | Failure | None] | None:
+    def _result(self, worker: int | None, nbytes: int) -> list[bytes | Failure | None] | None:
+        """The verdicts of the chunk of ``nbytes`` sent to ``worker``, waited for at most
+        :func:`answer_seconds`; None: decide them in process (the pool is given up)."""
         if worker is None or self.broken is not None:
             return None
+        seconds = answer_seconds(nbytes)
         try:
-            got: list[bytes | Failure | None] = pickle.loads(  # noqa: S301 - our own worker's
-                self._conns[worker].recv_bytes()
-            )
-        except (EOFError, OSError) as err:
-            self._break(err)
+            conn = self._conns[worker]
+            _set_timeout(conn, seconds, reads=True)
+            data = conn.recv_bytes()
+        except BlockingIOError:  # SO_RCVTIMEO: nothing came for that long
+            self._give_up(f"a decider did not answer within {seconds:.0f} s, and was killed")
             return None
+        except (EOFError, OSError) as err:
+            self._lost(worker, err)
+            return None
+        got: list[bytes | Failure | None] = pickle.loads(data)  # noqa: S301 - our own worker's
         return got
 
-    def _break(self, err: BaseException) -> None:
-        self.broken = f"deciding in process from now on: the pool of deciders broke: {err!r}"
+    def _lost(self, worker: int, err: BaseException) -> None:
+        """A worker's socket failed (it ended): give the pool up, saying why it ended."""
+        proc = self._procs[worker]
         self.close()
+        if proc.exitcode == _CANNOT_SERVE:
+            why = "a decider could not start its threads (a limit on processes, threads or memory)"
+        else:
+            why = f"a decider ended unexpectedly (exit status {proc.exitcode}; {err!r})"
+        self._give_up(why)
+
+    def _give_up(self, why: str) -> None:
+        """Kill the workers and decide in process for the rest of the run; said once."""
+        self.close()
+        self.broken = f"the pool of deciders broke: {why}; deciding in this process from now on"
+        if self._on_break is not None:
+            self._on_break(self.broken)
 
     def close(self) -> None:
-        """Hang up on the workers and reap them; one that does not end is killed."""
+        """Hang up on the workers, kill them and reap them, at once, whatever state each is in
+        (busy, stopped, exiting): a worker holds only files to decide, which the caller decides
+        again if it still needs them. A worker's end can no longer be told from its sentinel
+        (it closed every inherited descriptor), so nothing here waits for it to end by itself;
+        SIGTERM and Ctrl-C wait until every worker is reaped, microseconds after its SIGKILL."""
         conns, self._conns = self._conns, []
         procs, self._procs = self._procs, []
-        for conn in conns:
-            conn.close()
-        for proc in procs:
-            proc.join(_JOIN_SECONDS)
-            if proc.exitcode is None:
-                proc.kill()
+        if not conns and not procs:
+            return
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for conn in conns:
+                conn.close()
+            for proc in procs:
+                if proc.exitcode is None:  # reaps one that ended: no other process is signalled
+                    proc.kill()
+            for proc in procs:
                 proc.join()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 class _Chunk(Generic[T]):
-    """Items read ahead together: the indexes among them that were sent, to which worker."""
+    """Items read ahead together: the indexes among them that were sent, to which worker, and
+    what each costs (:func:`memstaged.cost.estimate`)."""
 
-    __slots__ = ("items", "nbytes", "sent", "worker")
+    __slots__ = ("costs", "items", "nbytes", "sent", "worker")
 
-    def __init__(self, items: list[T], sent: list[int], worker: int | None, nbytes: int) -> None:
+    def __init__(
+        self, items: list[T], costs: list[int], sent: list[int], worker: int | None, nbytes: int
+    ) -> None:
         self.items = items
+        self.costs = costs
         self.sent = sent
         self.worker = worker
         self.nbytes = nbytes
@@ -341,6 +451,13 @@ class ReadAhead(Generic[T]):
     ``most`` (:data:`AHEAD_FILES` at most), so that the workers decide the next transaction's
     files while the caller carries out this one's; :meth:`close` hands back the items never
     taken, for the caller to release what they hold.
+
+    Memory: each item is charged to ``ledger`` (this reader's own) with its estimated cost from
+    the moment it is read until the caller is :meth:`done` with it: in a worker, waiting to be
+    handed out, or in the caller's hands (deciding it again, holding its plan until its
+    transaction is carried out). An item the ledger does not admit waits: it is not sent
+    ahead, and, while the caller holds others, not handed out either: the iteration stops
+    there for now, the caller carries out what it holds, is done with it, and takes the rest.
     """
 
     def __init__(
@@ -349,19 +466,26 @@ class ReadAhead(Generic[T]):
         items: Iterable[T],
         job: Callable[[T], tuple[bytes, Context] | None],
         most: int = AHEAD_FILES,
+        ledger: Ledger | None = None,
     ) -> None:
         self._deciders = deciders
         #: The most chunks in flight: ``most`` files read ahead (:meth:`Deciders.ahead_files`).
         self._depth = max(1, most // CHUNK)
         self._items = iter(items)
         self._job = job
+        self._ledger = ledger if ledger is not None else Ledger(None)
         self._exhausted = False
+        #: An item read that the ledger did not admit yet, with its job and cost.
+        self._waiting: tuple[T, tuple[bytes, Context] | None, int] | None = None
         #: Chunks sent (or kept whole in process: nothing in them to decide), oldest first.
         self._chunks: deque[_Chunk[T]] = deque()
-        #: Items whose verdicts are back, to hand out before any other.
-        self._ready: deque[tuple[T, Verdict | Failure | None]] = deque()
-        #: The chunk being filled: its items, the indexes sent, their jobs.
+        #: Items whose verdicts are back, to hand out before any other, with their costs.
+        self._ready: deque[tuple[T, Verdict | Failure | None, int]] = deque()
+        #: The costs of the items handed out that the caller is not done with, by ``id``.
+        self._handed: dict[int, int] = {}
+        #: The chunk being filled: its items, their costs, the indexes sent, their jobs.
         self._filling: list[T] = []
+        self._costs: list[int] = []
         self._sent: list[int] = []
         self._jobs: list[tuple[bytes, Context]] = []
         self._held = 0  # the bytes of the jobs in flight
@@ -372,13 +496,25 @@ class ReadAhead(Generic[T]):
     def __next__(self) -> tuple[T, Verdict | Failure | None]:
         deciders = self._deciders
         if deciders is None:
-            return next(self._items), None
+            got = self._pull()
+            if got is None:
+                raise StopIteration
+            item, _work, cost = got
+            self._ledger.take(cost)
+            self._hand(item, cost)
+            return item, None
         while not self._ready:
             self._fill(min(2 * deciders.workers, self._depth))
             if not self._chunks:
                 raise StopIteration
             self._receive(deciders)
-        return self._ready.popleft()
+        item, verdict, cost = self._ready.popleft()
+        self._hand(item, cost)
+        return item, verdict
+
+    def done(self, item: T) -> None:
+        """The caller holds nothing more of ``item`` (decided and logged, or carried out)."""
+        self._ledger.give(self._handed.pop(id(item), 0))
 
     def prefetch(self) -> None:
         """Read and send up to ``most`` items ahead (:data:`AHEAD_FILES`): the caller is about
@@ -394,27 +530,58 @@ class ReadAhead(Generic[T]):
         and nothing here waits on a worker's socket that an interrupted read may have left out
         of step.
         """
-        left = [item for item, _ in self._ready]
+        left = [item for item, _, _ in self._ready]
         self._ready.clear()
         if self._chunks and self._deciders is not None:
             self._deciders.close()
         while self._chunks:
             left += self._chunks.popleft().items
         left += self._filling
-        self._filling, self._sent, self._jobs = [], [], []
+        if self._waiting is not None:
+            left.append(self._waiting[0])
+        self._filling, self._costs, self._sent, self._jobs = [], [], [], []
+        self._waiting = None
         self._exhausted = True
+        self._handed.clear()
+        self._ledger.give(self._ledger.used)
         return left
 
-    def _fill(self, depth: int) -> None:
-        """Pull and send items until ``depth`` chunks or :data:`AHEAD_BYTES` are in flight."""
-        while not self._exhausted and len(self._chunks) < depth and self._held < AHEAD_BYTES:
+    def _pull(self) -> tuple[T, tuple[bytes, Context] | None, int] | None:
+        """The next item read, with its job and cost, once the ledger admits it; None when the
+        source is exhausted or the next item must wait (it is kept for a later call)."""
+        got = self._waiting
+        self._waiting = None
+        if got is None:
+            if self._exhausted:
+                return None
             try:
                 item = next(self._items)
             except StopIteration:
                 self._exhausted = True
-                break
-            self._filling.append(item)
+                return None
             work = self._job(item)
+            unbounded = self._ledger.limit is None  # nothing to weigh it against
+            got = (item, work, 0 if work is None or unbounded else estimate(work[0]))
+        if not self._ledger.admits(got[2]):
+            self._waiting = got
+            return None
+        return got
+
+    def _hand(self, item: T, cost: int) -> None:
+        if cost:
+            self._handed[id(item)] = self._handed.get(id(item), 0) + cost
+
+    def _fill(self, depth: int) -> None:
+        """Pull and send items until ``depth`` chunks or :data:`AHEAD_BYTES` are in flight, or
+        the next item waits for the ledger."""
+        while len(self._chunks) < depth and self._held < AHEAD_BYTES:
+            got = self._pull()
+            if got is None:
+                break
+            item, work, cost = got
+            self._ledger.take(cost)
+            self._filling.append(item)
+            self._costs.append(cost)
             if work is not None:
                 self._sent.append(len(self._filling) - 1)
                 self._jobs.append(work)
@@ -430,18 +597,18 @@ class ReadAhead(Generic[T]):
         jobs = self._jobs
         worker = self._deciders._submit(jobs) if jobs else None
         nbytes = sum(len(data) for data, _ in jobs)
-        self._chunks.append(_Chunk(self._filling, self._sent, worker, nbytes))
-        self._filling, self._sent, self._jobs = [], [], []
+        self._chunks.append(_Chunk(self._filling, self._costs, self._sent, worker, nbytes))
+        self._filling, self._costs, self._sent, self._jobs = [], [], [], []
 
     def _receive(self, deciders: Deciders) -> None:
         chunk = self._chunks.popleft()
         self._held -= chunk.nbytes
-        verdicts = deciders._result(chunk.worker)
+        verdicts = deciders._result(chunk.worker, chunk.nbytes)
         by_index: dict[int, bytes | Failure | None] = (
             {} if verdicts is None else dict(zip(chunk.sent, verdicts, strict=True))
         )
-        for i, item in enumerate(chunk.items):
+        for i, (item, cost) in enumerate(zip(chunk.items, chunk.costs, strict=True)):
             got = by_index.get(i)
             # The unpickler needs no recursion, whatever the nesting (C's _pickle).
             verdict = pickle.loads(got) if isinstance(got, bytes) else got  # noqa: S301
-            self._ready.append((item, verdict))
+            self._ready.append((item, verdict, cost))

@@ -34,6 +34,7 @@ MESSAGE_IDS: Final = {
     "memory_dir_removed": "e19989db96c24cb4abba9639326e11b8",
     "memory_dir_busy": "9e6e3817119a4076b6638db108148301",
     "memory_dir_error": "8b1a3b02e3754abe93bbe98158de47dc",
+    "deciders_stopped": "0a3a06a642b947cfa4f3675e5c29a89c",
     "memory_dir_skipped": "3df9a49682ef4e6a892a6cd587e917da",
     "project_root_physical": "dfbf988254f048398503b20e34b87eef",
     "staging_changed": "a8e4907125ee4ee396ef6669bfe3bb82",

@@ -242,6 +242,7 @@ def _run(
     unchanged: dict[str, int] = {}
     busy: dict[str, str] = {}
     show_progress = sys.stderr.isatty()
+    pool_said = False
     with _progress(show_progress) as bar:
         for mdir in mdirs:
             strict = mdir.path in literal
@@ -267,6 +268,9 @@ def _run(
                 results[mdir.path], unchanged[mdir.path] = _decide_all(
                     pipeline, mdir, names, advance, cache
                 )
+                if pipeline.pool_given_up is not None and not pool_said:
+                    _stderr(f"memstaged: {pipeline.pool_given_up}")  # once: the run's pool
+                    pool_said = True
                 if not settings.options.dry_run:
                     cache.save()
             finally:

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged import events, fsio, temps, transaction
+from memstaged import cost, events, fsio, temps, transaction
 from memstaged.deciders import FD_RESERVE, Deciders, Failure, ReadAhead, workers_wanted
 from memstaged.errors import LogUnwritable
 from memstaged.locks import LockHeld, LockInfo, lock_to_obey
@@ -152,7 +152,7 @@ class Pipeline:
         self.unlisted: dict[str, str] = {}
         #: Decider processes for batches of many files: started on first use, kept for the
         #: whole run (its memory dirs one after the other) and stopped by :meth:`close`; issue 23.
-        self._deciders = Deciders(workers_wanted())
+        self._deciders = Deciders(workers_wanted(), on_break=self._pool_given_up)
         #: Files handed to :meth:`batches` so far: a run of many small memory dirs (1,000 of 100
         #: files) is worth a pool as much as one large one.
         self._batched = 0
@@ -182,6 +182,15 @@ class Pipeline:
     def close(self) -> None:
         """Stop the decider processes, if any started (at the end of a run)."""
         self._deciders.close()
+
+    @property
+    def pool_given_up(self) -> str | None:
+        """Why the decider processes were given up for the rest of the run (None: they were
+        not), in one line."""
+        return self._deciders.broken
+
+    def _pool_given_up(self, why: str) -> None:
+        self.log.warning("deciders_stopped", reason=why)
 
     # -- one transaction ------------------------------------------------------------------------
 
@@ -214,7 +223,9 @@ class Pipeline:
         lock = _Lock()
         reads = (self._read_ahead(mdir, name, staging_fd, lock) for name in names)
         held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
-        ahead = self._deciders.ahead(reads, _job, size, held=held_most)
+        # One file at a time (the daemon's) needs no bound beside itself: not even estimated.
+        budget = None if most == 1 else cost.budget(self.options.max_file_size)
+        ahead = self._deciders.ahead(reads, _job, size, held=held_most, budget=budget)
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:
@@ -243,7 +254,8 @@ class Pipeline:
         Valid, foreign, skipped and deferred files are final (and logged) at once; repairs and
         quarantines wait for the transaction, which stops taking files early when the versions
         it holds open reach ``held_most`` (:data:`BATCH_HELD`, or fewer under a low descriptor
-        limit) or their bytes :data:`BATCH_BYTES`.
+        limit), their bytes :data:`BATCH_BYTES`, or the estimated cost of the files it holds
+        leaves no room for the next (``ahead`` stops: :mod:`memstaged.cost`).
         """
         batch = Batch(mdir)
         try:
@@ -253,9 +265,11 @@ class Pipeline:
             lock.known = False  # nothing more is read ahead until it can be read
             for read, _verdict in itertools.islice(ahead, most):
                 _release(read)
+                ahead.done(read)
                 batch.outcomes[read.name] = self._io_error(self._event(mdir, read.name), err)
             return batch
         pending: list[_Pending] = []
+        holding: list[_Read] = []  # the files of the pending plans, as read ahead
         try:
             held = 0
             for read, verdict in ahead:
@@ -263,9 +277,11 @@ class Pipeline:
                     mdir, read.name, staging_fd, lock.blocked, read.started, read, verdict
                 )
                 if item is None:
+                    ahead.done(read)
                     batch.outcomes[read.name] = outcome
                 else:
                     pending.append(item)
+                    holding.append(read)
                     held += item.plan.held_bytes
                 if (
                     len(batch.outcomes) + len(pending) >= most
@@ -279,6 +295,8 @@ class Pipeline:
         finally:
             for item in pending:
                 item.version.close()
+            for read in holding:
+                ahead.done(read)
         return batch
 
     def _unopened(self, mdir: MemoryDir, name: str, err: OSError) -> Outcome:
