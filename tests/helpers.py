@@ -346,12 +346,15 @@ def instance_lock_held(
     scripts.mkdir(parents=True, exist_ok=True)
     script = scripts / "memstaged"
     script.write_text(_HOLD_INSTANCE_LOCK)
-    proc = subprocess.Popen(
-        [PYTHON, str(script), str(mdir), str(state_dir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    with holding([PYTHON, str(script), str(mdir), str(state_dir)]) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def holding(cmd: Sequence[str]) -> Iterator[subprocess.Popen[str]]:
+    """``cmd`` started, once it printed ``held`` (it has taken what it holds), and killed when
+    the block ends."""
+    proc = subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         assert proc.stdout.readline().strip() == "held"

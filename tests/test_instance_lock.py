@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import (
     daemon,
+    holding,
     instance_lock_held,
     make_memory_dir,
     memory_dir_of,
@@ -203,24 +204,11 @@ def _shared_memory_dir() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _flock(path: Path, prefix: list[str]) -> Iterator[subprocess.Popen[str]]:
+def _flock(
+    path: Path, prefix: list[str]
+) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
     """``flock -x PATH`` (util-linux) held until the block ends, by ``prefix``'s user."""
-    proc = subprocess.Popen(
-        [*prefix, "flock", "-x", str(path), "sh", "-c", "echo held; exec cat"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdin.close()
-        proc.stdout.close()
+    return holding([*prefix, "flock", "-x", str(path), "sh", "-c", "echo held; exec cat"])
 
 
 def _status(mdir: Path, env: dict[str, str], *args: str) -> dict[str, object]:
