@@ -25,6 +25,7 @@ import contextlib
 import os
 import socket
 import stat
+import struct
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -149,6 +150,23 @@ def _short_name(path: Path) -> Iterator[str]:
         os.close(fd)
 
 
+def _connect(sock: socket.socket, name: str, timeout: float) -> None:
+    """Connect, waiting up to ``timeout`` for a place in the daemon's listen queue.
+
+    A blocking ``connect`` bounded by ``SO_SNDTIMEO``: the kernel wakes it when the daemon
+    accepts a connection, and it fails with ``EAGAIN`` (:class:`BlockingIOError`) only once
+    ``timeout`` has passed. (A non-blocking one, which ``settimeout`` makes, fails with
+    ``EAGAIN`` at once while the queue is full: a busy daemon was reported as not answering.)
+    """
+    whole = int(timeout)
+    sock.setsockopt(
+        socket.SOL_SOCKET,
+        socket.SO_SNDTIMEO,
+        struct.pack("ll", whole, max(int((timeout - whole) * 1e6), 1 if not whole else 0)),
+    )
+    sock.connect(name)
+
+
 def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | None = None) -> Live:
     """The answer of the daemon ``pid``; raises :class:`Unanswered` within ``timeout``."""
     path = socket_path(pid, env)
@@ -157,9 +175,9 @@ def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | Non
     deadline = time.monotonic() + timeout
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        sock.settimeout(timeout)
         with _short_name(path) as name:
-            sock.connect(name)
+            _connect(sock, name, timeout)
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
         sock.sendall(REQUEST)
         chunks: list[bytes] = []
         size = 0
@@ -175,7 +193,7 @@ def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | Non
             size += len(chunk)
             if size > MAX_ANSWER:
                 raise Unanswered("its answer is too large")
-    except TimeoutError:
+    except (TimeoutError, BlockingIOError):  # BlockingIOError: its listen queue stayed full
         raise Unanswered(f"no answer within {timeout:g}s (stopped or hung)") from None
     except FileNotFoundError:
         raise Unanswered(f"no control socket {path}") from None
@@ -262,9 +280,9 @@ def touch(pid: int, env: Mapping[str, str] | None = None) -> None:
         return
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        sock.settimeout(CLIENT_PATIENCE)
         with _short_name(path) as name:
-            sock.connect(name)
+            _connect(sock, name, CLIENT_PATIENCE)
+        sock.settimeout(CLIENT_PATIENCE)
         sock.sendall(TOUCH)
     except OSError:
         return  # no daemon, or a stopped one: its metrics are refreshed at its next event

@@ -8,10 +8,11 @@ sets no timer. The bounds:
 
 - a client has :data:`CLIENT_PATIENCE` to send its request, and as long again to take its
   answer once the loop made it; then it is closed;
-- at most :data:`MAX_CLIENTS` are served at once. When one more connects, the oldest that has
-  not said what it wants is closed to make room; when every place is taken by a client that
-  asked (waiting for the loop, or taking its answer), newcomers wait in the kernel's listen
-  queue, costing no descriptor, until a place is free.
+- at most :data:`MAX_CLIENTS` are served at once; newcomers wait in the kernel's listen queue,
+  costing no descriptor, until a place is free. A client that has said nothing for
+  :data:`SILENT_GRACE` gives its place up to one waiting there (it is closed); one that has
+  just connected keeps it, since an honest client is silent only between its ``connect`` and
+  its ``send``.
 
 A request is numbered when it is read (a *ticket*). The loop answers every ticket issued before
 it looked at its state, in one :meth:`Clients.answer`: one encoded answer, shared by all the
@@ -39,6 +40,8 @@ TOUCH: Final = b"touch\n"
 CLIENT_PATIENCE: Final = 1.0
 #: Clients served at once (each holds a descriptor: docs/daemon.md counts them in the reserve).
 MAX_CLIENTS: Final = 4
+#: How long a client that has said nothing keeps its place from a connection waiting for one.
+SILENT_GRACE: Final = 0.25
 #: The listen queue: connections not accepted yet (they hold no descriptor of the daemon's).
 BACKLOG: Final = 16
 
@@ -56,6 +59,8 @@ class Client:
     def __init__(self, conn: socket.socket, deadline: float) -> None:
         self.conn = conn
         self.phase = Phase.READ
+        #: Until when it keeps its place while silent, and when it is closed if still silent.
+        self.grace = deadline - CLIENT_PATIENCE + SILENT_GRACE
         self.deadline: float | None = deadline
         self.request = b""
         self.ticket = 0
@@ -82,6 +87,9 @@ class Clients:
         self.closing = False
         self.accepting = True
         self.resume_accepting: float | None = None
+        #: The pause is for want of a descriptor (EMFILE), not of a place: a freed place does
+        #: not end it.
+        self.starved = False
         self.event = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.selector = selectors.PollSelector()  # poll() holds no descriptor, epoll would
         self.sock.setblocking(False)
@@ -147,7 +155,6 @@ class Clients:
         """Take every connection waiting, while there is room for it."""
         while self.pending.poll(0):
             if not self._room():
-                self._stop_accepting(until=None)
                 return
             try:
                 conn, _ = self.sock.accept()
@@ -156,7 +163,7 @@ class Clients:
             except ConnectionAbortedError:
                 continue  # gone before it was accepted
             except OSError:  # no descriptor left (EMFILE): try again a little later
-                self._stop_accepting(until=time.monotonic() + CLIENT_PATIENCE)
+                self._stop_accepting(until=time.monotonic() + CLIENT_PATIENCE, starved=True)
                 return
             conn.setblocking(False)
             client = Client(conn, time.monotonic() + CLIENT_PATIENCE)
@@ -165,27 +172,33 @@ class Clients:
             self._read(client)  # a client that sent its request with its connect is served now
 
     def _room(self) -> bool:
-        """Whether one more client can be served; makes room by closing the oldest silent one."""
+        """Whether one more client can be served now: a place is free, or one is held by a
+        client silent past its grace (it is closed). Else accepting pauses until a place is
+        freed or the first grace ends."""
         if len(self.clients) < MAX_CLIENTS:
             return True
-        silent = next((c for c in self.clients if c.phase is Phase.READ), None)
-        if silent is None:
-            return False
-        self._drop(silent)
-        return True
+        now = time.monotonic()
+        silent = [c for c in self.clients if c.phase is Phase.READ]
+        if silent and silent[0].grace <= now:  # the oldest silent one: accepted first
+            self._drop(silent[0])
+            return True
+        self._stop_accepting(until=silent[0].grace if silent else None, starved=False)
+        return False
 
-    def _stop_accepting(self, until: float | None) -> None:
+    def _stop_accepting(self, until: float | None, *, starved: bool) -> None:
         """Leave connections in the listen queue until a place is free (or until ``until``)."""
         if self.accepting:
             self.selector.unregister(self.sock)
             self.accepting = False
         self.resume_accepting = until
+        self.starved = starved
 
     def _start_accepting(self) -> None:
         if not self.accepting and not self.closing:
             self.selector.register(self.sock, selectors.EVENT_READ)
             self.accepting = True
             self.resume_accepting = None
+            self.starved = False
 
     def _step(self, client: Client) -> None:
         if client.phase is Phase.READ:
@@ -271,5 +284,5 @@ class Clients:
         client.conn.close()
         client.phase = Phase.DONE
         self.clients.remove(client)
-        if self.resume_accepting is None:
+        if not self.starved:
             self._start_accepting()  # a place is free: the listen queue is served again

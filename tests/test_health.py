@@ -8,6 +8,7 @@ own parser).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import re
@@ -454,6 +455,86 @@ def test_clients_that_never_read_delay_neither_decisions_nor_sigterm(
         (mdirs[-1] / "staging" / "new.json").write_bytes(b"{not json")
         assert daemon.wait_decided("new.json")["new.json"]["decision"] == "quarantined"
         assert daemon.stop() == 0
+
+
+def _answer(client: socket.socket) -> control.Live:
+    """Ask on a connected client and read its whole answer (within a generous bound)."""
+    client.settimeout(30)
+    client.sendall(control_clients.REQUEST)
+    chunks = []
+    while chunk := client.recv(1 << 16):
+        chunks.append(chunk)
+    return msgspec.json.decode(b"".join(chunks), type=control.Live)
+
+
+def test_honest_clients_that_connect_together_are_all_answered(
+    memory_dir: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 29 D1: when a fifth client connected, the daemon closed the oldest one that had
+    not sent its request yet, to make room. An honest client is silent between its `connect`
+    and its `send`, so five `status` runs at once closed each other ("Broken pipe", a false
+    CRITICAL). Here eight clients connect before any of them asks, as a burst of checks does:
+    every one is answered, since a client keeps its place for a grace period after connecting."""
+    daemon = spawn("--memory-dir", str(memory_dir))
+    pid = daemon.proc.pid
+    clients = []
+    try:
+        for _ in range(2 * control_clients.MAX_CLIENTS):
+            clients.append(_client(pid))
+        with concurrent.futures.ThreadPoolExecutor(len(clients)) as asking:  # all at once
+            answers = list(asking.map(_answer, clients))
+    finally:
+        for client in clients:
+            client.close()
+    assert [a.pid for a in answers] == [pid] * len(clients)
+    assert daemon.stop() == 0
+
+
+def _fill_listen_queue(pid: int) -> list[socket.socket]:
+    """Connections that say nothing, made until the daemon's listen queue is full."""
+    path = control.socket_path(pid)
+    assert path is not None
+    queued: list[socket.socket] = []
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)  # EAGAIN at once: the queue is full
+            try:
+                sock.connect(f"/proc/self/fd/{fd}/{path.name}")
+            except BlockingIOError:
+                sock.close()
+                return queued
+            queued.append(sock)
+    finally:
+        os.close(fd)
+
+
+def test_a_full_listen_queue_is_waited_on_not_reported_as_a_dead_daemon(
+    tmp_path: Path, spawn: Callable[..., DaemonProcess]
+) -> None:
+    """Issue 29 D2: `status` connected without blocking, and a full listen queue fails such a
+    connect with EAGAIN at once: a daemon busy with clients was "not answering" (CRITICAL) in
+    0.3 s. Here every place is held by a client that asked and does not read an answer larger
+    than the socket buffers, and the listen queue is then filled: the check's connect waits in
+    the kernel for a place (bounded by its timeout), and it is answered."""
+    src = tmp_path / ("s" * 250)  # long paths: an answer larger than the socket buffers
+    _many_projects(src, 1000)
+    daemon = spawn("--config", str(_glob_config(tmp_path, src)))
+    pid = daemon.proc.pid
+    holders = [_client(pid, control_clients.REQUEST) for _ in range(control_clients.MAX_CLIENTS)]
+    queued: list[socket.socket] = []
+    try:
+        for holder in holders:  # each has its answer partly sent: it holds a place
+            holder.settimeout(60)
+            assert holder.recv(1)
+        queued = _fill_listen_queue(pid)
+        assert queued, "the listen queue took no connection"
+        assert control.ask(pid, timeout=60).pid == pid
+    finally:
+        for sock in holders + queued:
+            sock.close()
+    assert daemon.stop() == 0
 
 
 # -- metrics ------------------------------------------------------------------------------------
