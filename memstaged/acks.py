@@ -52,19 +52,31 @@ class _Stored(msgspec.Struct, frozen=True):
 _decoder: Final = msgspec.json.Decoder(_Stored)
 
 
+def _file_name(memory_dir: str) -> str:
+    """The marks' file name in ``acked/`` (a hash of the memory dir's path, as the seen cache)."""
+    return digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24] + ".json"
+
+
 def acked_path(state_dir: Path, memory_dir: str) -> Path:
-    """Where the marks of ``memory_dir`` live (named by a hash of its path, as the seen cache)."""
-    name = digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
-    return state_dir / ACKED_DIR / f"{name}.json"
+    """Where the marks of ``memory_dir`` live (for display: they are opened relative to the
+    checked descriptor of ``acked/``, never by this path)."""
+    return state_dir / ACKED_DIR / _file_name(memory_dir)
 
 
 def load(state_dir: Path | None, memory_dir: str) -> set[str]:
     """The names of the records of ``memory_dir`` marked seen (empty when none, or unreadable)."""
     if state_dir is None:
         return set()
-    path = acked_path(state_dir, memory_dir)
     try:
-        data = fsio.read_private(path, _MAX_SIZE)
+        with fsio.state_subdir(state_dir, ACKED_DIR, create=False) as fd:
+            return _load_at(fd, memory_dir)
+    except OSError:
+        return set()  # none, or not a directory of the user's own
+
+
+def _load_at(acked_fd: int, memory_dir: str) -> set[str]:
+    try:
+        data = fsio.read_private(_file_name(memory_dir), _MAX_SIZE, dir_fd=acked_fd)
     except OSError:
         return set()  # none, or not a file memstaged wrote (a FIFO, a link, too large)
     try:
@@ -99,18 +111,18 @@ def mark(state_dir: Path, mdir: MemoryDir, chosen: Iterable[str] | None) -> Mark
     :class:`BusyError` when another process holds the lock past :data:`LOCK_PATIENCE`.
     """
     try:
-        with _locked(state_dir):
+        with _locked(state_dir) as acked_fd:
             try:
                 present = set(record_names(mdir))
             except OSError as err:
                 where = display.name(mdir.path)
                 raise ConfigError(f"{where}/deadletter: {err.strerror}") from None
-            stored = load(state_dir, mdir.path)
+            stored = _load_at(acked_fd, mdir.path)
             seen = stored & present
             new = present - seen if chosen is None else (set(chosen) & present) - seen
             changed = bool(new) or seen != stored
             if changed:
-                _save(state_dir, mdir.path, seen | new)
+                _save(acked_fd, mdir.path, seen | new)
     except OSError as err:
         where = display.name(str(state_dir))
         raise ConfigError(f"cannot keep the marks in {where}: {err.strerror}") from None
@@ -118,13 +130,12 @@ def mark(state_dir: Path, mdir: MemoryDir, chosen: Iterable[str] | None) -> Mark
 
 
 @contextmanager
-def _locked(state_dir: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``acked/`` (made 0700 if missing, refused when not the user's
-    own and private) for the block."""
-    directory = state_dir / ACKED_DIR
-    fd = fsio.open_private_dir(directory)
-    try:
+def _locked(state_dir: Path) -> Iterator[int]:
+    """The descriptor of ``acked/`` (made 0700 if missing, refused when it or the state dir is
+    not the user's own and private), with an exclusive ``flock`` on it for the block."""
+    with fsio.state_subdir(state_dir, ACKED_DIR, create=True) as fd:
         if not fsio.flock_within(fd, LOCK_PATIENCE):
+            directory = state_dir / ACKED_DIR
             pid = flock_holder(os.fstat(fd))
             holder = f"pid {pid}" if pid else "another process"
             raise BusyError(
@@ -132,21 +143,18 @@ def _locked(state_dir: Path) -> Iterator[None]:
                 f"{holder} for over {LOCK_PATIENCE:g} s (a stopped memstaged deadletter ack?); "
                 "nothing was marked"
             )
-        yield
-    finally:
-        os.close(fd)  # closing our only descriptor of it drops the flock
+        yield fd  # closing our only descriptor of it (on leaving) drops the flock
 
 
-def _save(state_dir: Path, memory_dir: str, seen: Iterable[str]) -> None:
+def _save(acked_fd: int, memory_dir: str, seen: Iterable[str]) -> None:
     """Write the marks (temp file, 0600, rename: a reader never sees half of it), under the lock.
 
     Raises :class:`OSError`: unlike the seen cache, a mark an operator asked for and that was
     not kept must be said.
     """
-    path = acked_path(state_dir, memory_dir)
     names = sorted(n for n in set(seen) if _encodable(n))
     data = msgspec.json.encode(_Stored(_label(memory_dir), names))
-    fsio.replace_file(path, data)
+    fsio.replace_at(acked_fd, _file_name(memory_dir), data)
 
 
 def _label(memory_dir: str) -> str:

@@ -285,6 +285,7 @@ def own_state_dir(settings: Settings, *, create: bool = True) -> Path | None:
     if settings.state_dir is None:
         return None
     try:
+        fsio.check_ancestors(settings.state_dir)
         exists = fsio.private_dir(settings.state_dir, create=create)
     except NotPrivate as err:
         raise ConfigError(f"state dir: {err.strerror}") from None

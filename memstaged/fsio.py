@@ -271,6 +271,51 @@ def open_private_dir(
     return fd
 
 
+@contextmanager
+def state_subdir(state_dir: os.PathLike[str] | str, sub: str, *, create: bool) -> Iterator[int]:
+    """The descriptor of ``state_dir/sub`` for the block: ``state_dir`` opened by
+    :func:`open_private_dir` (again at each use: a link put in its place meanwhile is refused,
+    not followed), ``sub`` relative to it without following a link, and checked private too.
+    A file of memstaged's state is then read and written relative to it, never by its path.
+    Raises :class:`OSError` (``FileNotFoundError`` when missing and not ``create``)."""
+    base = open_private_dir(state_dir, create=create)
+    try:
+        fd = open_private_dir(sub, base, create=create)
+    finally:
+        os.close(base)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def check_ancestors(path: os.PathLike[str] | str) -> None:
+    """Raise :class:`~memstaged.errors.NotPrivate` unless no other user can rename or replace
+    ``path``: each directory above it (links resolved) is the effective user's or root's, and
+    writable by no one else unless it is sticky (``/tmp``), as ssh checks the path to
+    ``authorized_keys``. Another user who may write a parent could swap the directory for a
+    link between memstaged's check of it and its use."""
+    here = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            st = os.stat(here)
+        except FileNotFoundError:  # to be made, 0700, by memstaged
+            here = os.path.dirname(here)
+            continue
+        writable_by_others = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+        if st.st_uid not in (0, os.geteuid()) or writable_by_others:
+            raise NotPrivate(
+                errno.EPERM,
+                f"bad ownership or modes for directory {here} above {os.fspath(path)} (owner "
+                f"{_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}): another user could "
+                "replace what is below it",
+                here,
+            )
+        if here == os.path.dirname(here):
+            return
+        here = os.path.dirname(here)
+
+
 def private_dir(path: os.PathLike[str] | str, *, create: bool = True) -> bool:
     """Check the directory at ``path`` as :func:`open_private_dir` does (making it if
     ``create``); whether it exists (``False`` only without ``create``)."""
@@ -421,20 +466,23 @@ def put_complete(
 
 
 def replace_file(path: os.PathLike[str] | str, data: bytes, *, sync: bool = True) -> None:
-    """Replace ``path`` (a file of memstaged's own state: seen cache, acks, metrics) with
-    ``data`` through :func:`put_complete`: 0600 from creation, a reader sees the old file or
-    the new one whole. The directory is opened without following a link in its last component.
-    Raises :class:`OSError`."""
+    """Replace ``path`` (a file the user named: the metrics file) with ``data`` as
+    :func:`replace_at` does. The directory is opened without following a link in its last
+    component. Raises :class:`OSError`."""
     parent, name = os.path.split(os.fspath(path))
     dir_fd = os.open(parent or ".", _DIR_FLAGS)
     try:
-        tmp = f".{name}.{os.getpid()}.tmp"
-        unlink_quietly(dir_fd, tmp)  # a crashed run's, under the same pid: O_EXCL would refuse
-        put_complete(
-            dir_fd, name, lambda fd: write_all(fd, data), partial=tmp, replace=True, sync=sync
-        )
+        replace_at(dir_fd, name, data, sync=sync)
     finally:
         os.close(dir_fd)
+
+
+def replace_at(dir_fd: int, name: str, data: bytes, *, sync: bool = True) -> None:
+    """Replace ``name`` in ``dir_fd`` with ``data`` through :func:`put_complete`: 0600 from
+    creation, a reader sees the old file or the new one whole. Raises :class:`OSError`."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    unlink_quietly(dir_fd, tmp)  # a crashed run's, under the same pid: O_EXCL would refuse
+    put_complete(dir_fd, name, lambda fd: write_all(fd, data), partial=tmp, replace=True, sync=sync)
 
 
 def write_temp(
@@ -612,17 +660,20 @@ def open_regular_fd(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def read_private(path: os.PathLike[str] | str, limit: int, *, follow: bool = False) -> bytes:
+def read_private(
+    path: os.PathLike[str] | str, limit: int, *, follow: bool = False, dir_fd: int | None = None
+) -> bytes:
     """The whole of a file memstaged keeps for itself (seen cache, ack marks, config), opened
     the one safe way: never blocking (``O_NONBLOCK``: a FIFO or a device put at its name gives
     ``EINVAL`` at once), a regular file only, at most ``limit`` bytes (``EFBIG`` beyond), and a
     link at its last component refused (``ELOOP``) unless ``follow`` (a path the user named).
+    ``path`` is relative to ``dir_fd`` when given.
 
     Raises :class:`OSError` (``FileNotFoundError`` when there is none); the caller says what
     that means for its file.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
+    fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

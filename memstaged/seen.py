@@ -58,6 +58,8 @@ Key = tuple[int, int, int, int, int]
 STAYS: Final = frozenset({Decision.VALID, Decision.FOREIGN})
 #: A cache file larger than this is not one memstaged wrote (a million entries take ~100 MB).
 _MAX_SIZE: Final = 512 * 1024 * 1024
+#: The caches' directory in the state dir.
+SEEN_DIR: Final = "seen"
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -160,6 +162,8 @@ class SeenCache:
     """Name -> (identity, decision) of one memory dir's files that stayed as they were decided."""
 
     def __init__(self, path: Path | None, fingerprint: str) -> None:
+        #: ``state_dir/seen/<hash>.msgpack``; opened relative to the checked descriptor of
+        #: ``seen/`` (:func:`memstaged.fsio.state_subdir`), never by this path.
         self.path = path
         self.fingerprint = fingerprint
         self.entries: dict[str, tuple[Key, str]] = {}
@@ -173,10 +177,11 @@ class SeenCache:
         fingerprint = f"{_engine_hash()}|{project_root}|{settings_key}"
         if state_dir is None:
             return cls(None, fingerprint)
-        name = digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24]
-        cache = cls(state_dir / "seen" / f"{name}.msgpack", fingerprint)
+        name = digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24] + ".msgpack"
+        cache = cls(state_dir / SEEN_DIR / name, fingerprint)
         try:
-            raw = fsio.read_private(cache.path, _MAX_SIZE)  # type: ignore[arg-type]
+            with fsio.state_subdir(state_dir, SEEN_DIR, create=False) as fd:
+                raw = fsio.read_private(name, _MAX_SIZE, dir_fd=fd)
             with _gc_paused():
                 stored = _decoder.decode(raw)
         except (OSError, msgspec.DecodeError):
@@ -253,8 +258,8 @@ class SeenCache:
             return
         data = _encode(self.fingerprint, self.entries)
         try:
-            fsio.private_dirs(self.path.parent)
-            fsio.replace_file(self.path, data, sync=False)
+            with fsio.state_subdir(self.path.parent.parent, SEEN_DIR, create=True) as fd:
+                fsio.replace_at(fd, self.path.name, data, sync=False)
         except OSError:
             return
         self.dirty = False

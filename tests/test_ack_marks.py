@@ -17,11 +17,13 @@ from pathlib import Path
 from conftest import staging_doc, write
 from helpers import (
     REPO,
+    holding,
     make_memory_dir,
     memstaged_cmd,
     memstaged_env,
     project_root_of,
     run_once,
+    wait_for,
 )
 
 from memstaged import acks
@@ -144,3 +146,54 @@ def test_an_ack_waits_a_bounded_time_for_a_stuck_one_and_says_for_what(tmp_path:
     )
     assert (again.returncode, again.stderr) == (0, ""), again.stderr
     assert _status(mdir, env)["deadletter_unseen"] == 1
+
+
+def _holds_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open (a directory it is about to lock)."""
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir():
+        try:
+            if os.readlink(fd) == str(path):
+                return True
+        except FileNotFoundError:
+            continue  # closed meanwhile
+    return False
+
+
+def test_a_link_put_in_place_of_the_state_dir_during_an_ack_is_not_followed(
+    tmp_path: Path,
+) -> None:
+    """Issue 29 D3: the marks were written by their path once the lock was had. With the state
+    dir swapped for a link meanwhile (by whoever may write its parent), they went where the
+    link pointed. The ack now reads and writes them relative to the descriptor of ``acked/``
+    it locked: here it waits for a stand-in holding that lock, the state dir is renamed away
+    and a link to another directory put in its place, and the lock is let go. The marks are
+    in the renamed directory, and nothing is written where the link points."""
+    mdir, env = _store_of(tmp_path, 2)
+    records = {p.name for p in (mdir / "deadletter").glob("*.json")}
+    state = Path(env["XDG_STATE_HOME"]) / "memstaged"
+    acked = state / acks.ACKED_DIR
+    acked.mkdir(mode=0o700, parents=True, exist_ok=True)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / acks.ACKED_DIR).mkdir(mode=0o700, parents=True)
+    os.chmod(elsewhere, 0o700)
+    locker = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    cmd = memstaged_cmd("deadletter", "ack", "--all", "--memory-dir", str(mdir))
+    with holding([sys.executable, "-c", locker, str(acked)]):
+        ack = subprocess.Popen(
+            cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert wait_for(lambda: _holds_open(ack.pid, acked) or ack.poll() is not None, 120)
+        assert ack.poll() is None, ack.communicate()
+        state.rename(tmp_path / "moved")
+        state.symlink_to(elsewhere)
+    _out, err = ack.communicate(timeout=120)
+    assert ack.returncode == 0, err
+    assert list((elsewhere / acks.ACKED_DIR).iterdir()) == []
+    assert acks.load(tmp_path / "moved", str(mdir)) == records

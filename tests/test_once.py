@@ -259,8 +259,9 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
         # MEMSTAGED_* setting, no systemd socket or journal stream of the test's own.
         env = memstaged_env(base / "work", HOME=str(base))
         env["MEMSTAGED_LOG_FILE"] = str(log)
-        os.chmod(base, 0o777)  # noqa: S103 - the unprivileged run writes its log here
-        os.chmod(base / "work", 0o777)  # noqa: S103 - the unprivileged run's config and state
+        uid, gid = as_nobody.ids()
+        for path in (base, base / "work", *(base / "work").rglob("*")):
+            os.chown(path, uid, gid)  # its home, log, config and state: its own
         result = as_nobody.run_memstaged(
             "--once", "--memory-dir", str(memory_dir), env=env, cwd=base
         )

@@ -244,10 +244,11 @@ def spoofed_state(
     os.utime(memory_dir / "staging" / "good.json", (1, 1))
     state = config.default_state_dir(os.environ)
     shutil.rmtree(state, ignore_errors=True)
-    _made_by(state, uid, 0o777)
+    state.mkdir(mode=0o700)
     acks.mark(state, memory_dir_of(memory_dir), None)  # every record, as nobody would
     for path in [state, *state.rglob("*")]:
         os.chown(path, uid, uid)
+    os.chmod(state, 0o777)  # noqa: S103 - what nobody would make
     assert record_files(memory_dir)
     return state, staging_files(memory_dir)
 
@@ -287,6 +288,46 @@ def test_another_users_state_dir_is_refused_in_one_line(
         assert one_line_error(err) == f"memstaged: {why}"
     assert staging_files(memory_dir) == staged
     assert sorted(p.name for p in state.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["status", "--check"], ["status"], ["--once"], ["deadletter", "ack", "--all"]],
+    ids=" ".join,
+)
+def test_a_state_dir_in_another_users_directory_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+    argv: list[str],
+) -> None:
+    """Issue 29 D3: the state dir was the user's own and private, but in a directory
+    (``$XDG_STATE_HOME``) that ``nobody`` owns. That user may rename it away and put a link in
+    its place at any time, after memstaged checked it: the seen cache and the marks were then
+    written into that user's directory, and read from it. Every command now refuses such a
+    state dir, as ssh refuses a key below a directory others own, with one line naming the
+    directory above it; nothing is changed."""
+    uid = _nobody()
+    prepare(project, memory_dir, log_file)
+    state = config.default_state_dir(os.environ)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700 and state.stat().st_uid == os.geteuid()
+    os.chown(state.parent, uid, uid)
+    os.chmod(state.parent, 0o755)  # noqa: S103 - theirs, as a home others may enter
+    before = {p: p.read_bytes() for p in state.rglob("*") if p.is_file()}
+    staged = staging_files(memory_dir)
+    code, out, err = run(capsys, *argv, "--memory-dir", str(memory_dir))
+    why = (
+        f"state dir: {REFUSED} {state.parent} above {state} (owner nobody, mode 0755): "
+        "another user could replace what is below it"
+    )
+    if "--check" in argv:
+        assert (code, out, err) == (3, f"MEMSTAGED UNKNOWN - {why}\n", "")
+    else:
+        assert code == 2
+        assert one_line_error(err) == f"memstaged: {why}"
+    assert staging_files(memory_dir) == staged
+    assert {p: p.read_bytes() for p in state.rglob("*") if p.is_file()} == before
 
 
 def test_the_users_own_state_dir_others_may_write_is_refused_by_the_daemon(
