@@ -103,7 +103,7 @@ uninstall:
 # Shell completions and the man page, generated from the argparse parser by shtab and
 # argparse-manpage (tests/test_completions.py fails when the committed files are stale).
 completions: $(STAMP)
-	$(BIN)/python -m memstaged.generated
+	$(BIN)/python -m memstaged.cli.generate
 
 test: setup
 	$(BIN)/pytest -m "not slow"

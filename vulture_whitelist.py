@@ -9,8 +9,8 @@ calls, fields read by name, module hooks, pytest fixtures and marks. Dead code d
 # Module ``__getattr__`` (PEP 562): memstaged's lazy engine names.
 __getattr__
 # msgspec / dataclass fields, filled in by keyword and read by encoding (JSON output, asdict).
-deferred_since  # memstaged/commands/stats.py Stuck
-last_seen  # memstaged/commands/stats.py Stuck
+deferred_since  # memstaged/cli/commands/stats.py Stuck
+last_seen  # memstaged/cli/commands/stats.py Stuck
 baseline_samples  # bench/harness.py Row
 # argparse-manpage's Manpage reads ``manual`` when it renders the page.
 _.manual

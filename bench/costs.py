@@ -79,7 +79,7 @@ def importtime_min(
 def top_imports(entries: Sequence[Imported], n: int = 10, min_depth: int = 0) -> list[Imported]:
     """The ``n`` costliest imports by cumulative time, at ``min_depth`` or deeper.
 
-    A package's cumulative time includes what it imports, so a chain (``memstaged.log`` ->
+    A package's cumulative time includes what it imports, so a chain (``memstaged.log.writer`` ->
     ``structlog`` -> ``structlog.dev``) shows as several lines; that is the point: it says which
     import brings which cost in.
     """
@@ -167,7 +167,7 @@ def rss_of(code: str, env: dict[str, str]) -> tuple[float, int]:
 def observer_code(dirs: Sequence[Path], watches_per_dir: int = 2) -> str:
     """Code that starts one watchdog inotify observer with the daemon's watches on ``dirs``.
 
-    As ``memstaged.watcher`` does: one ``InotifyObserver(generate_full_events=True)`` and two
+    As ``memstaged.daemon.watcher`` does: one ``InotifyObserver(generate_full_events=True)`` and two
     watches per memory dir (the memory dir and its ``staging/``), each its own emitter thread.
     """
     paths = []

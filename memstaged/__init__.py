@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memstaged.triage import Context, Decision, Verdict, decide
+    from memstaged.core.decide import Context, Decision, Verdict, decide
 
 __all__ = ["Context", "Decision", "Verdict", "__version__", "decide"]
 __version__ = "0.1.0"
@@ -22,7 +22,7 @@ _ENGINE = frozenset({"Context", "Decision", "Verdict", "decide"})
 
 def __getattr__(name: str) -> Any:
     if name in _ENGINE:
-        from memstaged import triage
+        from memstaged.core import decide as triage
 
         return getattr(triage, name)
     raise AttributeError(f"module 'memstaged' has no attribute {name!r}")

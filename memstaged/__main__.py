@@ -2,6 +2,6 @@
 
 import sys
 
-from memstaged.cli import main
+from memstaged.cli.main import main
 
 sys.exit(main())

@@ -17,11 +17,11 @@ from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
-from memstaged import fsio
+from memstaged.core.foreign import default_project_root, normalize
+from memstaged.durations import parse_seconds
 from memstaged.errors import ConfigError, NotPrivate
-from memstaged.memdir import MemoryDir, Options, physical_path
-from memstaged.project import default_project_root, normalize
-from memstaged.seconds import parse_seconds
+from memstaged.files import fsio
+from memstaged.files.memdir import MemoryDir, Options, physical_path
 
 DEFAULT_MEMORY_DIR: Final = "./.pi/memory/project"
 ENV_PREFIX: Final = "MEMSTAGED_"
@@ -545,7 +545,7 @@ def check_log_file(path: Path) -> None:
     the log itself does (the user named this path), and never blocks. Any other trouble (no
     such directory yet, no permission) is left to the open, which says it.
     """
-    from memstaged.logfile import not_a_log_file
+    from memstaged.log.rotated_file import not_a_log_file
 
     try:
         st = os.stat(path)

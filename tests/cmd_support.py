@@ -16,7 +16,7 @@ from typing import Any, Final
 import pytest
 from conftest import EVIDENCE, lesson, read_log, staging_doc, write
 
-from memstaged.cli import main
+from memstaged.cli.main import main
 
 BAD_TRIGGER: Final = [{"type": "bogus"}]
 

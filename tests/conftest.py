@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import structlog
 
-from memstaged import log
+from memstaged.log import writer
 
 #: The variables that say where a user's files are, each pointed into the test's temp dir.
 PRIVATE_DIRS = {
@@ -129,7 +129,7 @@ def _private_home(tmp_path: Path) -> Iterator[None]:
 def _reset_logging() -> Iterator[None]:
     """Each test starts and ends with no memstaged log sinks and default structlog."""
     yield
-    log.close()
+    writer.close()
     structlog.reset_defaults()
 
 

@@ -1,9 +1,10 @@
-"""Fakes for driving :class:`memstaged.daemon.Daemon` by hand: clock, notifier, watcher, logger.
+"""Fakes for driving :class:`memstaged.daemon.loop.Daemon` by hand: clock, notifier, watcher,
+logger.
 
 The daemon under test is real, and so is its pipeline on real files in a temp dir; only the
 things that would make a test wait or depend on timing are replaced: the watchdog observer (tests
 hand the daemon synthetic signals), the monotonic clock, sd_notify and the structlog logger.
-:class:`RecordingLogger` also serves the tests that drive :class:`memstaged.pipeline.Pipeline`
+:class:`RecordingLogger` also serves the tests that drive :class:`memstaged.run.pipeline.Pipeline`
 directly (test_hostile.py, test_races.py).
 """
 
@@ -17,10 +18,10 @@ from typing import Any
 
 from memstaged import config
 from memstaged.config import Settings
-from memstaged.daemon import Daemon
-from memstaged.memdir import MemoryDir
-from memstaged.notify import Notifier
-from memstaged.watcher import Signal
+from memstaged.daemon.loop import Daemon
+from memstaged.daemon.sd_notify import Notifier
+from memstaged.daemon.watcher import Signal
+from memstaged.files.memdir import MemoryDir
 
 
 class FakeClock:

@@ -14,10 +14,10 @@ import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from memstaged.ecma import parse_json
-from memstaged.repair import Repair
-from memstaged.schema import CATEGORIES
-from memstaged.triage import Context, Verdict, decide
+from memstaged.core.decide import Context, Verdict, decide
+from memstaged.core.js.ecma import parse_json
+from memstaged.core.repair import Repair
+from memstaged.core.schema import CATEGORIES
 
 PROJECT: Final = "/home/ana/src/example-project"
 FILE_NAME: Final = "sess-1.json"

@@ -33,13 +33,13 @@ from typing import Any, Final
 
 import pytest
 
-from memstaged.ecma import parse_json
+from memstaged.core.decide import Context, Decision, Verdict, decide
+from memstaged.core.foreign import default_project_root, normalize
+from memstaged.core.js.ecma import parse_json
+from memstaged.core.records import ORIGINALS_DIR
 from memstaged.errors import NotJSON
-from memstaged.memdir import MemoryDir
-from memstaged.project import default_project_root, normalize
-from memstaged.quarantine import ORIGINALS_DIR
-from memstaged.tempnames import TEMP_PREFIX
-from memstaged.triage import Context, Decision, Verdict, decide
+from memstaged.files.memdir import MemoryDir
+from memstaged.files.temp_names import TEMP_PREFIX
 
 PYTHON: Final = sys.executable
 REPO: Final = Path(__file__).resolve().parent.parent
@@ -328,7 +328,7 @@ def start_deadletter(mdir: Path, env: dict[str, str], *args: str) -> subprocess.
 _HOLD_INSTANCE_LOCK: Final = """
 import sys
 from pathlib import Path
-from memstaged.locks import InstanceLock
+from memstaged.files.locks import InstanceLock
 lock = InstanceLock(sys.argv[1], state_dir=Path(sys.argv[2]))
 lock.acquire(wait=False)
 print("held", flush=True)
@@ -507,7 +507,7 @@ def sha256(data: bytes) -> str:
 
 def expected_verdict(mdir: Path, item: Input, *, max_size: int | None = None) -> Verdict:
     """The verdict SPEC calls for (``file too large`` above ``max_size``), asked of the engine."""
-    from memstaged.triage import decide_too_large
+    from memstaged.core.decide import decide_too_large
 
     ctx = context_for(mdir, item.name)
     if max_size is not None and len(item.data) > max_size:

@@ -26,7 +26,7 @@ from helpers import (
     wait_for,
 )
 
-from memstaged import acks
+from memstaged.deadletter import acks
 
 #: Acks started at once per round, each on its own record.
 _ACKERS = 24

@@ -22,7 +22,7 @@ from cmd_support import run
 from conftest import staging_doc
 from helpers import memstaged_env, read_events, reap
 
-from memstaged import fsio
+from memstaged.files import fsio
 
 
 def _events(tmp_path: Path) -> list[dict[str, Any]]:

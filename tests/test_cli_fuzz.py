@@ -23,8 +23,8 @@ from conftest import staging_doc, write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memstaged import argtypes
-from memstaged.cli import build_parser, main
+from memstaged.cli import option_types
+from memstaged.cli.main import build_parser, main
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -186,7 +186,7 @@ _NEEDS: dict[tuple[str, ...], list[str]] = {
 def _is_numeric(action: argparse.Action) -> bool:
     return (
         bool(action.option_strings)
-        and action.type is not argtypes.record_id  # an ID: tests/test_deadletter_ids.py
+        and action.type is not option_types.record_id  # an ID: tests/test_deadletter_ids.py
         and (action.type is not None or action.metavar in _NUMERIC_METAVARS)
     )
 
@@ -227,7 +227,7 @@ def test_every_numeric_option_is_parsed_by_a_function_that_bounds_it() -> None:
     assert {"--settle", "--lines", "--top", "--max-bytes", "--wait", "--older-than"} <= names
     for path, action in NUMERIC:
         assert action.type not in (int, float), (path, action.option_strings)
-    counts = {max(a.option_strings, key=len) for _, a in NUMERIC if a.type is argtypes.count}
+    counts = {max(a.option_strings, key=len) for _, a in NUMERIC if a.type is option_types.count}
     assert counts == {"--lines", "--top", "--max-bytes", "--max-unseen"}
 
 

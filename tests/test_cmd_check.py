@@ -13,7 +13,7 @@ import pytest
 from cmd_support import BAD_TRIGGER, json_lines, one_line_error, run
 from conftest import decisions, lesson, staging_doc, write
 
-from memstaged.triage import Context, Decision, decide
+from memstaged.core.decide import Context, Decision, decide
 
 
 @pytest.fixture

@@ -26,16 +26,18 @@ from cmd_support import (
 from conftest import EVIDENCE, write
 from helpers import memstaged_cmd, memstaged_env
 
-from memstaged import config, deadletter, fsio, tempnames
-from memstaged import held as holding
-from memstaged import recover as recover_module
-from memstaged.cli import main
-from memstaged.commands import _common
-from memstaged.commands import deadletter_read as recorded
-from memstaged.locks import InstanceLock
-from memstaged.memdir import MemoryDir
-from memstaged.project import normalize
-from memstaged.triage import Context, Decision, decide
+from memstaged import config
+from memstaged.cli.commands import _common
+from memstaged.cli.commands import deadletter_read as recorded
+from memstaged.cli.main import main
+from memstaged.core.decide import Context, Decision, decide
+from memstaged.core.foreign import normalize
+from memstaged.deadletter import recover as recover_module
+from memstaged.deadletter import store as deadletter
+from memstaged.files import fsio, temp_names
+from memstaged.files import recheck as holding
+from memstaged.files.locks import InstanceLock
+from memstaged.files.memdir import MemoryDir
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -325,7 +327,7 @@ def test_a_recovery_killed_inside_applys_transaction_loses_and_doubles_nothing(
         check=False,
     )
     assert once.returncode == 0
-    assert not [n for n in os.listdir(store / "staging") if n.startswith(tempnames.TEMP_PREFIX)]
+    assert not [n for n in os.listdir(store / "staging") if n.startswith(temp_names.TEMP_PREFIX)]
     again = subprocess.run(
         memstaged_cmd("deadletter", "recover", "--session", "mixed", "--memory-dir", mdir),
         env=env,

@@ -23,10 +23,10 @@ from cmd_support import (
 )
 from conftest import staging_doc, write
 
-from memstaged.cli import main
-from memstaged.log import JOURNAL_SOCKET
-from memstaged.logevent import journal_fields
-from memstaged.logread import FileSource, event_from_journal, ordered
+from memstaged.cli.main import main
+from memstaged.log.format import journal_fields
+from memstaged.log.reader import FileSource, event_from_journal, ordered
+from memstaged.log.writer import JOURNAL_SOCKET
 
 THREE_DAYS_AGO = "2026-01-01T10:00:00.000000Z"
 
@@ -359,13 +359,13 @@ def test_repairs_are_named_by_rule_r5_last_escaped() -> None:
     """Issue 13 (a repaired line says which repair): the one-line form groups the repairs by
     rule in the order seen, R5 (an added category) last, at most three places a rule; what it
     prints is escaped, and a hand-edited log with a list for a rule prints, not raises."""
-    from memstaged import display
+    from memstaged import safe_text
 
     items = [{"rule": "R5", "where": c} for c in ("a", "b", "c", "d")]
     items += [{"rule": "R1", "where": f"candidates.lessons[{i}].triggers"} for i in range(2)]
     items.append({"rule": "R3", "where": "produced_at\x1b[2J"})
-    assert display.repairs(items) == (
+    assert safe_text.repairs(items) == (
         "R1 at candidates.lessons[0].triggers, candidates.lessons[1].triggers; "
         "R3 at produced_at\\x1b[2J; R5 at a, b, c (+1 more)"
     )
-    assert display.repairs([{"rule": ["R1"], "where": "x"}]) == "['R1'] at x"
+    assert safe_text.repairs([{"rule": ["R1"], "where": "x"}]) == "['R1'] at x"

@@ -21,10 +21,10 @@ from cmd_support import (
 )
 from conftest import lesson, staging_doc, write
 
-from memstaged.cli import main
-from memstaged.commands import _common
-from memstaged.commands.stats import compute, error_key
-from memstaged.logread import EventFilter
+from memstaged.cli.commands import _common
+from memstaged.cli.commands.stats import compute, error_key
+from memstaged.cli.main import main
+from memstaged.log.reader import EventFilter
 
 OLD_DAY = "2026-01-01T10:00:00.000000Z"
 

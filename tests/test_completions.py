@@ -13,8 +13,8 @@ import tomllib
 
 import pytest
 
-from memstaged.cli import build_parser
-from memstaged.generated import DATA, FILES, render
+from memstaged.cli.generate import DATA, FILES, render
+from memstaged.cli.main import build_parser
 
 
 def _options(parser: argparse.ArgumentParser) -> set[str]:

@@ -30,10 +30,10 @@ from engine_support import (
 from node_oracle import Node
 from test_dateparse_node import corpus
 
-from memstaged.ecma import parse_json
-from memstaged.quarantine import EMBED_LIMIT, original_name
-from memstaged.repair import derive_topic
-from memstaged.triage import BOM, MAX_REASONS, Decision, decide, decide_too_large
+from memstaged.core.decide import BOM, MAX_REASONS, Decision, decide, decide_too_large
+from memstaged.core.js.ecma import parse_json
+from memstaged.core.records import EMBED_LIMIT, original_name
+from memstaged.core.repair import derive_topic
 
 VALID, REPAIRED, QUARANTINED, FOREIGN = (
     Decision.VALID,
@@ -280,7 +280,7 @@ def test_reasons_are_bounded() -> None:
 _RSS_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from memstaged.triage import Context, decide
+    from memstaged.core.decide import Context, decide
     count = int(sys.argv[1])
     def status(field):  # in KiB, of this process's own memory (ru_maxrss counts the forker's)
         with open("/proc/self/status") as lines:

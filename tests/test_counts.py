@@ -21,7 +21,7 @@ from conftest import lesson, read_log, staging_doc, write
 from daemon_support import Rig, settings
 from helpers import REPO, daemon, memstaged_cmd, memstaged_env, read_events, run_once, wait_for
 
-from memstaged.watcher import Kind, Signal
+from memstaged.daemon.watcher import Kind, Signal
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 

@@ -5,7 +5,7 @@ restart, in ``staging/`` or byte for byte in ``deadletter/``. The harness runs t
 (``python -m memstaged --once``, and the daemon) on mixed corpora and kills it
 
 * at chosen points between the steps of a rewrite and of a quarantine, through the product's
-  test hook ``MEMSTAGED_CRASH_AT=<step>:<n>`` (:func:`memstaged.fsio.crash_point`), to hit the
+  test hook ``MEMSTAGED_CRASH_AT=<step>:<n>`` (:func:`memstaged.files.fsio.crash_point`), to hit the
   narrow windows a random kill would almost never hit;
 * at the n-th step of any kind (``any:<n>``), and after a random delay, for everything else.
 
@@ -59,13 +59,13 @@ from helpers import (
     write_inputs,
 )
 
-from memstaged import fsio, tempnames
-from memstaged.memdir import MemoryDir, Options
-from memstaged.pipeline import Pipeline
-from memstaged.quarantine import ORIGINALS_DIR
-from memstaged.triage import Decision
+from memstaged.core.decide import Decision
+from memstaged.core.records import ORIGINALS_DIR
+from memstaged.files import fsio, temp_names
+from memstaged.files.memdir import MemoryDir, Options
+from memstaged.run.pipeline import Pipeline
 
-#: Every named step of :func:`memstaged.fsio.crash_point`, in the order a file meets them.
+#: Every named step of :func:`memstaged.files.fsio.crash_point`, in the order a file meets them.
 STEPS = (
     "temps-synced",
     "lock-created",
@@ -115,7 +115,7 @@ def _plan(
 ) -> tuple[str | None, float | None]:
     """A crash spec for one run: a named step, ``any:<n>``, or a kill after a random delay."""
     if rng.random() < 0.5 and any(
-        p.name.startswith(tempnames.TEMP_PREFIX) for p in (mdir / "staging").iterdir()
+        p.name.startswith(temp_names.TEMP_PREFIX) for p in (mdir / "staging").iterdir()
     ):
         return "temp-recovered:1", None  # the last kill left a temp: kill its recovery too
     roll = rng.random()
@@ -434,7 +434,7 @@ _LOCK_NAMES = ("canonical-writer.lock",)
 
 
 def _is_lock(name: str) -> bool:
-    return name in _LOCK_NAMES or name.startswith(tempnames.TEMP_PREFIX + "lock~")
+    return name in _LOCK_NAMES or name.startswith(temp_names.TEMP_PREFIX + "lock~")
 
 
 def _kept_after_a_crash(directory: str, name: str) -> bool:
@@ -445,10 +445,10 @@ def _kept_after_a_crash(directory: str, name: str) -> bool:
     """
     if _is_lock(name):
         return False
-    parsed = tempnames.parse_temp_name(name)
+    parsed = temp_names.parse_temp_name(name)
     if parsed is None:
         return True
-    return os.path.basename(directory) == "staging" and parsed[0] != tempnames.PARTIAL
+    return os.path.basename(directory) == "staging" and parsed[0] != temp_names.PARTIAL
 
 
 class _Trace:
@@ -637,8 +637,8 @@ def test_every_write_is_durable_before_what_depends_on_it(
     inputs = make_corpus(rng, 60, project_root_of(mdir), "dur-", big_every=6)
     write_inputs(mdir / "staging", inputs)
     # Leftovers of a crash: a rewrite temp and a renamed-away original.
-    (mdir / "staging" / tempnames.temp_name("new", inputs[0].name)).write_bytes(b"{}")
-    (mdir / "staging" / tempnames.temp_name("out", "gone.json")).write_bytes(b"lost?")
+    (mdir / "staging" / temp_names.temp_name("new", inputs[0].name)).write_bytes(b"{}")
+    (mdir / "staging" / temp_names.temp_name("out", "gone.json")).write_bytes(b"lost?")
     trace = _Trace(mdir)
     absolute = os.path.abspath(mdir)
     memory_dir = MemoryDir(absolute, project_root_of(mdir))

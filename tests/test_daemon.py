@@ -1,6 +1,6 @@
 """The daemon's event handling, driven by synthetic signals and a fake clock (no sleeping).
 
-Each test hands :class:`memstaged.daemon.Daemon` the signals the watcher would send, moves the
+Each test hands :class:`memstaged.daemon.loop.Daemon` the signals the watcher would send, moves the
 fake clock, and checks what a user sees: the bytes in ``staging/`` and ``deadletter/``, the
 decisions logged, and the sd_notify messages systemd would get.
 """
@@ -22,18 +22,18 @@ import pytest
 from conftest import lesson, staging_doc, write
 from daemon_support import Notes, RecordingLogger, Rig, settings, settings_from_file
 
-from memstaged import progress
 from memstaged.config import Settings
-from memstaged.daemon import LOCK_POLL, STOP_GRACE, Daemon
-from memstaged.daemon_main import install_signal_handlers
-from memstaged.discovery import Glob, split_glob
+from memstaged.core import ticks
+from memstaged.daemon.loop import LOCK_POLL, STOP_GRACE, Daemon
+from memstaged.daemon.main import install_signal_handlers
+from memstaged.daemon.memory_dirs import Glob, split_glob
+from memstaged.daemon.schedule import MAX_BACKOFF
+from memstaged.daemon.sd_notify import Notifier
+from memstaged.daemon.watcher import Kind, Signal, Watcher
 from memstaged.errors import BusyError, ConfigError
-from memstaged.locks import InstanceLock
-from memstaged.memdir import MemoryDir
-from memstaged.notify import Notifier
-from memstaged.schedule import MAX_BACKOFF
-from memstaged.seen import seen_cache
-from memstaged.watcher import Kind, Signal, Watcher
+from memstaged.files.locks import InstanceLock
+from memstaged.files.memdir import MemoryDir
+from memstaged.run.seen_cache import seen_cache
 
 VALID_NAME = "s1.json"
 
@@ -536,7 +536,7 @@ class _EndlessPipeline:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             time.sleep(0.01)
-            progress.tick()
+            ticks.tick()
         self.finished = True
 
 
@@ -565,7 +565,7 @@ def test_sigterm_abandons_a_file_that_takes_too_long(project: Path, memory_dir: 
         print(f"SIGTERM acted on {time.monotonic() - started:.3f} s after the file was taken")
     finally:
         killer.join()
-        progress.set_hook(None)
+        ticks.set_hook(None)
         for sig, handler in old.items():
             signal.signal(sig, handler)
     assert not slow.finished
@@ -610,7 +610,7 @@ def test_sigterm_never_cuts_work_between_two_ticks(project: Path, memory_dir: Pa
         done = rig.daemon.work()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)  # the code before this change armed one
-        progress.set_hook(None)
+        ticks.set_hook(None)
         for sig, handler in {**old, signal.SIGALRM: old_alarm}.items():
             signal.signal(sig, handler)
     assert rig.daemon.stopping

@@ -28,8 +28,8 @@ import pytest
 from conftest import lesson, staging_doc, write
 from helpers import carried_out
 
-from memstaged import acks
-from memstaged.discovery import FD_RESERVE
+from memstaged.daemon.memory_dirs import FD_RESERVE
+from memstaged.deadletter import acks
 
 FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
 #: The guard of every wait for an event (seconds). Only a failure guard: a wait returns as soon

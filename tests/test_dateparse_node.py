@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 from node_oracle import Node, local_zone, mismatches
 
-from memstaged import datescan
-from memstaged.dateparse import parse
-from memstaged.timestamps import format_epoch_ms
+from memstaged.core.js import date_scan
+from memstaged.core.js.date_parse import parse
+from memstaged.core.timestamps import format_epoch_ms
 
 ZONES = ("UTC", "America/New_York", "Australia/Adelaide")
 
@@ -446,13 +446,13 @@ def test_bulk_reading_agrees_with_word_by_word_and_node(
             found = _run(node, inputs)
         assert found == [], "\n".join(found)
     with monkeypatch.context() as patch:  # runs and comment runs cut in many windows
-        patch.setattr(datescan, "_RUN_WINDOW", 300)
-        patch.setattr(datescan, "_COMMENTS_WINDOW", 50)
+        patch.setattr(date_scan, "_RUN_WINDOW", 300)
+        patch.setattr(date_scan, "_COMMENTS_WINDOW", 50)
         assert [_ours(s) for s in inputs] == bulk
     with monkeypatch.context() as patch:
-        patch.setattr(datescan, "_RUN_MIN", 1 << 30)  # no run is long enough: word by word
-        patch.setattr(datescan, "_min_prefix", lambda _chunk: -(1 << 30))  # walk every chunk
-        patch.setattr(datescan.Scanner, "skip_symbols", lambda _self: None)
+        patch.setattr(date_scan, "_RUN_MIN", 1 << 30)  # no run is long enough: word by word
+        patch.setattr(date_scan, "_min_prefix", lambda _chunk: -(1 << 30))  # walk every chunk
+        patch.setattr(date_scan.Scanner, "skip_symbols", lambda _self: None)
         one_by_one = [_ours(s) for s in inputs]
     assert bulk == one_by_one
     accepted = sum(1 for value in bulk if value is not None)
@@ -472,17 +472,17 @@ def test_words_glued_to_symbols_are_read_in_bulk(
     tokens, and the value is the one the token-by-token reading gives (Node agrees with both:
     ``test_bulk_reading_agrees_with_word_by_word_and_node``)."""
     calls = 0
-    real = datescan.Scanner._scan
+    real = date_scan.Scanner._scan
 
-    def counting(scanner: datescan.Scanner) -> datescan.Token:
+    def counting(scanner: date_scan.Scanner) -> date_scan.Token:
         nonlocal calls
         calls += 1
         return real(scanner)
 
     with monkeypatch.context() as patch:
-        patch.setattr(datescan.Scanner, "_scan", counting)
+        patch.setattr(date_scan.Scanner, "_scan", counting)
         bulk = parse(text)
     assert calls < len(text) // 1000
     with monkeypatch.context() as patch:
-        patch.setattr(datescan, "_RUN_MIN", 1 << 30)  # no run is long enough: token by token
+        patch.setattr(date_scan, "_RUN_MIN", 1 << 30)  # no run is long enough: token by token
         assert parse(text) == bulk

@@ -35,14 +35,14 @@ from helpers import (
     write_inputs,
 )
 
-from memstaged import deciders
-from memstaged import pipeline as pipeline_module
-from memstaged.deciders import POOL_THRESHOLD, Deciders, Failure, workers_wanted
+from memstaged.core.decide import Context, Decision, Verdict, decide
+from memstaged.core.records import AHEAD_LIMIT
 from memstaged.errors import ConfigError
-from memstaged.memdir import Options
-from memstaged.pipeline import Pipeline
-from memstaged.quarantine import AHEAD_LIMIT
-from memstaged.triage import Context, Decision, Verdict, decide
+from memstaged.files.memdir import Options
+from memstaged.run import decider_pool
+from memstaged.run import pipeline as pipeline_module
+from memstaged.run.decider_pool import POOL_THRESHOLD, Deciders, Failure, workers_wanted
+from memstaged.run.pipeline import Pipeline
 
 ROOT = "/home/dev/proj"
 
@@ -164,7 +164,7 @@ def test_items_left_are_handed_back_and_the_pool_s_next_user_gets_its_own_verdic
     ahead.prefetch()
     left = ahead.close()
     assert taken + left == list(range(len(taken) + len(left)))
-    assert len(left) >= deciders.AHEAD_FILES - 10 - deciders.CHUNK  # read ahead, not taken
+    assert len(left) >= decider_pool.AHEAD_FILES - 10 - decider_pool.CHUNK  # read ahead, not taken
     others = _jobs(320)[::-1]
     got = list(pool.ahead(range(len(others)), lambda i: others[i], len(others)))
     assert [i for i, _ in got] == list(range(len(others)))
@@ -204,7 +204,7 @@ def test_a_bug_in_a_worker_is_that_file_s_failure(
             raise ValueError("a bug")
         return decide(data, ctx)
 
-    monkeypatch.setattr("memstaged.triage.decide", boom)  # the workers are forked after this
+    monkeypatch.setattr("memstaged.core.decide.decide", boom)  # the workers are forked after this
     jobs = _jobs(300)
     got = dict(pool.ahead(range(len(jobs)), lambda i: jobs[i], len(jobs)))
     failed = [i for i, v in got.items() if isinstance(v, Failure)]
@@ -217,7 +217,7 @@ def test_a_bug_in_a_worker_is_that_file_s_failure(
 @pytest.mark.parametrize(("value", "expected"), [("0", 0), ("1", 1), (" 2 ", 2), ("64", 64)])
 def test_the_number_of_workers_can_be_set(value: str, expected: int) -> None:
     """Issue 23 item 3: ``MEMSTAGED_WORKERS`` sets the pool's size (0: none)."""
-    assert workers_wanted({deciders.WORKERS_ENV: value}) == expected
+    assert workers_wanted({decider_pool.WORKERS_ENV: value}) == expected
 
 
 def test_the_default_number_of_workers_is_the_cores_this_process_may_use() -> None:
@@ -230,7 +230,7 @@ def test_the_default_number_of_workers_is_the_cores_this_process_may_use() -> No
 def test_a_wrong_number_of_workers_says_what_is_expected(value: str) -> None:
     """Issue 23 item 3: a value that is not a count is refused with the variable's name."""
     with pytest.raises(ConfigError, match="MEMSTAGED_WORKERS"):
-        workers_wanted({deciders.WORKERS_ENV: value})
+        workers_wanted({decider_pool.WORKERS_ENV: value})
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -270,7 +270,7 @@ def test_once_with_deciders_writes_and_logs_what_in_process_deciding_does(
     process does, and log the same decisions in the same order."""
     mdir = tmp_path / "proj" / ".pi" / "memory" / "project"
     inputs = make_corpus(random.Random(5), 300, project_root_of(mdir), "seam-", big_every=7)
-    monkeypatch.setenv(deciders.WORKERS_ENV, "0")
+    monkeypatch.setenv(decider_pool.WORKERS_ENV, "0")
     alone_tree, alone_log = _decide_batches(mdir, inputs)
     sent: list[int] = []
     submit = Deciders._submit
@@ -280,7 +280,7 @@ def test_once_with_deciders_writes_and_logs_what_in_process_deciding_does(
         return submit(self, jobs)
 
     monkeypatch.setattr(Deciders, "_submit", counted)
-    monkeypatch.setenv(deciders.WORKERS_ENV, "2")
+    monkeypatch.setenv(decider_pool.WORKERS_ENV, "2")
     pool_tree, pool_log = _decide_batches(mdir, inputs)
     assert sum(sent) > 250  # the workers decided (all but files not read: none here)
     assert pool_tree == alone_tree
@@ -291,7 +291,7 @@ def test_once_with_deciders_writes_and_logs_what_in_process_deciding_does(
     sent.clear()
     pool_tree, pool_log = _decide_batches(mdir, inputs)
     assert sum(sent) > 250
-    monkeypatch.setenv(deciders.WORKERS_ENV, "0")
+    monkeypatch.setenv(decider_pool.WORKERS_ENV, "0")
     alone_tree, alone_log = _decide_batches(mdir, inputs)
     assert pool_tree.keys() == alone_tree.keys()
     assert pool_tree == alone_tree
@@ -343,7 +343,7 @@ def test_one_pool_decides_a_run_of_many_small_memory_dirs(
             pipeline.close()
         return _tree(tmp_path)
 
-    monkeypatch.setenv(deciders.WORKERS_ENV, "0")
+    monkeypatch.setenv(decider_pool.WORKERS_ENV, "0")
     alone = decide_run()
     starts: list[int] = []
     sent: list[int] = []
@@ -359,7 +359,7 @@ def test_one_pool_decides_a_run_of_many_small_memory_dirs(
 
     monkeypatch.setattr(Deciders, "_start", counted_start)
     monkeypatch.setattr(Deciders, "_submit", counted_submit)
-    monkeypatch.setenv(deciders.WORKERS_ENV, "2")
+    monkeypatch.setenv(decider_pool.WORKERS_ENV, "2")
     pooled = decide_run()
     assert starts == [2]  # one pool for the run
     assert sum(sent) >= 100  # it decided the dirs from the one that brought the run to 256 on
@@ -387,7 +387,7 @@ def test_records_rendered_ahead_follow_an_original_that_takes_another_name(
     assert len(taken) > 10
 
     def run(workers: str) -> tuple[dict[str, bytes], list[Any]]:
-        monkeypatch.setenv(deciders.WORKERS_ENV, workers)
+        monkeypatch.setenv(decider_pool.WORKERS_ENV, workers)
         originals = mdir / "deadletter" / "originals"
         shutil.rmtree(mdir, ignore_errors=True)
         originals.mkdir(parents=True)
@@ -430,7 +430,7 @@ def test_files_read_ahead_are_deferred_and_closed_when_the_lock_is_taken_before_
     (mdir / "staging").mkdir(parents=True)
     inputs = make_corpus(random.Random(11), 700, project_root_of(mdir), "lock-", big_every=0)
     write_inputs(mdir / "staging", inputs)
-    monkeypatch.setenv(deciders.WORKERS_ENV, "2")
+    monkeypatch.setenv(decider_pool.WORKERS_ENV, "2")
     monkeypatch.setattr(pipeline_module, "BATCH_HELD", 40)
     before = _open_fds()
     log = RecordingLogger()
@@ -441,7 +441,7 @@ def test_files_read_ahead_are_deferred_and_closed_when_the_lock_is_taken_before_
     assert len(first.outcomes) < len(names)
     read_ahead = _open_fds() - before - 2 * 2  # less the pool's sockets (and the fork's pipes)
     assert read_ahead > 100, "no file was read ahead during the commit"
-    assert read_ahead <= deciders.AHEAD_FILES + 2 * deciders.CHUNK + 8
+    assert read_ahead <= decider_pool.AHEAD_FILES + 2 * decider_pool.CHUNK + 8
     staged = _tree(mdir / "staging")
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

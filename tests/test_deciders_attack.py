@@ -2,7 +2,7 @@
 start a thread, hostile files that each cost hundreds of times their size.
 
 Real ``memstaged --once`` processes with two workers (``MEMSTAGED_WORKERS=2`` and more files
-than :data:`memstaged.deciders.POOL_THRESHOLD`), real signals, real resource limits; the
+than :data:`memstaged.run.decider_pool.POOL_THRESHOLD`), real signals, real resource limits; the
 workers are found as the run's children in ``/proc``. Nothing is timed: each test waits for
 the run to end, with a deadline that only bounds a failure.
 """
@@ -38,9 +38,9 @@ from helpers import (
     write_inputs,
 )
 
-from memstaged.cost import estimate
-from memstaged.deciders import POOL_THRESHOLD, Deciders
-from memstaged.triage import Context
+from memstaged.core.decide import Context
+from memstaged.run.decider_pool import POOL_THRESHOLD, Deciders
+from memstaged.run.memory_budget import estimate
 
 #: Enough files that a worker stopped early holds work the run cannot finish without: the
 #: run sends at most two chunks per worker ahead of the verdicts it has read.
@@ -250,7 +250,7 @@ def test_a_pool_does_not_multiply_what_hostile_files_cost(tmp_path: Path) -> Non
     the run held twice what one costs. The run's memory, summed over memstaged and its
     workers, less that of a run of small files alone, must stay within 1.3 times what it is
     with one such file: files are sent ahead only while their estimated cost stays within the
-    budget (memstaged.cost), and each of these is decided alone."""
+    budget (memstaged.run.memory_budget), and each of these is decided alone."""
     project = tmp_path / "proj"
     mdir = make_memory_dir(tmp_path, "proj")
     staging = mdir / "staging"

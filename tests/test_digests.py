@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from memstaged import digests
+from memstaged.core import digests
 
 #: Empty, one block's worth, a length that straddles SHA-256's 64-byte blocks, and more than
 #: the 1 MiB chunk in which memstaged hashes a file it copies (``fsio.CHUNK``).

@@ -18,7 +18,7 @@ import pytest
 from conftest import staging_doc
 from daemon_support import Notes, RecordingLogger, notifier, settings_from_file
 
-from memstaged.daemon import Daemon
+from memstaged.daemon.loop import Daemon
 
 #: How long a test waits for a signal that must come (the watches are real).
 PATIENCE = 10.0

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from memstaged.ecma import (
+from memstaged.core.js.ecma import (
     collapse,
     encode_json,
     is_finite_number,
@@ -349,7 +349,7 @@ def test_minus_zero_inside_a_string_takes_the_fast_path() -> None:
     as a possible integer ``-0``, and the file went through the slow parser and encoder, whose
     rewrite escapes every non-ASCII character; an integer ``-0`` still takes that path (the
     Node tests hold its value)."""
-    from memstaged.triage import Context, Decision, decide
+    from memstaged.core.decide import Context, Decision, decide
 
     def rewrite(session: str) -> bytes:
         doc = (

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from node_oracle import Node, compare
 
-from memstaged.ecma import (
+from memstaged.core.js.ecma import (
     JS_WHITESPACE,
     basename,
     decode_utf8,
@@ -24,8 +24,8 @@ from memstaged.ecma import (
     trim,
     utf16_length,
 )
+from memstaged.core.repair import keyword_topic
 from memstaged.errors import NotJSON
-from memstaged.repair import keyword_topic
 
 #: Characters where JavaScript and Python part ways, or that the rules name.
 SPECIAL = (
@@ -289,7 +289,7 @@ def test_repairs_and_records_keep_every_number_as_json_parse_reads_it(node: Node
     repaired file, and of each dead-letter record, gives the same numbers under the untouched
     keys as ``JSON.parse`` of the original, minus zero included: the integer literal ``-0`` came
     back as ``0`` (msgspec and ``int()`` read it as zero)."""
-    from memstaged.triage import Context, Decision, decide
+    from memstaged.core.decide import Context, Decision, decide
 
     ctx = Context(project_root="/p", file_name="s.json")
     originals: list[bytes] = []

@@ -1,6 +1,6 @@
 """The triage engine against SPEC 2-4: validity, repairs R1-R4, dead-letter records, foreign.
 
-Every test builds bytes in memory and calls the pure :func:`memstaged.triage.decide`; nothing
+Every test builds bytes in memory and calls the pure :func:`memstaged.core.decide.decide`; nothing
 touches the file system except the symbolic-link cases of SPEC 2.4, which only create links.
 """
 
@@ -35,10 +35,10 @@ from engine_support import (
     wheres,
 )
 
-from memstaged.repair import derive_topic, keyword_topic
-from memstaged.schema import CATEGORIES
-from memstaged.timestamps import EPOCH
-from memstaged.triage import BOM, Decision, Verdict, decide, decide_too_large
+from memstaged.core.decide import BOM, Decision, Verdict, decide, decide_too_large
+from memstaged.core.repair import derive_topic, keyword_topic
+from memstaged.core.schema import CATEGORIES
+from memstaged.core.timestamps import EPOCH
 
 L0 = ("candidates", "lessons", 0)
 P0 = ("candidates", "preferences", 0)

@@ -30,8 +30,8 @@ from engine_support import (
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from memstaged.schema import CATEGORIES
-from memstaged.triage import BOM, Context, Decision, Verdict, decide
+from memstaged.core.decide import BOM, Context, Decision, Verdict, decide
+from memstaged.core.schema import CATEGORIES
 
 settings.register_profile(
     "memstaged-engine",

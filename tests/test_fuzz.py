@@ -30,9 +30,9 @@ from helpers import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memstaged.cli import main
-from memstaged.ecma import parse_json
-from memstaged.triage import Context, Decision, Verdict, decide
+from memstaged.cli.main import main
+from memstaged.core.decide import Context, Decision, Verdict, decide
+from memstaged.core.js.ecma import parse_json
 
 ROOT = "/home/ana/src/example-project"
 CTX = Context(project_root=ROOT, file_name="s.json", source_path=f"{ROOT}/x/s.json")

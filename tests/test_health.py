@@ -34,9 +34,11 @@ from test_daemon_process import DaemonProcess, _glob_config, _many_projects
 from test_log_safety import Broken
 from test_operator import _pty_run
 
-from memstaged import acks, config, control, control_clients, metrics
-from memstaged.commands.status import SUMMARY_COLUMNS, TERMINAL_COLUMNS
-from memstaged.watcher import Kind, Signal
+from memstaged import config
+from memstaged.cli.commands.status import SUMMARY_COLUMNS, TERMINAL_COLUMNS
+from memstaged.daemon import control_clients, control_socket, metrics
+from memstaged.daemon.watcher import Kind, Signal
+from memstaged.deadletter import acks
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -353,7 +355,7 @@ def _connected(pid: int, count: int) -> Iterator[list[socket.socket]]:
 def _client(pid: int, request: bytes = b"") -> socket.socket:
     """A connection to the daemon's control socket (named through its directory's descriptor:
     a test's path is too long for ``sun_path``), that sent ``request``."""
-    path = control.socket_path(pid)
+    path = control_socket.socket_path(pid)
     assert path is not None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
@@ -448,7 +450,7 @@ def test_clients_that_never_read_delay_neither_decisions_nor_sigterm(
     mdirs = _many_projects(src, 1000)
     daemon = spawn("--config", str(_glob_config(tmp_path, src)))
     pid = daemon.proc.pid
-    answer = msgspec.json.encode(control.ask(pid, timeout=60))
+    answer = msgspec.json.encode(control_socket.ask(pid, timeout=60))
     assert len(answer) > 1.5 * _socket_buffer()  # the premise: a client that does not read blocks
     with NeverReading(pid, 12) as flood:
         _wait(lambda: flood.closed >= 12, "the daemon closing clients that never read", 60)
@@ -457,14 +459,14 @@ def test_clients_that_never_read_delay_neither_decisions_nor_sigterm(
         assert daemon.stop() == 0
 
 
-def _answer(client: socket.socket) -> control.Live:
+def _answer(client: socket.socket) -> control_socket.Live:
     """Ask on a connected client and read its whole answer (within a generous bound)."""
     client.settimeout(30)
     client.sendall(control_clients.REQUEST)
     chunks = []
     while chunk := client.recv(1 << 16):
         chunks.append(chunk)
-    return msgspec.json.decode(b"".join(chunks), type=control.Live)
+    return msgspec.json.decode(b"".join(chunks), type=control_socket.Live)
 
 
 def test_honest_clients_that_connect_together_are_all_answered(
@@ -492,7 +494,7 @@ def test_honest_clients_that_connect_together_are_all_answered(
 
 def _fill_listen_queue(pid: int) -> list[socket.socket]:
     """Connections that say nothing, made until the daemon's listen queue is full."""
-    path = control.socket_path(pid)
+    path = control_socket.socket_path(pid)
     assert path is not None
     queued: list[socket.socket] = []
     fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
@@ -530,7 +532,7 @@ def test_a_full_listen_queue_is_waited_on_not_reported_as_a_dead_daemon(
             assert holder.recv(1)
         queued = _fill_listen_queue(pid)
         assert queued, "the listen queue took no connection"
-        assert control.ask(pid, timeout=60).pid == pid
+        assert control_socket.ask(pid, timeout=60).pid == pid
     finally:
         for sock in holders + queued:
             sock.close()

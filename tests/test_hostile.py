@@ -44,14 +44,14 @@ from helpers import (
     wait_for,
 )
 
-from memstaged import fsio
-from memstaged.ecma import parse_json, trim
-from memstaged.locks import CANONICAL_LOCK
-from memstaged.memdir import Options
-from memstaged.outcome import Outcome
-from memstaged.pipeline import Pipeline
-from memstaged.quarantine import ORIGINALS_DIR
-from memstaged.triage import Decision
+from memstaged.core.decide import Decision
+from memstaged.core.js.ecma import parse_json, trim
+from memstaged.core.records import ORIGINALS_DIR
+from memstaged.files import fsio
+from memstaged.files.locks import CANONICAL_LOCK
+from memstaged.files.memdir import Options
+from memstaged.run.outcome import Outcome
+from memstaged.run.pipeline import Pipeline
 
 OLD = 1_700_000_000
 
@@ -382,7 +382,7 @@ def test_long_and_strange_file_names_are_decided_like_any_other(tmp_path: Path, 
 
 _RSS_WRAPPER = """
 import sys
-from memstaged.cli import main
+from memstaged.cli.main import main
 rc = main(sys.argv[2:])
 with open("/proc/self/status") as fh:
     hwm = next(line.split()[1] for line in fh if line.startswith("VmHWM:"))

@@ -22,7 +22,7 @@ from typing import Final
 import pytest
 from terminal import COLUMNS, terminal
 
-from memstaged.generated import DATA, FILES
+from memstaged.cli.generate import DATA, FILES
 
 REPO: Final = Path(__file__).resolve().parent.parent
 MEMSTAGED: Final = Path(sys.executable).parent / "memstaged"

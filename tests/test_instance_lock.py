@@ -33,8 +33,8 @@ from helpers import (
     wait_for,
 )
 
-from memstaged.fsio import private_dirs
-from memstaged.locks import InstanceLock, instance_holder, instance_lock_path, runs_memstaged
+from memstaged.files.fsio import private_dirs
+from memstaged.files.locks import InstanceLock, instance_holder, instance_lock_path, runs_memstaged
 
 
 def _tree(root: Path) -> dict[str, tuple[int, bytes | None]]:

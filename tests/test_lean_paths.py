@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import decisions, lesson, read_log, staging_doc, write
 
-from memstaged import log
-from memstaged.cli import _named_command, main
-from memstaged.logfile import FileSink
+from memstaged.cli.main import _named_command, main
+from memstaged.log import writer
+from memstaged.log.rotated_file import FileSink
 
 #: Modules no production path of these commands may load off a terminal: structlog's package
 #: (its ``__init__`` pulls in ``structlog.dev``, rich's tracebacks, asyncio and ssl), rich, the
@@ -30,7 +30,7 @@ HEAVY = ("structlog", "rich", "watchdog", "systemd", "asyncio", "ssl", "pygments
 
 _PROBE = """
 import json, sys
-from memstaged.cli import main
+from memstaged.cli.main import main
 code = main(sys.argv[2:])
 with open(sys.argv[1], "w") as out:
     json.dump(sorted(sys.modules), out)
@@ -74,7 +74,7 @@ def test_once_on_an_empty_memory_dir_loads_neither_structlog_nor_rich(
     the decision engine's JavaScript semantics, and not OpenSSL (issue 23)."""
     modules = _modules_loaded(tmp_path, "--once", "--memory-dir", str(memory_dir))
     assert _heavy(modules) == []
-    assert not {m for m in modules if m.startswith("memstaged.commands")}
+    assert not {m for m in modules if m.startswith("memstaged.cli.commands")}
     assert "tomllib" not in modules
     assert "ctypes" not in modules  # renameat2/syncfs are loaded when something is changed
     assert "_hashlib" not in modules  # OpenSSL's libcrypto: only for a backlog (issue 23)
@@ -93,9 +93,9 @@ def test_check_and_status_load_neither_structlog_nor_rich(
     for modules, own in ((checked, "check"), (status, "status")):
         assert _heavy(modules) == [], own
         assert "_hashlib" not in modules, own  # OpenSSL's libcrypto (issue 23)
-        commands = {m for m in modules if m.startswith("memstaged.commands.")}
-        shared = {"memstaged.commands._common", "memstaged.commands._output"}
-        assert commands <= {f"memstaged.commands.{own}", *shared}, own
+        commands = {m for m in modules if m.startswith("memstaged.cli.commands.")}
+        shared = {"memstaged.cli.commands._common", "memstaged.cli.commands._output"}
+        assert commands <= {f"memstaged.cli.commands.{own}", *shared}, own
 
 
 @pytest.mark.parametrize(
@@ -160,7 +160,7 @@ def test_off_a_terminal_each_event_is_written_once_and_only_to_the_log_file(
 
     monkeypatch.setattr(os, "write", counting_write)
     assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
-    fd = next(s for s in log._FANOUT.sinks if isinstance(s, FileSink))._fd
+    fd = next(s for s in writer._FANOUT.sinks if isinstance(s, FileSink))._fd
     monkeypatch.undo()
     out, err = capsys.readouterr()
     assert err == ""
@@ -250,8 +250,8 @@ def test_a_file_is_read_with_one_read_call_and_its_bytes_are_whole(
     """Issue 14 item 3 (calls per decision): a staging file is read by one ``read`` (the end is
     known from a short read once ``fstat``'s size is in, not from a second read returning
     nothing), and the bytes read are exactly the file's, small or larger than a chunk."""
-    from memstaged import fsio
-    from memstaged.read import Version, read_version
+    from memstaged.files import fsio
+    from memstaged.files.version import Version, read_version
 
     staging = memory_dir / "staging"
     small = write(staging / "small.json", staging_doc(project, "small"))
@@ -282,7 +282,7 @@ def test_a_file_is_read_with_one_read_call_and_its_bytes_are_whole(
 def test_read_fd_reads_on_when_the_file_is_longer_than_fstat_said(tmp_path: Path) -> None:
     """A file that grew after ``fstat`` (a writer appending) is read to its end, not cut at
     the size ``fstat`` gave: the short-read shortcut only ends a read once that size is in."""
-    from memstaged import fsio
+    from memstaged.files import fsio
 
     path = tmp_path / "f"
     path.write_bytes(b"x" * 100_000)
@@ -299,9 +299,9 @@ def test_the_daemon_logs_without_importing_structlog_off_a_terminal(tmp_path: Pa
     event still reaches the log file whole."""
     path = tmp_path / "decisions.jsonl"
     probe = (
-        "import json, pathlib, sys, memstaged.daemon, memstaged.log as log\n"
-        f"log.configure(pathlib.Path({str(path)!r}), journal='off')\n"
-        "log.get_logger().info('decision', decision='valid', path='a.json')\n"
+        "import json, pathlib, sys, memstaged.daemon.loop, memstaged.log.writer as log\n"
+        f"writer.configure(pathlib.Path({str(path)!r}), journal='off')\n"
+        "writer.get_logger().info('decision', decision='valid', path='a.json')\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:]))))\n"
     )
     proc = subprocess.run(

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from memstaged import log
 from memstaged.errors import LogUnwritable
-from memstaged.logevent import MESSAGE_IDS, journal_fields
-from memstaged.logfile import FileSink
+from memstaged.log import writer
+from memstaged.log.format import MESSAGE_IDS, journal_fields
+from memstaged.log.rotated_file import FileSink
 
 
 def _event() -> dict[str, object]:
@@ -65,8 +65,8 @@ def test_priority_fits_the_event(decision: str, level: str, priority: str) -> No
 def test_file_sink_writes_json_lines_with_mode_0600(tmp_path: Path) -> None:
     """The decision log file holds one JSON object per event and is private to its owner."""
     path = tmp_path / "state" / "decisions.jsonl"
-    log.configure(path, console="off", journal="off")
-    log.get_logger().warning("decision", decision="quarantined", path="x.json", reasons=["r"])
+    writer.configure(path, console="off", journal="off")
+    writer.get_logger().warning("decision", decision="quarantined", path="x.json", reasons=["r"])
     lines = path.read_text().splitlines()
     assert len(lines) == 1
     event = json.loads(lines[0])
@@ -80,9 +80,9 @@ def test_file_sink_writes_json_lines_with_mode_0600(tmp_path: Path) -> None:
 def test_file_sink_rotates(tmp_path: Path) -> None:
     """The log is rotated by memstaged itself: backups appear, the newest file stays small."""
     path = tmp_path / "decisions.jsonl"
-    log.configure(path, max_bytes=2000, backups=2, console="off", journal="off")
+    writer.configure(path, max_bytes=2000, backups=2, console="off", journal="off")
     for i in range(100):
-        log.get_logger().info("decision", decision="valid", path=f"{i}.json")
+        writer.get_logger().info("decision", decision="valid", path=f"{i}.json")
     assert (tmp_path / "decisions.jsonl.1").exists()
     assert path.stat().st_size <= 2000
 
@@ -90,8 +90,8 @@ def test_file_sink_rotates(tmp_path: Path) -> None:
 def test_values_msgspec_cannot_encode_still_log(tmp_path: Path) -> None:
     """A lone surrogate in a derived topic does not break logging."""
     path = tmp_path / "decisions.jsonl"
-    log.configure(path, console="off", journal="off")
-    log.get_logger().info("decision", repairs=[{"wrote": "\ud800"}])
+    writer.configure(path, console="off", journal="off")
+    writer.get_logger().info("decision", repairs=[{"wrote": "\ud800"}])
     assert "\\ud800" in path.read_text()
 
 
@@ -99,7 +99,7 @@ def test_no_journal_outside_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without JOURNAL_STREAM/INVOCATION_ID memstaged does not send to journald."""
     monkeypatch.delenv("JOURNAL_STREAM", raising=False)
     monkeypatch.delenv("INVOCATION_ID", raising=False)
-    assert log.journal_available() is False
+    assert writer.journal_available() is False
 
 
 # -- the file sink: rotation, threads, errors ------------------------------------------------------
@@ -117,10 +117,10 @@ def test_rotation_matches_rotating_file_handler_byte_for_byte(tmp_path: Path) ->
     more than ``backups`` old files, and every file 0600 (the handler left new files to the
     umask)."""
     path = tmp_path / "ours" / "decisions.jsonl"
-    log.configure(path, max_bytes=1000, backups=3, console="off", journal="off")
+    writer.configure(path, max_bytes=1000, backups=3, console="off", journal="off")
     for i in range(200):
-        log.get_logger().info("decision", decision="valid", path=f"{i}.json", pad="x" * (i % 37))
-    log.close()
+        writer.get_logger().info("decision", decision="valid", path=f"{i}.json", pad="x" * (i % 37))
+    writer.close()
     ours = _files(path, 5)
     assert [p.name for p in ours] == [
         "decisions.jsonl.3",
@@ -141,10 +141,10 @@ def test_rotation_matches_rotating_file_handler_byte_for_byte(tmp_path: Path) ->
     handler.setFormatter(logging.Formatter("%(message)s"))
     record = logging.LogRecord("t", logging.INFO, __file__, 0, "", None, None)
     first = len(kept)  # lines of the events before the kept ones, rebuilt from a fresh run
-    log.configure(tmp_path / "all.jsonl", console="off", journal="off")
+    writer.configure(tmp_path / "all.jsonl", console="off", journal="off")
     for i in range(200):
-        log.get_logger().info("decision", decision="valid", path=f"{i}.json", pad="x" * (i % 37))
-    log.close()
+        writer.get_logger().info("decision", decision="valid", path=f"{i}.json", pad="x" * (i % 37))
+    writer.close()
     lines = (tmp_path / "all.jsonl").read_text().splitlines()
     # The timestamps differ from the first run: give the kept lines their original text.
     lines[-first:] = [line for d in data for line in d.decode().splitlines()]
@@ -159,8 +159,8 @@ def test_rotation_details(tmp_path: Path) -> None:
     """A line longer than max_bytes is written whole into a file of its own (an empty file is not
     rotated away); with backups=0 the file just grows; the files ``.N`` stop at ``backups``."""
     path = tmp_path / "decisions.jsonl"
-    log.configure(path, max_bytes=300, backups=2, console="off", journal="off")
-    logger = log.get_logger()
+    writer.configure(path, max_bytes=300, backups=2, console="off", journal="off")
+    logger = writer.get_logger()
     logger.info("decision", path="big", pad="y" * 400)
     assert [json.loads(x)["path"] for x in path.read_text().splitlines()] == ["big"]
     assert not Path(f"{path}.1").exists()
@@ -182,9 +182,9 @@ def test_rotation_details(tmp_path: Path) -> None:
     assert exact.read_bytes() == b"b" * 49 + b"\n" + b"c" * 48 + b"\n"
 
     grows = tmp_path / "grows.jsonl"
-    log.configure(grows, max_bytes=300, backups=0, console="off", journal="off")
+    writer.configure(grows, max_bytes=300, backups=0, console="off", journal="off")
     for i in range(50):
-        log.get_logger().info("decision", path=f"{i}")
+        writer.get_logger().info("decision", path=f"{i}")
     assert len(grows.read_text().splitlines()) == 50
     assert not Path(f"{grows}.1").exists()
 
@@ -213,10 +213,10 @@ def test_a_rotation_by_another_process_is_followed(tmp_path: Path) -> None:
 def test_a_logger_kept_across_configure_writes_to_the_new_file(tmp_path: Path) -> None:
     """The daemon keeps its logger; a reload that changes log_file re-configures: the kept (and
     cached) logger writes to the new file."""
-    logger = log.get_logger()
-    log.configure(tmp_path / "a.jsonl", console="off", journal="off")
+    logger = writer.get_logger()
+    writer.configure(tmp_path / "a.jsonl", console="off", journal="off")
     logger.info("start")
-    log.configure(tmp_path / "b.jsonl", console="off", journal="off")
+    writer.configure(tmp_path / "b.jsonl", console="off", journal="off")
     logger.info("reload", ok=True)
     assert [json.loads(x)["event"] for x in (tmp_path / "a.jsonl").read_text().splitlines()] == [
         "start"
@@ -230,12 +230,12 @@ def test_two_threads_never_interleave_lines(
     """A worker thread and the main thread logging at once: every line (file and console) is one
     whole JSON event, none lost, each thread's in its order, across rotations too."""
     path = tmp_path / "decisions.jsonl"
-    log.configure(path, max_bytes=200_000, backups=50, console="on", journal="off")
+    writer.configure(path, max_bytes=200_000, backups=50, console="on", journal="off")
     per_thread = 3000
     start = threading.Barrier(2)
 
     def emit(name: str) -> None:
-        logger = log.get_logger()
+        logger = writer.get_logger()
         start.wait()
         for i in range(per_thread):
             logger.info("decision", thread=name, n=i, path=f"/p/{name}/{i}.json", pad="z" * 40)
@@ -244,7 +244,7 @@ def test_two_threads_never_interleave_lines(
     worker.start()
     emit("main")
     worker.join()
-    log.close()
+    writer.close()
     files = _files(path, 50)
     assert len(files) > 2
     for lines in (
@@ -268,12 +268,14 @@ def test_timestamps_are_structlogs_iso_utc_text() -> None:
         1_796_058_000_123_456_789,
         1_796_058_059_999_999_999,
     ):
-        stamp = log._UtcStamper(clock=itertools.repeat(ns).__next__)(None, "info", {})["timestamp"]
+        stamp = writer._UtcStamper(clock=itertools.repeat(ns).__next__)(None, "info", {})[
+            "timestamp"
+        ]
         when = epoch + datetime.timedelta(microseconds=ns // 1000)
         assert stamp == when.isoformat().replace("+00:00", "Z")
     # On the real clock: between two readings of datetime.now, as TimeStamper would read it.
     before = datetime.datetime.now(datetime.UTC)
-    stamp = log._UtcStamper()(None, "info", {})["timestamp"]
+    stamp = writer._UtcStamper()(None, "info", {})["timestamp"]
     after = datetime.datetime.now(datetime.UTC)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z", stamp)
     assert before <= datetime.datetime.fromisoformat(stamp) <= after
@@ -285,12 +287,12 @@ def test_a_closed_console_is_reported_once(
     """A console that is gone gives one line on stderr, no traceback, and the file still gets
     every event."""
     path = tmp_path / "decisions.jsonl"
-    log.configure(path, console="off", journal="off")
+    writer.configure(path, console="off", journal="off")
     closed = io.StringIO()
-    log.add_sink(log.ConsoleSink(closed))
+    writer.add_sink(writer.ConsoleSink(closed))
     closed.close()
     for i in range(5):
-        log.get_logger().info("decision", path=f"{i}.json")
+        writer.get_logger().info("decision", path=f"{i}.json")
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "memstaged: console log (stderr): I/O operation on closed file; events go on "
@@ -314,7 +316,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
     try:
         yield mount
     finally:
-        log.close()  # the open log file would keep the mount busy
+        writer.close()  # the open log file would keep the mount busy
         subprocess.run(["umount", str(mount)], check=True)
 
 
@@ -327,10 +329,10 @@ def test_a_full_disk_is_reported_once_and_the_other_sinks_go_on(
     filler = full_disk / "filler"
     filler.write_bytes(b"f" * 16384)
     path = full_disk / "state" / "decisions.jsonl"
-    log.configure(path, console="on", journal="off")
+    writer.configure(path, console="on", journal="off")
     sent: list[tuple[bytes, ...]] = []
-    log.add_sink(log.JournalSink(send=lambda *lines: sent.append(lines)))
-    logger = log.get_logger()
+    writer.add_sink(writer.JournalSink(send=lambda *lines: sent.append(lines)))
+    logger = writer.get_logger()
     for i in range(600):  # ~90 KiB of lines
         logger.warning("decision", decision="quarantined", path=f"/p/{i}.json", pad="q" * 100)
     err = capsys.readouterr().err.splitlines()
@@ -360,8 +362,8 @@ def test_an_event_not_written_whole_is_never_counted_as_logged(full_disk: Path) 
     change it announces is not carried out), a line cut short is not left in the file, and
     once there is room the next announcement is written and fsynced."""
     path = full_disk / "decisions.jsonl"
-    log.configure(path, console="off", journal="off")
-    logger = log.get_logger()
+    writer.configure(path, console="off", journal="off")
+    logger = writer.get_logger()
     logger.info("start")
     filler = full_disk / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -373,7 +375,7 @@ def test_an_event_not_written_whole_is_never_counted_as_logged(full_disk: Path) 
     finally:
         os.close(fd)
     before = path.read_bytes()
-    with pytest.raises(LogUnwritable) as raised, log.durable():
+    with pytest.raises(LogUnwritable) as raised, writer.durable():
         logger.warning("decision", decision="quarantined", path="/p/a.json", pad="q" * 8000)
     assert (
         raised.value.reason
@@ -382,7 +384,7 @@ def test_an_event_not_written_whole_is_never_counted_as_logged(full_disk: Path) 
     assert path.read_bytes() == before  # nothing half-written is left in the log
 
     filler.unlink()
-    with log.durable():
+    with writer.durable():
         logger.warning("decision", decision="quarantined", path="/p/a.json", pad="q" * 8000)
     assert json.loads(path.read_bytes().splitlines()[-1])["path"] == "/p/a.json"
 

@@ -40,7 +40,7 @@ from helpers import (
     run_once,
 )
 
-from memstaged.triage import Context, Decision, decide
+from memstaged.core.decide import Context, Decision, decide
 
 #: ``_IOR('X', 125, __u32)``: shut an ext4 down; every later write and fsync fails with EIO.
 EXT4_IOC_SHUTDOWN = (2 << 30) | (4 << 16) | (ord("X") << 8) | 125

@@ -26,8 +26,8 @@ from cmd_support import json_lines, mixed_doc, record_files, run
 from conftest import staging_doc, write
 from helpers import make_memory_dir, memstaged_cmd, memstaged_env, mounted, read_events, reap
 
-from memstaged.cli import main
-from memstaged.commands import _common
+from memstaged.cli.commands import _common
+from memstaged.cli.main import main
 
 #: Upper bound of every wait, as a failure guard only: each wait ends on the event it needs.
 GUARD = 60.0

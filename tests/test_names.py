@@ -22,8 +22,8 @@ from helpers import daemon, memstaged_env, read_events, run_once, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memstaged import display
-from memstaged.logread import parse_line
+from memstaged import safe_text
+from memstaged.log.reader import parse_line
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -119,14 +119,14 @@ def test_random_byte_names_through_once_the_caches_the_log_and_the_commands(
     assert len(lines) == len(expected)  # a newline in a name does not split its line
     assert "\x1b" not in out and "\r" not in out
     for name in expected:  # the project, then the name within the memory dir (issue 22)
-        assert f"  {project.name}  {display.name(os.fsdecode(name))}" in out
+        assert f"  {project.name}  {safe_text.name(os.fsdecode(name))}" in out
     code, out, _ = run(capsys, "log", "--full", "--decision", "valid", "--decision", "quarantined")
     assert code == 0
     assert len(out.splitlines()) == len(expected)
     assert "\x1b" not in out and "\r" not in out
     staging = os.fsencode(mdir / "staging")
     for name in expected:
-        assert display.name(os.fsdecode(os.path.join(staging, name))) in out
+        assert safe_text.name(os.fsdecode(os.path.join(staging, name))) in out
 
     code, out, _ = run(capsys, "stats", "--json")
     assert code == 0
@@ -147,7 +147,7 @@ def test_random_byte_names_through_once_the_caches_the_log_and_the_commands(
 def test_seen_cache_keeps_names_that_are_not_utf8(tmp_path: Path) -> None:
     """Issue 13 item 1: the msgpack seen cache stores a non-UTF-8 name by its bytes and gives
     back the same string (it raised UnicodeEncodeError: "surrogates not allowed")."""
-    from memstaged.seen import SeenCache
+    from memstaged.run.seen_cache import SeenCache
 
     name = os.fsdecode(b"caf\xe9\x1b.json")
     cache = SeenCache.load(tmp_path, "/m", "/p", "k")
@@ -186,8 +186,8 @@ def test_console_and_journal_message_escape_control_characters() -> None:
     """Issue 10 item 16: the readable line (console on a TTY, journal MESSAGE) of a decision
     about a name with ESC and a newline, and a reason quoting content, holds no raw control
     character: it cannot fake a log line, clear the screen or set the title."""
-    from memstaged.log import _readable_renderer
-    from memstaged.logevent import message
+    from memstaged.log.format import message
+    from memstaged.log.writer import _readable_renderer
 
     event = {
         "event": "decision",
@@ -202,7 +202,7 @@ def test_console_and_journal_message_escape_control_characters() -> None:
         assert "\\x1b]0;pwned\\x07\\nFAKE LINE\\xff.json" in text
     shown = message(event).removeprefix("quarantined ").rsplit(": not JSON", 1)[0]
     assert (
-        os.fsencode(display.unquote(shown)) == b"/m/staging/a\x1b]0;pwned\x07\nFAKE LINE\xff.json"
+        os.fsencode(safe_text.unquote(shown)) == b"/m/staging/a\x1b]0;pwned\x07\nFAKE LINE\xff.json"
     )
 
 
@@ -219,9 +219,9 @@ def test_console_and_journal_message_escape_control_characters() -> None:
 def test_shown_names_are_reversible(raw: bytes) -> None:
     """SPEC 6 "escaped reversibly": what display.name shows gives the bytes back, and a name
     that needs nothing is shown as it is."""
-    shown = display.name(os.fsdecode(raw))
+    shown = safe_text.name(os.fsdecode(raw))
     assert shown.isprintable()
-    assert os.fsencode(display.unquote(shown)) == raw
+    assert os.fsencode(safe_text.unquote(shown)) == raw
     if raw == b"ok.json":
         assert shown == "ok.json"
 

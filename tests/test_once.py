@@ -15,8 +15,8 @@ import pytest
 from conftest import decisions, lesson, read_log, staging_doc, write
 from helpers import make_memory_dir, memstaged_cmd, memstaged_env, project_root_of, run_once
 
-from memstaged.cli import main
-from memstaged.triage import Context, Decision, decide
+from memstaged.cli.main import main
+from memstaged.core.decide import Context, Decision, decide
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -345,7 +345,7 @@ def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
     """A backlog cut into batches (by count, or by the bytes they hold): every file gets the
     decision it gets alone, each exactly once in the log, and a too-large file met inside a
     batch is copied and quarantined, not deferred for the lock the batch takes."""
-    from memstaged import pipeline
+    from memstaged.run import pipeline
 
     if limit == "count":
         monkeypatch.setattr(pipeline, "BATCH", 5)
@@ -381,7 +381,7 @@ def test_a_backlog_waits_for_the_reconcilers_lock_in_every_batch(
 ) -> None:
     """SPEC 5: while a live process holds canonical-writer.lock nothing changes; every file
     of every batch is deferred, and the lock is left as it was."""
-    from memstaged import pipeline
+    from memstaged.run import pipeline
 
     monkeypatch.setattr(pipeline, "BATCH", 4)
     expected = _backlog(project, memory_dir, 20)
@@ -523,7 +523,7 @@ def hook(event, args):
 
 sys.addaudithook(hook)
 os.umask(0o022)
-from memstaged.cli import main
+from memstaged.cli.main import main
 code = main(sys.argv[1:])
 print(json.dumps(modes))
 sys.exit(code)

@@ -34,7 +34,7 @@ from helpers import (
     without_dac_override,
 )
 
-from memstaged.cli import main
+from memstaged.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 

@@ -30,8 +30,11 @@ from cmd_support import one_line_error, prepare, record_files, run, staging_file
 from helpers import daemon, memory_dir_of, memstaged_cmd, memstaged_env, read_events, wait_for
 from test_daemon_process import DaemonProcess
 
-from memstaged import acks, config, control, fsio
+from memstaged import config
+from memstaged.daemon import control_socket
+from memstaged.deadletter import acks
 from memstaged.errors import NotPrivate
+from memstaged.files import fsio
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -173,7 +176,7 @@ def test_a_stopped_daemon_is_not_reported_ok_through_another_users_runtime_dir(
     ``MEMSTAGED OK`` with the text that user wrote."""
     uid = _nobody()
     with _shared_dir() as runtime:
-        theirs = _made_by(runtime / control.SOCKET_DIR, uid, 0o777)
+        theirs = _made_by(runtime / control_socket.SOCKET_DIR, uid, 0o777)
         daemon = DaemonProcess(
             tmp_path, "--memory-dir", str(memory_dir), env={"XDG_RUNTIME_DIR": str(runtime)}
         )
@@ -181,8 +184,8 @@ def test_a_stopped_daemon_is_not_reported_ok_through_another_users_runtime_dir(
             daemon.wait_ready()
             [failed] = [e for e in daemon.events() if e["event"] == "control_failed"]
             assert failed["error"].startswith(f"{REFUSED} {theirs} (owner nobody, mode 0777)")
-            here = control.wire(str(memory_dir))
-            spoof = control.Live(
+            here = control_socket.wire(str(memory_dir))
+            spoof = control_socket.Live(
                 pid=daemon.proc.pid,
                 started=time.time(),
                 now=time.time(),
@@ -193,7 +196,7 @@ def test_a_stopped_daemon_is_not_reported_ok_through_another_users_runtime_dir(
                 log_failing=False,
                 reload_error=None,
                 memory_dirs=[
-                    control.DirLive(
+                    control_socket.DirLive(
                         memory_dir=here,
                         watched=True,
                         staging_exists=True,

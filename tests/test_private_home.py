@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import read_log, staging_doc, write
 
-from memstaged.cli import main
+from memstaged.cli.main import main
 
 TESTS = Path(__file__).parent
 
@@ -63,7 +63,7 @@ _INNER_TEST = """
 import os
 from pathlib import Path
 
-from memstaged.cli import main
+from memstaged.cli.main import main
 
 #: Read when the module is imported, as a careless test might: the real home's decision log.
 REAL_LOG = Path(os.environ["HOME"]) / ".local" / "state" / "memstaged" / "decisions.jsonl"

@@ -47,11 +47,11 @@ from helpers import (
     write_config,
 )
 
-from memstaged.locks import CANONICAL_LOCK
-from memstaged.memdir import Options
-from memstaged.pipeline import Pipeline
-from memstaged.quarantine import ORIGINALS_DIR
-from memstaged.triage import Decision, decide
+from memstaged.core.decide import Decision, decide
+from memstaged.core.records import ORIGINALS_DIR
+from memstaged.files.locks import CANONICAL_LOCK
+from memstaged.files.memdir import Options
+from memstaged.run.pipeline import Pipeline
 
 SEED = int(os.environ.get("MEMSTAGED_TEST_SEED", random.randrange(1 << 30)))
 #: Each writer serves a few staging files in turn, as a bridge capturing a few sessions does.

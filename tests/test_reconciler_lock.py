@@ -33,7 +33,7 @@ from helpers import (
 from test_cmd_deadletter import _Holder
 from test_purge_errors import _stopped
 
-from memstaged.quarantine import ORIGINALS_DIR
+from memstaged.core.records import ORIGINALS_DIR
 
 #: Records of the quarantine: far more than the 16 written under the lock, so that their temps
 #: are written before it (and take a while on a busy machine).

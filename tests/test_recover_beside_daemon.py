@@ -48,7 +48,7 @@ from helpers import (
     wait_for,
 )
 
-from memstaged.tempnames import TEMP_PREFIX
+from memstaged.files.temp_names import TEMP_PREFIX
 
 FINAL: Final = {"valid", "quarantined"}
 #: How long a started command may take before the test fails: a failure guard, not a measure.

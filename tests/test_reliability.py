@@ -30,12 +30,14 @@ from helpers import (
     without_dac_override,
 )
 
-from memstaged import fsio, pipeline, tempnames, triage
-from memstaged import read as read_module
-from memstaged.cli import main
-from memstaged.memdir import Options
-from memstaged.pipeline import Pipeline
-from memstaged.triage import Context, Decision
+from memstaged.cli.main import main
+from memstaged.core import decide as triage
+from memstaged.core.decide import Context, Decision
+from memstaged.files import fsio, temp_names
+from memstaged.files import version as read_module
+from memstaged.files.memdir import Options
+from memstaged.run import pipeline
+from memstaged.run.pipeline import Pipeline
 
 OLD = 1_700_000_000  # a settled mtime
 
@@ -267,8 +269,8 @@ def test_7_a_linked_deadletter_is_not_followed_by_crash_recovery(tmp_path: Path)
     outside = tmp_path / "outside"
     (outside / "originals").mkdir(parents=True)
     victims = [
-        outside / f"{tempnames.TEMP_PREFIX}rec~x.json~0123456789ab",
-        outside / "originals" / (f"{tempnames.TEMP_PREFIX}orig~x.json~0123456789ab"),
+        outside / f"{temp_names.TEMP_PREFIX}rec~x.json~0123456789ab",
+        outside / "originals" / (f"{temp_names.TEMP_PREFIX}orig~x.json~0123456789ab"),
     ]
     for victim in victims:
         victim.write_bytes(b"precious")

@@ -20,11 +20,11 @@ from engine_support import DELETE, patched, staging
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memstaged.ecma import JS_WHITESPACE
-from memstaged.project import foreign_root
-from memstaged.schema import check_file, is_valid
-from memstaged.timestamps import Form, classify
-from memstaged.triage import _foreign_root
+from memstaged.core.decide import _foreign_root
+from memstaged.core.foreign import foreign_root
+from memstaged.core.js.ecma import JS_WHITESPACE
+from memstaged.core.schema import check_file, is_valid
+from memstaged.core.timestamps import Form, classify
 
 Path = tuple[str | int, ...]
 

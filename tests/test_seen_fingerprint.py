@@ -25,7 +25,7 @@ import memstaged
 _LOADED = """
 import base64, json, sys
 import memstaged
-from memstaged.triage import Context, decide
+from memstaged.core.decide import Context, decide
 
 assert memstaged.__file__.startswith(sys.argv[1]), memstaged.__file__
 corpus = [base64.b64decode(data) for data in json.loads(sys.stdin.read())]
@@ -38,7 +38,7 @@ names = sorted({m.__file__ for m in list(sys.modules.values())
                 if m.__name__.split(".")[0] == "memstaged" and getattr(m, "__file__", None)})
 print(json.dumps(names))
 """
-_FINGERPRINT = "from memstaged import seen; print(seen._engine_hash())"
+_FINGERPRINT = "from memstaged.run import seen_cache; print(seen_cache._engine_hash())"
 
 
 def _corpus() -> list[bytes]:
@@ -88,7 +88,7 @@ def test_an_edit_of_any_module_the_decision_runs_changes_the_fingerprint(tmp_pat
     corpus = json.dumps([base64.b64encode(b).decode() for b in _corpus()])
     loaded = [Path(p) for p in json.loads(_run(site, _LOADED, corpus))]
     names = {p.name for p in loaded}
-    assert {"triage.py", "dateparse.py", "datescan.py", "timestamps.py", "ecma.py"} <= names
+    assert {"decide.py", "date_parse.py", "date_scan.py", "timestamps.py", "ecma.py"} <= names
     before = _run(site, _FINGERPRINT)
     unchanged = []
     for module in loaded:
@@ -103,7 +103,7 @@ def test_an_edit_of_any_module_the_decision_runs_changes_the_fingerprint(tmp_pat
     assert _run(site, _FINGERPRINT) == before  # restored: the same code, the same fingerprint
 
 
-@pytest.mark.parametrize("module", ["dateparse.py", "datescan.py"])
+@pytest.mark.parametrize("module", ["core/js/date_parse.py", "core/js/date_scan.py"])
 def test_a_run_after_an_upgrade_of_date_parse_decides_cached_files_again(
     tmp_path: Path, module: str
 ) -> None:

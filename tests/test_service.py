@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from memstaged import log, service
-from memstaged.cli import main
-from memstaged.logevent import MESSAGE_IDS
-from memstaged.service import Notifier
+from memstaged.cli import systemd_unit
+from memstaged.cli.main import main
+from memstaged.cli.systemd_unit import Notifier
+from memstaged.log import writer
+from memstaged.log.format import MESSAGE_IDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,13 +93,13 @@ def test_packaged_unit_copies_are_identical() -> None:
 def test_exec_start_path_is_escaped_for_systemd(path: str, word: str) -> None:
     """An install path with spaces, %, $, quotes or backslashes still names the same file in
     ExecStart= (systemd would otherwise expand specifiers and variables, or split the word)."""
-    assert service.exec_quote(path) == word
+    assert systemd_unit.exec_quote(path) == word
 
 
 def test_unit_text_points_execstart_at_the_executable() -> None:
     """Only ExecStart= and ExecReload= change (both run this installation's memstaged, the
     reload its config check, issue 21 item 8); every other line of the packaged unit stays."""
-    text = service.unit_text("/venv/bin/memstaged")
+    text = systemd_unit.unit_text("/venv/bin/memstaged")
     template = (ROOT / "packaging" / "systemd" / "memstaged.service").read_text().splitlines()
     lines = text.splitlines()
     execs = ("ExecStart=", "ExecReload=")
@@ -275,10 +276,10 @@ def test_journal_handler_sends_every_field_and_keeps_undecodable_path_bytes(
     """Each event field becomes a MEMSTAGED_* journal field; a path that is not UTF-8 keeps its
     original bytes; an unknown session id gives no field rather than the text "null"."""
     sent: list[tuple[bytes, ...]] = []
-    log.configure(None, console="off", journal="off")
-    log.add_sink(log.JournalSink(send=lambda *lines: sent.append(lines)))
+    writer.configure(None, console="off", journal="off")
+    writer.add_sink(writer.JournalSink(send=lambda *lines: sent.append(lines)))
     path = os.fsdecode(b"/p/staging/caf\xe9.json")
-    log.get_logger().warning("decision", decision="quarantined", path=path, session_id=None)
+    writer.get_logger().warning("decision", decision="quarantined", path=path, session_id=None)
     fields = _sent_fields(sent[0])
     assert fields[b"MEMSTAGED_PATH"] == b"/p/staging/caf\xe9.json"
     assert fields[b"MEMSTAGED_DECISION"] == b"quarantined"
@@ -297,9 +298,9 @@ def test_journal_failure_falls_back_to_stderr_without_a_traceback(
     def broken(*_lines: bytes) -> None:
         raise ConnectionRefusedError(111, "Connection refused")
 
-    log.configure(None, console="off", journal="off")
-    log.add_sink(log.JournalSink(send=broken))
-    log.get_logger().info("decision", decision="valid", path="a.json")
+    writer.configure(None, console="off", journal="off")
+    writer.add_sink(writer.JournalSink(send=broken))
+    writer.get_logger().info("decision", decision="valid", path="a.json")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert json.loads(err[0])["decision"] == "valid"
@@ -342,7 +343,7 @@ def test_sandbox_writable_trees_follow_the_config(tmp_path: Path) -> None:
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
         "XDG_STATE_HOME": str(home / ".local" / "state"),
     }
-    assert service.writable_trees(env) == sorted(
+    assert systemd_unit.writable_trees(env) == sorted(
         [
             str(src),
             str(tmp_path / "srv"),
@@ -374,7 +375,7 @@ def test_sandbox_leaves_the_control_socket_and_the_metrics_file_writable(
         "XDG_STATE_HOME": str(home / ".local" / "state"),
         "XDG_RUNTIME_DIR": "/run/user/1000",
     }
-    trees = service.writable_trees(env)
+    trees = systemd_unit.writable_trees(env)
     assert "/run/user/1000" in trees
     assert str(tmp_path / "textfile") in trees
 
@@ -382,7 +383,7 @@ def test_sandbox_leaves_the_control_socket_and_the_metrics_file_writable(
 def test_sandbox_drop_in_quotes_paths_for_systemd() -> None:
     """A tree with a space, %, a quote or a backslash is one ReadWritePaths= word naming that
     directory ("-": skipped, not fatal, if it is gone at start)."""
-    text = service.sandbox_text(["/a b/100%", '/q"\\'])
+    text = systemd_unit.sandbox_text(["/a b/100%", '/q"\\'])
     assert text.splitlines()[-1] == 'ReadWritePaths="-/a b/100%%" "-/q\\"\\\\"'
     assert "PrivateUsers=yes" in text.splitlines()
 
@@ -432,9 +433,9 @@ def test_service_install_says_what_changed_and_restarts_only_when_asked(
     unit = tmp_path / "config" / "systemd" / "user" / "memstaged.service"
     old = "/home/ana/.local/pipx/venvs/memstaged/bin/memstaged"
     unit.parent.mkdir(parents=True)
-    unit.write_text(service.unit_text(old))
+    unit.write_text(systemd_unit.unit_text(old))
     assert main(["service", "install", "--enable"]) == 0
-    new = service.installed_executable()
+    new = systemd_unit.installed_executable()
     out = capsys.readouterr().out.splitlines()
     assert out[1:6] == [
         "changed ExecStart:",

@@ -14,7 +14,8 @@ import pytest
 from conftest import staging_doc, write
 from helpers import REPO, memstaged_cmd, memstaged_env
 
-from memstaged import acks, digests
+from memstaged.core import digests
+from memstaged.deadletter import acks
 
 #: A hang is what these tests look for: a command still running after this long is one.
 HANG = 60.0

@@ -30,8 +30,8 @@ from systemd_env import (
     wait_until,
 )
 
-from memstaged import service
-from memstaged.logevent import MESSAGE_IDS
+from memstaged.cli import systemd_unit
+from memstaged.log.format import MESSAGE_IDS
 
 REASON = unavailable_reason()
 pytestmark = [
@@ -260,7 +260,7 @@ def test_sandboxed_service_decides_files_in_its_trees_only(tmp_path: Path) -> No
         dropin = sd.unit_dir / "memstaged.service.d" / "sandbox.conf"
         rw = f'ReadWritePaths="-{mdir}" "-{state}" "-{runtime}"'
         assert rw in dropin.read_text().splitlines()
-        assert not (sd.unit_dir / service.SANDBOX_CHECK_UNIT).exists()
+        assert not (sd.unit_dir / systemd_unit.SANDBOX_CHECK_UNIT).exists()
         props = sd.show(UNIT, "ActiveState", "PrivateUsers", "ProtectSystem", "ReadWritePaths")
         assert props == {
             "ActiveState": "active",
@@ -473,7 +473,9 @@ SANDBOX = {
 
 
 def _unit_lines() -> list[str]:
-    return service.service_lines((ROOT / "packaging" / "systemd" / "memstaged.service").read_text())
+    return systemd_unit.service_lines(
+        (ROOT / "packaging" / "systemd" / "memstaged.service").read_text()
+    )
 
 
 @dataclass(frozen=True)
@@ -573,7 +575,7 @@ def _run_probes(manager: str) -> ProbeRun:
             line: run(f"sandbox{i}", (*SANDBOX[line].context, line))
             for i, line in enumerate(SANDBOX)
         }
-        dropin = service.service_lines(service.sandbox_text([str(work)]))
+        dropin = systemd_unit.service_lines(systemd_unit.sandbox_text([str(work)]))
         sandbox_full = run("sandbox-full", [*hardening, *dropin])
     return ProbeRun(results, baselines, full, None, sandbox, sandbox_baselines, sandbox_full)
 
@@ -679,7 +681,7 @@ def test_left_out_options_fail_or_are_ignored_in_an_unprivileged_user_manager() 
 
 def test_the_sandbox_drop_in_has_exactly_the_probed_options() -> None:
     """Every line of the drop-in `service install --sandbox` writes has a probe below."""
-    lines = service.service_lines(service.sandbox_text(["/x"]))
+    lines = systemd_unit.service_lines(systemd_unit.sandbox_text(["/x"]))
     assert [ln for ln in lines if not ln.startswith("ReadWritePaths=")] == list(SANDBOX)
     assert lines[-1] == 'ReadWritePaths="-/x"'
 

@@ -33,8 +33,8 @@ from cmd_support import (
 from conftest import staging_doc, write
 from helpers import memstaged_cmd
 
-from memstaged.cli import main
-from memstaged.logevent import journal_fields
+from memstaged.cli.main import main
+from memstaged.log.format import journal_fields
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 

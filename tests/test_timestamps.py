@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from memstaged.timestamps import (
+from memstaged.core.timestamps import (
     EPOCH,
     Form,
     canonical,
@@ -205,17 +205,17 @@ def test_one_decision_parses_produced_at_once(monkeypatch: pytest.MonkeyPatch) -
     ``produced_at`` is parsed afresh."""
     import json
 
-    from memstaged import dateparse
-    from memstaged.triage import Context, Decision, decide
+    from memstaged.core.decide import Context, Decision, decide
+    from memstaged.core.js import date_parse
 
     texts: list[str] = []
-    real = dateparse.parse
+    real = date_parse.parse
 
     def counted(text: str) -> int | None:
         texts.append(text)
         return real(text)
 
-    monkeypatch.setattr("memstaged.timestamps.parse", counted)
+    monkeypatch.setattr("memstaged.core.timestamps.parse", counted)
     doc = {"schemaVersion": 1, "session_id": "s", "project_root": "/p", "produced_at": "1:" * 50}
     doc["candidates"] = {"lessons": [], "preferences": [{}], "decisions": []}
     ctx = Context(project_root="/p", file_name="s.json")

@@ -1,9 +1,9 @@
 """The one transaction, driven directly with hand-built plans on a temp dir (issue 20 item 6).
 
-Each test builds :class:`~memstaged.plan.Plan` values by hand (no triage, no pipeline), hands
-them to :func:`memstaged.transaction.apply` (or :func:`~memstaged.transaction.begin` and
+Each test builds :class:`~memstaged.files.plan.Plan` values by hand (no triage, no pipeline), hands
+them to :func:`memstaged.files.transaction.apply` (or :func:`~memstaged.files.transaction.begin` and
 ``commit``, with the caller's own check between them) on a real memory dir, and checks the
-bytes on disk, the :class:`~memstaged.plan.Result` it hands back, and what it announced before
+bytes on disk, the :class:`~memstaged.files.plan.Result` it hands back, and what it announced before
 it carried anything out. The crash test runs the same plans in a child process killed
 (SIGKILL) at each named ``crash_point``, then runs crash recovery, and checks that nothing is
 lost. The last tests check that a stale lock the transaction removed is logged however it ends.
@@ -27,18 +27,18 @@ import pytest
 from daemon_support import RecordingLogger
 from helpers import PYTHON, REPO, doc, lesson, make_memory_dir, memory_dir_of, project_root_of
 
-from memstaged import fsio, tempnames, temps
-from memstaged.deadletter import Waiter
-from memstaged.fsio import Identity
-from memstaged.locks import CANONICAL_LOCK
-from memstaged.memdir import Options
-from memstaged.pipeline import Pipeline
-from memstaged.plan import Action, Held, Plan, Settled, Status
-from memstaged.purge import purge
-from memstaged.quarantine import Origin, original_name, whole_file_record
-from memstaged.read import Version, read_version
-from memstaged.transaction import apply, begin
-from memstaged.triage import Decision
+from memstaged.core.decide import Decision
+from memstaged.core.records import Origin, original_name, whole_file_record
+from memstaged.deadletter.purge import purge
+from memstaged.deadletter.store import Waiter
+from memstaged.files import fsio, temp_names, temp_recovery
+from memstaged.files.fsio import Identity
+from memstaged.files.locks import CANONICAL_LOCK
+from memstaged.files.memdir import Options
+from memstaged.files.plan import Action, Held, Plan, Settled, Status
+from memstaged.files.transaction import apply, begin
+from memstaged.files.version import Version, read_version
+from memstaged.run.pipeline import Pipeline
 
 #: Old enough that a refreshed age is plainly newer.
 _OLD: int = 1_600_000_000
@@ -124,7 +124,7 @@ def _dl(mdir: Path) -> dict[str, bytes]:
 
 
 def _temps(mdir: Path) -> list[str]:
-    return [p.name for p in mdir.rglob(f"{tempnames.TEMP_PREFIX}*")]
+    return [p.name for p in mdir.rglob(f"{temp_names.TEMP_PREFIX}*")]
 
 
 # -- names ----------------------------------------------------------------------------------------
@@ -611,8 +611,8 @@ def _recover(mdir: Path) -> RecordingLogger:
     log = RecordingLogger()
     mem_fd = fsio.open_dir(str(mdir))
     try:
-        temps.recover_temps(
-            mem_fd, temps.Recovery(log, project_root_of(mdir), False, 1 << 20, now=2.0)
+        temp_recovery.recover_temps(
+            mem_fd, temp_recovery.Recovery(log, project_root_of(mdir), False, 1 << 20, now=2.0)
         )
     finally:
         os.close(mem_fd)

@@ -29,9 +29,8 @@ from watchdog.events import (
 )
 from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent, Mask, WatchDescriptor
 
-from memstaged import watcher as watcher_module
-from memstaged.memdir import MemoryDir
-from memstaged.watcher import (
+from memstaged.daemon import watcher as watcher_module
+from memstaged.daemon.watcher import (
     Kind,
     MemoryDirHandler,
     Signal,
@@ -41,6 +40,7 @@ from memstaged.watcher import (
     memory_dir_signal,
     staging_signal,
 )
+from memstaged.files.memdir import MemoryDir
 
 IN = InotifyConstants
 M = "/p/.pi/memory/project"

@@ -35,9 +35,9 @@ from helpers import (
     same_size_doc,
 )
 
-from memstaged import fsio
-from memstaged.memdir import Options
-from memstaged.pipeline import Pipeline
+from memstaged.files import fsio
+from memstaged.files.memdir import Options
+from memstaged.run.pipeline import Pipeline
 
 #: A writer process: opens the file for writing, says so, and on a line from stdin writes the
 #: new bytes in place, puts the old mtime back and exits.

@@ -129,7 +129,7 @@ def measure_backlog(c: Corpora, plan: Plan) -> list[Row]:
 
 def memstaged_validate(paths: Sequence[Path], project_root: str) -> None:
     """memstaged's validation alone: read each file and decide it in-process, no writes."""
-    from memstaged.triage import Context, decide
+    from memstaged.core.decide import Context, decide
 
     for p in paths:
         decide(p.read_bytes(), Context(project_root=project_root, file_name=p.name))

@@ -4,7 +4,7 @@
     each, and on one ``staging/`` of 100,000 files;
 17. the daemon's start-up scan of memory dirs of 100 files each (10, then 1,000 of them) until
     it says ``READY=1`` on a real notify socket;
-18. what the pool of decider processes costs to start (memstaged.deciders).
+18. what the pool of decider processes costs to start (memstaged.run.decider_pool).
 
 Each figure is per file: wall time, system calls (a second run under ``strace -f -c``), and the
 peak RSS of the process. The verdict "flat" holds when the per-file time and calls of the
@@ -389,8 +389,8 @@ def measure_scan(c: Corpora, plan: Plan) -> list[Row]:
 #: what a ``--once`` that uses the pool pays beyond deciding (measure 18).
 _START_CODE: Final = """
 import sys, time
-from memstaged.deciders import Deciders
-from memstaged.triage import Context
+from memstaged.run.decider_pool import Deciders
+from memstaged.core.decide import Context
 workers = int(sys.argv[1])
 job = (b'{}', Context('/p', 'a.json'))
 t0 = time.perf_counter()

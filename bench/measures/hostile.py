@@ -28,7 +28,7 @@ def measure_hostile_dates(c: Corpora, plan: Plan) -> list[Row]:
     """15. Time per byte of ``Date.parse`` on hostile 8 MB texts (issue 19 item 5): memstaged's
     parser in process, best of 3, against Node's own ``Date.parse`` of the same text, best of 5.
     Memory is not measured here: ``tests/test_bounds_hostile.py`` asserts it."""
-    from memstaged.dateparse import parse
+    from memstaged.core.js.date_parse import parse
 
     err.print("[bold]15 hostile dates[/]")
     node = shutil.which("node") or shutil.which("nodejs")

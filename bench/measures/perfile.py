@@ -240,12 +240,12 @@ RSS_PARTS: Final = (
     ("import structlog, rich hidden", "import sys\nsys.modules['rich'] = None\nimport structlog"),
     ("import systemd.journal", "import systemd.journal"),
     ("import watchdog.observers.inotify", "import watchdog.observers.inotify"),
-    ("import memstaged.triage", "import memstaged.triage"),
-    ("import memstaged.log", "import memstaged.log"),
-    ("import memstaged.cli", "import memstaged.cli"),
-    ("import memstaged.once", "import memstaged.once"),
-    ("import memstaged.watcher", "import memstaged.watcher"),
-    ("import memstaged.daemon", "import memstaged.daemon"),
+    ("import memstaged.core.decide", "import memstaged.core.decide"),
+    ("import memstaged.log.writer", "import memstaged.log.writer"),
+    ("import memstaged.cli.main", "import memstaged.cli.main"),
+    ("import memstaged.run.once", "import memstaged.run.once"),
+    ("import memstaged.daemon.watcher", "import memstaged.daemon.watcher"),
+    ("import memstaged.daemon.loop", "import memstaged.daemon.loop"),
 )
 
 

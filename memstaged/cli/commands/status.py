@@ -1,0 +1,551 @@
+"""``memstaged status``: per memory dir, what is waiting, what failed, who is at work.
+
+Read-only (see :mod:`memstaged.run.preview`). Exit 0 when nothing needs attention and 1 otherwise,
+so it serves as a health check (a systemd ``ExecCondition``, a cron mail). ``--check`` is the check
+a monitor runs (issue 21 item 6): one line and the exit codes of the Monitoring Plugins
+guidelines (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN) with performance data.
+
+A memory dir held by a daemon is asked about by the daemon itself, through its control socket
+(:mod:`memstaged.daemon.control_socket`): a stopped or hung daemon does not answer, and is reported
+within
+``--timeout``. Dead-letter records need attention until they are marked seen
+(``memstaged deadletter ack``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Final
+
+import msgspec
+
+from memstaged import safe_text
+from memstaged.cli.commands import _common
+from memstaged.cli.commands._common import (
+    ProjectLabels,
+    add_json_option,
+    add_memory_dir_options,
+    add_output_options,
+    human_age,
+    load_settings,
+    memory_dirs,
+    parse_duration,
+)
+from memstaged.cli.commands._output import (
+    DECISION_STYLES,
+    Output,
+    guard_verdict,
+    one_line,
+    print_json,
+    render_table,
+)
+from memstaged.cli.option_types import count, wait_seconds
+from memstaged.config import Settings, own_state_dir
+from memstaged.daemon import control_socket
+from memstaged.deadletter import acks
+from memstaged.errors import MemstagedError
+from memstaged.run.preview import OUTCOMES, DirStatus, survey
+
+#: The Monitoring Plugins exit codes (``--check``).
+OK: Final = 0
+WARNING: Final = 1
+CRITICAL: Final = 2
+UNKNOWN: Final = 3
+_STATES: Final = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
+#: How many problems the ``--check`` line names before ``(+N more)``.
+_NAMED: Final = 3
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "status",
+        help="per memory dir: staging files, dead letters, the daemon; exit 1 if something "
+        "needs care (--check: a monitoring plugin)",
+        description="Look at each memory dir without changing anything, and ask the daemon "
+        "that holds it (through its control socket). Exit 0 when nothing needs attention, 1 "
+        "otherwise. With --check: one line and the Monitoring Plugins exit codes (0 OK, 1 "
+        "WARNING, 2 CRITICAL, 3 UNKNOWN), for Nagios, Icinga, Zabbix or a systemd timer.",
+    )
+    add_memory_dir_options(parser, triage=True)
+    parser.add_argument(
+        "--grace",
+        default="60s",
+        metavar="DURATION",
+        help="a file not yet repaired or quarantined needs attention only once "
+        "it is this old: the daemon may be at it (default 60s)",
+    )
+    parser.add_argument(
+        "--max-age",
+        metavar="DURATION",
+        help="also flag a memory dir whose oldest staging file is older",
+    )
+    parser.add_argument(
+        "--require-daemon",
+        action="store_true",
+        help="flag a memory dir no memstaged daemon is running on",
+    )
+    parser.add_argument(
+        "--files",
+        action="store_true",
+        help="list every staging file with the decision it would get",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        dest="detail",
+        action="store_true",
+        help="the detail of every memory dir (default: with several, one line each)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="one line and the Monitoring Plugins exit codes: WARNING for unseen dead-letter "
+        "records and files waiting longer than --max-wait, CRITICAL for a daemon that does "
+        "not answer, a memory dir that cannot be watched, a log that cannot be written",
+    )
+    parser.add_argument(
+        "--max-wait",
+        default="5m",
+        metavar="DURATION",
+        help="flag a file the daemon has held longer than this without a decision (--check: "
+        "WARNING; default 5m)",
+    )
+    parser.add_argument(
+        "--max-unseen",
+        type=count,
+        default=0,
+        metavar="N",
+        help="--check: WARNING when more than N dead-letter records are not marked seen "
+        "(default 0)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_timeout,
+        default=control_socket.DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long a daemon has to answer (default {control_socket.DEFAULT_TIMEOUT:g}s)",
+    )
+    add_json_option(parser)
+    add_output_options(parser)
+    parser.set_defaults(func=run)
+
+
+def _timeout(text: str) -> float:
+    seconds = wait_seconds(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text!r}")
+    return seconds
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.check:
+        return _run(args)
+    try:
+        return _check(args)
+    except MemstagedError as err:  # UNKNOWN: the check itself could not run
+        print(f"MEMSTAGED UNKNOWN - {safe_text.text(str(err))}")
+        return UNKNOWN
+
+
+@guard_verdict
+def _run(args: argparse.Namespace) -> int:
+    grace = parse_duration(args.grace, "--grace")
+    max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
+    max_wait = parse_duration(args.max_wait, "--max-wait")
+    settings = load_settings(args)
+    results = look(settings, args, grace=grace, max_age=max_age, max_wait=max_wait)
+    if args.json:
+        for result in results:
+            print_json(msgspec.to_builtins(result))
+    else:
+        with Output(args) as out:
+            if len(results) > 1 and not args.detail and not args.files:
+                _summary(results, out)
+            else:
+                _render(results, out, files=args.files)
+    return 1 if any(r.attention for r in results) else 0
+
+
+def look(
+    settings: Settings,
+    args: argparse.Namespace,
+    *,
+    grace: float,
+    max_age: float | None,
+    max_wait: float | None = None,
+) -> list[DirStatus]:
+    """Every memory dir surveyed, and what the daemon holding it says of it."""
+    mdirs = memory_dirs(settings, writable=False)
+    state_dir = own_state_dir(settings, create=False)  # what is found there is trusted
+    clock = _common.now()
+    results = [
+        survey(
+            m,
+            settings.options,
+            clock=clock,
+            grace=grace,
+            max_age=max_age,
+            require_daemon=args.require_daemon,
+            acked=acks.load(state_dir, m.path),
+            state_dir=state_dir,
+        )
+        for m in mdirs
+    ]
+    _ask_daemons(results, args.timeout, clock, max_wait)
+    _log_file(results, settings)
+    return results
+
+
+def _ask_daemons(
+    results: list[DirStatus], timeout: float, clock: float, max_wait: float | None
+) -> None:
+    """Ask each daemon holding a memory dir, once, and put what it says beside the survey."""
+    answers: dict[int, control_socket.Live | str] = {}
+    for r in results:
+        pid = r.memstaged_pid
+        if pid is None or r.memstaged_kind != "daemon":
+            continue
+        if pid not in answers:
+            try:
+                answers[pid] = control_socket.ask(pid, timeout)
+            except control_socket.Unanswered as err:
+                answers[pid] = str(err)
+        answer = answers[pid]
+        if isinstance(answer, str):
+            r.daemon_answered = False
+            _critical(r, f"the memstaged daemon (pid {pid}) does not answer: {answer}")
+            continue
+        r.daemon_answered = True
+        r.daemon_status = answer.status
+        here = control_socket.wire(r.memory_dir)
+        live = next((d for d in answer.memory_dirs if d.memory_dir == here), None)
+        if answer.log_failing:
+            _critical(r, "the daemon cannot write its decision log")
+        if live is None:
+            why = answer.not_watched.get(here, "not among its memory dirs")
+            _critical(r, f"the daemon holding it does not watch it: {why}")
+            continue
+        r.watched = live.watched
+        r.waiting = live.waiting + live.lock_waiting
+        if live.oldest_wait_since is not None:
+            r.oldest_wait_seconds = round(max(answer.now - live.oldest_wait_since, 0.0), 3)
+        if live.staging_exists and not live.watched:
+            _critical(r, "the daemon cannot watch staging/ (rescans only)")
+        if (
+            max_wait is not None
+            and r.oldest_wait_seconds is not None
+            and r.oldest_wait_seconds > max_wait
+        ):
+            r.attention.append(
+                f"a file has waited {human_age(r.oldest_wait_seconds)} for its decision "
+                f"(more than --max-wait)"
+            )
+    unheld = [r for r in results if r.memstaged_pid is None]
+    if unheld:
+        _not_worked_on(unheld, answers, timeout)
+
+
+def _not_worked_on(
+    unheld: list[DirStatus], answers: dict[int, control_socket.Live | str], timeout: float
+) -> None:
+    """A memory dir no memstaged holds may be one a daemon found and could not work on (it
+    cannot be opened, the descriptor limit): every daemon of this user (its socket under the
+    runtime dir) is asked, once, whether it is."""
+    for pid in control_socket.daemon_pids():
+        if pid not in answers:
+            try:
+                answers[pid] = control_socket.ask(pid, timeout)
+            except control_socket.Unanswered as err:
+                answers[pid] = str(err)
+    for r in unheld:
+        here = control_socket.wire(r.memory_dir)
+        for pid, answer in sorted(answers.items()):
+            if not isinstance(answer, str) and here in answer.not_watched:
+                why = answer.not_watched[here]
+                _critical(r, f"the memstaged daemon (pid {pid}) cannot work on it: {why}")
+                break
+
+
+def _log_file(results: list[DirStatus], settings: Settings) -> None:
+    """CRITICAL for every memory dir when the decision log cannot be written (SPEC 7: no
+    decision is carried out unlogged, so none would be made)."""
+    why = _unwritable(str(settings.log_file))
+    if why is None:
+        return
+    for r in results:
+        _critical(r, f"the decision log {safe_text.name(str(settings.log_file))} {why}")
+
+
+def _unwritable(path: str) -> str | None:
+    if os.path.lexists(path):
+        return None if os.access(path, os.W_OK) else "cannot be written"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):  # created with its parents at the first event
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        return "cannot be created"
+    return None
+
+
+def _critical(r: DirStatus, text: str) -> None:
+    r.attention.append(text)
+    r.critical.append(text)
+
+
+def _check(args: argparse.Namespace) -> int:
+    """``--check``: the Monitoring Plugins line and exit code."""
+    max_wait = parse_duration(args.max_wait, "--max-wait")
+    max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
+    settings = load_settings(args)
+    results = look(settings, args, grace=max_wait, max_age=max_age, max_wait=max_wait)
+    line, code = check_line(results, max_unseen=args.max_unseen, max_wait=max_wait)
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass  # the reader left: the exit code still says it
+    return code
+
+
+def check_line(results: list[DirStatus], *, max_unseen: int, max_wait: float) -> tuple[str, int]:
+    """``MEMSTAGED <STATE> - <text> | <perfdata>`` and its exit code."""
+    critical = [(r, item) for r in results for item in r.critical]
+    unseen = sum(r.deadletter_unseen for r in results)
+    warnings = [
+        (r, item)
+        for r in results
+        for item in r.attention
+        if item not in r.critical and _UNSEEN not in item
+    ]
+    problems: list[str] = [f"{safe_text.name(r.memory_dir)}: {item}" for r, item in critical]
+    if unseen > max_unseen:
+        problems.append(
+            f"{unseen} dead-letter record(s) not yet seen (memstaged deadletter list, "
+            "then deadletter ack)"
+        )
+    problems += [f"{safe_text.name(r.memory_dir)}: {item}" for r, item in warnings]
+    if critical:
+        code = CRITICAL
+    elif unseen > max_unseen or warnings:
+        code = WARNING
+    else:
+        code = OK
+    if problems:
+        text = "; ".join(safe_text.text(p) for p in problems[:_NAMED])
+        if len(problems) > _NAMED:
+            text += f" (+{len(problems) - _NAMED} more)"
+    else:
+        text = f"{len(results)} memory dir(s), nothing needs attention"
+    waits = [r.oldest_wait_seconds for r in results if r.oldest_wait_seconds is not None]
+    silent = sum(1 for r in results if r.daemon_answered is False)
+    perf = [
+        f"memory_dirs={len(results)};;;0",
+        f"unseen={unseen};{max_unseen};;0",
+        f"deadletter_records={sum(r.deadletter_records for r in results)};;;0",
+        f"waiting={sum(r.waiting or 0 for r in results)};;;0",
+        f"oldest_wait={round(max(waits, default=0.0), 3)}s;{max_wait:g};;0",
+        f"not_answering={silent};;0;0",
+        f"critical={len(critical)};;0;0",
+    ]
+    return f"MEMSTAGED {_STATES[code]} - {text} | {' '.join(perf)}", code
+
+
+#: In the unseen dead-letter item of :func:`memstaged.run.preview.survey` (counted apart).
+_UNSEEN: Final = "dead-letter record(s) not yet seen"
+#: The summary's columns, one row per memory dir (its header line, tab-separated off a terminal,
+#: is what scripts cut on).
+SUMMARY_COLUMNS: Final = (
+    "memory dir",
+    "staging",
+    "waiting",
+    "oldest wait",
+    "dead letters",
+    "unseen",
+    "memstaged",
+    "state",
+)
+
+
+#: The same columns on a terminal, where each row must fit in 80 columns (issue 21 item 6:
+#: 1,000 memory dirs readable): the project's short label (as ``log`` shows it), shorter
+#: headings, and the daemon's pid without words around it.
+TERMINAL_COLUMNS: Final = (
+    "project",
+    "files",
+    "waiting",
+    "oldest",
+    "dead",
+    "unseen",
+    "memstaged",
+    "state",
+)
+#: The narrowest project label cut to fit: a few characters of its end still tell it apart.
+_LABEL_MIN: Final = 8
+
+
+def _terminal_width(out: Output) -> int:
+    """The terminal's width; 80 when it does not say (a terminal of zero columns, say)."""
+    try:
+        return os.get_terminal_size(out.stream.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
+def _fit_labels(rows: list[list[str]], width: int) -> None:
+    """Cut the labels (the first cell) that would make a row wider than ``width``, from the
+    left (``…tail``): the end of a project's path is what tells it apart."""
+    table = [list(TERMINAL_COLUMNS), *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(1, len(TERMINAL_COLUMNS))]
+    room = max(width - sum(widths) - 2 * (len(TERMINAL_COLUMNS) - 1), _LABEL_MIN)
+    for row in rows:
+        label = row[0]
+        if len(label) > room:
+            row[0] = "…" + label[-(room - 1) :]
+
+
+def _summary(results: list[DirStatus], out: Output) -> None:
+    """One line per memory dir: 1,000 of them stay readable (``-v`` for the detail). Off a
+    terminal each row names its memory dir in full (what scripts cut on); on one, its project's
+    short label, so that a row fits the terminal's width."""
+    labels = ProjectLabels(r.memory_dir for r in results) if out.terminal else None
+    rows = []
+    styles: list[list[str | None]] = []
+    for r in results:
+        state = "critical" if r.critical else "attention" if r.attention else "ok"
+        if labels is None:
+            name, holder = safe_text.name(r.memory_dir), _holder_text(r)
+        else:
+            name = safe_text.text(labels(r.memory_dir))
+            holder = "none" if r.memstaged_pid is None else f"{r.memstaged_kind} {r.memstaged_pid}"
+        rows.append(
+            [
+                name,
+                str(r.staging["total"]),
+                "-" if r.waiting is None else str(r.waiting),
+                human_age(r.oldest_wait_seconds) if r.oldest_wait_seconds is not None else "-",
+                str(r.deadletter_records),
+                str(r.deadletter_unseen),
+                holder,
+                state,
+            ]
+        )
+        colour = {"ok": "green", "attention": "yellow", "critical": "red"}[state]
+        styles.append([None] * 7 + [colour])
+    columns = SUMMARY_COLUMNS
+    if labels is not None:
+        columns = TERMINAL_COLUMNS
+        _fit_labels(rows, _terminal_width(out))
+    render_table(
+        out,
+        f"{len(results)} memory dirs",
+        list(columns),
+        rows,
+        right=[
+            "staging",
+            "files",
+            "waiting",
+            "oldest wait",
+            "oldest",
+            "dead letters",
+            "dead",
+            "unseen",
+        ],
+        styles=styles,
+    )
+    flagged = sum(1 for r in results if r.attention)
+    if not flagged:
+        out.write("nothing needs attention\n")
+        return
+    line = f"{flagged} of {len(results)} memory dirs need attention: memstaged status -v"
+    out.write(out.paint(line, "yellow") + "\n")
+
+
+def _render(results: list[DirStatus], out: Output, *, files: bool) -> None:
+    """One two-column table per memory dir: what, and how it stands."""
+    for r in results:
+        counts = [
+            [f"  would be {o}" if o != "unreadable" else "  cannot be read", str(r.staging[o])]
+            for o in OUTCOMES
+            if r.staging[o] or o in ("valid", "repaired", "quarantined")
+        ]
+        rows = [
+            ["staging files", str(r.staging["total"])],
+            *counts,
+            ["oldest staging file", _oldest_text(r)],
+            ["dead-letter records", str(r.deadletter_records)],
+            ["  not yet seen", str(r.deadletter_unseen)],
+            ["dead-letter originals", str(r.deadletter_originals)],
+            ["reconciler lock", _lock_text(r)],
+            ["memstaged", _holder_text(r)],
+            *_daemon_rows(r),
+            ["needs attention", "yes" if r.attention else "no"],
+        ]
+        styles: list[list[str | None]] = [[None, None] for _ in rows]
+        styles[-1][1] = "red" if r.critical else "yellow" if r.attention else "green"
+        render_table(out, safe_text.name(r.memory_dir), ["", "now"], rows, styles=styles)
+    for r in results:
+        if files and r.files:
+            render_table(
+                out,
+                f"{safe_text.name(r.memory_dir)}/staging",
+                ["file", "would be", "age", "why"],
+                [
+                    [
+                        safe_text.name(e.name),
+                        e.decision,
+                        human_age(None if e.mtime is None else _age(e.mtime)),
+                        one_line(e.reason or ""),
+                    ]
+                    for e in r.files
+                ],
+                styles=[[None, DECISION_STYLES.get(e.decision), None, None] for e in r.files],
+            )
+    flagged = [(r, a) for r in results for a in r.attention]
+    if not flagged:
+        out.write("nothing needs attention\n")
+        return
+    for r, item in flagged:
+        line = f"needs attention: {safe_text.name(r.memory_dir)}: {safe_text.text(item)}"
+        out.write(out.paint(line, "yellow") + "\n")
+
+
+def _age(mtime: float) -> float:
+    return _common.now() - mtime
+
+
+def _oldest_text(r: DirStatus) -> str:
+    if r.oldest_file is None:
+        return "-"
+    return f"{safe_text.name(r.oldest_file)} ({human_age(r.oldest_age_seconds)})"
+
+
+def _lock_text(r: DirStatus) -> str:
+    lock = r.canonical_lock
+    if lock is None:
+        return "free"
+    who = f"pid {lock['pid']}" if lock["pid"] is not None else "an unnamed holder"
+    who += f" ({lock['owner']})" if lock.get("owner") else ""
+    return f"held by {who}" if lock["alive"] else f"stale: {who} is gone"
+
+
+def _daemon_rows(r: DirStatus) -> list[list[str]]:
+    """What the daemon said (its live counts), when one holds the memory dir."""
+    if r.daemon_answered is None:
+        return []
+    if not r.daemon_answered:
+        return [["  answers", "no"]]
+    return [
+        ["  answers", "yes"],
+        ["  says", r.daemon_status or "-"],
+        ["  watches staging/", "-" if r.watched is None else "yes" if r.watched else "no"],
+        ["  files waiting", "-" if r.waiting is None else str(r.waiting)],
+        ["  oldest wait", human_age(r.oldest_wait_seconds)],
+    ]
+
+
+def _holder_text(r: DirStatus) -> str:
+    if r.memstaged_pid is None:
+        return "none running"
+    return f"{r.memstaged_kind} (pid {r.memstaged_pid})"

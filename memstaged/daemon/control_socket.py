@@ -1,0 +1,349 @@
+"""The daemon's control socket: ``memstaged status`` asks the daemon itself (issue 21 item 6).
+
+A daemon that holds its memory dirs' instance locks but is stopped (``SIGSTOP``) or hung looked
+healthy to a status that only read the locks. So the daemon answers ``status`` from the loop that
+does the work: a Unix socket ``$XDG_RUNTIME_DIR/memstaged/daemon-<pid>.sock`` (directory 0700,
+socket 0600), as ``postfix status`` or ``nginx -s`` talk to their master. A daemon that does not
+answer within the client's timeout is reported as not answering.
+
+The answer is made by the loop itself, between two files (:meth:`Control.tick` from
+:meth:`memstaged.daemon.loop.Daemon.keepalive`): a loop stuck on a file, or a stopped process,
+leaves the client unanswered, which is what the client is there to notice. The kernel completes a
+``connect()`` to a listening socket whatever the process does, so the client's timeout covers
+connect, request and answer. The loop only looks at its state and encodes it; the sockets are
+served by another thread (:mod:`memstaged.daemon.control_clients`), which never blocks either: no
+client, silent or not reading, delays the loop or another client.
+
+The answer is one JSON object (:class:`Live`): the daemon's counts, its memory dirs, and for
+each the files waiting and since when, read from the daemon's own state, not from the disk.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import socket
+import stat
+import struct
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from memstaged.daemon.control_clients import BACKLOG, CLIENT_PATIENCE, REQUEST, TOUCH, Clients
+from memstaged.files import fsio
+
+if TYPE_CHECKING:
+    from memstaged.daemon.loop import Daemon
+
+SOCKET_DIR: Final = "memstaged"
+#: How long ``status`` waits for a daemon's answer unless told otherwise (``--timeout``).
+DEFAULT_TIMEOUT: Final = 5.0
+#: A daemon's answer larger than this is not one (1,000 memory dirs take ~330 KB).
+MAX_ANSWER: Final = 64 * 1024 * 1024
+#: The loop looks at its state for clients at most once per this many seconds, however many
+#: ask and however often (a look takes about 8 ms with 1,000 memory dirs).
+ANSWER_EVERY: Final = 0.25
+
+
+class DirLive(msgspec.Struct, frozen=True, kw_only=True):
+    """One memory dir as the daemon holds it."""
+
+    memory_dir: str
+    #: staging/ exists and is watched (False with ``staging_exists``: rescans only).
+    watched: bool
+    staging_exists: bool
+    #: Files queued to be decided, and files held back by the reconciler's lock.
+    waiting: int
+    lock_waiting: int
+    #: The oldest last change (mtime, seconds since the epoch) of a waiting file.
+    oldest_wait_since: float | None = None
+
+
+class Live(msgspec.Struct, frozen=True, kw_only=True):
+    """The daemon's answer to ``status``."""
+
+    pid: int
+    started: float
+    now: float
+    ready: bool
+    status: str
+    decided: dict[str, int]
+    unchanged: int
+    log_failing: bool
+    reload_error: str | None
+    memory_dirs: list[DirLive]
+    #: Memory dirs the daemon found and could not work on (not watched), with why.
+    not_watched: dict[str, str] = {}
+
+
+class Unanswered(Exception):
+    """The daemon did not answer (why is the message)."""
+
+
+def wire(text: str) -> str:
+    """``text`` as JSON can carry it: a path that is not UTF-8 (SPEC 6: any name) has lone
+    surrogates, which no encoder takes; both ends compare paths in this form."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
+def runtime_dir(env: Mapping[str, str] | None = None) -> Path | None:
+    """``$XDG_RUNTIME_DIR/memstaged``; without the variable (a cron job, ``su``), the user's
+    ``/run/user/<uid>`` when there is one, so that the daemon and ``status`` still meet there;
+    else None."""
+    base = (os.environ if env is None else env).get("XDG_RUNTIME_DIR", "")
+    if base.startswith("/"):
+        return Path(base) / SOCKET_DIR
+    fallback = Path(f"/run/user/{os.getuid()}")
+    try:
+        st = fallback.stat()
+    except OSError:
+        return None
+    return fallback / SOCKET_DIR if st.st_uid == os.getuid() and fallback.is_dir() else None
+
+
+def socket_path(pid: int, env: Mapping[str, str] | None = None) -> Path | None:
+    base = runtime_dir(env)
+    return None if base is None else base / f"daemon-{pid}.sock"
+
+
+def daemon_pids(env: Mapping[str, str] | None = None) -> list[int]:
+    """The daemons of this user that have a control socket and are alive (a socket left by a
+    killed one names a pid that is gone). None from a runtime dir that is not the user's own
+    and private (:func:`memstaged.files.fsio.open_private_dir`): another user may have named
+    them."""
+    base = runtime_dir(env)
+    if base is None:
+        return []
+    try:
+        fd = fsio.open_private_dir(base, create=False)
+    except OSError:
+        return []
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
+    found = []
+    for name in names:
+        if name.startswith("daemon-") and name.endswith(".sock"):
+            pid = name.removeprefix("daemon-").removesuffix(".sock")
+            if pid.isdigit() and os.path.exists(f"/proc/{pid}"):
+                found.append(int(pid))
+    return sorted(found)
+
+
+@contextlib.contextmanager
+def _short_name(path: Path) -> Iterator[str]:
+    """``path`` by a name short enough for ``sun_path`` (108 bytes): the directory opened, and
+    named through ``/proc/self/fd``, so a deep ``$XDG_RUNTIME_DIR`` (a test's) works too.
+
+    The directory is the user's own and private, checked on the descriptor the name goes
+    through (:func:`memstaged.files.fsio.open_private_dir`): in a runtime dir that others share (a
+    ``su`` session, a wrong ``XDG_RUNTIME_DIR``), a socket another user put there is neither
+    bound over nor asked; ``NotPrivate`` (an ``OSError``) says why."""
+    fd = fsio.open_private_dir(path.parent, create=False)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
+def _connect(sock: socket.socket, name: str, timeout: float) -> None:
+    """Connect, waiting up to ``timeout`` for a place in the daemon's listen queue.
+
+    A blocking ``connect`` bounded by ``SO_SNDTIMEO``: the kernel wakes it when the daemon
+    accepts a connection, and it fails with ``EAGAIN`` (:class:`BlockingIOError`) only once
+    ``timeout`` has passed. (A non-blocking one, which ``settimeout`` makes, fails with
+    ``EAGAIN`` at once while the queue is full: a busy daemon was reported as not answering.)
+    """
+    whole = int(timeout)
+    sock.setsockopt(
+        socket.SOL_SOCKET,
+        socket.SO_SNDTIMEO,
+        struct.pack("ll", whole, max(int((timeout - whole) * 1e6), 1 if not whole else 0)),
+    )
+    sock.connect(name)
+
+
+def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | None = None) -> Live:
+    """The answer of the daemon ``pid``; raises :class:`Unanswered` within ``timeout``."""
+    path = socket_path(pid, env)
+    if path is None:
+        raise Unanswered("XDG_RUNTIME_DIR is not set: its control socket cannot be found")
+    deadline = time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        with _short_name(path) as name:
+            _connect(sock, name, timeout)
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        sock.sendall(REQUEST)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_ANSWER:
+                raise Unanswered("its answer is too large")
+    except (TimeoutError, BlockingIOError):  # BlockingIOError: its listen queue stayed full
+        raise Unanswered(f"no answer within {timeout:g}s (stopped or hung)") from None
+    except FileNotFoundError:
+        raise Unanswered(f"no control socket {path}") from None
+    except OSError as err:
+        raise Unanswered(f"control socket {path}: {err.strerror or err}") from None
+    finally:
+        sock.close()
+    try:
+        return msgspec.json.decode(b"".join(chunks), type=Live)
+    except msgspec.DecodeError:
+        raise Unanswered("its answer is not a status (closed early?)") from None
+
+
+class Control:
+    """The daemon's end: the listening socket, and the answers the loop makes for its clients
+    (:mod:`memstaged.daemon.control_clients` serves them)."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        path: Path,
+        started: float,
+        *,
+        wake: Callable[[], None],
+        touch: Callable[[], None],
+    ) -> None:
+        """``wake`` puts a WAKE signal on the loop's queue (safe from any thread); ``touch`` is
+        called when ``deadletter ack`` says that the marks changed."""
+        self.daemon = daemon
+        self.path = path
+        self.started = started
+        #: The last ticket answered, and when the loop may make its next answer.
+        self.answered = 0
+        self.next_answer = daemon.clock()
+        fsio.private_dir(path.parent)  # made 0700, or refused if it is not the user's own
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            with _short_name(path) as name:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)  # a socket of an earlier process with our pid: long dead
+                sock.bind(name)
+                os.chmod(name, 0o600)  # the directory is 0700 already: no window
+                self.ident = _ident(name)
+            sock.listen(BACKLOG)
+            self.clients = Clients(sock, wake=wake, touch=touch)
+        except OSError:
+            sock.close()
+            raise
+
+    def tick(self) -> None:
+        """Answer every client that asked (from the loop, between two files): the state is
+        looked at and encoded here, at most once per :data:`ANSWER_EVERY`, and handed to the
+        serving thread, which sends it."""
+        asked = self.clients.asked()  # before the look: each of these asked before it
+        if asked == self.answered or self.daemon.clock() < self.next_answer:
+            return
+        self.next_answer = self.daemon.clock() + ANSWER_EVERY
+        self.answered = asked
+        self.clients.answer(asked, msgspec.json.encode(live(self.daemon, self.started)))
+
+    def deadline(self) -> float | None:
+        """When the loop must tick for a client that asked (None: none waits)."""
+        return None if self.clients.asked() == self.answered else self.next_answer
+
+    def close(self) -> None:
+        """Stop serving and remove the socket (if it is still ours)."""
+        self.clients.close()
+        with contextlib.suppress(OSError), _short_name(self.path) as name:
+            if _ident(name) == self.ident:
+                os.unlink(name)
+
+
+def _ident(name: str) -> tuple[int, int]:
+    st = os.lstat(name)
+    if not stat.S_ISSOCK(st.st_mode):
+        raise FileExistsError(f"{name} is not a socket")
+    return st.st_dev, st.st_ino
+
+
+def touch(pid: int, env: Mapping[str, str] | None = None) -> None:
+    """Tell the daemon ``pid`` that dead-letter marks changed; best effort, never waits long."""
+    path = socket_path(pid, env)
+    if path is None:
+        return
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        with _short_name(path) as name:
+            _connect(sock, name, CLIENT_PATIENCE)
+        sock.settimeout(CLIENT_PATIENCE)
+        sock.sendall(TOUCH)
+    except OSError:
+        return  # no daemon, or a stopped one: its metrics are refreshed at its next event
+    finally:
+        sock.close()
+
+
+def log_failing() -> bool:
+    """Whether the decision log file cannot be written now (its sink said so once already)."""
+    from memstaged.log import writer
+
+    return writer.file_failing()
+
+
+def live(daemon: Daemon, started: float) -> Live:
+    """The daemon's state now, as :class:`Live` (the loop's thread: nothing changes meanwhile)."""
+    waiting: dict[str, list[str]] = collections.defaultdict(list)
+    for mdir_path, name in daemon.pending:
+        waiting[mdir_path].append(name)
+    dirs = []
+    for path, mdir in sorted(daemon.mdirs.items()):
+        held = daemon.lock_waiting.get(path, set())
+        names = [*waiting.get(path, []), *held]
+        oldest: float | None = None
+        for name in names:
+            try:
+                mtime = os.stat(os.path.join(mdir.staging, name), follow_symlinks=False).st_mtime
+            except (OSError, ValueError):
+                continue  # gone meanwhile: it waits for nothing
+            oldest = mtime if oldest is None else min(oldest, mtime)
+        dirs.append(
+            DirLive(
+                memory_dir=wire(path),
+                watched=daemon.watcher.staging_watched(path),
+                staging_exists=os.path.isdir(mdir.staging),
+                waiting=len(waiting.get(path, [])),
+                lock_waiting=len(held),
+                oldest_wait_since=oldest,
+            )
+        )
+    not_watched = {  # a glob's match that is a link is not followed (SPEC 6): not a failure
+        wire(path): "cannot be opened"
+        for path in daemon.dirs.unopened_logged
+        if path not in daemon.mdirs and os.path.realpath(path) == path
+    }
+    not_watched |= {
+        wire(path): "descriptor limit reached"
+        for path in daemon.dirs.over_limit
+        if path not in daemon.mdirs
+    }
+    return Live(
+        pid=os.getpid(),
+        started=started,
+        now=time.time(),
+        ready=daemon.ready,
+        status=daemon.status_text(),
+        decided=dict(daemon.counts),
+        unchanged=daemon.unchanged,
+        log_failing=log_failing(),
+        reload_error=None if daemon.reload_error is None else wire(daemon.reload_error),
+        memory_dirs=dirs,
+        not_watched=not_watched,
+    )

@@ -1,0 +1,704 @@
+"""The flow of every decision: read → decide → plan → apply → log.
+
+The daemon and ``--once`` both go through :class:`Pipeline`: the daemon a transaction of one
+file (:meth:`Pipeline.process`), ``--once`` transactions of up to :data:`BATCH` files
+(:meth:`Pipeline.batches`). Either way the same steps run in the same order, each in the module
+named after it: :mod:`memstaged.files.version` (a version, opened safely and kept open),
+:mod:`memstaged.core.decide` (the pure decision), :mod:`memstaged.files.plan` (what changes, as a
+value),
+:mod:`memstaged.files.transaction` (the one transaction that changes ``staging/`` and
+``deadletter/``), and the decision log, whose events this module builds from the transaction's
+results. Data flows one way; each module only calls downwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import resource
+import stat
+import time
+import traceback
+from collections.abc import Callable, Generator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Final
+
+import msgspec
+
+from memstaged.core.decide import Context, Decision, Verdict, decide, decide_too_large
+from memstaged.core.records import decided_again
+from memstaged.core.timestamps import format_epoch_ms
+from memstaged.errors import LogUnwritable
+from memstaged.files import fsio, temp_recovery, transaction
+from memstaged.files.locks import LockHeld, LockInfo, lock_to_obey
+from memstaged.files.memdir import (
+    MemoryDir,
+    Options,
+    is_staging_name,
+    opened_memory_dir,
+    staging_names,
+)
+from memstaged.files.plan import Plan, Result, Settled, Status, identity_hash, plan_of
+from memstaged.files.transaction_errors import Blocked, Stopped, log_stale_locks
+from memstaged.files.version import FirstSeen, Skip, Version, read_version
+from memstaged.run import decision_event, memory_budget
+from memstaged.run.decider_pool import FD_RESERVE, Deciders, Failure, ReadAhead, workers_wanted
+from memstaged.run.outcome import Batch, Outcome
+
+__all__ = [
+    "BATCH",
+    "BATCH_BYTES",
+    "BATCH_HELD",
+    "Pipeline",
+]
+
+#: How many files a batch decides and carries out together: one syncfs and one fsync per
+#: directory each. Measured on a 10,000-file backlog (docs/performance.md): 256 → 1,024 takes a
+#: fifth off the time spent applying; beyond, the gain is small and the batch's memory grows.
+BATCH: Final = 1024
+#: ... at most this many bytes of pending rewrites and originals held in memory at once ...
+BATCH_BYTES: Final = 32 * 1024 * 1024
+#: ... and at most this many versions held open until they are applied (SPEC 6: descriptors
+#: stay bounded; a service manager's default soft limit is 1,024).
+BATCH_HELD: Final = 256
+#: Rewrites remembered until they are looked at: more means a watcher that misses events, and
+#: the oldest are then forgotten (a forgotten one is logged as a plain ``valid``, which
+#: ``stats`` still tells from a decision by its ``rewrite_sha256``).
+MAX_REWRITES: Final = 100_000
+
+
+def _reason(err: OSError) -> str:
+    return f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+
+
+class _Pending:
+    """A file read and decided whose plan waits for its transaction."""
+
+    __slots__ = ("event", "plan", "started", "version")
+
+    def __init__(self, plan: Plan, version: Version, event: dict[str, Any], started: float) -> None:
+        self.plan = plan
+        self.version = version
+        #: The decision's log event, logged when the transaction announces the plan.
+        self.event = event
+        self.started = started
+
+
+class _Read:
+    """A file read ahead of its decision (issue 23): what :meth:`Pipeline._read_and_decide`
+    would have read, and the context its bytes are decided in, for a decider process."""
+
+    __slots__ = ("changed_at", "ctx", "name", "read", "started")
+
+    def __init__(self, name: str, started: float) -> None:
+        self.name = name
+        self.started = started
+        #: None: not read (not a staging name, or the lock is held); an exception: raised
+        #: where the file is decided, as if it had been raised reading it there.
+        self.read: Version | Skip | Exception | None = None
+        self.ctx: Context | None = None
+        self.changed_at = 0.0
+
+
+class _Lock:
+    """The reconciler's lock as the current transaction read it: files are read ahead for the
+    next transaction only while it is known to be free."""
+
+    __slots__ = ("blocked", "known")
+
+    def __init__(self) -> None:
+        self.blocked: LockInfo | None = None
+        self.known = False
+
+
+def _held_most() -> int:
+    """The versions a transaction holds open at most: :data:`BATCH_HELD`, or fewer where the
+    descriptor limit leaves less room (SPEC 6: a hard limit of 200 ran out of descriptors with
+    256 held, a traceback); read ahead gets no more than as many again."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return BATCH_HELD
+    return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 2))
+
+
+def _release(read: _Read) -> None:
+    """Close a version read ahead and never decided (its transaction found the lock held)."""
+    if isinstance(read.read, Version):
+        read.read.close()
+        read.read = None
+
+
+class Pipeline:
+    """Decides staging files of any number of memory dirs."""
+
+    def __init__(
+        self,
+        options: Options,
+        logger: Any,
+        clock: Callable[[], float] = time.time,
+        durable_log: Callable[[], AbstractContextManager[object]] | None = None,
+    ) -> None:
+        self.options = options
+        self.log = logger
+        self.clock = clock
+        #: The decision log's :func:`memstaged.log.writer.durable` (a test's recording logger has
+        #: none).
+        self._durable_log = durable_log if durable_log is not None else _durable_decision_log
+        self._stamp: tuple[int, str] = (-1, "")
+        self._first_seen = FirstSeen()
+        #: (memory dir, name) -> the SHA-256 of the rewrite memstaged put there and has not
+        #: looked at yet: the version it reads there next is its own rewrite (SPEC 1 and 7).
+        self._rewrites: dict[tuple[str, str], str] = {}
+        #: Memory dirs whose ``staging/`` could not be listed at the last :meth:`scan`.
+        self.unlisted: dict[str, str] = {}
+        #: Decider processes for batches of many files: started on first use, kept for the
+        #: whole run (its memory dirs one after the other) and stopped by :meth:`close`; issue 23.
+        self._deciders = Deciders(workers_wanted(), on_break=self._pool_given_up)
+        #: Files handed to :meth:`batches` so far: a run of many small memory dirs (1,000 of 100
+        #: files) is worth a pool as much as one large one.
+        self._batched = 0
+
+    # -- the entry points -----------------------------------------------------------------------
+
+    def process(self, mdir: MemoryDir, name: str) -> Outcome:
+        """Decide ``staging/<name>`` of ``mdir`` and carry the decision out; never raises."""
+        with contextlib.closing(self._transactions(mdir, [name], 1, 1)) as transactions:
+            return next(transactions).outcomes[name]
+
+    def batches(self, mdir: MemoryDir, names: list[str]) -> Generator[Batch, None, None]:
+        """Transactions of up to :data:`BATCH` files, one after the other; close the generator
+        (``contextlib.closing``) if it is left before its end: it holds the memory dir open.
+
+        One thread on purpose: applying a batch in a second thread while the next is decided
+        was tried and measured slower (docs/performance.md): handing the GIL back and forth
+        between the two cost more CPU than the waits for the disk it hid. The decider
+        processes are the run's: they decide ahead once the run has this and earlier memory
+        dirs' files enough to win back their start
+        (:data:`memstaged.run.decider_pool.POOL_THRESHOLD`), and they decide the next transaction's
+        files while this one is carried out.
+        """
+        size = self._batched + len(names)
+        self._batched = size
+        return self._transactions(mdir, names, BATCH, size)
+
+    def close(self) -> None:
+        """Stop the decider processes, if any started (at the end of a run)."""
+        self._deciders.close()
+
+    @property
+    def pool_given_up(self) -> str | None:
+        """Why the decider processes were given up for the rest of the run (None: they were
+        not), in one line."""
+        return self._deciders.broken
+
+    def _pool_given_up(self, why: str) -> None:
+        self.log.warning("deciders_stopped", reason=why)
+
+    # -- one transaction ------------------------------------------------------------------------
+
+    def _transactions(
+        self, mdir: MemoryDir, names: list[str], most: int, size: int
+    ) -> Generator[Batch, None, None]:
+        """The transactions of ``names`` in one memory dir, opened once for all of them.
+
+        Files are read ahead of their transaction, across transactions: with ``size`` files to
+        go (``--once``'s batches), the next transaction's files are read and sent to the decider
+        processes before this one's commit, so that they are decided while it runs. The
+        reconciler's lock is read again at the start of each transaction, and obeyed there: a
+        file read ahead while it was free is deferred, unchanged, if it is held by then (the
+        transaction takes the lock itself before it changes anything, SPEC 5). A file read
+        ahead holds its descriptor and read lease until it is decided, so a writer waits for
+        it at most one commit longer.
+        """
+        if not names:
+            return
+        try:
+            opened = opened_memory_dir(mdir)
+            mem_fd, staging_fd = opened.__enter__()
+        except OSError as err:
+            for start in range(0, len(names), most):
+                batch = Batch(mdir)
+                for name in names[start : start + most]:
+                    batch.outcomes[name] = self._unopened(mdir, name, err)
+                yield batch
+            return
+        lock = _Lock()
+        reads = (self._read_ahead(mdir, name, staging_fd, lock) for name in names)
+        held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
+        # One file at a time (the daemon's) needs no bound beside itself: not even estimated.
+        budget = None if most == 1 else memory_budget.budget(self.options.max_file_size)
+        ahead = self._deciders.ahead(reads, _job, size, held=held_most, budget=budget)
+        try:
+            left = len(names)  # so that no lock is read again after the last file
+            while left:
+                batch = self._transaction(mdir, mem_fd, staging_fd, lock, ahead, most, held_most)
+                if not batch.outcomes:  # every file taken (a name given twice)
+                    return
+                left -= len(batch.outcomes)
+                yield batch
+        finally:
+            for read in ahead.close():
+                _release(read)
+            opened.__exit__()
+
+    def _transaction(
+        self,
+        mdir: MemoryDir,
+        mem_fd: int,
+        staging_fd: int,
+        lock: _Lock,
+        ahead: ReadAhead[_Read],
+        most: int,
+        held_most: int,
+    ) -> Batch:
+        """Decide up to ``most`` files read ahead, then apply their plans together.
+
+        Valid, foreign, skipped and deferred files are final (and logged) at once; repairs and
+        quarantines wait for the transaction, which stops taking files early when the versions
+        it holds open reach ``held_most`` (:data:`BATCH_HELD`, or fewer under a low descriptor
+        limit), their bytes :data:`BATCH_BYTES`, or the estimated cost of the files it holds
+        leaves no room for the next (``ahead`` stops: :mod:`memstaged.run.memory_budget`).
+        """
+        batch = Batch(mdir)
+        try:
+            lock.blocked = lock_to_obey(mem_fd, self.log)
+            lock.known = True
+        except OSError as err:
+            lock.known = False  # nothing more is read ahead until it can be read
+            for read, _verdict in itertools.islice(ahead, most):
+                _release(read)
+                ahead.done(read)
+                batch.outcomes[read.name] = self._io_error(self._event(mdir, read.name), err)
+            return batch
+        pending: list[_Pending] = []
+        holding: list[_Read] = []  # the files of the pending plans, as read ahead
+        try:
+            held = 0
+            for read, verdict in ahead:
+                outcome, item = self._read_and_decide(
+                    mdir, read.name, staging_fd, lock.blocked, read.started, read, verdict
+                )
+                if item is None:
+                    ahead.done(read)
+                    batch.outcomes[read.name] = outcome
+                else:
+                    pending.append(item)
+                    holding.append(read)
+                    held += item.plan.held_bytes
+                if (
+                    len(batch.outcomes) + len(pending) >= most
+                    or len(pending) >= held_most
+                    or held >= BATCH_BYTES
+                ):
+                    break
+            if pending:
+                ahead.prefetch()  # decided by the workers while this transaction is carried out
+                batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
+        finally:
+            for item in pending:
+                item.version.close()
+            for read in holding:
+                ahead.done(read)
+        return batch
+
+    def _unopened(self, mdir: MemoryDir, name: str, err: OSError) -> Outcome:
+        """The outcome of a file whose memory dir or ``staging/`` cannot be opened."""
+        event = self._event(mdir, name)
+        if fsio.is_link(err, None, mdir.path) or (
+            err.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(mdir.staging)
+        ):
+            where = "staging/" if os.path.islink(mdir.staging) else "the memory dir"
+            return self._final(
+                event, Decision.SKIPPED, f"{where} is a symbolic link: never followed"
+            )
+        return self._io_error(event, err)
+
+    def _event(self, mdir: MemoryDir, name: str) -> dict[str, Any]:
+        event: dict[str, Any] = {"path": os.path.join(mdir.staging, name), "memory_dir": mdir.path}
+        if self.options.dry_run:
+            event["dry_run"] = True
+        return event
+
+    def _read_and_decide(
+        self,
+        mdir: MemoryDir,
+        name: str,
+        staging_fd: int,
+        blocked: LockInfo | None,
+        started: float,
+        ahead: _Read | None = None,
+        verdict: Verdict | Failure | None = None,
+    ) -> tuple[Outcome, _Pending | None]:
+        """A file's final outcome (logged), or the plan that carries its decision out.
+
+        ``ahead``: the file as :meth:`_read_ahead` read it; ``verdict``: a decider's verdict
+        of it (None: decide it here).
+        """
+        event = self._event(mdir, name)
+        if not is_staging_name(name):
+            return self._final(
+                event, Decision.SKIPPED, "not a staging file name", started=started
+            ), None
+        if blocked is not None:
+            if ahead is not None:
+                _release(ahead)  # read ahead while the lock was free: left as it is
+            outcome = self._final(event, Decision.DEFERRED, str(LockHeld(blocked)), started=started)
+            return msgspec.structs.replace(outcome, blocked_by_lock=True), None
+        version: Version | None = None
+        try:
+            if ahead is None or ahead.read is None:
+                read = read_version(staging_fd, name, self.options.max_file_size)
+            elif isinstance(ahead.read, Exception):
+                raise ahead.read
+            else:
+                read = ahead.read
+            # What was read there is either memstaged's own rewrite or what replaced it: it
+            # is known no longer (a lock or an I/O error above keeps it for the next look).
+            rewrite = self._rewrites.pop((mdir.path, name), None)
+            if isinstance(read, Skip):
+                outcome = self._final(event, Decision(read.decision), read.reason, started=started)
+                return msgspec.structs.replace(outcome, identity=read.identity), None
+            version = read
+            outcome, item = self._decide(mdir, version, event, started, rewrite, ahead, verdict)
+            if item is not None:
+                version = None  # the transaction owns it now
+            return outcome, item
+        except OSError as err:
+            return self._io_error(event, err, started), None
+        except Exception as err:  # noqa: BLE001 - a bug must not stop the daemon; it is logged
+            event["traceback"] = traceback.format_exc()
+            return self._failed(
+                event, f"internal error, file left as it is: {err!r}", started
+            ), None
+        finally:
+            if version is not None:
+                version.close()
+
+    def _decide(
+        self,
+        mdir: MemoryDir,
+        version: Version,
+        event: dict[str, Any],
+        started: float,
+        rewrite: str | None = None,
+        ahead: _Read | None = None,
+        decided: Verdict | Failure | None = None,
+    ) -> tuple[Outcome, _Pending | None]:
+        if ahead is not None and ahead.ctx is not None:
+            ctx, changed_at = ahead.ctx, ahead.changed_at
+        else:
+            ctx, changed_at = self._context(mdir, version, event["path"])
+        if isinstance(decided, Failure):  # a bug in a decider process: as one raised here
+            event["traceback"] = decided.traceback
+            message = f"internal error, file left as it is: {decided.error}"
+            return self._failed(event, message, started), None
+        if decided is None:
+            verdict = self._verdict(version, ctx)
+        else:  # its records may be rendered ahead: rendered again here only for another name
+            verdict = decided
+            decided_again(verdict.deadletter, lambda: self._verdict(version, ctx).deadletter)
+        decision_event.describe(event, verdict)
+        if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
+            # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
+            # as what it is, and is not a second decision of the file.
+            event["own_rewrite"] = True
+            self._finish_event(event, started)
+            return Outcome(Decision.VALID, version.identity, own_rewrite=True), None
+        if verdict.decision is Decision.DEFERRED:
+            retry = changed_at + self.options.settle
+            self._finish_event(event, started)
+            return Outcome(Decision.DEFERRED, version.identity, retry_at=retry), None
+        plan = None if self.options.dry_run else plan_of(version, verdict)
+        if plan is None:
+            self._finish_event(event, started)
+            return Outcome(verdict.decision, version.identity), None
+        return Outcome(verdict.decision, version.identity), _Pending(plan, version, event, started)
+
+    def _context(self, mdir: MemoryDir, version: Version, path: str) -> tuple[Context, float]:
+        """What a version is decided in, and when it was last seen to change."""
+        now = self.clock()
+        changed_at = self._first_seen.changed_at(version, now)
+        ctx = Context(
+            project_root=mdir.project_root,
+            file_name=version.name,
+            source_path=path,
+            settled=now - changed_at >= self.options.settle,
+            split_invalid_candidates=self.options.split_invalid_candidates,
+            decided_at=self._decided_at(int(now * 1000)),
+        )
+        return ctx, changed_at
+
+    def _read_ahead(self, mdir: MemoryDir, name: str, staging_fd: int, lock: _Lock) -> _Read:
+        """Read a file (and settle its context) before the files ahead of it are decided; what
+        is logged about it is left to :meth:`_read_and_decide`, in the files' order. Nothing is
+        read while the reconciler's lock is held or could not be read."""
+        read = _Read(name, time.perf_counter())
+        if not lock.known or lock.blocked is not None or not is_staging_name(name):
+            return read
+        try:
+            read.read = read_version(staging_fd, name, self.options.max_file_size)
+            if isinstance(read.read, Version) and read.read.data is not None:
+                read.ctx, read.changed_at = self._context(
+                    mdir, read.read, os.path.join(mdir.staging, name)
+                )
+        except Exception as err:  # noqa: BLE001 - raised again in _read_and_decide, in order
+            if isinstance(read.read, Version):
+                read.read.close()
+            read.read = err
+        return read
+
+    def _verdict(self, version: Version, ctx: Context) -> Verdict:
+        if version.data is not None:
+            return decide(version.data, ctx)
+        # SPEC 6: too large to read; moved, never read, so named by its identity's hash.
+        return decide_too_large(
+            ctx, identity_hash(version), version.identity.size, self.options.max_file_size
+        )
+
+    def _apply(self, mem_fd: int, staging_fd: int, pending: list[_Pending]) -> dict[str, Outcome]:
+        """Carry the pending plans out as one transaction, then log what differs from plan."""
+        by_name = {item.plan.key: item for item in pending}
+        announced: set[str] = set()
+
+        def announce(settled: Sequence[Settled]) -> None:
+            with self._durable_log():  # raises LogUnwritable: nothing of the plans is done
+                for names in settled:
+                    item = by_name[names.key]
+                    decision_event.name_settled(item.event, item.plan, names)
+                    self._finish_event(item.event, item.started)
+                    announced.add(names.key)
+
+        outcomes: dict[str, Outcome] = {}
+        fsio.load_libc()  # once per process, and not between an announcement and its change
+        try:
+            applied = transaction.apply(
+                mem_fd,
+                staging_fd,
+                [item.plan for item in pending],
+                announce=announce,
+                now=self.clock(),
+                max_copy=self.options.max_quarantine_copy,
+            )
+        except Blocked as held:
+            log_stale_locks(self.log, held.stale_locks)
+            for item in pending:
+                outcomes[item.plan.key] = self._after(
+                    item, announced, Decision.DEFERRED, str(held), blocked_by_lock=True
+                )
+            return outcomes
+        except LogUnwritable as err:
+            # SPEC 5 and 7 (issue 19 item 1): retried with the backoff of an error, and decided
+            # once the log can be written again; the log's own line on stderr said why.
+            for item in pending:
+                outcomes[item.plan.key] = self._after(
+                    item,
+                    announced,
+                    Decision.DEFERRED,
+                    err.reason,
+                    retry_at=self.clock() + self.options.settle,
+                    error=True,
+                )
+            return outcomes
+        except OSError as err:
+            log_stale_locks(self.log, err.stale_locks if isinstance(err, Stopped) else ())
+            for item in pending:
+                outcomes[item.plan.key] = self._after(
+                    item,
+                    announced,
+                    Decision.DEFERRED,
+                    f"I/O error, will retry: {_reason(err)}",
+                    retry_at=self.clock() + self.options.settle,
+                    error=True,
+                )
+            return outcomes
+        log_stale_locks(self.log, applied.stale_locks)
+        for item in pending:
+            outcomes[item.plan.key] = self._outcome(item, announced, applied.results[item.plan.key])
+        return outcomes
+
+    def _outcome(self, item: _Pending, announced: set[str], result: Result) -> Outcome:
+        """What a plan's result means for its file, logged where it is not what was planned."""
+        name = item.plan.key
+        if result.conflict is not None:
+            self.log.warning("conflict_parked", path=name, kept_as=result.conflict)
+        if result.status is Status.DONE:
+            rewrite = item.event.get("rewrite_sha256")
+            if rewrite is not None:
+                self._remember_rewrite(item.event["memory_dir"], name, rewrite)
+            return Outcome(Decision(item.event["decision"]), result.identity)
+        if result.status is Status.GONE:
+            return self._after(
+                item, announced, Decision.SKIPPED, "vanished before the decision was applied"
+            )
+        if result.status is Status.UNMOVABLE:
+            return self._after(
+                item,
+                announced,
+                Decision.DEFERRED,
+                "too large to read, and it can be neither moved into deadletter/ nor "
+                f"copied there: {result.reason or 'another mount'}; left in staging/",
+                retry_at=self.clock() + 3600,
+                error=True,
+            )
+        return self._after(
+            item,
+            announced,
+            Decision.DEFERRED,
+            "changed while being decided: the newer version is kept and decided afresh",
+            changed=True,
+        )
+
+    def _after(
+        self,
+        item: _Pending,
+        announced: set[str],
+        decision: Decision,
+        reason: str,
+        *,
+        error: bool = False,
+        **extra: Any,
+    ) -> Outcome:
+        """A planned decision that was not carried out: logged as what it became.
+
+        A plan that was announced has its decision in the log already; this second event says
+        that it was not carried out, and why (SPEC 5: logged before, never carried out unlogged).
+        """
+        event = dict(item.event)
+        event.pop("deadletter", None)
+        event.pop("repairs", None)
+        if item.plan.key in announced:
+            event["planned"] = event["decision"]
+        event["decision"] = decision.value
+        event["reasons"] = [*event.get("reasons", []), reason]
+        if error:
+            event["level_hint"] = "error"
+        self._finish_event(event, item.started)
+        return Outcome(decision, item.version.identity, error=error, **extra)
+
+    def _remember_rewrite(self, memory_dir: str, name: str, sha256: str) -> None:
+        if len(self._rewrites) >= MAX_REWRITES:
+            del self._rewrites[next(iter(self._rewrites))]
+        self._rewrites[(memory_dir, name)] = sha256
+
+    # -- logging --------------------------------------------------------------------------------
+
+    def _final(
+        self, event: dict[str, Any], decision: Decision, reason: str, *, started: float = 0.0
+    ) -> Outcome:
+        event["decision"] = decision.value
+        event["reasons"] = [*event.get("reasons", []), reason]
+        self._finish_event(event, started)
+        return Outcome(decision)
+
+    def _io_error(self, event: dict[str, Any], err: OSError, started: float = 0.0) -> Outcome:
+        return self._failed(event, f"I/O error, will retry: {_reason(err)}", started)
+
+    def _failed(self, event: dict[str, Any], reason: str, started: float) -> Outcome:
+        event["decision"] = Decision.DEFERRED.value
+        event["reasons"] = [*event.get("reasons", []), reason]
+        event["level_hint"] = "error"
+        self._finish_event(event, started)
+        return Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle, error=True)
+
+    def _finish_event(self, event: dict[str, Any], started: float) -> None:
+        if started:
+            event["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        self._emit(event)
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        hint = event.pop("level_hint", None)
+        if hint == "error":
+            self.log.error("decision", **event)
+        elif event.get("decision") == Decision.QUARANTINED.value:
+            self.log.warning("decision", **event)
+        else:
+            self.log.info("decision", **event)
+
+    def _decided_at(self, epoch_ms: int) -> str:
+        """``format_epoch_ms``, kept for the millisecond: a backlog decides ~10 files in one."""
+        if self._stamp[0] != epoch_ms:
+            self._stamp = (epoch_ms, format_epoch_ms(epoch_ms))
+        return self._stamp[1]
+
+    # -- crash recovery, listing ----------------------------------------------------------------
+
+    def recover_temps(self, mdir: MemoryDir) -> list[str] | None:
+        """Clean up what a killed memstaged left (see
+        :func:`memstaged.files.temp_recovery.recover_temps`)."""
+        try:
+            mem_fd = mdir.open()
+        except OSError:
+            return None
+        try:
+            return temp_recovery.recover_temps(
+                mem_fd,
+                temp_recovery.Recovery(
+                    self.log,
+                    mdir.project_root,
+                    self.options.split_invalid_candidates,
+                    self.options.max_file_size,
+                    self.clock(),
+                ),
+            )
+        except OSError as err:
+            self.log.error(
+                "temp_recovered", memory_dir=mdir.path, action=f"stopped: {_reason(err)}"
+            )
+            return None
+        finally:
+            os.close(mem_fd)
+
+    def scan(
+        self, mdir: MemoryDir, listing: list[str] | None = None, *, sort: bool = True
+    ) -> list[str]:
+        """The staging-file names of ``staging/``; why not, in the log, when it is a link or
+        cannot be listed (issue 13, item 3: an unreadable ``staging/`` is no silent success).
+
+        ``listing``: what :meth:`recover_temps` just read of ``staging/``, if it returned one.
+        ``sort=False`` leaves a ``listing``'s names in directory order, for a caller that sorts
+        only those it will read (sorting 10,000 names is a twentieth of a rescan of decided files).
+        """
+        self.unlisted.pop(mdir.path, None)
+        path = mdir.staging
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return []
+        if stat.S_ISLNK(st.st_mode):
+            self._emit(
+                {
+                    "path": path,
+                    "memory_dir": mdir.path,
+                    "decision": Decision.SKIPPED.value,
+                    "reasons": ["staging/ is a symbolic link: never followed"],
+                }
+            )
+            return []
+        if listing is not None:
+            return staging_names(listing, sort=sort)
+        try:
+            with opened_memory_dir(mdir) as (_mem_fd, staging_fd):
+                return staging_names(os.listdir(staging_fd), sort=sort)
+        except OSError as err:
+            if err.errno == errno.ENOENT:
+                return []
+            self.unlisted[mdir.path] = f"cannot list {path}: {_reason(err)}"
+            self.log.error(
+                "staging_unreadable", memory_dir=mdir.path, path=path, error=_reason(err)
+            )
+            return []
+
+
+def _job(read: _Read) -> tuple[bytes, Context] | None:
+    """What a decider process decides of a file read ahead: its bytes in its context."""
+    if isinstance(read.read, Version) and read.read.data is not None and read.ctx is not None:
+        return read.read.data, read.ctx
+    return None
+
+
+def _durable_decision_log() -> AbstractContextManager[object]:
+    from memstaged.log.writer import durable
+
+    return durable()
