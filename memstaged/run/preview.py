@@ -1,33 +1,23 @@
-"""A read-only look at a memory dir: what each staging file would get now, and what needs care.
+"""A read-only look at one staging file: what it would get now.
 
-Nothing here writes, renames or deletes, not even a stale lock: ``memstaged status`` must be safe
-to run at any time, next to a daemon and a reconciler. Files are decided by the triage engine, the
-same :func:`~memstaged.core.decide.decide` the daemon calls, so status cannot disagree with it.
+Nothing here writes, renames or deletes: ``memstaged status``, ``check`` and ``deadletter
+recover --dry-run`` must be safe to run at any time, next to a daemon and a reconciler. A file
+is read as the pipeline reads it and decided by the same :func:`~memstaged.core.decide.decide`
+the daemon calls, so a preview cannot disagree with it.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, Final
 
 import msgspec
 
 from memstaged.core.decide import Context, Decision, Verdict, decide
 from memstaged.core.timestamps import format_epoch_ms
-from memstaged.deadletter import acks
-from memstaged.deadletter.store import list_originals
-from memstaged.errors import MemstagedError
 from memstaged.files import fsio
-from memstaged.files.locks import instance_holder, read_lock
-from memstaged.files.memdir import DEADLETTER, STAGING, MemoryDir, Options, is_staging_name
+from memstaged.files.memdir import STAGING, MemoryDir, Options, is_staging_name
 from memstaged.files.version import CANNOT_READ, VANISHED, FirstSeen, Skip, read_version
-
-#: The per-file outcomes status counts: the six decisions (a file it may not read is deferred).
-OUTCOMES: Final = [d.value for d in Decision]
 
 
 class StagingEntry(msgspec.Struct, frozen=True):
@@ -111,159 +101,3 @@ def decide_entry(
         size = version.identity.size
         entry = StagingEntry(name, verdict.decision.value, first, version.mtime, size)
         return entry, verdict, version.data
-
-
-class DirStatus(msgspec.Struct, kw_only=True):
-    """What ``memstaged status`` reports for one memory dir."""
-
-    memory_dir: str
-    project_root: str
-    staging: dict[str, int]
-    files: list[StagingEntry]
-    oldest_file: str | None = None
-    oldest_age_seconds: float | None = None
-    deadletter_records: int = 0
-    #: Records not marked seen (``memstaged deadletter ack``): only these need attention.
-    deadletter_unseen: int = 0
-    deadletter_originals: int = 0
-    canonical_lock: dict[str, Any] | None = None
-    memstaged_pid: int | None = None
-    memstaged_kind: str | None = None
-    attention: list[str] = []
-    #: Of ``attention``, what a monitor reports as CRITICAL (``status --check``): the memory dir
-    #: cannot be looked into or watched, no daemon where one should run, no log written.
-    critical: list[str] = []
-    #: What the daemon holding the memory dir said of it (its control socket), when it answered.
-    daemon_answered: bool | None = None
-    #: The daemon's live counts, as its ``STATUS=`` says them (all its memory dirs).
-    daemon_status: str | None = None
-    watched: bool | None = None
-    waiting: int | None = None
-    oldest_wait_seconds: float | None = None
-
-
-#: How ``status`` names the memstaged holding the instance lock, by its role.
-_ROLE_TEXT: Final = {
-    "once": "--once run",
-    "deadletter": "deadletter command",
-    "daemon": "daemon",
-}
-
-
-def _deadletter_counts(mdir: MemoryDir, acked: set[str]) -> tuple[int, int, int]:
-    names = acks.record_names(mdir)
-    if not names and not Path(mdir.path, DEADLETTER).is_dir():
-        return 0, 0, 0
-    return len(names), acks.unseen(names, acked), len(list_originals(mdir))
-
-
-def survey(
-    mdir: MemoryDir,
-    options: Options,
-    *,
-    clock: float,
-    grace: float = 60.0,
-    max_age: float | None = None,
-    require_daemon: bool = False,
-    acked: set[str] | None = None,
-    state_dir: Path | None = None,
-) -> DirStatus:
-    """Look at ``mdir`` without changing it, and say what needs an operator's attention.
-
-    Dead-letter records need it only until they are marked seen (``acked``, see
-    :mod:`memstaged.deadletter.acks`): a quarantine is a normal outcome (issue 21 item 6). The
-    memstaged working on it is found by its instance lock, in ``state_dir`` (checked by the
-    caller)."""
-    status = DirStatus(
-        memory_dir=mdir.path,
-        project_root=mdir.project_root,
-        staging={o: 0 for o in (*OUTCOMES, "total")},
-        files=[],
-    )
-    attention = status.attention
-    if not Path(mdir.path).is_dir():
-        _critical(status, "the memory dir does not exist")
-        return status
-    try:
-        status.files = [entry for entry, _v, _d in iter_staging(mdir, options, clock)]
-    except OSError as err:
-        why = "a symbolic link" if err.errno == errno.ELOOP else err.strerror
-        _critical(status, f"cannot look into staging/: {why}")
-    counts = Counter(e.decision for e in status.files)
-    status.staging = {o: counts.get(o, 0) for o in OUTCOMES} | {"total": len(status.files)}
-    _staging_attention(status, clock, grace, max_age)
-    try:
-        found = _deadletter_counts(mdir, acked or set())
-        status.deadletter_records, status.deadletter_unseen, status.deadletter_originals = found
-    except (OSError, MemstagedError) as err:
-        attention.append(f"cannot look into deadletter/: {getattr(err, 'strerror', None) or err}")
-    if status.deadletter_unseen:
-        attention.append(
-            f"{status.deadletter_unseen} dead-letter record(s) not yet seen: memstaged "
-            "deadletter list, then memstaged deadletter ack"
-        )
-    _lock_status(status, mdir, require_daemon, state_dir)
-    return status
-
-
-def _unreadable(entry: StagingEntry) -> bool:
-    """A file memstaged may not read: deferred, but no wait will decide it (SPEC 5)."""
-    return entry.decision == Decision.DEFERRED.value and (entry.reason or "").startswith(
-        CANNOT_READ
-    )
-
-
-def _staging_attention(
-    status: DirStatus, clock: float, grace: float, max_age: float | None
-) -> None:
-    attention = status.attention
-    pending = [
-        e
-        for e in status.files
-        if e.decision in (Decision.REPAIRED.value, Decision.QUARANTINED.value)
-        and (e.mtime is None or clock - e.mtime >= grace)
-    ]
-    if pending:
-        names = ", ".join(e.name for e in pending[:3]) + (", ..." if len(pending) > 3 else "")
-        attention.append(f"{len(pending)} staging file(s) not yet repaired or quarantined: {names}")
-    odd = [e for e in status.files if e.decision == Decision.SKIPPED.value or _unreadable(e)]
-    if odd:
-        names = ", ".join(f"{e.name} ({e.reason})" for e in odd[:3])
-        attention.append(f"{len(odd)} staging entr(ies) memstaged cannot decide: {names}")
-    dated = [e for e in status.files if e.mtime is not None]
-    if dated:
-        oldest = min(dated, key=lambda e: e.mtime or 0.0)
-        status.oldest_file = oldest.name
-        status.oldest_age_seconds = round(clock - (oldest.mtime or clock), 3)
-        if max_age is not None and status.oldest_age_seconds > max_age:
-            attention.append(f"the oldest staging file ({oldest.name}) is older than --max-age")
-
-
-def _lock_status(
-    status: DirStatus, mdir: MemoryDir, require_daemon: bool, state_dir: Path | None
-) -> None:
-    try:
-        with fsio.opened_dir(mdir.path) as mem_fd:
-            info = read_lock(mem_fd)
-    except OSError as err:
-        status.attention.append(f"cannot read canonical-writer.lock: {err.strerror}")
-        info = None
-    if info is not None:
-        status.canonical_lock = {"pid": info.pid, "owner": info.owner, "alive": info.alive}
-        if not info.alive:
-            status.attention.append(
-                f"canonical-writer.lock names pid {info.pid}, which is gone (a stale lock)"
-            )
-    holder = instance_holder(state_dir, mdir)
-    if holder is not None and holder.role is not None:
-        status.memstaged_pid = holder.pid
-        status.memstaged_kind = _ROLE_TEXT[holder.role]
-    elif holder is not None:  # only the user's own processes may open it: not named
-        _critical(status, "a process that is not memstaged holds its instance lock")
-    elif require_daemon:
-        _critical(status, "no memstaged daemon is running on it")
-
-
-def _critical(status: DirStatus, text: str) -> None:
-    status.attention.append(text)
-    status.critical.append(text)

@@ -1,6 +1,6 @@
 """``memstaged status``: per memory dir, what is waiting, what failed, who is at work.
 
-Read-only (see :mod:`memstaged.run.preview`). Exit 0 when nothing needs attention and 1 otherwise,
+Read-only (see :mod:`memstaged.cli.health`). Exit 0 when nothing needs attention and 1 otherwise,
 so it serves as a health check (a systemd ``ExecCondition``, a cron mail). ``--check`` is the check
 a monitor runs (issue 21 item 6): one line and the exit codes of the Monitoring Plugins
 guidelines (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN) with performance data.
@@ -41,12 +41,12 @@ from memstaged.cli.commands._output import (
     print_json,
     render_table,
 )
+from memstaged.cli.health import OUTCOMES, DirStatus, survey
 from memstaged.cli.option_types import count, wait_seconds
 from memstaged.config import Settings, own_state_dir
 from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
 from memstaged.errors import MemstagedError
-from memstaged.run.preview import OUTCOMES, DirStatus, survey
 
 #: The Monitoring Plugins exit codes (``--check``).
 OK: Final = 0
@@ -352,7 +352,7 @@ def check_line(results: list[DirStatus], *, max_unseen: int, max_wait: float) ->
     return f"MEMSTAGED {_STATES[code]} - {text} | {' '.join(perf)}", code
 
 
-#: In the unseen dead-letter item of :func:`memstaged.run.preview.survey` (counted apart).
+#: In the unseen dead-letter item of :func:`memstaged.cli.health.survey` (counted apart).
 _UNSEEN: Final = "dead-letter record(s) not yet seen"
 #: The summary's columns, one row per memory dir (its header line, tab-separated off a terminal,
 #: is what scripts cut on).
