@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from memstaged import __version__
+from memstaged.files import fsio
 
 DATA: Final = Path(__file__).parents[1] / "data"
 #: Where each file goes under ``data/`` (the data files of pyproject.toml name the same).
@@ -88,8 +89,7 @@ def render() -> dict[str, str]:
 def main() -> int:
     for key, text in render().items():
         path = DATA / FILES[key]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        fsio.replace_file(path, text.encode(), mode=0o644, parents=True)
         sys.stdout.write(f"wrote {path}\n")
     return 0
 

@@ -6,7 +6,6 @@ The notifications (readiness, status, watchdog) live in :mod:`memstaged.daemon.s
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import shutil
@@ -295,14 +294,9 @@ def is_active() -> bool:
 
 def _write_atomically(target: Path, text: str) -> None:
     """Replace ``target`` (mode 0644) in one rename: a manager never reads half a unit."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.chmod(0o644)
-        tmp.replace(target)
+        fsio.replace_file(target, text.encode(), mode=0o644, parents=True)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(f"cannot write {target}: {err.strerror}") from None
 
 
@@ -349,7 +343,7 @@ def check_sandbox(unit: str, dropin: str, executable: str) -> None:
                 "install without --sandbox"
             )
     finally:
-        check.unlink(missing_ok=True)
+        fsio.remove(check)
         systemctl("daemon-reload")
         systemctl("reset-failed", SANDBOX_CHECK_UNIT)  # fails harmlessly when it did not fail
 
@@ -404,9 +398,8 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
         check_sandbox(text, dropin_text, executable)
         _write_atomically(dropin, dropin_text)
     elif dropin.exists():
-        dropin.unlink()
-        with contextlib.suppress(OSError):  # other drop-ins of the user's stay
-            dropin.parent.rmdir()
+        fsio.remove(dropin)
+        fsio.remove_empty_dir(dropin.parent)  # other drop-ins of the user's stay
     if previous is not None:  # a drop-in added or removed changes the service as much
         new_dropin = _read_if_there(dropin)
         changed += tuple(
@@ -488,12 +481,10 @@ def _memory_dirs(env: Mapping[str, str]) -> tuple[list[Path], str | None]:
 
 def _remove(path: Path, keep: list[Path]) -> bool:
     """Remove ``path`` (a tree too), unless one of ``keep`` (the memory dirs) is inside it."""
-    if path.is_dir() and not path.is_symlink():
-        if any(k == path or k.is_relative_to(path) for k in keep):
-            return False
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
+    is_tree = path.is_dir() and not path.is_symlink()
+    if is_tree and any(k == path or k.is_relative_to(path) for k in keep):
+        return False
+    fsio.remove(path, tree=True)
     return True
 
 
@@ -506,11 +497,10 @@ def uninstall(*, purge: bool = False) -> Uninstalled:
     target = unit_dir() / UNIT_NAME
     systemctl("disable", "--now", UNIT_NAME)  # fails harmlessly when it was never enabled
     systemctl("stop", UNIT_NAME)  # started without being enabled
-    target.unlink(missing_ok=True)
+    fsio.remove(target)
     dropin = unit_dir() / SANDBOX_DROPIN
-    dropin.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        dropin.parent.rmdir()
+    fsio.remove(dropin)
+    fsio.remove_empty_dir(dropin.parent)
     _checked("daemon-reload")
     systemctl("reset-failed", UNIT_NAME)  # forget a failed state; fails when there is none
     env = manager_environment() or dict(os.environ)

@@ -24,7 +24,6 @@ import collections
 import contextlib
 import os
 import socket
-import stat
 import struct
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -233,11 +232,7 @@ class Control:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             with _short_name(path) as name:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name)  # a socket of an earlier process with our pid: long dead
-                sock.bind(name)
-                os.chmod(name, 0o600)  # the directory is 0700 already: no window
-                self.ident = _ident(name)
+                self.ident = fsio.bind_private(sock, name)
             sock.listen(BACKLOG)
             self.clients = Clients(sock, wake=wake, touch=touch)
         except OSError:
@@ -263,15 +258,7 @@ class Control:
         """Stop serving and remove the socket (if it is still ours)."""
         self.clients.close()
         with contextlib.suppress(OSError), _short_name(self.path) as name:
-            if _ident(name) == self.ident:
-                os.unlink(name)
-
-
-def _ident(name: str) -> tuple[int, int]:
-    st = os.lstat(name)
-    if not stat.S_ISSOCK(st.st_mode):
-        raise FileExistsError(f"{name} is not a socket")
-    return st.st_dev, st.st_ino
+            fsio.unbind(name, self.ident)
 
 
 def touch(pid: int, env: Mapping[str, str] | None = None) -> None:

@@ -260,8 +260,7 @@ def process_families() -> list[Family]:
 
     out: list[Family] = []
     try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        fields = fsio.read_small("/proc/self/stat").rsplit(b")", 1)[1].split()
     except OSError:
         return out  # no /proc: the daemon's own metrics are still written
     ticks = os.sysconf("SC_CLK_TCK")
@@ -326,10 +325,9 @@ def process_families() -> list[Family]:
 
 def _boot_time() -> float | None:
     try:
-        with open("/proc/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime "):
-                    return float(line.split()[1])
+        for line in fsio.read_small("/proc/stat").splitlines():
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
     except OSError:
         return None
     return None

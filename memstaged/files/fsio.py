@@ -9,6 +9,7 @@ decided is :mod:`memstaged.files.version`'s.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -19,11 +20,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
 import msgspec
 
 from memstaged.core import digests
+
+if TYPE_CHECKING:
+    import socket
 from memstaged.errors import NotPrivate
 from memstaged.files.temp_names import PARTIAL, temp_name
 
@@ -401,15 +405,23 @@ def _unnamed(dir_fd: int) -> int | None:
 _T = TypeVar("_T")
 
 
-def _create_private(dir_fd: int, name: str) -> int:
-    """A new file ``name`` in ``dir_fd``: 0600 from its creation, never through a link, never
-    one that is already there."""
-    return os.open(
+def _create_private(dir_fd: int, name: str, mode: int = 0o600) -> int:
+    """A new file ``name`` in ``dir_fd``: 0600 from its creation (then ``mode`` exactly, not
+    the umask's, for a file others are to read), never through a link, never one that is
+    already there."""
+    fd = os.open(
         name,
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
         0o600,
         dir_fd=dir_fd,
     )
+    if mode != 0o600:
+        try:
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
 
 
 def put_complete(
@@ -423,6 +435,7 @@ def put_complete(
     sync: bool = True,
     created: str = "",
     complete: str = "",
+    mode: int = 0o600,
 ) -> _T:
     """Put a file under ``name`` in ``dir_fd`` only once ``fill`` has written all of it.
 
@@ -434,13 +447,14 @@ def put_complete(
     link cannot do), they go to the temp file ``partial``, renamed onto ``name`` (replacing it
     with ``replace``, else ``RENAME_NOREPLACE``). With ``partial`` None the file is created
     under ``name`` itself, and removed again if ``fill`` fails. ``created`` and ``complete``
-    name the crash points after the file is opened and after its bytes are durable.
+    name the crash points after the file is opened and after its bytes are durable. ``mode``:
+    the file's mode, 0600 unless others are to read it (a unit, a completion script).
     """
-    fd = _unnamed(dir_fd) if unnamed and not replace else None
+    fd = _unnamed(dir_fd) if unnamed and not replace and mode == 0o600 else None
     part = None
     if fd is None:
         part = name if partial is None else partial
-        fd = _create_private(dir_fd, part)
+        fd = _create_private(dir_fd, part, mode)
     try:
         if created:
             crash_point(created)
@@ -465,24 +479,152 @@ def put_complete(
     return result
 
 
-def replace_file(path: os.PathLike[str] | str, data: bytes, *, sync: bool = True) -> None:
-    """Replace ``path`` (a file the user named: the metrics file) with ``data`` as
-    :func:`replace_at` does. The directory is opened without following a link in its last
-    component. Raises :class:`OSError`."""
+def replace_file(
+    path: os.PathLike[str] | str,
+    data: bytes,
+    *,
+    sync: bool = True,
+    mode: int = 0o600,
+    parents: bool = False,
+) -> None:
+    """Replace ``path`` (a file the user named or installs: the metrics file, a unit, a
+    completion script) with ``data`` as :func:`replace_at` does, with ``mode``. The directory is
+    opened without following a link in its last component; with ``parents``, missing ones are
+    made first (0755: what is installed there is for others too). Raises :class:`OSError`."""
     parent, name = os.path.split(os.fspath(path))
+    if parents and parent:
+        os.makedirs(parent, 0o755, exist_ok=True)
     dir_fd = os.open(parent or ".", _DIR_FLAGS)
     try:
-        replace_at(dir_fd, name, data, sync=sync)
+        replace_at(dir_fd, name, data, sync=sync, mode=mode)
     finally:
         os.close(dir_fd)
 
 
-def replace_at(dir_fd: int, name: str, data: bytes, *, sync: bool = True) -> None:
-    """Replace ``name`` in ``dir_fd`` with ``data`` through :func:`put_complete`: 0600 from
-    creation, a reader sees the old file or the new one whole. Raises :class:`OSError`."""
+def replace_at(
+    dir_fd: int, name: str, data: bytes, *, sync: bool = True, mode: int = 0o600
+) -> None:
+    """Replace ``name`` in ``dir_fd`` with ``data`` through :func:`put_complete`: ``mode``
+    (0600) from creation, a reader sees the old file or the new one whole. Raises
+    :class:`OSError`."""
     tmp = f".{name}.{os.getpid()}.tmp"
     unlink_quietly(dir_fd, tmp)  # a crashed run's, under the same pid: O_EXCL would refuse
-    put_complete(dir_fd, name, lambda fd: write_all(fd, data), partial=tmp, replace=True, sync=sync)
+    put_complete(
+        dir_fd,
+        name,
+        lambda fd: write_all(fd, data),
+        partial=tmp,
+        replace=True,
+        sync=sync,
+        mode=mode,
+    )
+
+
+def remove(path: os.PathLike[str] | str, *, tree: bool = False) -> None:
+    """Remove the file (or link) at ``path`` if there is one; with ``tree``, a directory and
+    everything in it (never following a link). Raises :class:`OSError` but for a missing one."""
+    import shutil  # only uninstall removes trees
+
+    if tree and os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def remove_empty_dir(path: os.PathLike[str] | str) -> bool:
+    """Remove the directory at ``path`` if it is empty; whether it was."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
+
+
+def rename(src: os.PathLike[str] | str, dst: os.PathLike[str] | str) -> None:
+    """Rename ``src`` onto ``dst`` (a rotated log file). Raises :class:`OSError`."""
+    os.rename(src, dst)
+
+
+def devnull_over(fd: int) -> None:
+    """Point ``fd`` (a closed pipe's stdout) at /dev/null: no later write can fail again.
+    Raises :class:`OSError`."""
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def read_small(path: os.PathLike[str] | str, limit: int = 1 << 20) -> bytes:
+    """A small file the user or the kernel names (``/proc/<pid>/stat``, a source of the
+    package), following links: :func:`read_private` with ``follow``."""
+    return read_private(path, limit, follow=True)
+
+
+def open_append(
+    path: os.PathLike[str] | str, explain: Callable[[int], str] = lambda _mode: "not a regular file"
+) -> tuple[int, os.stat_result]:
+    """Open (or create, 0600) the append-only file at ``path`` (the decision log): never
+    blocking on a FIFO, refused (``EINVAL``, ``explain(mode)``) unless a regular file, made 0600
+    if it was not. Read-write: the caller reads its last byte. Raises :class:`OSError`."""
+    name = os.fspath(path)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+    fd = os.open(name, flags, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, explain(st.st_mode), name)
+        fcntl.fcntl(fd, fcntl.F_SETFL, os.O_APPEND)  # O_NONBLOCK was for the open only
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)  # a file that was there already is made private too
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def open_nonblocking(path: os.PathLike[str] | str) -> int:
+    """A descriptor to read what is at ``path`` (a log the user named), following links and
+    never blocking on a FIFO; the caller looks at what it is (``fstat``) before reading.
+    Raises :class:`OSError`."""
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def bind_private(sock: socket.socket, name: str) -> tuple[int, int]:
+    """Bind ``sock`` (``AF_UNIX``) at ``name``, in a directory already checked private, replacing
+    a socket left there (by an earlier process given the same pid: long dead), and make it
+    0600; its identity, for :func:`unbind`. Raises :class:`OSError`."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name)
+    sock.bind(name)
+    os.chmod(name, 0o600)  # the directory is 0700 already: no window
+    st = os.lstat(name)
+    if not stat.S_ISSOCK(st.st_mode):
+        raise FileExistsError(errno.EEXIST, "not a socket", name)
+    return st.st_dev, st.st_ino
+
+
+def unbind(name: str, ident: tuple[int, int]) -> None:
+    """Remove the socket at ``name`` if it is still the one bound (``ident``). Raises
+    :class:`OSError`."""
+    st = os.lstat(name)
+    if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == ident:
+        os.unlink(name)
+
+
+def sync_dir(path: os.PathLike[str] | str) -> None:
+    """fsync the directory at ``path``: the names created and renamed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_dir_following(path: os.PathLike[str] | str) -> int:
+    """A descriptor of the directory at ``path``, links followed (a path the user named)."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def write_temp(

@@ -26,6 +26,7 @@ import msgspec
 
 from memstaged.core.foreign import normalize
 from memstaged.errors import ConfigError, UsageError
+from memstaged.files import fsio
 
 Event = dict[str, Any]
 
@@ -217,7 +218,7 @@ def open_log(path: Path) -> IO[bytes]:
     from memstaged.log.rotated_file import not_a_log_file
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = fsio.open_nonblocking(path)
     except FileNotFoundError:
         raise
     except OSError as err:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import stat
 import sys
 import time
 from collections.abc import MutableMapping
@@ -155,18 +154,7 @@ class FileSink:
 
     def _open(self) -> tuple[int, tuple[int, int]]:
         """Open (or create) the file the path names now; refuse anything but a regular file."""
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
-        fd = os.open(self._name, flags, 0o600)  # O_RDWR: the last byte is read, see _append
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, not_a_log_file(st.st_mode), self._name)
-            fcntl.fcntl(fd, fcntl.F_SETFL, os.O_APPEND)  # O_NONBLOCK was for the open only
-            if stat.S_IMODE(st.st_mode) != 0o600:
-                os.fchmod(fd, 0o600)  # a file that was there already is made private too
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, st = fsio.open_append(self._name, not_a_log_file)  # read-write: see _append
         if st.st_size == 0:
             self._dir_changed = True  # created now, perhaps: its name is made durable too
         return fd, (st.st_dev, st.st_ino)
@@ -263,10 +251,10 @@ class FileSink:
         try:
             for i in range(self._backups - 1, 0, -1):
                 try:
-                    os.rename(f"{base}.{i}", f"{base}.{i + 1}")
+                    fsio.rename(f"{base}.{i}", f"{base}.{i + 1}")
                 except FileNotFoundError:
                     continue  # fewer backups so far than allowed
-            os.rename(base, f"{base}.1")
+            fsio.rename(base, f"{base}.1")
         except OSError as err:
             # Keep appending beyond max_bytes rather than losing events; try again later.
             self._rotate_after = time.monotonic() + _ROTATE_RETRY
@@ -299,7 +287,7 @@ class FileSink:
         try:
             os.fsync(self._fd)
             if self._dir_changed:
-                fsync_dir(self.path.parent)
+                fsio.sync_dir(self.path.parent)
                 self._dir_changed = False
         except OSError as err:
             self.failures += 1
@@ -327,15 +315,6 @@ def not_a_log_file(mode: int) -> str:
         f"not a regular file ({safe_text.file_kind(mode)}): the decision log must be a regular "
         "file, or a path where one can be created"
     )
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory: the names created and renamed in it are durable from then on."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _lock(fd: int, name: str, patience: float) -> None:

@@ -36,6 +36,7 @@ from memstaged.config import (
 from memstaged.core import digests
 from memstaged.core.decide import Decision
 from memstaged.errors import BusyError, ConfigError, Terminated
+from memstaged.files import fsio
 from memstaged.files.fsio import raise_fd_limit
 from memstaged.files.locks import InstanceLock
 from memstaged.files.memdir import MemoryDir
@@ -367,9 +368,7 @@ def _same_directory(pipeline: Pipeline, alias: Alias) -> None:
 def _silence(stream: IO[str]) -> None:
     """Point a closed pipe's descriptor at /dev/null, so the final flush cannot fail again."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
-        os.close(devnull)
+        fsio.devnull_over(stream.fileno())
     except (OSError, ValueError):
         return  # not a real file (a test's capture): nothing will flush it
 

@@ -52,6 +52,8 @@ _IMPORT: Final = re.compile(
     re.MULTILINE,
 )
 _WORD: Final = re.compile(rb"\w+")
+#: A source of the package larger than this is not one (the largest is about 30 KB).
+_MAX_SOURCE: Final = 16 * 1024 * 1024
 
 Key = tuple[int, int, int, int, int]
 
@@ -62,7 +64,6 @@ STAYS: Final = frozenset({Decision.VALID, Decision.FOREIGN})
 _MAX_SIZE: Final = 512 * 1024 * 1024
 #: The caches' directory in the state dir.
 SEEN_DIR: Final = "seen"
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class _Stored(msgspec.Struct, frozen=True):
@@ -107,8 +108,7 @@ def engine_files(package: str) -> list[str]:
         if relative in found or not exists(relative):
             continue
         found.add(relative)
-        with open(os.path.join(package, relative), "rb") as source:
-            text = source.read()
+        text = fsio.read_small(os.path.join(package, relative), _MAX_SOURCE)
         for match in _IMPORT.finditer(text):
             module, names, imported = match.groups()
             todo.extend(_module_files((module or imported or b"").decode(), names))
@@ -139,8 +139,7 @@ def _engine_hash() -> str:
         package = os.path.dirname(os.path.dirname(__file__))
         for relative in engine_files(package):
             digest.update(b"\0" + os.fsencode(relative) + b"\0")
-            with open(os.path.join(package, relative), "rb") as source:
-                digest.update(source.read())
+            digest.update(fsio.read_small(os.path.join(package, relative), _MAX_SOURCE))
         _engine_digest = digest.hexdigest()[:16]
     return _engine_digest
 
@@ -326,7 +325,7 @@ def split_unchanged(
     if not cache.entries:
         return names, []
     try:
-        staging_fd = os.open(staging, _DIR_FLAGS)
+        staging_fd = fsio.open_dir(staging)
     except OSError:
         return names, []  # pipeline.process says why, file by file
     try:

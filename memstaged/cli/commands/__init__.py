@@ -1,1 +1,0 @@
-"""Subcommands of ``memstaged``; each module has ``register(subparsers)``."""

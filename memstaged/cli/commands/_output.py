@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Final, ParamSpec
 
 from memstaged import safe_text
+from memstaged.files import fsio
 
 if TYPE_CHECKING:
     import subprocess
@@ -201,9 +202,7 @@ P = ParamSpec("P")
 def _stdout_to_devnull() -> None:
     """Point stdout at /dev/null, so that no later write or final flush can fail again."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        fsio.devnull_over(sys.stdout.fileno())
     except (OSError, ValueError, io.UnsupportedOperation):
         pass  # stdout is not a real file (a test's capture): nothing will flush it
 

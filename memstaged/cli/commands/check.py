@@ -24,6 +24,7 @@ from memstaged.config import Settings
 from memstaged.core.decide import Context, Decision, Verdict, decide
 from memstaged.core.foreign import normalize
 from memstaged.core.timestamps import format_epoch_ms
+from memstaged.files import fsio
 from memstaged.files.memdir import MemoryDir, is_staging_name, physical_path
 from memstaged.log.format import dumps
 from memstaged.run.preview import decide_entry
@@ -134,7 +135,7 @@ def _decide_path(
         return Decision.SKIPPED.value, "not a staging file name (*.json, not .*)", None, None
     directory = os.path.dirname(os.path.abspath(path))
     mdir = MemoryDir(os.path.dirname(directory), root)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dir_fd = fsio.open_dir_following(directory)
     try:
         found = decide_entry(mdir, dir_fd, name, options, clock)
     finally:

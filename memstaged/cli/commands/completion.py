@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from memstaged.errors import ConfigError, UsageError
+from memstaged.files import fsio
 
 #: Each shell's script inside the package (the keys of ``memstaged.cli.generate.FILES``).
 SCRIPTS: Final = {
@@ -100,14 +101,9 @@ def targets(env: Mapping[str, str]) -> list[Target]:
 
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` (0644) in one rename, so a shell starting meanwhile reads a whole script."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        tmp.chmod(0o644)
-        tmp.replace(path)
+        fsio.replace_file(path, text.encode(), mode=0o644, parents=True)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(f"cannot write {path}: {err.strerror}") from None
 
 
