@@ -172,7 +172,7 @@ def test_no_log_yet(capsys: pytest.CaptureFixture[str], log_file: Path) -> None:
 
 
 def test_journal_fields_round_trip(prepared: Path) -> None:
-    """Every logged event, turned into journal fields the way log.py sends them and back,
+    """Every logged event, turned into journal fields the way log/writer.py sends them and back,
     is the same event: the journal source and the file source agree without a journald."""
     events = logged(prepared)
     assert events

@@ -296,7 +296,7 @@ def test_the_man_page_has_the_sections_a_reader_looks_for() -> None:
         assert re.search(rf"^\s+{code}\s+\S", exit_status, re.MULTILINE), code
     read = set()  # the variables the code reads, however it names them
     for path in (REPO / "memstaged").rglob("*.py"):
-        if path.name != "manpage.py":
+        if path.name != "cli/manpage.py":
             text = path.read_text()
             read |= set(re.findall(r'"(MEMSTAGED_[A-Z_]+)"', text))
             found = re.findall(r'(?:ENV_PREFIX \+ |_env_value\(env, )"([A-Z_]+)"', text)
