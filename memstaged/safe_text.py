@@ -140,35 +140,6 @@ def _repairs_of_items(items: Sequence[Mapping[str, object]], shown: int) -> str:
     return text("; ".join(parts))
 
 
-def unquote(shown: str) -> str:
-    """The name :func:`name` showed, as ``os.fsdecode`` gives it (a test's proof of reversal)."""
-    if not shown.startswith('"'):
-        return shown
-    body = shown[1:-1]
-    out: list[str] = []
-    i = 0
-    while i < len(body):
-        char = body[i]
-        if char != "\\":
-            out.append(char)
-            i += 1
-            continue
-        kind = body[i + 1]
-        if kind == "x":
-            code = int(body[i + 2 : i + 4], 16)
-            out.append(chr(0xDC00 + code) if code >= 0x80 else chr(code))
-            i += 4
-            continue
-        if kind in "uU":
-            width = 4 if kind == "u" else 8
-            out.append(chr(int(body[i + 2 : i + 2 + width], 16)))
-            i += 2 + width
-            continue
-        out.append({"n": "\n", "r": "\r", "t": "\t"}.get(kind, kind))
-        i += 2
-    return "".join(out)
-
-
 def is_terminal(stream: IO[str]) -> bool:
     """Whether ``stream`` is a terminal; a closed or detached one is not (``isatty`` raises)."""
     try:

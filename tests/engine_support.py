@@ -8,6 +8,7 @@ with :func:`decide_doc`. Nothing here touches the file system.
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import math
 import re
@@ -18,6 +19,7 @@ from memstaged.core.decide import Context, Verdict, decide
 from memstaged.core.js.ecma import parse_json
 from memstaged.core.repair import Repair
 from memstaged.core.schema import CATEGORIES
+from memstaged.core.timestamps import canonical, repairable
 
 PROJECT: Final = "/home/ana/src/example-project"
 FILE_NAME: Final = "sess-1.json"
@@ -206,3 +208,20 @@ def is_safe_name(name: str) -> bool:
         and name not in ("", ".", "..")
         and len(name.encode("utf-8", "surrogatepass")) <= 255
     )
+
+
+class Form(enum.Enum):
+    """How a ``produced_at`` string stands with respect to SPEC 2.3 and R3."""
+
+    AS_WRITTEN = "as written"
+    REPAIRABLE = "repairable"
+
+
+def classify(value: str) -> tuple[Form, str] | None:
+    """A timestamp and its canonical form, a value R3 rewrites and what it writes, or ``None``:
+    how the engine's two readings (``canonical``, ``repairable``) split every value."""
+    found = canonical(value)
+    if found is not None:
+        return Form.AS_WRITTEN, found
+    fixed = repairable(value)
+    return None if fixed is None else (Form.REPAIRABLE, fixed)

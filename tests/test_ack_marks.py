@@ -75,7 +75,7 @@ def test_concurrent_acks_each_keep_their_mark(tmp_path: Path) -> None:
     ids = sorted(p.stem for p in (mdir / "deadletter").glob("*.json"))
     assert len(ids) == _ACKERS
     state = Path(env["XDG_STATE_HOME"]) / "memstaged"
-    marks = acks.acked_path(state, str(mdir))
+    marks = state / acks.ACKED_DIR / acks.file_name(str(mdir))
     for round_no in range(_ROUNDS):
         marks.unlink(missing_ok=True)
         assert _status(mdir, env)["deadletter_unseen"] == _ACKERS

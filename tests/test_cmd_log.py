@@ -340,7 +340,7 @@ def test_follow_reads_on_across_a_rotation(tmp_path: Path) -> None:
     write_log(path, [{"event": "a"}])
     source = FileSource(path, poll=0)
     try:
-        assert [e["event"] for e in source.history()] == ["a"]
+        assert [e["event"] for e in source.iter_history()] == ["a"]
         with path.open("a", encoding="utf-8") as fh:
             fh.write('{"event": "b"}\n')
         path.rename(tmp_path / "decisions.jsonl.1")

@@ -665,7 +665,7 @@ def test_a_fifo_at_the_marks_does_not_stop_a_quarantine_holding_the_lock(
     written, and SIGTERM obeyed."""
     metrics = tmp_path / "metrics" / "memstaged.prom"
     metrics.parent.mkdir()
-    marks = acks.acked_path(tmp_path / "xdg-state" / "memstaged", str(memory_dir))
+    marks = tmp_path / "xdg-state" / "memstaged" / acks.ACKED_DIR / acks.file_name(str(memory_dir))
     marks.parent.mkdir(parents=True, mode=0o700)
     os.mkfifo(marks, 0o600)
     daemon = spawn(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from memstaged.core.js.ecma import (
+    _JS_WHITESPACE_RUN,
     collapse,
     encode_json,
     is_finite_number,
@@ -16,7 +17,6 @@ from memstaged.core.js.ecma import (
     is_number,
     parse_json,
     pretty,
-    split_words,
     trim,
 )
 from memstaged.errors import NotJSON
@@ -369,3 +369,8 @@ def test_minus_zero_inside_a_string_takes_the_fast_path() -> None:
     assert "caf\u00e9 \u2013 na\u00efve".encode() in with_zero
     assert not parse_json(b'{"id":"a-0b","n":[-0.5,-0e1]}').exotic
     assert parse_json(b'{"n" : [ 1 ,\n-0 ] }').exotic  # the integer -0: the exact path
+
+
+def split_words(text: str) -> list[str]:
+    """``text.split(/\\s+/)`` without the empty strings at either end."""
+    return [w for w in _JS_WHITESPACE_RUN.split(text) if w]

@@ -15,16 +15,22 @@ import random
 from collections import Counter, OrderedDict
 from typing import Any, Final
 
+import msgspec
 import pytest
-from engine_support import DELETE, patched, staging
+from engine_support import DELETE, Form, classify, patched, staging
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memstaged.core.decide import _foreign_root
 from memstaged.core.foreign import foreign_root
 from memstaged.core.js.ecma import JS_WHITESPACE
-from memstaged.core.schema import check_file, is_valid
-from memstaged.core.timestamps import Form, classify
+from memstaged.core.schema import (
+    Problem,
+    candidate_arrays,
+    check_candidate,
+    check_fields,
+    is_valid,
+)
 
 Path = tuple[str | int, ...]
 
@@ -411,3 +417,33 @@ def hypothesis_documents(draw: st.DrawFn) -> Any:
 @given(doc=hypothesis_documents())
 def test_hypothesis_documents_agree(doc: Any) -> None:
     agree(doc)
+
+
+class Report(msgspec.Struct, frozen=True):
+    """The validation of one decoded file, split the way repairs R1 and R4 need it."""
+
+    file_problems: tuple[Problem, ...]
+    #: (category, index) of each invalid candidate, with its problems.
+    candidate_problems: dict[tuple[str, int], tuple[Problem, ...]]
+
+    @property
+    def valid(self) -> bool:
+        return not self.file_problems and not self.candidate_problems
+
+    def problems(self) -> list[Problem]:
+        out = list(self.file_problems)
+        for found in self.candidate_problems.values():
+            out.extend(found)
+        return out
+
+
+def check_file(doc: object) -> Report:
+    """Validate a decoded staging file whole, every invalid candidate's problems at once: the
+    slow reading ``is_valid`` must agree with (the engine streams :func:`check_candidate`)."""
+    by_candidate: dict[tuple[str, int], tuple[Problem, ...]] = {}
+    for category, items in candidate_arrays(doc):
+        for i, item in enumerate(items):
+            found = check_candidate(category, item, f"candidates.{category}[{i}]")
+            if found:
+                by_candidate[(category, i)] = tuple(found)
+    return Report(tuple(check_fields(doc)), by_candidate)

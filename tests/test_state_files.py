@@ -96,7 +96,7 @@ def test_fifos_at_the_marks_and_the_seen_cache_block_no_command(
     replaces the FIFO with its marks, and ``--once`` with its cache."""
     env, record = _quarantined_record(tmp_path, memory_dir)
     state = Path(env["XDG_STATE_HOME"])
-    marks = acks.acked_path(state / "memstaged", str(memory_dir))
+    marks = state / "memstaged" / acks.ACKED_DIR / acks.file_name(str(memory_dir))
     seen = _seen_path(state, memory_dir)
     if seen.exists():
         seen.unlink()

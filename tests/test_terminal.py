@@ -368,7 +368,8 @@ def test_once_table_fits_80_columns(pane_env: dict[str, str], short_dir: Path) -
 def test_the_journal_message_names_no_none() -> None:
     """Issue 22 item 5: the journal's MESSAGE of the daemon's stop event said ``abandoned=None``
     when no work was abandoned, and ``log`` said ``abandoned=null``. The event is built here as
-    the daemon logs it (``daemon/loop.py``'s stop): a real stop needs a daemon run for nothing else."""
+    the daemon logs it (``daemon/loop.py``'s stop): a real stop needs a daemon run for nothing
+    else."""
     event: dict[str, Any] = {
         "event": "stop",
         "decided": 3,

@@ -11,13 +11,12 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from engine_support import Form, classify
 
 from memstaged.core.timestamps import (
     EPOCH,
-    Form,
     canonical,
     canonical_or_epoch,
-    classify,
     format_epoch_ms,
     is_timestamp,
     repairable,

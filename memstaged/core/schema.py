@@ -41,24 +41,6 @@ class Problem(msgspec.Struct, frozen=True):
         return f"{self.where}: {self.why}" if self.where else self.why
 
 
-class Report(msgspec.Struct, frozen=True):
-    """The validation of one decoded file, split the way repairs R1 and R4 need it."""
-
-    file_problems: tuple[Problem, ...]
-    #: (category, index) of each invalid candidate, with its problems.
-    candidate_problems: dict[tuple[str, int], tuple[Problem, ...]]
-
-    @property
-    def valid(self) -> bool:
-        return not self.file_problems and not self.candidate_problems
-
-    def problems(self) -> list[Problem]:
-        out = list(self.file_problems)
-        for found in self.candidate_problems.values():
-            out.extend(found)
-        return out
-
-
 def _need_string(obj: Mapping[str, Any], key: str, where: str, out: list[Problem]) -> None:
     if key not in obj:
         out.append(Problem(f"{where}{key}", "is missing"))
@@ -241,23 +223,6 @@ def candidate_arrays(doc: object) -> Iterator[tuple[str, list[Any]]]:
         items = candidates.get(category)
         if isinstance(items, list):
             yield category, items
-
-
-def check_file(doc: object) -> Report:
-    """Validate a decoded staging file; never raises, whatever the value.
-
-    The report holds every invalid candidate's problems at once: the engine, which must stay
-    within a small multiple of the file's size, streams :func:`check_candidate` instead.
-    """
-    by_candidate: dict[tuple[str, int], tuple[Problem, ...]] = {}
-    for category, items in candidate_arrays(doc):
-        for i, item in enumerate(items):
-            if not i & 1023:
-                tick()  # hundreds of thousands of candidates take seconds to explain
-            found = check_candidate(category, item, f"candidates.{category}[{i}]")
-            if found:
-                by_candidate[(category, i)] = tuple(found)
-    return Report(tuple(check_fields(doc)), by_candidate)
 
 
 # --- the fast path ------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ it is.
 from __future__ import annotations
 
 import re
-from enum import Enum
 from typing import Final
 
 from memstaged.core.js.date_parse import days_from_civil, local_offset_seconds, parse
@@ -35,13 +34,6 @@ _COMMA: Final = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2}),([0-9]+)"
     r"([Zz]|[+-][0-9]{2}(?::?[0-9]{2})?)?"
 )
-
-
-class Form(Enum):
-    """How a ``produced_at`` string stands with respect to SPEC 2.3 and R3."""
-
-    AS_WRITTEN = "as written"
-    REPAIRABLE = "repairable"
 
 
 def _leap(year: int) -> bool:
@@ -175,15 +167,6 @@ def repairable(value: str) -> str | None:
     if offset is None:
         return None
     return format_epoch_ms((wall - offset) * 1000 + millis)
-
-
-def classify(value: str) -> tuple[Form, str] | None:
-    """A timestamp and its canonical form, a value R3 rewrites and what it writes, or ``None``."""
-    found = canonical(value)
-    if found is not None:
-        return Form.AS_WRITTEN, found
-    fixed = repairable(value)
-    return None if fixed is None else (Form.REPAIRABLE, fixed)
 
 
 def canonical_or_epoch(value: object) -> str:

@@ -54,15 +54,9 @@ class _Stored(msgspec.Struct, frozen=True):
 _decoder: Final = msgspec.json.Decoder(_Stored)
 
 
-def _file_name(memory_dir: str) -> str:
+def file_name(memory_dir: str) -> str:
     """The marks' file name in ``acked/`` (a hash of the memory dir's path, as the seen cache)."""
     return digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24] + ".json"
-
-
-def acked_path(state_dir: Path, memory_dir: str) -> Path:
-    """Where the marks of ``memory_dir`` live (for display: they are opened relative to the
-    checked descriptor of ``acked/``, never by this path)."""
-    return state_dir / ACKED_DIR / _file_name(memory_dir)
 
 
 def load(state_dir: Path | None, memory_dir: str) -> set[str]:
@@ -78,7 +72,7 @@ def load(state_dir: Path | None, memory_dir: str) -> set[str]:
 
 def _load_at(acked_fd: int, memory_dir: str) -> set[str]:
     try:
-        data = fsio.read_private(_file_name(memory_dir), _MAX_SIZE, dir_fd=acked_fd)
+        data = fsio.read_private(file_name(memory_dir), _MAX_SIZE, dir_fd=acked_fd)
     except OSError:
         return set()  # none, or not a file memstaged wrote (a FIFO, a link, too large)
     try:
@@ -156,7 +150,7 @@ def _save(acked_fd: int, memory_dir: str, seen: Iterable[str]) -> None:
     """
     names = sorted(n for n in set(seen) if _encodable(n))
     data = msgspec.json.encode(_Stored(_label(memory_dir), names))
-    fsio.replace_at(acked_fd, _file_name(memory_dir), data)
+    fsio.replace_at(acked_fd, file_name(memory_dir), data)
 
 
 def _label(memory_dir: str) -> str:

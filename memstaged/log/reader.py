@@ -182,8 +182,6 @@ def memory_dir_pattern(text: str) -> str:
 class Source(Protocol):
     """Where events come from: what is there now, then what arrives."""
 
-    def history(self) -> list[Event]: ...
-
     def iter_history(self) -> Iterator[Event]: ...
 
     def iter_reverse(self) -> Iterator[Event]: ...
@@ -268,9 +266,6 @@ class FileSource:
         self._fh: IO[bytes] | None = None
         self._ino: int | None = None
         self._partial = b""
-
-    def history(self) -> list[Event]:
-        return list(self.iter_history())
 
     def iter_history(self) -> Iterator[Event]:
         """What is there now, oldest first, read a chunk at a time: the first events are
@@ -444,7 +439,6 @@ class JournalSource:
             raise UsageError(
                 "--journal needs systemd-python (the systemd.journal module)"
             ) from None
-        self._journal = journal
         try:
             self._reader = journal.Reader(path=directory) if directory else journal.Reader()
         except OSError as err:
@@ -468,9 +462,6 @@ class JournalSource:
             event = event_from_journal(entry)
             if event is not None:
                 events.append(event)
-
-    def history(self) -> list[Event]:
-        return self._drain()
 
     def iter_history(self) -> Iterator[Event]:
         yield from self._drain()

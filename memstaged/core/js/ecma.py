@@ -103,11 +103,6 @@ def collapse(text: str) -> str:
     return trim(_JS_WHITESPACE_RUN.sub(" ", text))
 
 
-def split_words(text: str) -> list[str]:
-    """``text.split(/\\s+/)`` without the empty strings at either end."""
-    return [w for w in _JS_WHITESPACE_RUN.split(text) if w]
-
-
 def _casing(c: str) -> int:
     """0 neither, 1 cased, 2 case-ignorable, as Node's Unicode says (Final_Sigma's terms)."""
     kind = _NEWER_CASING_MAP.get(ord(c))
