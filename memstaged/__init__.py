@@ -4,7 +4,7 @@ Valid files are left alone, repairable ones rewritten, the rest quarantined with
 
 The engine (``decide`` and its types) is imported on first use, not with the package: every
 command imports ``memstaged``, and most of them (``status``, ``--once`` on nothing new) never
-decide a file (issue 14: start-up).
+decide a file (start-up).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ ENV_PREFIX: Final = "MEMSTAGED_"
 #: ``inf``) overflow the timers, and mean a setting mistyped rather than wanted.
 MAX_INTERVAL: Final = 7 * 86_400.0
 #: The most rotated decision logs kept. Each rotation renames every one, missing or not:
-#: ``log_backups = 99999999999999999999999`` would never finish one (issue 19 item 2).
+#: ``log_backups = 99999999999999999999999`` would never finish one.
 MAX_LOG_BACKUPS: Final = 1000
 
 
@@ -114,7 +114,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Where memstaged keeps its own state (the seen cache, the ack marks, the instance locks):
     #: ``$XDG_STATE_HOME/memstaged``, used only when it is the user's own (:func:`own_state_dir`).
     state_dir: Path | None = None
-    #: Where the daemon writes its metrics (issue 21 item 7); None: it does not.
+    #: Where the daemon writes its metrics; None: it does not.
     metrics_file: Path | None = None
     #: Where each setting of :data:`SETTING_NAMES` (and ``config``, the file) came from.
     origins: dict[str, Origin] = {}
@@ -175,7 +175,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         ``MEMSTAGED_MEMORY_DIRS``: one of these that cannot be worked on stops memstaged with
         exit 2. A glob's matches are only what it matched (README: "a glob match that is not a
         memory dir is just not one"): one that cannot be held (a link, a busy lock, no
-        descriptor left) is reported and the others are worked on (issue 10 item 11, SPEC 6).
+        descriptor left) is reported and the others are worked on (SPEC 6).
         """
         if not self.explicit_dirs:
             return frozenset()
@@ -187,7 +187,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Alias(NamedTuple):
-    """A path to a memory dir that an earlier path already reaches (issue 19 item 7)."""
+    """A path to a memory dir that an earlier path already reaches."""
 
     mdir: MemoryDir
     first: MemoryDir
@@ -202,10 +202,10 @@ def one_path_each(mdirs: Iterable[MemoryDir]) -> tuple[list[MemoryDir], list[Ali
 
     Memory dirs are keyed by path, and a project root is derived from the path: through a bind
     mount or a linked literal prefix, one directory reached by two paths would be decided twice,
-    with two project roots, and a file foreign by one would be moved by the other (issue 19
-    item 7, SPEC 2.4). The directory's ``(st_dev, st_ino)`` tells: the first path in the order
-    given (the order of configuration, then sorted glob matches) is kept and gives the project
-    root. A path that cannot be opened has no identity and is kept, for its error to be said.
+    with two project roots, and a file foreign by one would be moved by the other (SPEC 2.4). The
+    directory's ``(st_dev, st_ino)`` tells: the first path in the order given (the order of
+    configuration, then sorted glob matches) is kept and gives the project root. A path that cannot
+    be opened has no identity and is kept, for its error to be said.
     """
     kept: list[MemoryDir] = []
     aliases: list[Alias] = []
@@ -305,7 +305,7 @@ def read_config(path: Path) -> FileConfig:
 
 def _read_config(path: Path) -> tuple[FileConfig, frozenset[str]]:
     """:func:`read_config`, and the keys the file sets (the others are defaults)."""
-    import tomllib  # only when there is a config file (issue 14: start-up)
+    import tomllib  # only when there is a config file (start-up)
 
     try:
         # Links are followed, as the user named this path (dotfile managers link configs).
@@ -537,7 +537,7 @@ def load(
 
 
 def check_log_file(path: Path) -> None:
-    """The decision log is a regular file or a path where one can be made (issue 19 item 3).
+    """The decision log is a regular file or a path where one can be made.
 
     Checked for every command, before anything opens it: a FIFO that nobody reads would block
     every writer and reader of the log, and a device or ``/dev/null`` keeps nothing, which would

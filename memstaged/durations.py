@@ -1,6 +1,6 @@
 """Seconds as a person types them: the one reading of ``--settle``, ``--wait``, ``--older-than``.
 
-Three options once read seconds three ways (issue 20): ``--settle`` (and the config's
+Three options once read seconds three ways: ``--settle`` (and the config's
 intervals) as a bare number, the inspection commands' ages (``--older-than 30d``, ``--since
 2h``, ``--grace``) as a number with a unit, and ``deadletter --wait`` as either, each with its
 own regular expression or ``float`` call. They are one reading here; each option says which

@@ -114,7 +114,7 @@ def repairs(items: Sequence[Mapping[str, object]], shown: int = 3) -> str:
 
     Each rule is named with at most ``shown`` places (``(+N more)``), and R5 last: a file that
     lacked three categories and a lesson's triggers says R1 first, instead of hiding it behind
-    the three R5s (issue 13: "repaired lines on a TTY don't say which repair"). Escaped.
+    the three R5s ("repaired lines on a TTY don't say which repair"). Escaped.
     """
     try:
         key = tuple((item.get("rule"), item.get("where")) for item in items)

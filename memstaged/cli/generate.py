@@ -66,7 +66,7 @@ def render() -> dict[str, str]:
     try:
         parser = _parser()
         out = {shell: shtab.complete(parser, shell=shell) for shell in ("bash", "zsh", "fish")}
-        # Both in DESCRIPTION, in this order: the epilog is not "COMMENTS" (issue 22 item 8).
+        # Both in DESCRIPTION, in this order: the epilog is not "COMMENTS".
         about = [parser.description, parser.epilog]
         parser.description = parser.epilog = None
         _drop_hidden(parser)

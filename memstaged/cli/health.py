@@ -85,7 +85,7 @@ def survey(
     """Look at ``mdir`` without changing it, and say what needs an operator's attention.
 
     Dead-letter records need it only until they are marked seen (``acked``, see
-    :mod:`memstaged.deadletter.acks`): a quarantine is a normal outcome (issue 21 item 6). The
+    :mod:`memstaged.deadletter.acks`): a quarantine is a normal outcome. The
     memstaged working on it is found by its instance lock, in ``state_dir`` (checked by the
     caller)."""
     status = DirStatus(

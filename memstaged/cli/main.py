@@ -42,7 +42,7 @@ def _named_command(argv: Sequence[str]) -> str | None:
     command, an option abbreviated beyond recognition).
 
     Only that subcommand's module is imported and its parser built: the six modules and their
-    parsers were a third of ``--once``'s start-up (issue 14). In doubt every one is built, so
+    parsers were a third of ``--once``'s start-up. In doubt every one is built, so
     argparse sees the whole command line as before and says the same.
     """
     words = iter(argv)
@@ -65,7 +65,7 @@ def _named_command(argv: Sequence[str]) -> str | None:
 
 def _columns() -> int:
     """``shutil.get_terminal_size().columns``, without importing shutil (and with it bz2, lzma
-    and fnmatch: ~2 ms of every start-up, issue 14): ``$COLUMNS``, else the terminal's, else 80."""
+    and fnmatch: ~2 ms of every start-up): ``$COLUMNS``, else the terminal's, else 80."""
     try:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run memstaged; returns the exit code."""
     try:
         words = sys.argv[1:] if argv is None else list(argv)
-        if words[:2] == ["deadletter", "ids"]:  # what a Tab press waits for (issue 22 item 7)
+        if words[:2] == ["deadletter", "ids"]:  # what a Tab press waits for
             from memstaged.cli.commands import ids
 
             return ids.main(words[2:])

@@ -1,5 +1,5 @@
 """The man page's sections beyond what argparse knows: exit status, signals, files, environment,
-configuration keys, examples (issue 22 item 8).
+configuration keys, examples.
 
 argparse-manpage makes NAME, SYNOPSIS, DESCRIPTION and OPTIONS from the parser; these sections
 are added to the same generated page (:mod:`memstaged.cli.generate`). Their text is the docs' own:

@@ -128,7 +128,7 @@ def writable_trees(env: Mapping[str, str]) -> list[str]:
         trees.append(tree)
     state = settings.state_dir or config.default_state_dir(env)
     trees += [str(state), str(settings.log_file.parent)]
-    # Issue 21 items 6 and 7: the control socket under $XDG_RUNTIME_DIR (ProtectSystem=strict
+    # The control socket under $XDG_RUNTIME_DIR (ProtectSystem=strict
     # makes /run read-only), and the metrics file's directory.
     runtime = env.get("XDG_RUNTIME_DIR", "")
     if runtime.startswith("/"):
@@ -365,7 +365,7 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
     that differ from the unit installed before are returned (``ExecStart`` names another
     installation after ``pipx install`` then ``make install``, say). With ``enable`` it is
     enabled and started if it is not running; a running service is restarted only with
-    ``restart`` (issue 22 item 9: an install must not silently swap the program under a running
+    ``restart`` (an install must not silently swap the program under a running
     daemon), else the result says that it still runs the old unit.
     When the service would exit at once (no memory dir configured, a bad config file), the unit
     is written but neither enabled nor started: starting it would only leave a failed unit, and
@@ -436,7 +436,7 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
 
 @dataclass(frozen=True)
 class Uninstalled:
-    """What ``uninstall`` did, and what it left (issue 22 item 9)."""
+    """What ``uninstall`` did, and what it left."""
 
     path: Path
     #: memstaged's own files and directories removed (``purge``).

@@ -95,7 +95,7 @@ class Verdict(msgspec.Struct, frozen=True):
     #: ``quarantined``, for R4, and for R6 (then with no records), always before any rewrite.
     original: str | None = None
     #: For ``quarantined``: the ``reasons`` a repair would have fixed. They come last: the
-    #: reasons lead with the errors that remain after every repair (SPEC 7, issue 21 item 1).
+    #: reasons lead with the errors that remain after every repair (SPEC 7).
     repairable: tuple[str, ...] = ()
 
 
@@ -147,7 +147,7 @@ class _Tally:
     """A stream of validation errors: the first :data:`MAX_REASONS` of them, and their count.
 
     A file of hundreds of thousands of invalid candidates has millions of errors; keeping them
-    all took up to 200 times the file's size (issue 19 item 5). The log lists the first ones
+    all took up to 200 times the file's size. The log lists the first ones
     and says how many more; each record finds its own again as it is written.
     """
 

@@ -5,8 +5,8 @@ decision log (``sha256``, ``rewrite_sha256``), so whichever implementation makes
 are the same: SHA-256 is SHA-256.
 
 Why not ``hashlib`` everywhere: ``import hashlib`` loads its ``_hashlib`` extension, which links
-OpenSSL's libcrypto: 3.4 MB of an idle daemon's resident memory (issue 23's target is 25 MB on
-50 memory dirs; docs/performance.md) and 2.5 ms of every command's start-up. CPython's own
+OpenSSL's libcrypto: 3.4 MB of an idle daemon's resident memory (the target is 25 MB on 50
+memory dirs; docs/performance.md) and 2.5 ms of every command's start-up. CPython's own
 SHA-256 (``_sha256`` on 3.11, ``_sha2`` from 3.12) needs nothing but libc. It is 5 times slower
 per byte (360 against 1,830 MB/s on the bench's machine, whose CPU has SHA extensions): nothing
 for the daemon, which hashes a file as it decides it (16 µs more for a 7 KB file, of the 2.2 ms

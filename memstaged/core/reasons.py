@@ -1,7 +1,7 @@
 """Which errors of a quarantine a repair would have fixed, and so which one a reader sees first.
 
 A quarantined file's ``reasons`` (and a dead-letter record's ``errors``) lead with the errors that
-remain after every repair, and mark the others ``repairable`` (SPEC 7, issue 21 item 1): the error
+remain after every repair, and mark the others ``repairable`` (SPEC 7): the error
 that made a file irreparable is what a person must read first, not the ``candidates.decisions: is
 missing`` that R5 would have added. Logs and records written before the mark existed list the
 errors in the order they were found; for those, the one error known to be always repaired, a

@@ -49,7 +49,7 @@ class Origin(msgspec.Struct, frozen=True):
     ``errors`` are the file-level validation errors, those no repair fixes first and then
     ``repairable``, those a repair would have fixed; each record adds its own candidate's.
     ``reason`` is the first error of the whole file that no repair fixes: why it was quarantined,
-    which a record of a valid candidate does not otherwise say (issue 21 item 1).
+    which a record of a valid candidate does not otherwise say.
     """
 
     file_name: str
@@ -141,7 +141,7 @@ class _Shared:
         self.exotic = exotic
         #: The file whose candidates' problems are each record's own (None: ``doc``). A
         #: record's errors are found again as it is rendered, not kept for every candidate
-        #: at once: they took up to 200 times the file (issue 19 item 5).
+        #: at once: they took up to 200 times the file.
         self.checked = doc if checked is None else checked
         #: The file once every repair was applied (None: no repair touches the candidates).
         self.repaired = repaired
@@ -392,7 +392,7 @@ def rendered_ahead(records: Sequence[DeadLetter]) -> tuple[DeadLetter, ...] | No
     """The records, each with its bytes rendered for the planned original and without the
     parsed file; None when they would be larger than :data:`AHEAD_LIMIT` together.
 
-    A decider process sends these back instead of the parsed file (issue 23): pickling a
+    A decider process sends these back instead of the parsed file: pickling a
     decoded document cost more than deciding it, and the reading process rendered every record
     again. Rendering one for another original (rare: the planned name was taken) needs the
     file: :func:`decided_again` gives the way back to it.

@@ -97,7 +97,7 @@ def keyword_topic(text: str) -> str:
     Lower-cased and measured as JavaScript does (``toLowerCase``, UTF-16 ``length``), and split on
     JavaScript whitespace (``str.split()`` would also split on U+001C..U+001F and U+0085). The
     words are read one at a time up to the fourth kept: a list of every word of an 8 MiB text
-    took 20 times its size (issue 19 item 5).
+    took 20 times its size.
     """
     kept: list[str] = []
     for count, match in enumerate(_WORD.finditer(_KEYWORD_SEPARATORS.sub(" ", to_lower(text)))):

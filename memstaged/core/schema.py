@@ -25,7 +25,7 @@ from memstaged.core.timestamps import is_timestamp
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")
 #: Of one array in a candidate (its triggers, its ids), the problems of at most this many invalid
 #: elements are listed; one more problem counts the others. A candidate's problems, and so its
-#: dead-letter record, stay bounded whatever its size (issue 19 item 5: an 8 MB array of ``{}``
+#: dead-letter record, stay bounded whatever its size (an 8 MB array of ``{}``
 #: triggers was millions of problems).
 MAX_ELEMENT_PROBLEMS: Final = 100
 _PLAIN_TRIGGERS: Final = ("path", "filename", "topic")
@@ -302,7 +302,7 @@ def _triggers_ok(triggers: object) -> bool:
 def _lessons_ok(items: list[Any]) -> bool:
     for i, candidate in enumerate(items):
         if not i & 4095:
-            tick()  # a stop and the watchdog are served at a tick (issue 20)
+            tick()  # a stop and the watchdog are served at a tick
         if not isinstance(candidate, dict):
             return False
         get = candidate.get
@@ -320,7 +320,7 @@ def _lessons_ok(items: list[Any]) -> bool:
 def _preferences_ok(items: list[Any]) -> bool:
     for i, candidate in enumerate(items):
         if not i & 4095:
-            tick()  # a stop and the watchdog are served at a tick (issue 20)
+            tick()  # a stop and the watchdog are served at a tick
         if not isinstance(candidate, dict):
             return False
         s = candidate.get("text")
@@ -337,7 +337,7 @@ def _decisions_ok(items: list[Any]) -> bool:
     """Decisions and domain facts: the same fields."""
     for i, candidate in enumerate(items):
         if not i & 4095:
-            tick()  # a stop and the watchdog are served at a tick (issue 20)
+            tick()  # a stop and the watchdog are served at a tick
         if not isinstance(candidate, dict):
             return False
         get = candidate.get

@@ -1,7 +1,7 @@
 """Progress from inside one decision, for a watchdog that must hear from the daemon meanwhile.
 
 The engine is pure and knows nothing of systemd; but one hostile file can keep it busy for
-seconds (issue 19 item 5), and the daemon pings the watchdog only between files. So the engine's
+seconds, and the daemon pings the watchdog only between files. So the engine's
 long loops call :func:`tick` every so much work, and the daemon hooks its heartbeat here
 (:meth:`memstaged.daemon.sd_notify.Heartbeat.beat` sends a ping only when one is due). Outside the
 daemon no hook is set and a tick costs one global look-up.
@@ -33,7 +33,7 @@ class Abandoned(BaseException):
     """Raised by a progress tick (the daemon's hook,
     :meth:`memstaged.daemon.loop.Daemon.checkpoint`) once SIGTERM's grace is over.
 
-    The stop protocol has no exception raised from a signal handler (issue 20): the handler
+    The stop protocol has no exception raised from a signal handler: the handler
     only sets :attr:`memstaged.daemon.loop.Daemon.stopping`. The work loop looks at it between two
     files, and the long loops of the engine and of the transaction look at it at each
     :func:`tick`, the only points where a file's work is abandoned. So a ``finally`` in the

@@ -74,11 +74,10 @@ class _Last:
     """The last ``produced_at`` parsed and what it gave, by identity.
 
     One decision asks about the same string up to five times (validity before and after the
-    repairs, the report, the records' canonical form); a hostile 8 MiB one is parsed once
-    (issue 19 item 5). Only within a decision (:func:`remember` to :func:`forget`): the answer
-    depends on the local time zone, which may change between decisions, and no file's text
-    outlives its decision here. One tuple, replaced whole: a reader in another thread sees a
-    text with its own result or nothing.
+    repairs, the report, the records' canonical form); a hostile 8 MiB one is parsed once. Only
+    within a decision (:func:`remember` to :func:`forget`): the answer depends on the local time
+    zone, which may change between decisions, and no file's text outlives its decision here. One
+    tuple, replaced whole: a reader in another thread sees a text with its own result or nothing.
     """
 
     pair: tuple[str, int | None] | None = None

@@ -1,4 +1,4 @@
-"""The daemon's control socket: ``memstaged status`` asks the daemon itself (issue 21 item 6).
+"""The daemon's control socket: ``memstaged status`` asks the daemon itself.
 
 A daemon that holds its memory dirs' instance locks but is stopped (``SIGSTOP``) or hung looked
 healthy to a status that only read the locks. So the daemon answers ``status`` from the loop that

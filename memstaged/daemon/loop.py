@@ -219,7 +219,7 @@ class Daemon:
 
     def _limit(self, max_file_size: int) -> None:
         """A lower size limit: files decided under the old one that are over it now are decided
-        again (too large to read); the others stay decided (issue 21 item 3)."""
+        again (too large to read); the others stay decided."""
         for cache in self.seen.values():
             cache.limit(max_file_size)
         over = {k for k, ident in self.identities.items() if ident.size > max_file_size}
@@ -468,7 +468,7 @@ class Daemon:
         )
         if self.reload_error is None:
             return counts
-        # Issue 21 item 8: a refused reload is said where `systemctl status` shows it, until a
+        # A refused reload is said where `systemctl status` shows it, until a
         # reload succeeds; escaped, as a newline in a path would end the sd_notify message.
         return f"reload refused, old settings kept: {safe_text.text(self.reload_error)}; {counts}"
 

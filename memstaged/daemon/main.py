@@ -57,8 +57,8 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
 
 
 def attach(daemon: Daemon, tally: metrics.Tally) -> None:
-    """The control socket (when ``$XDG_RUNTIME_DIR`` is set) and the metrics file (issue 21
-    items 6 and 7); a socket that cannot be made is logged and the daemon works on without."""
+    """The control socket (when ``$XDG_RUNTIME_DIR`` is set) and the metrics file; a socket that
+    cannot be made is logged and the daemon works on without."""
     started = time.time()
     path = control_socket.socket_path(os.getpid())
     if path is not None:
@@ -82,7 +82,7 @@ def install_signal_handlers(daemon: Daemon) -> None:
     the engine's progress ticks act on it (:meth:`Daemon.checkpoint`), so a stop is acted on
     within :data:`STOP_GRACE` plus one tick whatever file is in hand, and never raised from a
     signal handler. The ticks feed the watchdog too: one hostile file may take seconds to
-    decide, and the pings must not wait for it (issue 19 item 5)."""
+    decide, and the pings must not wait for it."""
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     signal.signal(signal.SIGHUP, daemon.request_reload)

@@ -5,7 +5,7 @@ descriptor, SPEC 5 and 6), its watches, and the identity of its directory (a mem
 by a new directory is dropped and added again). It knows nothing of the files in a memory dir:
 what is done with them when a dir is added or dropped is the :class:`Owner`'s (the daemon's).
 
-New projects are seen at once (issue 12): for a configured glob such as
+New projects are seen at once: for a configured glob such as
 ``~/src/*/.pi/memory/project``, the directories on the way to its memory dirs are watched, and
 only while they exist and match: ``~/src`` (the glob's literal prefix), each ``~/src/X``, each
 ``X/.pi`` and each ``X/.pi/memory``. An entry appearing or going in one of them that matches the
@@ -74,7 +74,7 @@ class Stopped(Exception):
 
 
 #: Descriptors kept free for everything but the instance locks: a memory dir whose lock would
-#: eat into them is not added, so the dirs already held are still decided (issue 10 item 11).
+#: eat into them is not added, so the dirs already held are still decided.
 #: Counted (docs/daemon.md): 7 always open (stdin, stdout, stderr, the decision log, the inotify
 #: descriptor and watchdog's two wake-up pipe ends), and at most 6 more while one file is decided
 #: (memory dir, staging/, the version in hand, deadletter/, originals/, a temp file or the
@@ -127,7 +127,7 @@ class MemoryDirs:
         #: (st_dev, st_ino) of each memory dir when it was added: a replaced one is re-added.
         self.dir_ids: dict[str, tuple[int, int]] = {}
         #: The path each held directory is worked on as: a second path to it is not added
-        #: (issue 19 item 7), and the path it was skipped for, so that it is said once.
+        #:, and the path it was skipped for, so that it is said once.
         self.held_ids: dict[tuple[int, int], str] = {}
         self.aliases_said: dict[str, str] = {}
         self.busy_logged: set[str] = set()
@@ -214,7 +214,7 @@ class MemoryDirs:
         """Whether the directory of ``mdir`` is already worked on through another path (a bind
         mount, a linked literal prefix): it is then not added, and that is said once.
 
-        Issue 19 item 7: the path it was added by keeps it, with its project root, for as long
+        The path it was added by keeps it, with its project root, for as long
         as it is held; in one expansion of the globs that is the first path in the order of
         configuration (:meth:`sync` adds in that order). Its ``flock`` would only say "busy".
         """

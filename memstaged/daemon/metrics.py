@@ -1,5 +1,4 @@
-"""OpenMetrics/Prometheus metrics in a file, for node_exporter's textfile collector (issue 21
-item 7).
+"""OpenMetrics/Prometheus metrics in a file, for node_exporter's textfile collector.
 
 With ``metrics_file`` set, the daemon writes its metrics there in Prometheus's text exposition
 format (0.0.4, what node_exporter's textfile collector reads), atomically: a temp
@@ -15,7 +14,7 @@ watched) and from :class:`Tally`, which sees every event the daemon logs (repair
 quarantined candidates, watch failures, the last decision); the log file's failed writes
 are counted by the log itself (:func:`memstaged.log.rotated_file.failed_writes`), across reloads.
 
-The text is written here, not by ``prometheus_client`` (issue 23, measured): importing it took
+The text is written here, not by ``prometheus_client`` (measured): importing it took
 4.2 MB of the idle daemon's resident memory (about 30 MB with it, against a target of 25) and
 0.1 s, for 16 lines of a format that has not changed since 2014. The tests read the file with
 ``prometheus_client``'s own parser, as node_exporter would.

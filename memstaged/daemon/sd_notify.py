@@ -10,7 +10,7 @@ of ``WATCHDOG_USEC``, ``EXTEND_TIMEOUT_USEC=`` while the start-up backlog is dec
 :func:`memstaged.core.ticks.tick` while one file is decided, so the pings come from the thread that
 decides files, from where its work happens: a worker stuck (a hung read, a loop that makes no
 progress) stops pinging, and systemd restarts the service, but a hostile file that takes seconds
-to decide does not leave a gap longer than a third of ``WatchdogSec=`` (issue 19 item 5).
+to decide does not leave a gap longer than a third of ``WatchdogSec=``.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from watchdog.observers.inotify_c import (
 from memstaged.files.locks import CANONICAL_LOCK
 from memstaged.files.memdir import STAGING, MemoryDir, is_staging_name
 
-if TYPE_CHECKING:  # imported when a network file system is polled (issue 14: the daemon's RSS)
+if TYPE_CHECKING:  # imported when a network file system is polled (the daemon's RSS)
     from watchdog.observers.polling import PollingObserver
 
 #: File systems where inotify sees no changes made by other machines.
@@ -227,7 +227,7 @@ _MASKS: Final[dict[str, int]] = {
     "level": _IN.IN_DELETE | _IN.IN_MOVE | _IN.IN_CREATE | _SELF,
 }
 #: Each role of each watched path has a callback id of its own: a directory watched in two
-#: roles, or through two paths (issue 19 item 7: one inotify watch, whose events each path's
+#: roles, or through two paths (one inotify watch, whose events each path's
 #: callback turns into its own signal), keeps one inotify watch and every callback.
 _CALLBACK_IDS: Final = itertools.count(1)
 
@@ -457,7 +457,7 @@ class Watcher:
         Watching anew adds each new watch before it gives up the old one (``renew``):
         removing the memory dir's watch first, even for a moment, lost the event of a
         ``staging/`` created meanwhile, and the daemon then waited for the periodic rescan to
-        see it (a ``staging/`` made readable again, issue 21 item 7).
+        see it (a ``staging/`` made readable again).
         """
         kind = self.kind_for(mdir.path)
         if kind == "polling" or mdir.path in self._polled:

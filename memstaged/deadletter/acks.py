@@ -1,4 +1,4 @@
-"""Dead-letter records an operator has seen (``memstaged deadletter ack``), issue 21 item 6.
+"""Dead-letter records an operator has seen (``memstaged deadletter ack``).
 
 A quarantine is a normal outcome: once someone has looked at a record, ``status`` and
 ``status --check`` should stop asking for attention because of it, without the record being

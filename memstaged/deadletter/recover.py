@@ -274,7 +274,7 @@ def recover(
 
     Works beside a running daemon: the plan is made without any lock, and carried out in short
     transactions of :func:`memstaged.files.transaction.begin`, each re-checking what it depends on.
-    An I/O error stops it (issue 20 item 5: exit 1, not a usage error): what was done is
+    An I/O error stops it (exit 1, not a usage error): what was done is
     reported, and every record not yet tried is left, with the error as its reason.
     """
     records, every, found, staged = _gather(mdir, wanted, options, clock)

@@ -251,7 +251,7 @@ def _parse_light(data: bytes) -> Parsed:
     """A record as ``deadletter list`` needs it, without building its embedded original.
 
     Each record holds the whole staging file it came from, and parsing that was most of what
-    listing cost (issue 13: 20,000 records/s). The wrapper's ``original_staging_file`` is left
+    listing cost (20,000 records/s). The wrapper's ``original_staging_file`` is left
     as raw bytes; anything msgspec refuses is parsed in full, as :func:`parse_json` does.
     """
     try:

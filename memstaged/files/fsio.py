@@ -103,7 +103,7 @@ def _crash_plan(spec: str) -> tuple[str, int, signal.Signals] | None:
 #: Test hook, read once at import: ``MEMSTAGED_CRASH_AT=<step>:<n>`` kills this process with
 #: SIGKILL the n-th time :func:`crash_point` reaches ``<step>`` (``any`` matches every step);
 #: ``<step>:<n>:<signal>`` (``INT``, ``TERM``) sends that signal instead, so that a test can
-#: interrupt a run at a known step rather than guess when it is there (issue 19 item 8).
+#: interrupt a run at a known step rather than guess when it is there.
 _CRASH_AT: Final = _crash_plan(os.environ.get("MEMSTAGED_CRASH_AT", ""))
 _crash_counts: Counter[str] = Counter()
 
@@ -165,7 +165,7 @@ def open_dir(path: str, dir_fd: int | None = None, *, create: bool = False) -> i
 
     Relative to ``dir_fd``, every component of ``path`` is opened on its own with
     ``O_NOFOLLOW`` (``O_NOFOLLOW`` alone guards only the last one: ``deadletter/originals``
-    with a linked ``deadletter/`` would be followed, issue 10 item 7). An absolute ``path``
+    with a linked ``deadletter/`` would be followed). An absolute ``path``
     follows links in everything but its last component: that is the configured literal prefix.
     """
     if dir_fd is not None and "/" in path.strip("/"):
@@ -845,7 +845,7 @@ def read_fd(fd: int, size_hint: int, limit: int) -> bytes | None:
 
     ``size_hint`` is the size ``fstat`` gave. Each read asks for more than is left of that
     size, so a read that returns less once ``size_hint`` bytes are in is the end of the file:
-    no second read to see the end (issue 14: one call less per decided file). Before that
+    no second read to see the end (one call less per decided file). Before that
     size, or on a file that grew, it reads on until a read returns nothing, as before.
     """
     chunks: list[bytes] = []

@@ -53,9 +53,8 @@ class MemoryDir(msgspec.Struct, frozen=True):
         """``(st_dev, st_ino)`` of the directory itself, opened as its instance lock opens it.
 
         Two paths to one memory dir (a bind mount of the project, a linked literal prefix) have
-        the same identity, and must not be decided twice with two project roots (issue 19 item
-        7). None when it cannot be opened (gone, a link below the anchor): whoever opens it next
-        says why.
+        the same identity, and must not be decided twice with two project roots. None when it cannot
+        be opened (gone, a link below the anchor): whoever opens it next says why.
         """
         try:
             fd = self.open()

@@ -107,7 +107,7 @@ def plan_of(version: Version, verdict: Verdict) -> Plan | None:
 def identity_hash(version: Version) -> str:
     """The hash a too-large file is named by: of its identity, since its bytes are never read.
 
-    Hashing a 100 GiB sparse file would take minutes under the lock (issue 10, item 10); the
+    Hashing a 100 GiB sparse file would take minutes under the lock; the
     file is moved, not read, so what names it is ``dev:ino:size:mtime_ns:ctime_ns``.
     """
     ident = version.identity

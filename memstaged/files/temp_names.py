@@ -49,7 +49,7 @@ class _Tokens:
     value (drawn once), ``_RANDOM_HEX`` hex digits. Unique among live processes by the pid, and
     unlike a leftover of an earlier process with the same pid by the random start; a clash is
     refused anyway (``O_EXCL``, ``linkat``, ``RENAME_NOREPLACE``). Was 16 random bytes per name:
-    a ``getrandom`` call for each temp file (issue 14: calls per decision)."""
+    a ``getrandom`` call for each temp file (calls per decision)."""
 
     def __init__(self) -> None:
         self.pid = -1

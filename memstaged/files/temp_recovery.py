@@ -62,7 +62,7 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
     """Clean up what a killed memstaged left: delete only what is provably redundant.
 
     A stale ``canonical-writer.lock`` of memstaged's own is removed first (SPEC 5: at start, not
-    only when a file is next decided there; issue 10, item 12). A temp file in the memory dir (a
+    only when a file is next decided there). A temp file in the memory dir (a
     lock being taken) or in ``deadletter/`` only ever holds memstaged's own lock, record or
     copy: it is deleted. A temp file in ``staging/`` may hold a writer's version that was
     displaced at the moment of the crash, so it is deleted only when the same bytes (or their
@@ -70,7 +70,7 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
     own. A temp in ``staging/`` whose ``flock`` a live process holds (a recovery running beside
     this daemon, between writing its new staging file and naming it) is no leftover: it is left
     alone, and nothing is logged about it. Every directory is opened one component at a time
-    without following a link (item 7).
+    without following a link.
 
     Returns the listing of ``staging/`` when it had no temp file (the usual case), so that a
     scan need not list a directory of thousands of files a second time.

@@ -39,7 +39,7 @@ Then, under ``canonical-writer.lock``:
    trusted; records whose original must take another name than the one they were rendered for are
    written again), and each new staging file's name (the first free ``<base>.recovered-<n>.json``);
 4. the plans are announced with their settled names (``announce``: the caller logs them and
-   makes the log durable): nothing is carried out unlogged (issue 10, item 5);
+   makes the log durable): nothing is carried out unlogged;
 5. the rewrites' temps are written and made durable (one ``syncfs`` for a batch, an fsync for
    one plan); the dead-letter files get their names; ``originals/``, ``deadletter/`` and the
    memory dir are fsynced;

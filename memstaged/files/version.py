@@ -2,9 +2,9 @@
 
 A :class:`Version` is the bytes memstaged decides on and the open descriptor of the inode they
 came from. The descriptor stays open until the decision is carried out, so that the inode number
-cannot be freed and reused by a writer's next temp file meanwhile (issue 10, item 1); with the
+cannot be freed and reused by a writer's next temp file meanwhile; with the
 ctime in the :class:`~memstaged.files.fsio.Identity`, an in-place rewrite that restores the mtime is
-seen too (item 2). Opening never follows a link and never blocks on a FIFO. A read lease on the
+seen too. Opening never follows a link and never blocks on a FIFO. A read lease on the
 descriptor (:func:`read_lease`) makes a writer that opens the file to write wait until the
 descriptor is closed, and tells memstaged that one is waiting (SPEC 5: concurrent writers).
 """
@@ -181,7 +181,7 @@ class FirstSeen:
     """When memstaged first saw a version whose mtime lies in the future (SPEC 5).
 
     Such a file settles counting from that moment, not from its mtime: a file dated a day ahead
-    would otherwise be re-read and logged ``deferred`` for a whole day (issue 10, item 14).
+    would otherwise be re-read and logged ``deferred`` for a whole day.
     """
 
     def __init__(self) -> None:

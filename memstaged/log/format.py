@@ -80,7 +80,7 @@ def dumps(event: Any) -> str:
         return msgspec.json.encode(event).decode()
     except (TypeError, UnicodeEncodeError, OverflowError):
         # Compact as msgspec writes: one command's --json lines must not change form when a
-        # file name is not UTF-8 (issue 22 item 5: status --json's later objects had spaces).
+        # file name is not UTF-8 (status --json's later objects had spaces).
         return json.dumps(event, default=_json_default, separators=_COMPACT)
 
 
@@ -89,7 +89,7 @@ def message(event: MutableMapping[str, Any]) -> str:
 
     Names and reasons come from whoever writes to ``staging/``: every control character is
     escaped (:mod:`memstaged.safe_text`), so a file name with a newline or an ESC can neither
-    fake a log line nor drive the terminal (issue 10 item 16). A repair says which.
+    fake a log line nor drive the terminal. A repair says which.
     """
     kind = event.get("event", "")
     if kind == "decision":

@@ -146,7 +146,7 @@ class EventFilter(msgspec.Struct, frozen=True, kw_only=True):
 
 def partly_quarantined(event: Mapping[str, Any]) -> bool:
     """A ``repaired`` file whose invalid candidates R4 dead-lettered: what a query for the
-    quarantines must find too (issue 21 item 5). Older logs say it only by the repairs' rule."""
+    quarantines must find too. Older logs say it only by the repairs' rule."""
     if event.get("decision") != "repaired":
         return False
     if event.get("partly_quarantined"):
@@ -207,7 +207,7 @@ def rotated_files(path: Path) -> list[Path]:
 
 
 def open_log(path: Path) -> IO[bytes]:
-    """Open a decision log file (or a rotated one) for reading, never blocking (issue 19 item 3).
+    """Open a decision log file (or a rotated one) for reading, never blocking.
 
     ``O_NONBLOCK``: a FIFO at the path (``.1`` included, which the config check does not see)
     would block the reader until someone writes; it is refused like any file that is not a

@@ -3,7 +3,7 @@
 The inspection commands read it without journald, and it is the one sink a change waits for: a
 change whose announcement it could not take whole and durably is not carried out
 (:func:`memstaged.log.writer.durable`, SPEC 5 and 7). The daemon, ``--once``, recover and purge
-append to and rotate the same file, each line under an exclusive ``flock`` (issue 19 item 6). Also
+append to and rotate the same file, each line under an exclusive ``flock``. Also
 the one-line errors of a log file that cannot be opened.
 """
 
@@ -100,7 +100,7 @@ class FileSink:
     The path must name a regular file, or nothing yet (it is created 0600). A link to a regular
     file is followed, as for the config file (the user named this path); a FIFO, socket,
     device or directory is refused (``OSError``, ``EINVAL``), ``/dev/null`` included: a decision
-    log that keeps nothing would let changes be carried out unlogged (issue 19 item 3). It is
+    log that keeps nothing would let changes be carried out unlogged. It is
     opened ``O_NONBLOCK``, so that whatever stands at the path never blocks a command.
 
     Rotation is ``RotatingFileHandler``'s: before a line is written, if the file's size plus the
@@ -111,13 +111,13 @@ class FileSink:
     *characters* to the file's bytes), an empty file is not rotated away for a line longer than
     ``max_bytes`` (Python 3.13 stopped doing that too), and the new file is created 0600.
 
-    Several processes write and rotate the same file (the daemon, ``--once``, recover, purge;
-    issue 19 item 6). Every append holds an exclusive ``flock`` on the file it writes and checks,
-    under it, that the path still names that file (``stat``); a rotation holds the same lock on
-    the file it renames. So a line is only ever written into the file the path names at that
-    moment, never into one rotated away (and perhaps deleted) meanwhile; the size that decides a
-    rotation is the file's own, whoever appended; and the order of the lines across the files is
-    the order in which they were written. An event costs ``flock``, ``stat``, ``write`` and
+    Several processes write and rotate the same file (the daemon, ``--once``, recover, purge). Every
+    append holds an exclusive ``flock`` on the file it writes and checks, under it, that the path
+    still names that file (``stat``); a rotation holds the same lock on the file it renames. So a
+    line is only ever written into the file the path names at that moment, never into one rotated
+    away (and perhaps deleted) meanwhile; the size that decides a rotation is the file's own,
+    whoever appended; and the order of the lines across the files is the order in which they were
+    written. An event costs ``flock``, ``stat``, ``write`` and
     ``flock`` (a ``pread`` of the last byte, too, when another process wrote since).
 
     A line is written whole or not at all: a write cut short (a full disk) is truncated away

@@ -7,7 +7,7 @@
   ``MESSAGE_ID`` per kind of event, when running under systemd;
 * the terminal: a readable line per event on a TTY, rendered by structlog's ``ConsoleRenderer``;
   nothing when stderr is not a terminal (the file has every event: writing the same JSON to
-  stderr too was a second write per decision, issue 14), unless asked for (``--verbose``).
+  stderr too was a second write per decision), unless asked for (``--verbose``).
 
 Events are flat dicts of JSON values, so each key maps one to one onto a journal field.
 
@@ -16,7 +16,7 @@ one structlog's chain made (the fields, then ``event``, ``level`` and the ``time
 ``TimeStamper(fmt="iso", utc=True)``), but the hot path does not go through structlog: ``import
 structlog`` imports ``structlog.dev`` and ``structlog.stdlib`` (rich's tracebacks, pygments,
 asyncio, ssl) whatever is configured, ~75 ms of start-up and ~16 MB of the daemon's memory for
-a chain of three steps (issue 14). :class:`Logger` runs those steps itself; structlog is
+a chain of three steps. :class:`Logger` runs those steps itself; structlog is
 imported only where it renders, for a terminal.
 """
 

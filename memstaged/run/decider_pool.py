@@ -2,7 +2,7 @@
 
 Deciding is pure (``bytes, Context -> Verdict``: no disk, no clock, no state kept between two
 files), so it can run in other processes while the one that owns the transaction reads the next
-files and carries decisions out (issue 23). :class:`Deciders` is that pool; :meth:`Deciders.ahead`
+files and carries decisions out. :class:`Deciders` is that pool; :meth:`Deciders.ahead`
 walks a sequence of files read by the caller, sends their bytes to the workers in small chunks,
 keeps reading while they decide, and hands each file back *in the order it was read* with its
 verdict, so that what is logged and applied, and in what order, is what deciding in process gives.
@@ -92,7 +92,7 @@ AHEAD_FILES: Final = 512
 #: Descriptors left free beside the files read ahead and the versions a transaction holds: the
 #: process's own (stdio, the decision log, the memory dir, its locks), what a commit opens (temps,
 #: directories, ``canonical-writer.lock``) and a module imported late (``ctypes``, at the first
-#: commit: an EMFILE there was a traceback, issue 23).
+#: commit: an EMFILE there was a traceback).
 FD_RESERVE: Final = 64
 #: The environment variable that sets how many workers decide (0: none, decide in process).
 WORKERS_ENV: Final = "MEMSTAGED_WORKERS"
@@ -310,7 +310,7 @@ class Deciders:
 
         SPEC 6: a service manager's soft limit is 1,024, and a hard limit can be lower still;
         512 files read ahead and 256 held by a transaction, or 2 chunks per worker on a machine
-        of 32 cores, ran out of descriptors in the commit (issue 23). 0: too few to read ahead
+        of 32 cores, ran out of descriptors in the commit. 0: too few to read ahead
         (the files are then decided in process, one after the other, as before the pool).
         """
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]

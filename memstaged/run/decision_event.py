@@ -33,8 +33,8 @@ def describe(event: dict[str, Any], verdict: Verdict) -> None:
     if verdict.repairs:
         event["repairs"] = [msgspec.to_builtins(r) for r in verdict.repairs]
         if any(r.rule == "R4" for r in verdict.repairs):
-            # Candidates went to deadletter/: a query for quarantines finds them (issue 21
-            # item 5); journalctl MEMSTAGED_DECISION=quarantined + MEMSTAGED_PARTLY_QUARANTINED=true
+            # Candidates went to deadletter/: a query for quarantines finds them:
+            # journalctl MEMSTAGED_DECISION=quarantined + MEMSTAGED_PARTLY_QUARANTINED=true
             event["partly_quarantined"] = True
     if verdict.new_bytes is not None:
         # Names the version memstaged puts in place: its look at it is told from a decision.

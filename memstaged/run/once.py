@@ -139,9 +139,9 @@ def _look_at_rewrites(
     """Decide each rewrite again (SPEC 1: it must be valid), as the daemon does on seeing it.
 
     The look is logged as memstaged's own (``own_rewrite``) and not counted; the file is then
-    remembered as decided, so a later run neither reads it again nor logs a decision for it
-    (issue 21 item 3). A version a writer put there meanwhile gets its own decision, counted
-    (a deferred one too: the exit code says that something waits for the next run).
+    remembered as decided, so a later run neither reads it again nor logs a decision for it. A
+    version a writer put there meanwhile gets its own decision, counted (a deferred one too: the
+    exit code says that something waits for the next run).
     """
     with contextlib.closing(pipeline.batches(mdir, rewritten)) as batches:
         for batch in batches:
@@ -193,7 +193,7 @@ def run_once(
 ) -> int:
     """Exit 0 when every file got a decision; 1 when some file is still deferred or busy."""
     stream = out if out is not None else sys.stdout
-    # issue 19 item 7: one directory, one decision (the other paths are said below)
+    # One directory, one decision (the other paths are said below)
     mdirs, aliases = one_path_each(settings.memory_dirs())
     # a glob's unwritable match is said below, and skipped
     literal = check_literal_dirs(settings, mdirs)
@@ -208,7 +208,7 @@ def run_once(
     try:
         return _run(settings, pipeline, mdirs, aliases, literal, wait, as_json, stream)
     finally:
-        pipeline.close()  # the decider processes are the run's (issue 23)
+        pipeline.close()  # the decider processes are the run's
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
@@ -261,7 +261,7 @@ def _run(
                 if not settings.options.dry_run:
                     listing = pipeline.recover_temps(mdir)
                 names = pipeline.scan(mdir, listing, sort=False)
-                if mdir.path in pipeline.unlisted:  # issue 13 item 3: no silent success
+                if mdir.path in pipeline.unlisted:  # No silent success
                     _stderr(f"memstaged: {pipeline.unlisted[mdir.path]}")
                     busy[mdir.path] = pipeline.unlisted[mdir.path]
                 cache = seen_cache(settings, mdir)
@@ -415,8 +415,8 @@ def _summary(
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     out.write(f"memstaged --once{suffix}\n")
     if sum(widths) + 2 * (len(widths) - 1) > _columns(out):
-        # Too wide for the terminal, where it wrapped mid-word ("to / tal" at 100 columns,
-        # issue 22 item 5): each memory dir on its own line, its counts under it.
+        # Too wide for the terminal, where it wrapped mid-word ("to / tal" at 100 columns):
+        # each memory dir on its own line, its counts under it.
         tail = widths[1:]
         out.write("  " + "  ".join(c.rjust(w) for c, w in zip(header[1:], tail, strict=True)))
         out.write("\n")

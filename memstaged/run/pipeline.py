@@ -87,7 +87,7 @@ class _Pending:
 
 
 class _Read:
-    """A file read ahead of its decision (issue 23): what :meth:`Pipeline._read_and_decide`
+    """A file read ahead of its decision: what :meth:`Pipeline._read_and_decide`
     would have read, and the context its bytes are decided in, for a decider process."""
 
     __slots__ = ("changed_at", "ctx", "name", "read", "started")
@@ -154,7 +154,7 @@ class Pipeline:
         #: Memory dirs whose ``staging/`` could not be listed at the last :meth:`scan`.
         self.unlisted: dict[str, str] = {}
         #: Decider processes for batches of many files: started on first use, kept for the
-        #: whole run (its memory dirs one after the other) and stopped by :meth:`close`; issue 23.
+        #: whole run (its memory dirs one after the other) and stopped by :meth:`close`.
         self._deciders = Deciders(workers_wanted(), on_break=self._pool_given_up)
         #: Files handed to :meth:`batches` so far: a run of many small memory dirs (1,000 of 100
         #: files) is worth a pool as much as one large one.
@@ -489,7 +489,7 @@ class Pipeline:
                 )
             return outcomes
         except LogUnwritable as err:
-            # SPEC 5 and 7 (issue 19 item 1): retried with the backoff of an error, and decided
+            # SPEC 5 and 7: retried with the backoff of an error, and decided
             # once the log can be written again; the log's own line on stderr said why.
             for item in pending:
                 outcomes[item.plan.key] = self._after(
@@ -654,7 +654,7 @@ class Pipeline:
         self, mdir: MemoryDir, listing: list[str] | None = None, *, sort: bool = True
     ) -> list[str]:
         """The staging-file names of ``staging/``; why not, in the log, when it is a link or
-        cannot be listed (issue 13, item 3: an unreadable ``staging/`` is no silent success).
+        cannot be listed (an unreadable ``staging/`` is no silent success).
 
         ``listing``: what :meth:`recover_temps` just read of ``staging/``, if it returned one.
         ``sort=False`` leaves a ``listing``'s names in directory order, for a caller that sorts

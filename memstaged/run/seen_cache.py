@@ -287,7 +287,7 @@ def _encode(fingerprint: str, entries: dict[str, tuple[Key, str]]) -> bytes:
 def settings_key(options: Options) -> str:
     """The settings that change a ``valid`` or ``foreign`` decision, and so what the cache holds:
     none. ``split_invalid_candidates`` changes only what becomes of an invalid file, and such a
-    file is never cached: a change of it keeps the cache (issue 21 item 3: a restart after it
+    file is never cached: a change of it keeps the cache (a restart after it
     logged again ten files whose bytes were already decided). The size limit makes a file too
     large to be valid: it is applied to the entries (:meth:`SeenCache.limit`), not to the whole.
     """
@@ -308,7 +308,7 @@ def remember_outcome(cache: SeenCache, mdir: MemoryDir, name: str, outcome: Outc
     """Cache a file that stays as it was decided, under the identity of the version decided;
     forget any other (quarantined, repaired, skipped, gone, or changed while being decided)."""
     if outcome.decision in STAYS and outcome.identity is not None:
-        # The identity read and decided, not a new lstat (issue 14: one call less per file): a
+        # The identity read and decided, not a new lstat (one call less per file): a
         # writer that replaced the file since is noticed by the next split's lstat anyway.
         ident = outcome.identity
         key = (ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns)

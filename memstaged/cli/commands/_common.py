@@ -116,7 +116,7 @@ def memory_dirs(
     way it was configured; else exit 2 before anything is changed (docs/inspection.md).
 
     A memory dir reached by two paths (a bind mount, a linked literal prefix) is worked on
-    through the first only, with its project root (issue 19 item 7): each other path is said in
+    through the first only, with its project root: each other path is said in
     one stderr line and added to ``aliases``, for a command that logs to log it.
     """
     mdirs, found = one_path_each(settings.memory_dirs())
@@ -172,7 +172,7 @@ def project_root_of(memory_dir: str) -> str:
 
 class ProjectLabels:
     """Short names for memory dirs, as a person calls the project: ``gamma`` for
-    ``/home/ana/src/gamma/.pi/memory/project`` (issue 22 item 1: at 80 columns the absolute
+    ``/home/ana/src/gamma/.pi/memory/project`` (at 80 columns the absolute
     path left no room for the file's name and the reason).
 
     A label is the last component of the project root, or as many last components as it takes

@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def settle_note(settle: float) -> str:
-    """What happens to a deferred file next (issue 22 item 11): a writer that appends in pieces
+    """What happens to a deferred file next: a writer that appends in pieces
     with pauses longer than ``settle`` has each piece decided apart (SPEC 5), so the line says
     which setting a slow writer needs."""
     return (
@@ -237,7 +237,7 @@ def _print_text(
         print(f"  repair {repair.rule} at {safe_text.text(repair.where)}: {safe_text.text(wrote)}")
     if verdict.new_bytes is not None and data is not None:
         if diff:
-            import difflib  # for --diff only: a plain check starts faster (issue 14)
+            import difflib  # for --diff only: a plain check starts faster
 
             before = _lines(data)
             after = _lines(verdict.new_bytes)

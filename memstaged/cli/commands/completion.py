@@ -2,11 +2,11 @@
 
 The scripts and the man page are generated from the parser at build time (``make completions``,
 :mod:`memstaged.cli.generate`) and shipped inside the package. ``pipx install`` and ``pip install``
-put the package's data files under the venv's ``share/``, where no shell and no ``man`` looks
-(issue 22 item 6), so this command prints a script (as ``gh completion`` and ``kubectl
-completion`` do: ``source <(memstaged completion bash)``), and ``--install`` copies all of them
-where bash-completion, zsh, fish and man look for one user's files. Nothing here imports shtab
-or argparse-manpage: they are needed to generate, not to run.
+put the package's data files under the venv's ``share/``, where no shell and no ``man`` looks, so
+this command prints a script (as ``gh completion`` and ``kubectl completion`` do: ``source
+<(memstaged completion bash)``), and ``--install`` copies all of them where bash-completion, zsh,
+fish and man look for one user's files. Nothing here imports shtab or argparse-manpage: they are
+needed to generate, not to run.
 """
 
 from __future__ import annotations

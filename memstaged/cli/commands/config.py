@@ -1,10 +1,10 @@
 """``memstaged config check|show``: is the configuration good, and what does it resolve to.
 
-Issue 21 item 9. Both resolve the settings exactly as a run does (:func:`memstaged.config.load`:
+Both resolve the settings exactly as a run does (:func:`memstaged.config.load`:
 option, ``MEMSTAGED_*`` variable, the config file, default), so they cannot disagree with it.
 
 ``check`` says ``ok`` (exit 0) or the one line naming the file and the key (exit 2). The unit's
-``ExecReload=`` runs it with ``--reload $MAINPID`` (issue 21 item 8): a bad config fails
+``ExecReload=`` runs it with ``--reload $MAINPID``: a bad config fails
 ``systemctl --user reload``, as ``nginx -t`` gates nginx's reload, and the daemon is sent SIGHUP
 either way, so that on a bad config it keeps its settings and says why in ``STATUS=``.
 

@@ -10,7 +10,7 @@ being recovered, and without ``--yes`` it only lists what it would delete. Both 
 only under ``canonical-writer.lock`` (beside a running daemon), and log what they did to the
 decision log.
 
-``ack`` marks records seen (issue 21 item 6): ``status`` stops asking for attention because of
+``ack`` marks records seen: ``status`` stops asking for attention because of
 them. The mark is memstaged's own, in its state dir (:mod:`memstaged.deadletter.acks`), never in the
 store.
 """
@@ -43,7 +43,7 @@ from memstaged.files.locks import instance_holder
 SHOW_BYTES: Final = 64 * 1024
 
 
-#: The shell functions that complete a record ID (issue 22 item 7): each runs the hidden
+#: The shell functions that complete a record ID: each runs the hidden
 #: ``memstaged deadletter ids`` (see :mod:`memstaged.cli.commands.ids`), which lists the names in
 #: ``deadletter/`` of the configured memory dirs. Each shell also passes on the ``--memory-dir``
 #: and ``--config`` already typed on the line (``--opt VALUE`` or ``--opt=VALUE``, a leading

@@ -112,7 +112,7 @@ def record_line(
 ) -> str:
     """One record on one line, ID first and in full (postqueue's and git's shape): the ID is
     what ``show``, ``recover --id`` and ``purge --id`` take, so it must be copyable as it is.
-    Then when, and the project (issue 22 item 2: only ``--json`` named the memory dir)."""
+    Then when, and the project (only ``--json`` named the memory dir)."""
     why = record.quarantined_for
     reason = record.reason + (f": {why}" if why else "")
     ident = safe_text.name(record.id)
@@ -135,7 +135,7 @@ _PREVIEW_BYTES: Final = 256
 
 def summary(record: RecordFile, mdir: MemoryDir | None, limit: int | None = None) -> str:
     """The record's summary or text on one line, escaped; a whole-file record's is marked as
-    such and shows its original's first bytes escaped (issue 22 item 3: a file that is not
+    such and shows its original's first bytes escaped (a file that is not
     UTF-8 showed its raw undecodable bytes, as U+FFFD replacement marks)."""
     if record.kind != "whole-file":
         return one_line(record.text, limit)
@@ -227,8 +227,8 @@ _SHOWN_BELOW: Final = "(the original file: shown below)"
 
 def _without_original(record: RecordFile) -> Any:
     """The record's value with the staging file it embeds replaced by :data:`_SHOWN_BELOW`:
-    ``show`` printed the whole original twice, in the record and then as text (issue 22 item
-    3). Only the embedded whole file goes; a bounded record's reference to it stays."""
+    ``show`` printed the whole original twice, in the record and then as text. Only the embedded
+    whole file goes; a bounded record's reference to it stays."""
     value = record.value
     if not isinstance(value, dict):
         return value

@@ -1,9 +1,9 @@
 """``memstaged deadletter ids [PREFIX]``: the record IDs, one a line, for shell completion.
 
 Hidden (no help, so neither ``--help``, shtab nor the man page show it): the completion scripts
-call it when ``deadletter show``, ``recover --id`` or ``purge --id`` is completed (issue 22 item
-7). A Tab press waits for it, so it reads only the names in each ``deadletter/`` (no record is
-opened) and imports only what resolving the memory dirs needs: :func:`memstaged.cli.main.main` runs
+call it when ``deadletter show``, ``recover --id`` or ``purge --id`` is completed. A Tab press waits
+for it, so it reads only the names in each ``deadletter/`` (no record is opened) and imports only
+what resolving the memory dirs needs: :func:`memstaged.cli.main.main` runs
 ``deadletter ids`` here directly, without building the command's full parser and importing
 :mod:`memstaged.cli.commands.deadletter`, which was most of its time. What it cannot read it skips
 in silence: a completion that fails prints nothing, and never an error under the user's prompt.

@@ -240,7 +240,7 @@ class Renderer:
     """One event as its line (or lines, with ``--reasons``), newline included.
 
     journalctl's shape: time, what, the project and file, then why, then the session. This is
-    the log's hot loop (issue 13's target: 100,000 events/s into a pipe), so what repeats is
+    the log's hot loop (100,000 events/s into a pipe), so what repeats is
     worked out once: the local time of each second of the log, each decision's padded, coloured
     label, and each memory dir's project label.
     """

@@ -5,7 +5,7 @@ installation's ``memstaged`` and runs ``systemctl --user daemon-reload``; with `
 enables the unit and starts it if it is not running, unless the service would only fail (no memory
 dir configured, a bad config file): then it says so in one line, says what to run, and exits 1,
 leaving no failed unit. It says which settings differ from the unit installed before (old and
-new ``ExecStart``), and restarts a running service only with ``--restart`` (issue 22 item 9).
+new ``ExecStart``), and restarts a running service only with ``--restart``.
 ``uninstall`` stops and disables it, removes the file and lists what stays; ``--purge`` also
 removes memstaged's own config and state, never anything in a memory dir.
 """

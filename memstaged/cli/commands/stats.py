@@ -4,11 +4,11 @@
 are tested without a log file. Counts cover the window (``--since``/``--until``); what is stuck is
 judged over the whole log, since a file deferred before the window began is still stuck now.
 
-One version of one file is one decision (SPEC 7, issue 21 item 3): memstaged's look at its own
+One version of one file is one decision (SPEC 7): memstaged's look at its own
 rewrite is not counted (``own_rewrite: true``; in an older log, the ``valid`` that follows a
 file's ``repaired``), nor is a version decided again with the same outcome (a restart, a lost
 cache, a decision logged again after a crash: the same path, bytes and decision as the file's
-last decision). A ``deferred`` is a wait, not a decision (item 4): waits are counted apart, with
+last decision). A ``deferred`` is a wait, not a decision: waits are counted apart, with
 how long the oldest file still waiting has waited.
 """
 
@@ -48,7 +48,7 @@ from memstaged.core import reasons
 from memstaged.core.decide import Decision
 from memstaged.log.reader import Event, EventFilter, event_time
 
-#: The decisions counted: a deferral is a wait, counted apart (issue 21 item 4).
+#: The decisions counted: a deferral is a wait, counted apart.
 DECISIONS: Final = [d.value for d in Decision if d is not Decision.DEFERRED]
 _INDEX: Final = re.compile(r"\[[0-9]+\]")
 #: Reasons whose tail varies with the input (offsets, sizes): counted under their head.
@@ -96,7 +96,7 @@ class Stats(msgspec.Struct, frozen=True):
     memory_dirs: dict[str, dict[str, int]]
     periods: dict[str, dict[str, int]]
     #: The errors that dead-lettered something: a quarantine's errors no repair fixes, and the
-    #: errors of candidates R4 split off (issue 21 item 2).
+    #: errors of candidates R4 split off.
     top_errors: list[dict[str, Any]]
     #: The repairs made, by rule and place: ``[{rule, where, count}]``.
     top_repairs: list[dict[str, Any]]
@@ -256,7 +256,7 @@ def _decided_before(event: Event, previous: Event | None) -> bool:
 
 
 def _count_errors(event: Event, errors: Counter[str], repairs: Counter[tuple[str, str]]) -> None:
-    """The errors that dead-lettered something, and the repairs made (issue 21 item 2)."""
+    """The errors that dead-lettered something, and the repairs made."""
     decision = event.get("decision")
     if decision == Decision.QUARANTINED.value:
         left, _fixed = reasons.of_event(event)

@@ -2,7 +2,7 @@
 
 Read-only (see :mod:`memstaged.cli.health`). Exit 0 when nothing needs attention and 1 otherwise,
 so it serves as a health check (a systemd ``ExecCondition``, a cron mail). ``--check`` is the check
-a monitor runs (issue 21 item 6): one line and the exit codes of the Monitoring Plugins
+a monitor runs: one line and the exit codes of the Monitoring Plugins
 guidelines (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN) with performance data.
 
 A memory dir held by a daemon is asked about by the daemon itself, through its control socket
@@ -368,9 +368,9 @@ SUMMARY_COLUMNS: Final = (
 )
 
 
-#: The same columns on a terminal, where each row must fit in 80 columns (issue 21 item 6:
-#: 1,000 memory dirs readable): the project's short label (as ``log`` shows it), shorter
-#: headings, and the daemon's pid without words around it.
+#: The same columns on a terminal, where each row must fit in 80 columns (#: 1,000 memory dirs
+#: readable): the project's short label (as ``log`` shows it), shorter headings, and the daemon's
+#: pid without words around it.
 TERMINAL_COLUMNS: Final = (
     "project",
     "files",

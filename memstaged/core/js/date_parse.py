@@ -11,7 +11,7 @@ on a seeded corpus of generated strings in three time zones); it shares no code 
 The tokens come from :mod:`memstaged.core.js.date_scan`, lazily, one token of look-ahead, as V8
 reads them; this module is the reader of the two formats and the calendar. V8 gives up within a few
 tokens on most garbage, and so does this parser: a long text costs only the part of it that is
-read (issue 19 item 5).
+read.
 
 Local time is the machine's zone (``TZ``, else ``/etc/localtime``), read with ``time.localtime``;
 a local time that occurs twice is read with the offset in force before the change, and one that

@@ -7,9 +7,8 @@ the symbols ``: - + . )``, words (a run of characters from ``A`` upwards that ar
 classified by their first three letters lower-cased: month names, ``am``/``pm``, zone names, ``t``,
 or nothing), and runs of whitespace, parenthesised comments and anything else, which are ignored.
 A NUL character ends the text, as in V8. Long runs of words, of comments and of ignored
-characters are read in bulk by regular expressions (in C), so a long text costs little per byte
-(issue 19 item 5). Written from V8's documented grammar and Node's answers; it shares no code
-with V8.
+characters are read in bulk by regular expressions (in C), so a long text costs little per byte.
+Written from V8's documented grammar and Node's answers; it shares no code with V8.
 """
 
 from __future__ import annotations
@@ -172,7 +171,7 @@ def _min_prefix(chunk: str) -> int:
 def _skip_comment(text: str, i: int) -> int:
     """Past the parenthesised comment that opens at ``i``: where its ``(`` are all closed, or the
     end of the text. Counted a chunk at a time in C: a comment may be the whole 8 MiB text, and
-    only the chunk where it closes is walked character by character (issue 19 item 5: ``()``
+    only the chunk where it closes is walked character by character (``()``
     repeated inside a comment took 346 ns per byte). Chunks grow from a few characters: ``()``
     repeated outside a comment is as many comments."""
     depth, j, n, chunk = 1, i + 1, len(text), 64
@@ -251,7 +250,7 @@ class Scanner:
     """V8's date tokenizer: one token of look-ahead, each scanned only when it is reached.
 
     V8 gives up on most garbage within a few tokens; scanning lazily does the same, so a long
-    text costs only what is read of it (issue 19 item 5: a token list of the whole 8 MiB text
+    text costs only what is read of it (a token list of the whole 8 MiB text
     took 700 MB). A run of whitespace, characters the parser ignores and comments is one token,
     of the kind of its first character: every reader ignores all but that first one.
     """
@@ -332,9 +331,9 @@ class Scanner:
         characters, come after the ignored characters that follow it, they are one run token.
 
         No word of a run is followed by a number or a symbol, so no reader looks past it: each
-        is taken for what it is, and :func:`_read_run` takes them all at once (issue 19 item 5:
-        ``"jan "`` repeated over 8 MB took 4 µs per byte word by word). The first word is a
-        token of its own, so the ISO reader, which may look at it, never sees a run.
+        is taken for what it is, and :func:`_read_run` takes them all at once (``"jan "`` repeated
+        over 8 MB took 4 µs per byte word by word). The first word is a token of its own, so the ISO
+        reader, which may look at it, never sees a run.
         """
         gap = _IGNORED_OR_COMMENTS.match(self.text, word_end, self.end)
         if gap is None:
@@ -346,7 +345,7 @@ class Scanner:
 
     def _find_glued(self, word_end: int) -> None:
         """After a word: when what follows it up to the next digit or comment is long, it is
-        one glued-run token (issue 19 item 5: ``"a-"`` repeated took 20-30 µs per byte).
+        one glued-run token (``"a-"`` repeated took 20-30 µs per byte).
 
         A window at a time, as for a run, and never ending inside a word: a word cut in two
         is two words. A word right before a digit is left out, to be read on its own: glued
@@ -372,7 +371,7 @@ class Scanner:
         """Past the symbols, ignored characters and comments that come next, in C.
 
         Before the first number, none of them means anything to the legacy reader, and V8 reads
-        them one by one to the end (issue 19 item 5: ``")"`` repeated took 2 µs per byte here).
+        them one by one to the end (``")"`` repeated took 2 µs per byte here).
         """
         if self.next_token[0] not in (SYM, WS, _OTHER):
             return

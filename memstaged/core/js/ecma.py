@@ -41,7 +41,7 @@ _MAX_INT_DIGITS: Final = 4000
 #: whitespace characters between: every integer ``-0`` is found. A string holding such text
 #: (``"a: -0,"``) is found too, and only costs a slower parse; ``-0`` inside a UUID or a word
 #: (``"…-0a61…"``, in a fifth of an agent's files) is not: the first form of this search sent
-#: every such file, and every record of it, to the slow parser and encoder (issue 23). The
+#: every such file, and every record of it, to the slow parser and encoder. The
 #: pattern starts with its literal, so that the search skips ahead at C speed.
 _NEGATIVE_ZERO: Final = re.compile(rb"-0(?=[ \t\n\r]*(?:[,\]}]|\Z))")
 _JSON_SPACE_BYTES: Final = frozenset(b" \t\n\r")
@@ -251,7 +251,7 @@ def parse_json(data: bytes, *, deep_array_as_text: bool = False) -> Parsed:
 
     With ``deep_array_as_text`` (the engine's choice: such a file is no staging file), an array
     nested more than :data:`_DEEP` deep comes back as its text, a :class:`msgspec.Raw`
-    (:func:`_is_deep_array`; issue 19 item 5: decoded, it took 80 times its size).
+    (:func:`_is_deep_array`: decoded, it took 80 times its size).
     """
     try:
         value = _decoder.decode(data)
@@ -263,7 +263,7 @@ def parse_json(data: bytes, *, deep_array_as_text: bool = False) -> Parsed:
         if b"-0" not in data or not _has_negative_zero(data):
             return Parsed(value)
         # msgspec read an integer -0 as 0: a repair would write 0 where JSON.parse reads -0
-        # (issue 19 item 4). The standard library's parser below keeps it (_parse_int).
+        # . The standard library's parser below keeps it (_parse_int).
         del value
         reason = "minus zero"
     text = decode_utf8(data)
