@@ -84,7 +84,7 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
 SETTING_NAMES: Final = FileConfig.__struct_fields__
 
 
-class Origin(msgspec.Struct, frozen=True):
+class SettingOrigin(msgspec.Struct, frozen=True):
     """Where a setting's value came from (``config show``, as ``git config --show-origin``)."""
 
     kind: Literal["option", "env", "file", "default"]
@@ -95,7 +95,7 @@ class Origin(msgspec.Struct, frozen=True):
         return self.kind if self.source is None else f"{self.kind}:{self.source}"
 
 
-DEFAULT: Final = Origin("default")
+DEFAULT: Final = SettingOrigin("default")
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,7 +117,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Where the daemon writes its metrics; None: it does not.
     metrics_file: Path | None = None
     #: Where each setting of :data:`SETTING_NAMES` (and ``config``, the file) came from.
-    origins: dict[str, Origin] = {}
+    origins: dict[str, SettingOrigin] = {}
 
     def values(self) -> dict[str, Any]:
         """Each setting's effective value, by the config file's key, as JSON values: what
@@ -383,17 +383,17 @@ def _pick(cli: Any, env: Any, file_value: Any) -> Any:
 
 def _memory_dir_patterns(
     memory_dirs: list[str] | None, env: Mapping[str, str], file_config: FileConfig
-) -> tuple[list[str], bool, Origin | None]:
+) -> tuple[list[str], bool, SettingOrigin | None]:
     """The memory-dir patterns: the options, else ``MEMSTAGED_MEMORY_DIRS``, else the file's,
     else ``./.pi/memory/project`` when it is one. Also whether they were named explicitly
     (option or variable), and where they came from (None: the file's, as for any key)."""
     patterns = list(memory_dirs or [])
     check_patterns(tuple(patterns))
     if patterns:
-        return patterns, True, Origin("option", "--memory-dir")
+        return patterns, True, SettingOrigin("option", "--memory-dir")
     env_dirs = env.get(ENV_PREFIX + "MEMORY_DIRS")
     if env_dirs:
-        return env_dirs.split(os.pathsep), True, Origin("env", ENV_PREFIX + "MEMORY_DIRS")
+        return env_dirs.split(os.pathsep), True, SettingOrigin("env", ENV_PREFIX + "MEMORY_DIRS")
     if not file_config.memory_dirs and is_memory_dir(DEFAULT_MEMORY_DIR):
         return [DEFAULT_MEMORY_DIR], False, DEFAULT
     return list(file_config.memory_dirs), False, None
@@ -417,15 +417,15 @@ def _check_file_values(file_config: FileConfig, config_path: Path) -> None:
 
 def _config_file(
     config: str | None, env: Mapping[str, str]
-) -> tuple[Path, str | None, FileConfig, frozenset[str], Origin]:
+) -> tuple[Path, str | None, FileConfig, frozenset[str], SettingOrigin]:
     """The config file: ``--config``, else ``MEMSTAGED_CONFIG``, else the default path. Its
     path; the path when it was read (a named one must exist, the default one may not); what it
     says, the keys it sets; where its path came from."""
     explicit = config or env.get(ENV_PREFIX + "CONFIG")
     path = Path(explicit) if explicit else default_config_path(env)
-    origin = Origin("option", "--config") if config else DEFAULT
+    origin = SettingOrigin("option", "--config") if config else DEFAULT
     if explicit and not config:
-        origin = Origin("env", ENV_PREFIX + "CONFIG")
+        origin = SettingOrigin("env", ENV_PREFIX + "CONFIG")
     if explicit or path.exists():
         file_config, present = _read_config(path)
         return path, str(path), file_config, present, origin
@@ -450,14 +450,14 @@ def load(
     env = os.environ if env is None else env
     config_path, used_config, file_config, present, config_origin = _config_file(config, env)
     origins = {"config": config_origin}
-    file_origin = Origin("file", str(config_path))
+    file_origin = SettingOrigin("file", str(config_path))
 
-    def origin(key: str, option: str | None = None, variable: str | None = None) -> Origin:
+    def origin(key: str, option: str | None = None, variable: str | None = None) -> SettingOrigin:
         """The first layer that set ``key``: the option given, the variable set, the file."""
         if option is not None:
-            return Origin("option", option)
+            return SettingOrigin("option", option)
         if variable is not None:
-            return Origin("env", ENV_PREFIX + variable)
+            return SettingOrigin("env", ENV_PREFIX + variable)
         return file_origin if key in present else DEFAULT
 
     for key in SETTING_NAMES:

@@ -37,7 +37,7 @@ from memstaged import safe_text
 from memstaged.config import Settings, check_literal_dirs, one_path_each
 from memstaged.core.decide import Decision
 from memstaged.core.ticks import Abandoned
-from memstaged.daemon.memory_dirs import MemoryDirs, Stopped, WatcherFactory, WatcherLike
+from memstaged.daemon.memory_dirs import MemoryDirs, WaitStopped, WatcherFactory, WatcherLike
 from memstaged.daemon.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.daemon.sd_notify import Heartbeat, Notifier
 from memstaged.daemon.watcher import Kind, Signal, Watcher
@@ -553,7 +553,7 @@ class Daemon:
         """Start, drain the backlog, say READY=1, then loop until SIGTERM/SIGINT."""
         try:
             self.start()
-        except Stopped:
+        except WaitStopped:
             self.shutdown()
             return 0
         except MemstagedError as err:

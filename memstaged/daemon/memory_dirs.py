@@ -69,7 +69,7 @@ class Owner(Protocol):
 Waiting = Callable[[], bool]
 
 
-class Stopped(Exception):
+class WaitStopped(Exception):
     """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
 
 
@@ -168,7 +168,7 @@ class MemoryDirs:
                         self.log.info("memory_dir_busy", memory_dir=mdir.path, action="waiting")
                         waiting_logged = True
                     if waiting():
-                        raise Stopped(str(err)) from None
+                        raise WaitStopped(str(err)) from None
                     continue
                 if strict:
                     raise

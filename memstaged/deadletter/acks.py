@@ -44,14 +44,14 @@ _MAX_SIZE: Final = 64 * 1024 * 1024
 LOCK_PATIENCE: Final = 5.0
 
 
-class _Stored(msgspec.Struct, frozen=True):
+class _MarksFile(msgspec.Struct, frozen=True):
     memory_dir: str
     #: Record names, sorted (a stable file). A name that is not UTF-8 is kept as
     #: ``os.fsdecode`` gives it, which JSON cannot encode: such names are left out (unseen).
     seen: list[str]
 
 
-_decoder: Final = msgspec.json.Decoder(_Stored)
+_decoder: Final = msgspec.json.Decoder(_MarksFile)
 
 
 def file_name(memory_dir: str) -> str:
@@ -149,7 +149,7 @@ def _save(acked_fd: int, memory_dir: str, seen: Iterable[str]) -> None:
     not kept must be said.
     """
     names = sorted(n for n in set(seen) if _encodable(n))
-    data = msgspec.json.encode(_Stored(_label(memory_dir), names))
+    data = msgspec.json.encode(_MarksFile(_label(memory_dir), names))
     fsio.replace_at(acked_fd, file_name(memory_dir), data)
 
 

@@ -45,7 +45,7 @@ from memstaged.run.preview import decide_entry
 _MAX_NAMES: Final = 100_000
 
 
-class Action(StrEnum):
+class RecoverAction(StrEnum):
     RECOVERED = "recovered"
     DUPLICATE = "duplicate"
     LEFT = "left"
@@ -55,7 +55,7 @@ class Action(StrEnum):
     GONE = "gone"
 
 
-class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+class RecordOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """What happened (or, in a dry run, would happen) to one record."""
 
     memory_dir: str
@@ -72,7 +72,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Report(msgspec.Struct, kw_only=True):
-    outcomes: list[Outcome]
+    outcomes: list[RecordOutcome]
     originals_deleted: list[str] = []
     #: Why the memory dir was busy, when some records were not looked at again; else ``None``.
     busy: str | None = None
@@ -83,13 +83,13 @@ class Report(msgspec.Struct, kw_only=True):
 def _outcome(
     mdir: MemoryDir,
     record: RecordFile,
-    action: Action,
+    action: RecoverAction,
     *,
     dry_run: bool,
     staging_file: str | None = None,
     reason: str | None = None,
-) -> Outcome:
-    return Outcome(
+) -> RecordOutcome:
+    return RecordOutcome(
         memory_dir=mdir.path,
         id=record.id,
         session_id=record.session_id,
@@ -110,41 +110,50 @@ def _group_outcomes(
     dry_run: bool,
     failure: str | None = None,
     not_deleted: Mapping[str, str] | None = None,
-) -> list[Outcome]:
+) -> list[RecordOutcome]:
     """The outcome of every record of a group whose file was (would be) written as ``name``."""
     not_deleted = not_deleted or {}
     out = []
     for rec in (*group.records, *group.duplicates):
         record = records[rec]
         if failure is not None or name is None:
-            out.append(_outcome(mdir, record, Action.LEFT, dry_run=dry_run, reason=failure))
+            out.append(_outcome(mdir, record, RecoverAction.LEFT, dry_run=dry_run, reason=failure))
         elif rec in not_deleted:
             why = f"recovered into {name}, but {not_deleted[rec]}"
             out.append(
-                _outcome(mdir, record, Action.LEFT, dry_run=dry_run, staging_file=name, reason=why)
+                _outcome(
+                    mdir, record, RecoverAction.LEFT, dry_run=dry_run, staging_file=name, reason=why
+                )
             )
         elif rec in group.duplicates:
             why = "same candidate as another record recovered with it"
             out.append(
                 _outcome(
-                    mdir, record, Action.DUPLICATE, dry_run=dry_run, staging_file=name, reason=why
+                    mdir,
+                    record,
+                    RecoverAction.DUPLICATE,
+                    dry_run=dry_run,
+                    staging_file=name,
+                    reason=why,
                 )
             )
         else:
-            out.append(_outcome(mdir, record, Action.RECOVERED, dry_run=dry_run, staging_file=name))
+            out.append(
+                _outcome(mdir, record, RecoverAction.RECOVERED, dry_run=dry_run, staging_file=name)
+            )
     return out
 
 
 def _staged_outcome(
     mdir: MemoryDir, record: RecordFile, holder: str, *, dry_run: bool, why_left: str | None = None
-) -> Outcome:
+) -> RecordOutcome:
     """A record whose candidate ``staging/<holder>`` already holds."""
     if why_left is not None:
-        return _outcome(mdir, record, Action.LEFT, dry_run=dry_run, reason=why_left)
+        return _outcome(mdir, record, RecoverAction.LEFT, dry_run=dry_run, reason=why_left)
     return _outcome(
         mdir,
         record,
-        Action.DUPLICATE,
+        RecoverAction.DUPLICATE,
         dry_run=dry_run,
         staging_file=holder,
         reason=f"already in staging/{holder}",
@@ -232,9 +241,9 @@ def _free_names(existing: set[str], groups: Sequence[Group]) -> list[str]:
 
 def _left_outcomes(
     mdir: MemoryDir, records: Mapping[str, RecordFile], found: Found, dry_run: bool
-) -> list[Outcome]:
+) -> list[RecordOutcome]:
     return [
-        _outcome(mdir, records[name], Action.LEFT, dry_run=dry_run, reason=why)
+        _outcome(mdir, records[name], RecoverAction.LEFT, dry_run=dry_run, reason=why)
         for name, why in found.left.items()
     ]
 
@@ -293,7 +302,7 @@ def recover(
         error = f"memory dir {mdir.path}: {err.strerror or err}"
         tried = {o.id for o in run.outcomes}
         run.outcomes += [
-            _outcome(mdir, r, Action.LEFT, dry_run=False, reason=f"not tried: {error}")
+            _outcome(mdir, r, RecoverAction.LEFT, dry_run=False, reason=f"not tried: {error}")
             for r in records.values()
             if r.id not in tried
         ]
@@ -301,11 +310,11 @@ def recover(
     logger.info(
         "deadletter_recovery",
         memory_dir=mdir.path,
-        recovered=sum(o.action == Action.RECOVERED for o in outcomes),
-        duplicates=sum(o.action == Action.DUPLICATE for o in outcomes),
-        left=sum(o.action == Action.LEFT for o in outcomes),
-        gone=sum(o.action == Action.GONE for o in outcomes),
-        not_tried=sum(o.action == Action.BUSY for o in outcomes),
+        recovered=sum(o.action == RecoverAction.RECOVERED for o in outcomes),
+        duplicates=sum(o.action == RecoverAction.DUPLICATE for o in outcomes),
+        left=sum(o.action == RecoverAction.LEFT for o in outcomes),
+        gone=sum(o.action == RecoverAction.GONE for o in outcomes),
+        not_tried=sum(o.action == RecoverAction.BUSY for o in outcomes),
         busy=run.busy,
         originals_deleted=deleted,
     )
@@ -344,7 +353,7 @@ class _Recovery:
         self.clock = clock
         self.waiter = waiter
         self.log = logger
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[RecordOutcome] = []
         self.gone: list[RecordFile] = []
         self.busy: str | None = None
         #: Plan key -> its group (``CREATE``) and its announcement.
@@ -381,10 +390,16 @@ class _Recovery:
             for plan in plans:
                 self._settle(staging_fd, plan, results[plan.key], stopped)
         for group in pending:
-            self.outcomes += self._group(group, None, action=Action.BUSY, failure=self.busy)
+            self.outcomes += self._group(group, None, action=RecoverAction.BUSY, failure=self.busy)
         for rec, _held in staged:
             self.outcomes.append(
-                _outcome(self.mdir, self.records[rec], Action.BUSY, dry_run=False, reason=self.busy)
+                _outcome(
+                    self.mdir,
+                    self.records[rec],
+                    RecoverAction.BUSY,
+                    dry_run=False,
+                    reason=self.busy,
+                )
             )
 
     def _members(self, group: Group) -> list[RecordFile]:
@@ -490,12 +505,12 @@ class _Recovery:
         stale = result.stale.get(rec)
         if stopped is not None and rec not in result.removed:
             self.outcomes.append(
-                _outcome(self.mdir, record, Action.LEFT, dry_run=False, reason=stopped)
+                _outcome(self.mdir, record, RecoverAction.LEFT, dry_run=False, reason=stopped)
             )
             return
         if stale == "gone":
             self.outcomes.append(
-                _outcome(self.mdir, record, Action.GONE, dry_run=False, reason=_TAKEN)
+                _outcome(self.mdir, record, RecoverAction.GONE, dry_run=False, reason=_TAKEN)
             )
             return
         if stale == "changed":
@@ -519,13 +534,15 @@ class _Recovery:
         )
         self.outcomes += self._group(group, None, failure=failure)
 
-    def _not_written(self, group: Group, result: Result) -> list[Outcome]:
+    def _not_written(self, group: Group, result: Result) -> list[RecordOutcome]:
         out = []
         for rec in (*group.records, *group.duplicates):
             record = self.records[rec]
             stale = result.stale.get(rec)
             if stale == "gone":
-                out.append(_outcome(self.mdir, record, Action.GONE, dry_run=False, reason=_TAKEN))
+                out.append(
+                    _outcome(self.mdir, record, RecoverAction.GONE, dry_run=False, reason=_TAKEN)
+                )
                 continue
             if stale == "changed":
                 why = "the record changed while this ran; run recover again"
@@ -536,7 +553,7 @@ class _Recovery:
                     "another record of its group changed or vanished while this ran; "
                     "run recover again"
                 )
-            out.append(_outcome(self.mdir, record, Action.LEFT, dry_run=False, reason=why))
+            out.append(_outcome(self.mdir, record, RecoverAction.LEFT, dry_run=False, reason=why))
         return out
 
     def _group(
@@ -544,11 +561,11 @@ class _Recovery:
         group: Group,
         name: str | None,
         *,
-        action: Action = Action.LEFT,
+        action: RecoverAction = RecoverAction.LEFT,
         failure: str | None = None,
         not_deleted: Mapping[str, str] | None = None,
-    ) -> list[Outcome]:
-        if action is Action.BUSY:
+    ) -> list[RecordOutcome]:
+        if action is RecoverAction.BUSY:
             return [
                 _outcome(self.mdir, r, action, dry_run=False, reason=failure)
                 for r in self._members(group)

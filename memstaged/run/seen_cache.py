@@ -66,7 +66,7 @@ _MAX_SIZE: Final = 512 * 1024 * 1024
 SEEN_DIR: Final = "seen"
 
 
-class _Stored(msgspec.Struct, frozen=True):
+class _CacheFile(msgspec.Struct, frozen=True):
     fingerprint: str
     entries: dict[str, tuple[Key, str]]
     #: Names that are not UTF-8 (SPEC 6: any name), by their bytes: msgpack strings must be
@@ -74,7 +74,7 @@ class _Stored(msgspec.Struct, frozen=True):
     raw_entries: dict[bytes, tuple[Key, str]] = {}
 
 
-_decoder: Final = msgspec.msgpack.Decoder(_Stored)
+_decoder: Final = msgspec.msgpack.Decoder(_CacheFile)
 _engine_digest: str | None = None
 
 
@@ -269,7 +269,7 @@ class SeenCache:
 def _encode(fingerprint: str, entries: dict[str, tuple[Key, str]]) -> bytes:
     """The cache's bytes; names that are not UTF-8 go by their bytes, losslessly."""
     try:
-        return msgspec.msgpack.encode(_Stored(fingerprint, entries))
+        return msgspec.msgpack.encode(_CacheFile(fingerprint, entries))
     except UnicodeEncodeError:
         pass  # some name holds a byte that is not UTF-8: rare, so only then split them off
     plain: dict[str, tuple[Key, str]] = {}
@@ -281,7 +281,7 @@ def _encode(fingerprint: str, entries: dict[str, tuple[Key, str]]) -> bytes:
             raw[os.fsencode(name)] = entry
         else:
             plain[name] = entry
-    return msgspec.msgpack.encode(_Stored(fingerprint, plain, raw))
+    return msgspec.msgpack.encode(_CacheFile(fingerprint, plain, raw))
 
 
 def settings_key(options: Options) -> str:

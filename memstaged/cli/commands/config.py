@@ -25,7 +25,7 @@ from typing import Any
 from memstaged import config, safe_text
 from memstaged.cli.commands._common import add_json_option, add_memory_dir_options
 from memstaged.cli.commands._output import guard_output, print_json
-from memstaged.config import Origin, Settings
+from memstaged.config import SettingOrigin, Settings
 from memstaged.errors import MemstagedError, UsageError
 from memstaged.files import fsio
 
@@ -150,10 +150,10 @@ def toml_value(value: Any) -> str:
     return str(value)
 
 
-def rows(settings: Settings) -> list[tuple[str, Any, Origin]]:
+def rows(settings: Settings) -> list[tuple[str, Any, SettingOrigin]]:
     """``(key, value, origin)`` of the config file used, then of each setting, in the order of
     ``config.example.toml``."""
-    found: list[tuple[str, Any, Origin]] = [
+    found: list[tuple[str, Any, SettingOrigin]] = [
         ("config", settings.config_path, settings.origins.get("config", config.DEFAULT))
     ]
     for key, value in settings.values().items():

@@ -36,7 +36,7 @@ from memstaged.cli.commands._output import (
 from memstaged.cli.commands.deadletter_read import records_of
 from memstaged.config import Alias, Settings
 from memstaged.deadletter.purge import plan_purge, purge
-from memstaged.deadletter.recover import Action, Report, preview, recover
+from memstaged.deadletter.recover import RecoverAction, Report, preview, recover
 from memstaged.deadletter.store import (
     DEFAULT_WAIT,
     RecordFile,
@@ -109,7 +109,7 @@ def run_recover(args: argparse.Namespace) -> int:
             print(f"memstaged: {report.busy}", file=sys.stderr)
         reports.append(report)
     _show_recovery(reports, args.json, dry_run, args)
-    stays = (Action.LEFT, Action.BUSY)
+    stays = (RecoverAction.LEFT, RecoverAction.BUSY)
     left = any(o.action in stays for r in reports for o in r.outcomes)
     return 1 if left or any(r.busy is not None for r in reports) else 0
 
@@ -163,7 +163,7 @@ def _show_recovery(
         rows,
         styles=styles,
     )
-    counts = {a.value: sum(o.action == a.value for o in outcomes) for a in Action}
+    counts = {a.value: sum(o.action == a.value for o in outcomes) for a in RecoverAction}
     verb = "would be " if dry_run else ""
     summary = (
         f"{counts['recovered']} {verb}recovered, {counts['duplicate']} {verb}removed as "

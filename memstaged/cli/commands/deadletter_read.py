@@ -32,7 +32,7 @@ from memstaged.cli.commands._output import (
     print_json,
 )
 from memstaged.core.js.ecma import encode_json, pretty
-from memstaged.deadletter.recover import Action, Outcome, preview
+from memstaged.deadletter.recover import RecordOutcome, RecoverAction, preview
 from memstaged.deadletter.store import (
     RecordFile,
     hexdump,
@@ -211,7 +211,7 @@ def _original_info(record: RecordFile, original: tuple[bytes, int] | None) -> di
 
 
 def _show_json(
-    record: RecordFile, outcome: Outcome | None, original: tuple[bytes, int] | None
+    record: RecordFile, outcome: RecordOutcome | None, original: tuple[bytes, int] | None
 ) -> dict[str, Any]:
     out = record_summary(record)
     out["recovery"] = msgspec.to_builtins(outcome) if outcome is not None else None
@@ -250,19 +250,19 @@ def _pretty(record: RecordFile, value: Any) -> str:
         return encoded.decode("utf-8", "replace")
 
 
-def _recovery_line(outcome: Outcome | None) -> str:
+def _recovery_line(outcome: RecordOutcome | None) -> str:
     if outcome is None:
         return "-"
-    if outcome.action == Action.RECOVERED:
+    if outcome.action == RecoverAction.RECOVERED:
         return f"would be recovered into staging/{outcome.staging_file}"
-    if outcome.action == Action.DUPLICATE:
+    if outcome.action == RecoverAction.DUPLICATE:
         return f"already there: {outcome.reason}; recover would just delete the record"
     return f"would stay: {outcome.reason}"
 
 
 def _show_text(
     record: RecordFile,
-    outcome: Outcome | None,
+    outcome: RecordOutcome | None,
     original: tuple[bytes, int] | None,
     out: Output,
     mdir: MemoryDir,
