@@ -299,7 +299,7 @@ def test_the_daemon_logs_without_importing_structlog_off_a_terminal(tmp_path: Pa
     event still reaches the log file whole."""
     path = tmp_path / "decisions.jsonl"
     probe = (
-        "import json, pathlib, sys, memstaged.daemon.loop, memstaged.log.writer as log\n"
+        "import json, pathlib, sys, memstaged.daemon.loop, memstaged.log.writer as writer\n"
         f"writer.configure(pathlib.Path({str(path)!r}), journal='off')\n"
         "writer.get_logger().info('decision', decision='valid', path='a.json')\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:]))))\n"
