@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import socket
 import struct
@@ -150,35 +151,46 @@ def _short_name(path: Path) -> Iterator[str]:
         os.close(fd)
 
 
-def _connect(sock: socket.socket, name: str, timeout: float) -> None:
-    """Connect, waiting up to ``timeout`` for a place in the daemon's listen queue.
+def _connect(name: str, deadline: float) -> socket.socket:
+    """A socket connected to ``name``, waiting until ``deadline`` for a place in the daemon's
+    listen queue.
 
     A blocking ``connect`` bounded by ``SO_SNDTIMEO``: the kernel wakes it when the daemon
-    accepts a connection, and it fails with ``EAGAIN`` (:class:`BlockingIOError`) only once
-    ``timeout`` has passed. (A non-blocking one, which ``settimeout`` makes, fails with
-    ``EAGAIN`` at once while the queue is full: a busy daemon was reported as not answering.)
+    accepts a connection, and it fails with ``EAGAIN`` (:class:`BlockingIOError`) only once the
+    time is up. (A non-blocking one, which ``settimeout`` makes, fails with ``EAGAIN`` at once
+    while the queue is full.) A wait cut short by a signal (a stop and continue, a debugger)
+    leaves the socket unconnected, though Python then takes it for connected: the peer is
+    looked for, and the connect made again on a new socket.
     """
-    whole = int(timeout)
-    sock.setsockopt(
-        socket.SOL_SOCKET,
-        socket.SO_SNDTIMEO,
-        struct.pack("ll", whole, max(int((timeout - whole) * 1e6), 1 if not whole else 0)),
-    )
-    sock.connect(name)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            whole = int(left)
+            micro = max(int((left - whole) * 1e6), 0 if whole else 1)  # 0 would be for ever
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", whole, micro))
+            sock.connect(name)
+            sock.getpeername()  # ENOTCONN: the wait was cut short by a signal
+        except OSError as err:
+            sock.close()
+            if err.errno in (errno.ENOTCONN, errno.EINTR):
+                continue
+            raise
+        return sock
 
 
-def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | None = None) -> Live:
-    """The answer of the daemon ``pid``; raises :class:`Unanswered` within ``timeout``."""
-    path = socket_path(pid, env)
-    if path is None:
-        raise Unanswered("XDG_RUNTIME_DIR is not set: its control socket cannot be found")
-    deadline = time.monotonic() + timeout
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+def _exchange(name: str, deadline: float) -> bytes:
+    """Ask once: the whole answer, or ``b""`` when the daemon closed the connection before
+    answering (it gives a client's place to another when the client was slow to ask)."""
+    sock = _connect(name, deadline)
     try:
-        with _short_name(path) as name:
-            _connect(sock, name, timeout)
         sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        sock.sendall(REQUEST)
+        try:
+            sock.sendall(REQUEST)
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -186,23 +198,43 @@ def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | Non
             if left <= 0:
                 raise TimeoutError
             sock.settimeout(left)
-            chunk = sock.recv(1 << 16)
+            try:
+                chunk = sock.recv(1 << 16)
+            except ConnectionResetError:
+                return b""
             if not chunk:
-                break
+                return b"".join(chunks)
             chunks.append(chunk)
             size += len(chunk)
             if size > MAX_ANSWER:
                 raise Unanswered("its answer is too large")
+    finally:
+        sock.close()
+
+
+def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | None = None) -> Live:
+    """The answer of the daemon ``pid``; raises :class:`Unanswered` within ``timeout``.
+
+    A connection closed before any answer came is made again while time is left: the daemon
+    closes a client that says nothing for a while, and a client can be held up (a busy
+    machine, a stop) between its ``connect`` and its request."""
+    path = socket_path(pid, env)
+    if path is None:
+        raise Unanswered("XDG_RUNTIME_DIR is not set: its control socket cannot be found")
+    deadline = time.monotonic() + timeout
+    try:
+        with _short_name(path) as name:
+            data = _exchange(name, deadline)
+            while not data:
+                data = _exchange(name, deadline)
     except (TimeoutError, BlockingIOError):  # BlockingIOError: its listen queue stayed full
         raise Unanswered(f"no answer within {timeout:g}s (stopped or hung)") from None
     except FileNotFoundError:
         raise Unanswered(f"no control socket {path}") from None
     except OSError as err:
         raise Unanswered(f"control socket {path}: {err.strerror or err}") from None
-    finally:
-        sock.close()
     try:
-        return msgspec.json.decode(b"".join(chunks), type=Live)
+        return msgspec.json.decode(data, type=Live)
     except msgspec.DecodeError:
         raise Unanswered("its answer is not a status (closed early?)") from None
 
@@ -266,14 +298,16 @@ def touch(pid: int, env: Mapping[str, str] | None = None) -> None:
     path = socket_path(pid, env)
     if path is None:
         return
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         with _short_name(path) as name:
-            _connect(sock, name, CLIENT_PATIENCE)
+            sock = _connect(name, time.monotonic() + CLIENT_PATIENCE)
+    except OSError:
+        return  # no daemon, or a stopped one: its metrics are refreshed at its next event
+    try:
         sock.settimeout(CLIENT_PATIENCE)
         sock.sendall(TOUCH)
     except OSError:
-        return  # no daemon, or a stopped one: its metrics are refreshed at its next event
+        return
     finally:
         sock.close()
 
