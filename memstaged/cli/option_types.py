@@ -58,7 +58,7 @@ def settle_seconds(text: str) -> float:
 def wait_seconds(text: str) -> float:
     """``deadletter recover|purge --wait=60``, ``--wait=2m``: how long to wait for
     ``canonical-writer.lock``; any finite number of seconds from 0, or a duration."""
-    from memstaged.durations import parse_seconds
+    from memstaged.durations import MAX_DURATION, parse_seconds
 
     try:
         seconds = parse_seconds(text, "either")
@@ -66,6 +66,8 @@ def wait_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
     if not 0 <= seconds < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}")
+    if seconds > MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"{text!r}: longer than 10,000 years")
     return seconds
 
 
