@@ -114,6 +114,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Where memstaged keeps its own state (the seen cache, the ack marks, the instance locks):
     #: ``$XDG_STATE_HOME/memstaged``, used only when it is the user's own (:func:`own_state_dir`).
     state_dir: Path | None = None
+    #: The state dir as configured, links and all: the way to it is what is checked.
+    state_path: Path | None = None
     #: Where the daemon writes its metrics; None: it does not.
     metrics_file: Path | None = None
     #: Where each setting of :data:`SETTING_NAMES` (and ``config``, the file) came from.
@@ -268,8 +270,19 @@ def default_config_path(env: Mapping[str, str]) -> Path:
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:
-    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")
+    """``$XDG_STATE_HOME/memstaged``; ``~/.local/state/memstaged`` when it is unset or
+    relative (the XDG spec: a relative path is to be ignored)."""
+    base = env.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(env.get("HOME", "~"), ".local", "state")
     return Path(os.path.expanduser(base)) / "memstaged"
+
+
+def physical_state_dir(env: Mapping[str, str]) -> Path:
+    """The state dir with every link on its way resolved, once, when the settings are made:
+    the directories checked (:func:`own_state_dir`) are those used from then on, whatever a
+    link on the way is later made to point to."""
+    return Path(os.path.realpath(default_state_dir(env)))
 
 
 def default_log_file(env: Mapping[str, str]) -> Path:
@@ -285,7 +298,7 @@ def own_state_dir(settings: Settings, *, create: bool = True) -> Path | None:
     if settings.state_dir is None:
         return None
     try:
-        fsio.check_ancestors(settings.state_dir)
+        fsio.check_ancestors(settings.state_path or settings.state_dir)
         exists = fsio.private_dir(settings.state_dir, create=create)
     except NotPrivate as err:
         raise ConfigError(f"state dir: {err.strerror}") from None
@@ -531,7 +544,8 @@ def load(
         log_backups=file_config.log_backups,
         metrics_file=Path(os.path.expanduser(metrics_file)) if metrics_file else None,
         explicit_dirs=explicit,
-        state_dir=default_state_dir(env),
+        state_dir=physical_state_dir(env),
+        state_path=default_state_dir(env),
         origins=origins,
     )
 

@@ -293,31 +293,63 @@ def state_subdir(state_dir: os.PathLike[str] | str, sub: str, *, create: bool) -
         os.close(fd)
 
 
+#: Links followed on the way to a directory of memstaged's own, at most (the kernel's own limit).
+_MAX_LINKS: Final = 40
+
+
 def check_ancestors(path: os.PathLike[str] | str) -> None:
-    """Raise :class:`~memstaged.errors.NotPrivate` unless no other user can rename or replace
-    ``path``: each directory above it (links resolved) is the effective user's or root's, and
-    writable by no one else unless it is sticky (``/tmp``), as ssh checks the path to
-    ``authorized_keys``. Another user who may write a parent could swap the directory for a
-    link between memstaged's check of it and its use."""
-    here = os.path.dirname(os.path.realpath(path))
-    while True:
-        try:
-            st = os.stat(here)
-        except FileNotFoundError:  # to be made, 0700, by memstaged
+    """Raise :class:`~memstaged.errors.NotPrivate` unless no other user can change where
+    ``path`` leads: each directory on the way to it, as the path is walked (its links
+    followed), is the effective user's or root's and writable by no one else unless it is
+    sticky (``/tmp``), and each link on the way is the user's or root's, as ssh checks the path
+    to ``authorized_keys``. Another user who may write a directory on the way, or who owns a
+    link on it, could make the path lead elsewhere after memstaged checked it. The last
+    component is left to :func:`check_private`; components still missing are memstaged's to
+    make."""
+    given = os.fspath(path)
+    todo = [p for p in os.path.abspath(given).split("/") if p]
+    here, links = "/", 0
+    _check_on_the_way(here, given)
+    while todo:
+        part = todo.pop(0)
+        if part == "..":
             here = os.path.dirname(here)
             continue
-        writable_by_others = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
-        if st.st_uid not in (0, os.geteuid()) or writable_by_others:
-            raise NotPrivate(
-                errno.EPERM,
-                f"bad ownership or modes for directory {here} above {os.fspath(path)} (owner "
-                f"{_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}): another user could "
-                "replace what is below it",
-                here,
-            )
-        if here == os.path.dirname(here):
-            return
-        here = os.path.dirname(here)
+        nxt = os.path.join(here, part)
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return  # the rest is made by memstaged, 0700
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if st.st_uid not in (0, os.geteuid()) or links > _MAX_LINKS:
+                raise NotPrivate(
+                    errno.EPERM,
+                    f"bad ownership for link {nxt} on the way to {given} (owner "
+                    f"{_owner(st.st_uid)}): another user could make it lead elsewhere",
+                    nxt,
+                )
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                here = "/"
+            todo[:0] = [p for p in target.split("/") if p and p != "."]
+            continue
+        here = nxt
+        if todo:  # the last, the directory itself: check_private's
+            _check_on_the_way(here, given)
+
+
+def _check_on_the_way(here: str, given: str) -> None:
+    st = os.stat(here)
+    writable_by_others = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+    if st.st_uid not in (0, os.geteuid()) or writable_by_others:
+        raise NotPrivate(
+            errno.EPERM,
+            f"bad ownership or modes for directory {here} above {given} (owner "
+            f"{_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}): another user could "
+            "replace what is below it",
+            here,
+        )
 
 
 def private_dir(path: os.PathLike[str] | str, *, create: bool = True) -> bool:
