@@ -85,14 +85,21 @@ def _reading_a_socket(pid: int) -> bool:
 def _run(mdir: Path, env: dict[str, str], *args: str, **popen: object) -> Iterator[RunOnce]:
     """``memstaged --once`` on ``mdir`` in the background; whatever it left running is killed
     at the end (its workers too: they are this test's processes)."""
-    proc = subprocess.Popen(
-        memstaged_cmd("--once", "--memory-dir", str(mdir), *args),
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        **popen,  # type: ignore[call-overload]
-    )
+    # ^C acts in the run as on a terminal, even when this suite runs with SIGINT ignored (a
+    # shell without job control starts background commands so, and an ignored signal stays
+    # ignored across exec): handled here while the run is started, it is SIG_DFL there.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            memstaged_cmd("--once", "--memory-dir", str(mdir), *args),
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            **popen,  # type: ignore[call-overload]
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     run = RunOnce(proc)
     try:
         yield run
