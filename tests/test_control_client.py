@@ -14,7 +14,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -76,6 +76,16 @@ def _serve_one(server: socket.socket) -> None:
         conn.sendall(_answer(os.getpid()))
 
 
+def _ask_beside(daemon: Callable[[], None], env: dict[str, str]) -> control_socket.Live:
+    """``status``'s question, asked while ``daemon`` plays the daemon's side in a thread."""
+    side = threading.Thread(target=daemon, daemon=True)
+    side.start()
+    try:
+        return control_socket.ask(os.getpid(), timeout=60, env=env)
+    finally:
+        side.join(60)
+
+
 def test_a_connection_closed_before_its_request_is_made_again(tmp_path: Path) -> None:
     """Issue 29 D1: the daemon gives the place of a client silent for 0.25 s to one waiting,
     and closes it; a `status` held up between its `connect` and its request (a loaded machine)
@@ -88,12 +98,7 @@ def test_a_connection_closed_before_its_request_is_made_again(tmp_path: Path) ->
             first.close()  # its place given to another
             _serve_one(server)
 
-        side = threading.Thread(target=daemon, daemon=True)
-        side.start()
-        try:
-            live = control_socket.ask(os.getpid(), timeout=60, env=env)
-        finally:
-            side.join(60)
+        live = _ask_beside(daemon, env)
     assert (live.pid, live.status) == (os.getpid(), "scripted")
 
 
@@ -155,12 +160,9 @@ def test_a_wait_for_a_place_cut_short_by_a_signal_goes_on(tmp_path: Path) -> Non
                 conn.close()
             _serve_one(server)
 
-        side = threading.Thread(target=daemon, daemon=True)
-        side.start()
         try:
-            live = control_socket.ask(os.getpid(), timeout=60, env=env)
+            live = _ask_beside(daemon, env)
         finally:
-            side.join(60)
             signal.signal(signal.SIGUSR1, old)
             for sock in queued:
                 sock.close()

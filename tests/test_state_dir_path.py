@@ -6,24 +6,15 @@ Another user is the real ``nobody``: what it owns is given to it with ``os.chown
 from __future__ import annotations
 
 import os
-import pwd
 from pathlib import Path
 
+import as_nobody
 import pytest
 from cmd_support import one_line_error, run
 
 from memstaged import config
 
 pytestmark = pytest.mark.usefixtures("plain_output")
-
-
-def _nobody() -> int:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give a link to another user")
-    try:
-        return pwd.getpwnam("nobody").pw_uid
-    except KeyError:
-        pytest.skip("there is no user nobody")
 
 
 @pytest.mark.parametrize("argv", [["status"], ["--once"]], ids=" ".join)
@@ -39,7 +30,7 @@ def test_a_link_another_user_owns_on_the_way_is_refused(
     was not, and ``nobody`` could point it elsewhere while a daemon ran: the instance lock and
     the marks were then looked for in another directory (a ``--once`` ran beside the daemon).
     The link is refused in one line, as a directory that user owns is."""
-    uid = _nobody()
+    uid, _gid = as_nobody.ids()
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
     link = tmp_path / "state-home"
