@@ -1,5 +1,6 @@
-"""Shared fixtures: a memory dir in a temp project, staging-file builders, clean logging,
-plain (uncoloured) command output, and a home of each test's own.
+"""Shared fixtures: a memory dir in a temp project, clean logging, plain (uncoloured) command
+output, and a home of each test's own. Fixtures only: what tests import lives in ``support/``
+(staging documents and the decision log read back: ``support/documents.py``).
 
 No test may write into the real user's home: tests once left seven events in the real
 ``~/.local/state/memstaged/decisions.jsonl`` (issue 19 item 9). Every test runs with ``HOME`` and
@@ -9,7 +10,6 @@ when anything memstaged could write under the real home changed during it.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import stat
@@ -162,61 +162,3 @@ def plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
     tests use it on every test: ``pytestmark = pytest.mark.usefixtures("plain_output")``)."""
     for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         monkeypatch.delenv(name, raising=False)
-
-
-EVIDENCE = {"discussion_note_ids": [1, 2]}
-
-
-def lesson(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "summary": "Run mypy before committing",
-        "detail": "Strict mode caught the Optional misuse.",
-        "scope_suggestion": "project",
-        "triggers": [{"type": "command", "pattern": "git commit"}],
-        "source_evidence": EVIDENCE,
-    }
-    base.update(overrides)
-    return base
-
-
-def staging_doc(project_root: Path | str, session: str = "s1", **overrides: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schemaVersion": 1,
-        "session_id": session,
-        "project_root": str(project_root),
-        "produced_at": "2026-11-29T18:04:11.250Z",
-        "candidates": {
-            "lessons": [lesson()],
-            "preferences": [{"text": "Small commits", "source_evidence": EVIDENCE}],
-            "decisions": [],
-            "domain": [],
-        },
-    }
-    doc.update(overrides)
-    if isinstance(doc["candidates"], dict):  # contract v2 (2.1): all four categories are required
-        doc["candidates"] = {c: [] for c in ("lessons", "preferences", "decisions", "domain")} | (
-            doc["candidates"]
-        )
-    return doc
-
-
-def write(path: Path, doc: Any) -> bytes:
-    data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-    path.write_bytes(data)
-    return data
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def decisions(path: Path) -> dict[str, str]:
-    """File name -> last decision logged for it (memstaged's look at its own rewrite, logged
-    ``own_rewrite``, is no decision: SPEC 7)."""
-    out: dict[str, str] = {}
-    for event in read_log(path):
-        if event.get("event") == "decision" and not event.get("own_rewrite"):
-            out[Path(event["path"]).name] = event["decision"]
-    return out

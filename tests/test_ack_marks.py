@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import staging_doc, write
-from helpers import (
+from support.documents import staging_doc, write
+from support.helpers import (
     REPO,
     holding,
     make_memory_dir,

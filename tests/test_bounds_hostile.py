@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cmd_support import run
-from conftest import staging_doc
-from helpers import memstaged_env, read_events, reap
+from support.commands import run
+from support.documents import staging_doc
+from support.helpers import memstaged_env, read_events, reap
 
 from memstaged.files import fsio
 

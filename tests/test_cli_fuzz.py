@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import staging_doc, write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.documents import staging_doc, write
 
 from memstaged.cli import option_types
 from memstaged.cli.main import build_parser, main

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import without_dac_override
+from support.helpers import without_dac_override
 
 #: Every command that takes --memory-dir and checks it (the daemon last: it must not start).
 COMMANDS = [

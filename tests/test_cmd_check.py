@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cmd_support import BAD_TRIGGER, json_lines, one_line_error, run
-from conftest import decisions, lesson, staging_doc, write
+from support.commands import BAD_TRIGGER, json_lines, one_line_error, run
+from support.documents import decisions, lesson, staging_doc, write
 
 from memstaged.core.decide import Context, Decision, decide
 
@@ -139,7 +139,7 @@ def test_check_on_a_file_written_in_pieces_names_settle(memory_dir: Path, tmp_pa
     """Issue 22 item 11: a writer appending in pieces has written the first piece; ``check`` in
     an 80-column terminal says the file is deferred and would be decided once unchanged for
     ``settle`` seconds, naming the setting a slow writer needs; exit 1."""
-    from terminal import terminal
+    from support.terminal import terminal
 
     piece = memory_dir / "staging" / "slow.json"
     piece.write_bytes(b'{"schemaVersion": 1, "sessionId": "slow", "candi')  # more to come

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cmd_support import json_lines, one_line_error, run
+from support.commands import json_lines, one_line_error, run
 
 
 @pytest.fixture

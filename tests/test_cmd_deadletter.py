@@ -7,13 +7,12 @@ import errno
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from cmd_support import (
+from support.commands import (
     json_lines,
     logged,
     one_line_error,
@@ -23,8 +22,8 @@ from cmd_support import (
     run,
     staging_files,
 )
-from conftest import EVIDENCE, write
-from helpers import memstaged_cmd, memstaged_env
+from support.documents import EVIDENCE, write
+from support.helpers import LockHolder, memstaged_cmd, memstaged_env
 
 from memstaged import config
 from memstaged.cli.commands import _common
@@ -584,47 +583,6 @@ def test_recover_waits_for_nobody_by_default(
     assert (store / "staging" / "mixed.recovered-1.json").exists()
 
 
-_HOLDER = r"""
-import json, os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-os.write(fd, json.dumps({"pid": os.getpid(), "owner": "reconciler"}).encode())
-os.close(fd)
-print("held", flush=True)
-sys.stdin.readline()
-os.unlink(sys.argv[1])
-print("released", flush=True)
-"""
-
-
-class _Holder:
-    """A reconciler stand-in: a live process holding canonical-writer.lock until told to let go."""
-
-    def __init__(self, memory_dir: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _HOLDER, str(memory_dir / "canonical-writer.lock")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline() == "held\n"
-
-    def release(self) -> None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("\n")
-        self.proc.stdin.flush()
-        assert self.proc.stdout.readline() == "released\n"
-        self.proc.wait(timeout=10)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
-
-
 class _Time:
     """The wait's clock and pause: time moves only when the command pauses (never slept)."""
 
@@ -643,8 +601,8 @@ class _Time:
 
 
 @pytest.fixture
-def holder(store: Path) -> Iterator[_Holder]:
-    held = _Holder(store)
+def holder(store: Path) -> Iterator[LockHolder]:
+    held = LockHolder(store)
     yield held
     held.kill()
 
@@ -653,7 +611,7 @@ def test_wait_has_a_limit_and_says_what_it_waits_for(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     store: Path,
-    holder: _Holder,
+    holder: LockHolder,
 ) -> None:
     """Issue 12 item 3: with a live reconciler stand-in holding canonical-writer.lock for good,
     `recover --wait=5` says once what it waits for, gives up when 5 s (of its clock) have passed
@@ -692,7 +650,7 @@ def test_wait_proceeds_once_the_lock_is_released(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     store: Path,
-    holder: _Holder,
+    holder: LockHolder,
 ) -> None:
     """Issue 12 item 3: when the reconciler stand-in lets go of canonical-writer.lock while
     `recover --wait` (30 s by default) waits, recovery proceeds at once: the good candidates

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-import systemd_env
-from cmd_support import (
+from support import systemd_env
+from support.commands import (
     json_lines,
     logged,
     one_line_error,
@@ -21,7 +21,7 @@ from cmd_support import (
     run,
     write_log,
 )
-from conftest import staging_doc, write
+from support.documents import staging_doc, write
 
 from memstaged.cli.main import main
 from memstaged.log.format import journal_fields

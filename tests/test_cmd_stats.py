@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cmd_support import (
+from support.commands import (
     BAD_TRIGGER,
     json_lines,
     logged,
@@ -19,7 +19,7 @@ from cmd_support import (
     run,
     write_log,
 )
-from conftest import lesson, staging_doc, write
+from support.documents import lesson, staging_doc, write
 
 from memstaged.cli.commands import _common
 from memstaged.cli.commands.stats import compute, error_key

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cmd_support import (
+from support.commands import (
     BAD_TRIGGER,
     json_lines,
     one_line_error,
@@ -19,8 +19,8 @@ from cmd_support import (
     set_old,
     staging_files,
 )
-from conftest import lesson, staging_doc, write
-from helpers import instance_lock_held
+from support.documents import lesson, staging_doc, write
+from support.helpers import instance_lock_held
 
 from memstaged import config
 

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from engine_support import (
+from support.date_corpus import corpus
+from support.engine import (
     DELETE,
     PROJECT,
     context,
@@ -27,8 +28,7 @@ from engine_support import (
     records,
     staging,
 )
-from node_oracle import Node
-from test_dateparse_node import corpus
+from support.node_oracle import Node
 
 from memstaged.core.decide import BOM, MAX_REASONS, Decision, decide, decide_too_large
 from memstaged.core.js.ecma import parse_json
@@ -395,7 +395,7 @@ def test_engine_validity_agrees_with_javascript(node: Node, zone: str) -> None:
     """Issue 11 "done when": on SPEC's examples and 3,000 generated files (timestamps from the
     Date.parse corpus, mutated fields, BOMs, invalid bytes) a file memstaged calls valid is one
     SPEC 2 in JavaScript accepts and vice versa, and every rewrite it makes is accepted."""
-    from node_oracle import local_zone
+    from support.node_oracle import local_zone
 
     files = _files(11, 3000)
     with local_zone(node, zone):

@@ -16,10 +16,18 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from cmd_support import json_lines, run
-from conftest import lesson, read_log, staging_doc, write
-from daemon_support import Rig, settings
-from helpers import REPO, daemon, memstaged_cmd, memstaged_env, read_events, run_once, wait_for
+from support.commands import json_lines, run
+from support.daemon_fakes import Rig, settings
+from support.documents import lesson, read_log, staging_doc, write
+from support.helpers import (
+    REPO,
+    daemon,
+    memstaged_cmd,
+    memstaged_env,
+    read_events,
+    run_once,
+    wait_for,
+)
 
 from memstaged.daemon.watcher import Kind, Signal
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
+from support.helpers import (
     OLD_MTIME,
     Input,
     Invariant,

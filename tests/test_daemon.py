@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import lesson, staging_doc, write
-from daemon_support import Notes, RecordingLogger, Rig, settings, settings_from_file
+from support.daemon_fakes import Notes, RecordingLogger, Rig, settings, settings_from_file
+from support.documents import lesson, staging_doc, write
 
 from memstaged.config import Settings
 from memstaged.core import ticks

@@ -8,10 +8,8 @@ the daemon catch up (the writers that pause do so because slow writers pause).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -20,204 +18,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import lesson, staging_doc, write
-from helpers import carried_out
+from support.daemon_process import WAIT, DaemonProcess, glob_config, many_projects
+from support.documents import lesson, staging_doc, write
 
 from memstaged.daemon.memory_dirs import FD_RESERVE
 from memstaged.deadletter import acks
-
-FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
-#: The guard of every wait for an event (seconds). Only a failure guard: a wait returns as soon
-#: as its event is logged; it is generous because a daemon's start alone takes seconds on a
-#: 2-core machine that runs other work beside the tests (issue 19 item 8).
-WAIT = 60.0
-
-
-class DaemonProcess:
-    """One ``memstaged`` daemon in a subprocess, and its decision log."""
-
-    def __init__(
-        self,
-        tmp_path: Path,
-        *args: str,
-        name: str = "daemon",
-        nofile: tuple[int, int] | None = None,
-        env: dict[str, str] | None = None,
-        log_file: Path | None = None,
-        prefix: Sequence[str] = (),
-    ) -> None:
-        """``log_file``: the decision log elsewhere (on a file system a test fills);
-        ``prefix``: a command the daemon runs under (``setpriv``, to obey file permissions)."""
-        extra_env = env or {}
-        self.log_file = log_file or tmp_path / f"{name}.jsonl"
-        #: Its ``XDG_STATE_HOME`` (the seen cache, the instance locks).
-        self.state_home = tmp_path / "xdg-state"
-        self.stderr_file = tmp_path / f"{name}.stderr"
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM", "INVOCATION_ID", "WATCHDOG_USEC")
-            and not k.startswith("MEMSTAGED_")
-        }
-        env.update(
-            MEMSTAGED_LOG_FILE=str(self.log_file),
-            XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
-            XDG_STATE_HOME=str(self.state_home),
-        )
-        env.update(extra_env)
-
-        def limit_descriptors() -> None:  # in the child, before exec: as a service manager would
-            if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
-
-        with self.stderr_file.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "memstaged", *args],
-                env=env,
-                cwd=tmp_path,
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-                preexec_fn=limit_descriptors if nofile is not None else None,  # noqa: PLW1509
-            )
-        self._events: list[dict[str, Any]] = []
-        self._offset = 0
-        self._ino: int | None = None
-
-    def events(self) -> list[dict[str, Any]]:
-        """Every event logged so far (read incrementally, across a rotation of the log: a
-        decision of 120,000 reasons is a line of megabytes)."""
-        try:
-            ino = self.log_file.stat().st_ino
-        except FileNotFoundError:
-            return self._events
-        if self._ino is not None and ino != self._ino:
-            self._read_rotated()
-            self._offset = 0
-        self._ino = ino
-        self._read_from(self.log_file)
-        return self._events
-
-    def _read_rotated(self) -> None:
-        """The rest of the file being read, now ``<log>.N``, then every newer one, oldest first.
-
-        A test that was not scheduled for a while on a busy machine may find the log rotated
-        more than once since its last read (a decision of 120,000 repairs is megabytes): it
-        used to look at ``<log>.1`` only, and lost the events in between (issue 19 item 8).
-        """
-        newer: list[Path] = []
-        for n in itertools.count(1):
-            rotated = self.log_file.with_name(f"{self.log_file.name}.{n}")
-            try:
-                if rotated.stat().st_ino == self._ino:
-                    self._read_from(rotated)
-                    break
-            except FileNotFoundError:
-                raise AssertionError(f"{self.log_file} rotated past its backups unread") from None
-            newer.append(rotated)
-        for path in reversed(newer):
-            self._offset = 0
-            self._read_from(path)
-
-    def _read_from(self, path: Path) -> None:
-        with path.open("rb") as fh:
-            fh.seek(self._offset)
-            chunk = fh.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        self._events += [json.loads(line) for line in complete.splitlines() if line.strip()]
-
-    def wait_for(
-        self, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = WAIT
-    ) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            events = self.events()
-            if predicate(events):
-                return events
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited ({self.proc.returncode}) before {what}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            time.sleep(0.02)
-
-    def wait_ready(self, timeout: float = WAIT) -> None:
-        self.wait_for(lambda ev: any(e["event"] == "ready" for e in ev), "ready", timeout)
-
-    def decisions(self, name: str) -> list[str]:
-        return [
-            e["decision"]
-            for e in self.events()
-            if e["event"] == "decision" and Path(e["path"]).name == name
-        ]
-
-    def wait_decided(self, *names: str, timeout: float = WAIT) -> dict[str, dict[str, Any]]:
-        """Wait until each file has a final decision, carried out; returns the last event of each.
-
-        A decision is logged before its change (SPEC 5): until the change is made, a quarantined
-        or repaired file still holds the bytes the event names.
-        """
-        wanted = set(names)
-
-        def final(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-            last = {}
-            for e in events:
-                if e["event"] == "decision" and e["decision"] in FINAL:
-                    name = Path(e["path"]).name
-                    if name in wanted:
-                        last[name] = e
-            return last
-
-        def done(events: list[dict[str, Any]]) -> bool:
-            last = final(events)
-            return len(last) == len(wanted) and all(carried_out(e) for e in last.values())
-
-        self.wait_for(done, f"{len(wanted)} decisions", timeout)
-        return final(self.events())
-
-    def wait_decided_version(self, name: str, data: bytes, timeout: float = WAIT) -> dict[str, Any]:
-        """Wait for the final decision of this version of ``name`` (the one whose bytes are
-        ``data``), carried out; returns its event.
-
-        Not the file's latest decision: a repair is followed by the daemon's look at its own
-        rewrite (``valid``, SPEC 1), and a loaded machine may log that before the test reads
-        (issue 19 item 8).
-        """
-        digest = hashlib.sha256(data).hexdigest()
-
-        def mine(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-            for e in events:
-                if (
-                    e["event"] == "decision"
-                    and e["decision"] in FINAL
-                    and e.get("sha256") == digest
-                    and Path(e["path"]).name == name
-                ):
-                    return e
-            return None
-
-        def done(events: list[dict[str, Any]]) -> bool:
-            event = mine(events)
-            return event is not None and carried_out(event)
-
-        self.wait_for(done, f"the decision of {name} ({digest[:12]})", timeout)
-        event = mine(self.events())
-        assert event is not None
-        return event
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout=timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture
@@ -750,22 +560,6 @@ def test_new_projects_under_a_glob_are_seen_at_once_without_a_rescan(
 # -- bounded resources: 1,100 memory dirs under a service manager's limits ----------------------
 
 
-def _many_projects(src: Path, count: int) -> list[Path]:
-    mdirs = []
-    for i in range(count):
-        mdir = src / f"p{i:04}" / ".pi" / "memory" / "project"
-        (mdir / "staging").mkdir(parents=True)
-        mdirs.append(mdir)
-    return mdirs
-
-
-def _glob_config(tmp_path: Path, src: Path) -> Path:
-    conf = tmp_path / "config.toml"
-    pattern = json.dumps(str(src / "*" / ".pi" / "memory" / "project"))
-    conf.write_text(f"memory_dirs = [{pattern}]\nsettle = 0.5\nrescan_interval = 3600\n")
-    return conf
-
-
 def _process_figures(pid: int) -> dict[str, int]:
     """Descriptors, inotify instances and watches, threads and RSS (KiB) of a process."""
     fds = os.listdir(f"/proc/{pid}/fd")
@@ -808,7 +602,7 @@ def test_the_daemon_maps_no_openssl_after_deciding_every_kind_of_file(
     file (the digests in their events, the rewrite's, the original's name), has not mapped
     OpenSSL's libcrypto or libssl (3.4 MB of its resident memory). Its digests are SHA-256's,
     as ``hashlib`` computes them."""
-    mdirs = _many_projects(tmp_path / "src", 3)
+    mdirs = many_projects(tmp_path / "src", 3)
     metrics = tmp_path / "metrics" / "memstaged.prom"
     metrics.parent.mkdir()
     args = [a for m in mdirs for a in ("--memory-dir", str(m))]
@@ -854,9 +648,9 @@ def test_1100_memory_dirs_under_a_soft_limit_of_1024_descriptors(
     one is decided. It holds one descriptor per memory dir plus a constant, one inotify
     instance, and a constant number of threads (figures printed)."""
     src = tmp_path / "src"
-    mdirs = _many_projects(src, 1100)
+    mdirs = many_projects(src, 1100)
     daemon = spawn(
-        "--config", str(_glob_config(tmp_path, src)), nofile=(1024, 4096), ready_timeout=120
+        "--config", str(glob_config(tmp_path, src)), nofile=(1024, 4096), ready_timeout=120
     )
     start = _event(daemon, "start")
     assert (start["nofile"], start["nofile_raised_from"], start["nofile_hard"]) == (
@@ -889,9 +683,9 @@ def test_1000_memory_dirs_fit_under_a_hard_limit_of_1024_descriptors(
     (docs/daemon.md counts it) that all 1,000 are held, none is refused, and a malformed file
     in the last one is quarantined (records and original written: the heaviest decision)."""
     src = tmp_path / "src"
-    mdirs = _many_projects(src, 1000)
+    mdirs = many_projects(src, 1000)
     daemon = spawn(
-        "--config", str(_glob_config(tmp_path, src)), nofile=(1024, 1024), ready_timeout=120
+        "--config", str(glob_config(tmp_path, src)), nofile=(1024, 1024), ready_timeout=120
     )
     assert _event(daemon, "ready")["memory_dirs"] == 1000
     (mdirs[-1] / "staging" / "last.json").write_bytes(b"{not json")
@@ -911,8 +705,8 @@ def test_memory_dirs_beyond_a_hard_descriptor_limit_leave_the_others_working(
     leave a reserve of descriptors for the work, says once for each of the others why it is
     not watched, and still decides files in the dirs it holds."""
     src = tmp_path / "src"
-    mdirs = _many_projects(src, 300)
-    daemon = spawn("--config", str(_glob_config(tmp_path, src)), nofile=(256, 256))
+    mdirs = many_projects(src, 300)
+    daemon = spawn("--config", str(glob_config(tmp_path, src)), nofile=(256, 256))
     held = _event(daemon, "ready")["memory_dirs"]
     refused = [e for e in daemon.events() if e["event"] == "memory_dir_error"]
     assert held == 256 - FD_RESERVE

@@ -16,9 +16,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cmd_support import prepare, record_files
-from conftest import staging_doc, write
-from helpers import REPO, make_memory_dir, memstaged_cmd, memstaged_env, project_root_of, run_once
+from support.commands import prepare, record_files
+from support.documents import staging_doc, write
+from support.helpers import (
+    REPO,
+    make_memory_dir,
+    memstaged_cmd,
+    memstaged_env,
+    project_root_of,
+    run_once,
+)
 
 
 def _ids(work: Path, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:

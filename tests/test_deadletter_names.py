@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cmd_support import run
-from conftest import lesson, staging_doc
+from support.commands import run
+from support.documents import lesson, staging_doc
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 

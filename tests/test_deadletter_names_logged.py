@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import staging_doc
+from support.documents import staging_doc
 
 
 def _once(tmp_path: Path, memory_dir: Path, *extra: str) -> list[dict[str, Any]]:

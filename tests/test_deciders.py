@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from daemon_support import RecordingLogger
-from helpers import (
+from support.daemon_fakes import RecordingLogger
+from support.helpers import (
     KINDS,
     Input,
     make_corpus,

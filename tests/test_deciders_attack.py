@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import staging_doc
-from helpers import (
+from support.documents import staging_doc
+from support.helpers import (
     OLD_MTIME,
     REPO,
     Input,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import staging_doc
-from helpers import memstaged_env, read_events, reap
+from support.documents import staging_doc
+from support.helpers import memstaged_env, read_events, reap
 
 
 def _events(tmp_path: Path) -> list[dict[str, Any]]:

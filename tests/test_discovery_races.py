@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import staging_doc
-from daemon_support import Notes, RecordingLogger, notifier, settings_from_file
+from support.daemon_fakes import Notes, RecordingLogger, notifier, settings_from_file
+from support.documents import staging_doc
 
 from memstaged.daemon.loop import Daemon
 

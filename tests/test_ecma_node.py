@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterator
 
 import pytest
-from node_oracle import Node, compare
+from support.node_oracle import Node, compare
 
 from memstaged.core.js.ecma import (
     JS_WHITESPACE,

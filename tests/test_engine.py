@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import (
+from support.engine import (
     DELETE,
     FILE_NAME,
     PROJECT,

@@ -11,7 +11,9 @@ import os
 from collections import Counter
 from typing import Any
 
-from engine_support import (
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from support.engine import (
     DELETE,
     PROJECT,
     category_items,
@@ -27,8 +29,6 @@ from engine_support import (
     records,
     staging,
 )
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 
 from memstaged.core.decide import BOM, Context, Decision, Verdict, decide
 from memstaged.core.schema import CATEGORIES

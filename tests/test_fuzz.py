@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.helpers import (
     Input,
     check_final,
     corpus_file,
@@ -27,8 +29,6 @@ from helpers import (
     read_events,
     write_inputs,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from memstaged.cli.main import main
 from memstaged.core.decide import Context, Decision, Verdict, decide

@@ -25,14 +25,14 @@ from typing import Any
 
 import msgspec
 import pytest
-from cmd_support import json_lines, one_line_error, prepare, run
-from conftest import staging_doc, write
-from daemon_support import RecordingLogger, Rig, settings
-from helpers import memstaged_cmd, memstaged_env, mounted, without_dac_override
 from prometheus_client.parser import text_string_to_metric_families
-from test_daemon_process import DaemonProcess, _glob_config, _many_projects
-from test_log_safety import Broken
-from test_operator import _pty_run
+from support.commands import json_lines, one_line_error, prepare, run
+from support.daemon_fakes import RecordingLogger, Rig, settings
+from support.daemon_process import DaemonProcess, glob_config, many_projects
+from support.documents import staging_doc, write
+from support.failing_fs import Broken
+from support.helpers import memstaged_cmd, memstaged_env, mounted, without_dac_override
+from support.terminal import pty_run
 
 from memstaged import config
 from memstaged.cli.commands.status import SUMMARY_COLUMNS, TERMINAL_COLUMNS
@@ -201,7 +201,7 @@ def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
     assert subprocess.run(once, env=env, capture_output=True, check=False).returncode == 0
     pattern = str(tmp_path / "src" / "*" / ".pi" / "memory" / "project")
 
-    code, shown = _pty_run(memstaged_cmd("status", "--memory-dir", pattern), env)
+    code, shown = pty_run(memstaged_cmd("status", "--memory-dir", pattern), env)
     assert code == 1, shown[-2000:]
     lines = shown.decode().replace("\r\n", "\n").splitlines()
     assert lines[0] == "1000 memory dirs"
@@ -447,8 +447,8 @@ def test_clients_that_never_read_delay_neither_decisions_nor_sigterm(
     on. The loop now only makes the answer; it is sent by another thread that waits on no
     client: the file is decided and SIGTERM ends the daemon while they keep asking."""
     src = tmp_path / ("s" * 250)  # long paths: a large answer
-    mdirs = _many_projects(src, 1000)
-    daemon = spawn("--config", str(_glob_config(tmp_path, src)))
+    mdirs = many_projects(src, 1000)
+    daemon = spawn("--config", str(glob_config(tmp_path, src)))
     pid = daemon.proc.pid
     answer = msgspec.json.encode(control_socket.ask(pid, timeout=60))
     assert len(answer) > 1.5 * _socket_buffer()  # the premise: a client that does not read blocks
@@ -521,8 +521,8 @@ def test_a_full_listen_queue_is_waited_on_not_reported_as_a_dead_daemon(
     than the socket buffers, and the listen queue is then filled: the check's connect waits in
     the kernel for a place (bounded by its timeout), and it is answered."""
     src = tmp_path / ("s" * 250)  # long paths: an answer larger than the socket buffers
-    _many_projects(src, 1000)
-    daemon = spawn("--config", str(_glob_config(tmp_path, src)))
+    many_projects(src, 1000)
+    daemon = spawn("--config", str(glob_config(tmp_path, src)))
     pid = daemon.proc.pid
     holders = [_client(pid, control_clients.REQUEST) for _ in range(control_clients.MAX_CLIENTS)]
     queued: list[socket.socket] = []

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import as_nobody
 import pytest
-from daemon_support import RecordingLogger
-from helpers import (
+from support import as_nobody
+from support.daemon_fakes import RecordingLogger
+from support.helpers import (
     PYTHON,
     REPO,
     Input,

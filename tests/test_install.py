@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from terminal import COLUMNS, terminal
+from support.terminal import COLUMNS, terminal
 
 from memstaged.cli.generate import DATA, FILES
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import (
+from support.helpers import (
     daemon,
     holding,
     instance_lock_held,

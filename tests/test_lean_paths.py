@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import decisions, lesson, read_log, staging_doc, write
+from support.documents import decisions, lesson, read_log, staging_doc, write
 
 from memstaged.cli.main import _named_command, main
 from memstaged.log import writer

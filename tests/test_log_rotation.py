@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from conftest import lesson, staging_doc, write
-from helpers import (
+from support.documents import lesson, staging_doc, write
+from support.helpers import (
     REPO,
     daemon,
     make_memory_dir,
@@ -70,7 +70,7 @@ def test_no_event_is_lost_or_split_when_processes_rotate_the_shared_log(tmp_path
             time.sleep(0.02)
         rotator_args = [str(log), str(archive), str(stop), "100000"]
         rotator = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "log_rotator.py"), *rotator_args],
+            [sys.executable, str(REPO / "tests" / "support" / "log_rotator.py"), *rotator_args],
             stdout=subprocess.PIPE,
         )
         try:

@@ -22,9 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cmd_support import json_lines, mixed_doc, record_files, run
-from conftest import staging_doc, write
-from helpers import make_memory_dir, memstaged_cmd, memstaged_env, mounted, read_events, reap
+from support.commands import json_lines, mixed_doc, record_files, run
+from support.documents import staging_doc, write
+from support.helpers import (
+    make_memory_dir,
+    memstaged_cmd,
+    memstaged_env,
+    mounted,
+    read_events,
+    reap,
+)
 
 from memstaged.cli.commands import _common
 from memstaged.cli.main import main

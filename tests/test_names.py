@@ -16,11 +16,11 @@ from typing import Any
 
 import msgspec
 import pytest
-from cmd_support import run
-from conftest import staging_doc
-from helpers import daemon, memstaged_env, read_events, run_once, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.commands import run
+from support.documents import staging_doc
+from support.helpers import daemon, memstaged_env, read_events, run_once, wait_for
 
 from memstaged import safe_text
 from memstaged.log.reader import parse_line

@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import as_nobody
 import pytest
-from conftest import decisions, lesson, read_log, staging_doc, write
-from helpers import make_memory_dir, memstaged_cmd, memstaged_env, project_root_of, run_once
+from support import as_nobody
+from support.documents import decisions, lesson, read_log, staging_doc, write
+from support.helpers import make_memory_dir, memstaged_cmd, memstaged_env, project_root_of, run_once
 
 from memstaged.cli.main import main
 from memstaged.core.decide import Context, Decision, decide

@@ -3,28 +3,23 @@ argument, ``check`` as ``--once``, dry runs marked, and output that fits a termi
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import os
-import pty
-import select
 import shlex
 import shutil
 import signal
 import stat
-import struct
 import subprocess
 import sys
-import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cmd_support import one_line_error, run
-from conftest import lesson, read_log, staging_doc, write
-from helpers import (
+from support.commands import one_line_error, run
+from support.documents import lesson, read_log, staging_doc, write
+from support.helpers import (
     REPO,
     daemon,
     memstaged_cmd,
@@ -33,6 +28,7 @@ from helpers import (
     wait_for,
     without_dac_override,
 )
+from support.terminal import pty_run
 
 from memstaged.cli.main import main
 
@@ -491,32 +487,6 @@ def test_argparse_errors_are_one_line_and_not_doubled(capsys: pytest.CaptureFixt
     assert "memstaged: memstaged" not in line
 
 
-def _pty_run(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, bytes]:
-    """``argv`` with stdout and stderr on a pseudo-terminal: its exit code and what it showed."""
-    controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env
-    )
-    os.close(terminal)
-    shown = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([controller], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            shown += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(controller)
-    return proc.wait(timeout=10), shown
-
-
 def test_on_a_terminal_log_goes_through_the_pager_and_a_quitting_pager_is_fine(
     tmp_path: Path,
 ) -> None:
@@ -529,12 +499,12 @@ def test_on_a_terminal_log_goes_through_the_pager_and_a_quitting_pager_is_fine(
     env = memstaged_env(tmp_path, MEMSTAGED_LOG_FILE=str(log_file))
     env["PAGER"] = f"sh -c 'head -c 300 > {kept}'"
     env.pop("MEMSTAGED_PAGER", None)
-    code, shown = _pty_run(memstaged_cmd("log"), env)
+    code, shown = pty_run(memstaged_cmd("log"), env)
     assert code == 0, shown[-2000:]
     assert b"Traceback" not in shown
     assert kept.read_bytes().startswith(b"20")  # the first event's line: the date
     assert b"f0.json" in kept.read_bytes()
-    code, shown = _pty_run(memstaged_cmd("log", "-n", "1", "--no-pager"), env)
+    code, shown = pty_run(memstaged_cmd("log", "-n", "1", "--no-pager"), env)
     assert code == 0
     assert b"f19999.json" in shown
 
@@ -548,10 +518,10 @@ def test_on_an_80_column_terminal_each_event_and_record_is_one_line(
     a record's line starts with its full ID, and the ID given to ``show`` finds it."""
     _populated(project, memory_dir)
     env = memstaged_env(tmp_path)
-    code, _ = _pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
+    code, _ = pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
     assert code == 0
     events = read_events(Path(env["MEMSTAGED_LOG_FILE"]))
-    code, shown = _pty_run(memstaged_cmd("log", "--no-pager", "--color", "never"), env)
+    code, shown = pty_run(memstaged_cmd("log", "--no-pager", "--color", "never"), env)
     assert code == 0
     lines = [ln for ln in shown.decode().split("\r\n") if ln.strip()]
     assert len(lines) == len(events), lines
@@ -559,12 +529,12 @@ def test_on_an_80_column_terminal_each_event_and_record_is_one_line(
     records = sorted(p.stem for p in (memory_dir / "deadletter").glob("*.json"))
     assert records
     argv = ["deadletter", "list", "--no-pager", "--color", "never", "--memory-dir"]
-    code, shown = _pty_run(memstaged_cmd(*argv, str(memory_dir)), env)
+    code, shown = pty_run(memstaged_cmd(*argv, str(memory_dir)), env)
     assert code == 0
     lines = [ln for ln in shown.decode().split("\r\n") if ln.strip()]
     assert sorted(ln.split("  ")[0] for ln in lines) == records, lines
     show = ["deadletter", "show", records[0], "--no-pager", "--memory-dir", str(memory_dir)]
-    code, shown = _pty_run(memstaged_cmd(*show), env)
+    code, shown = pty_run(memstaged_cmd(*show), env)
     assert code == 0 and f"record {records[0]}".encode() in shown
 
 
@@ -574,7 +544,7 @@ def test_repaired_lines_on_a_terminal_say_which_repair(
     """Issue 13: the daemon's and --once's console line on a TTY names the repair."""
     _populated(project, memory_dir)
     env = memstaged_env(tmp_path)
-    code, shown = _pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
+    code, shown = pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
     assert code == 0
     assert b"repaired by R1 at candidates.lessons[0].triggers" in shown
 
@@ -593,9 +563,9 @@ def test_a_repair_behind_added_categories_is_still_named_on_a_terminal(
     _old(memory_dir / "staging" / "no-triggers.json")
     env = memstaged_env(tmp_path)
     named = b"repaired by R1 at candidates.lessons[0].triggers; R5 at candidates.preferences"
-    code, shown = _pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
+    code, shown = pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
     assert code == 0 and named in shown, shown
-    code, shown = _pty_run(memstaged_cmd("log", "--no-pager"), env)
+    code, shown = pty_run(memstaged_cmd("log", "--no-pager"), env)
     assert code == 0 and named in shown, shown
 
 
@@ -708,7 +678,7 @@ def test_the_settle_wait_is_one_line_on_a_terminal_too(tmp_path: Path, memory_di
     _half_written_ahead(memory_dir)
     env = memstaged_env(tmp_path)
     argv = memstaged_cmd("--once", "--settle", "3", "--memory-dir", str(memory_dir))
-    code, shown = _pty_run(argv, env)
+    code, shown = pty_run(argv, env)
     assert code == 0, shown
     [line] = [ln for ln in shown.split(b"\n") if b"waiting up to" in ln]
     assert len(line) > 80

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import staging_doc, write
-from helpers import (
+from support.documents import staging_doc, write
+from support.helpers import (
     OLD_MTIME,
     PYTHON,
     daemon,
@@ -29,8 +29,8 @@ from helpers import (
     read_events,
     wait_for,
 )
-from node_oracle import Node
-from terminal import terminal
+from support.node_oracle import Node
+from support.terminal import terminal
 
 #: The failure guard of every wait (each ends on the event it waits for).
 GUARD = 60.0

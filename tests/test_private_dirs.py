@@ -26,9 +26,16 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from cmd_support import one_line_error, prepare, record_files, run, staging_files
-from helpers import daemon, memory_dir_of, memstaged_cmd, memstaged_env, read_events, wait_for
-from test_daemon_process import DaemonProcess
+from support.commands import one_line_error, prepare, record_files, run, staging_files
+from support.daemon_process import DaemonProcess
+from support.helpers import (
+    daemon,
+    memory_dir_of,
+    memstaged_cmd,
+    memstaged_env,
+    read_events,
+    wait_for,
+)
 
 from memstaged import config
 from memstaged.daemon import control_socket

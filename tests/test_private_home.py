@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import read_log, staging_doc, write
+from support.documents import read_log, staging_doc, write
 
 from memstaged.cli.main import main
 

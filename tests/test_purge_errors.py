@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import (
+from support.helpers import (
     PYTHON,
     REPO,
     doc,
@@ -19,17 +19,9 @@ from helpers import (
     memstaged_env,
     project_root_of,
     run_once,
+    stopped,
     wait_for,
 )
-
-
-def _stopped(pid: int) -> bool:
-    """Whether ``pid`` is stopped (state ``T`` in /proc/<pid>/stat)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] == "T"
 
 
 def _chattr(flag: str, path: Path) -> subprocess.CompletedProcess[str]:
@@ -74,7 +66,7 @@ def test_an_io_error_in_the_middle_of_a_purge_exits_1_and_says_what_was_deleted(
         cwd=REPO,
     )
     try:
-        assert wait_for(lambda: _stopped(proc.pid) or proc.poll() is not None, 120)
+        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
         assert proc.poll() is None, proc.communicate()
         assert _chattr("+i", mdir).returncode == 0
         os.kill(proc.pid, signal.SIGCONT)

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import RecordingLogger
-from helpers import (
+from support.daemon_fakes import RecordingLogger
+from support.helpers import (
     Inotify,
     candidate_id,
     context_for,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
+from support.helpers import (
     KINDS,
     REPO,
     Input,

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from cmd_support import json_lines, record_files, run
-from helpers import REPO
+from support.commands import json_lines, record_files, run
+from support.helpers import REPO
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 

@@ -13,8 +13,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from conftest import staging_doc, write
-from helpers import (
+from support.documents import staging_doc, write
+from support.helpers import (
     IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
@@ -22,16 +22,16 @@ from helpers import (
     IN_MOVED_TO,
     REPO,
     Inotify,
+    LockHolder,
     make_memory_dir,
     memstaged_cmd,
     memstaged_env,
     project_root_of,
     read_events,
     run_once,
+    stopped,
     wait_for,
 )
-from test_cmd_deadletter import _Holder
-from test_purge_errors import _stopped
 
 from memstaged.core.records import ORIGINALS_DIR
 
@@ -64,12 +64,12 @@ def test_a_lock_taken_while_temps_are_written_stops_the_writing(tmp_path: Path) 
         stderr=subprocess.PIPE,
     )
     store = mdir / "deadletter"
-    holder: _Holder | None = None
+    holder: LockHolder | None = None
     try:
-        assert wait_for(lambda: _stopped(proc.pid) or proc.poll() is not None, 120)
+        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
         assert proc.poll() is None, proc.communicate()
         watch = Inotify([store, store / ORIGINALS_DIR])
-        holder = _Holder(mdir)
+        holder = LockHolder(mdir)
         os.kill(proc.pid, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=300)
         watch.poll()

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from cmd_support import BAD_TRIGGER
-from helpers import (
+from support.commands import BAD_TRIGGER
+from support.helpers import (
     candidate_id,
     decision,
     lesson,

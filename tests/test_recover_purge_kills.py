@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from helpers import (
+from support.helpers import (
+    REPO,
     DecisionLog,
     candidate_id,
     memstaged_env,
@@ -54,7 +55,7 @@ from helpers import (
     write_config,
 )
 
-WRITER: Final = Path(__file__).with_name("staging_writer.py")
+WRITER: Final = REPO / "tests" / "support" / "staging_writer.py"
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")
 _RECORD: Final = re.compile(
     r"-([0-9a-f]{16})-(?:(lessons|preferences|decisions|domain)-(\d+)|file)(?:\.\d+)?\.json$"

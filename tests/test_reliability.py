@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import staging_doc
-from daemon_support import RecordingLogger
-from helpers import (
+from support.daemon_fakes import RecordingLogger
+from support.documents import staging_doc
+from support.helpers import (
     make_memory_dir,
     memory_dir_of,
     memstaged_env,

@@ -17,9 +17,9 @@ from typing import Any, Final
 
 import msgspec
 import pytest
-from engine_support import DELETE, Form, classify, patched, staging
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.engine import DELETE, Form, classify, patched, staging
 
 from memstaged.core.decide import _foreign_root
 from memstaged.core.foreign import foreign_root

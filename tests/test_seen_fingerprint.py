@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import decisions, staging_doc, write
-from helpers import PYTHON, make_memory_dir, memstaged_env, project_root_of
+from support.documents import decisions, staging_doc, write
+from support.helpers import PYTHON, make_memory_dir, memstaged_env, project_root_of
 
 import memstaged
 

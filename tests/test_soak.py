@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import (
+from support.helpers import (
     KINDS,
     Input,
     check_final,

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import staging_doc, write
-from helpers import REPO, memstaged_cmd, memstaged_env
+from support.documents import staging_doc, write
+from support.helpers import REPO, memstaged_cmd, memstaged_env
 
 from memstaged.core import digests
 from memstaged.deadletter import acks

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import systemd_env
-from systemd_env import UserSystemd, wait_until
+from support import systemd_env
+from support.systemd_env import UserSystemd, wait_until
 
 pytestmark = pytest.mark.systemd
 

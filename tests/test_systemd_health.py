@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import staging_doc
 from prometheus_client.parser import text_string_to_metric_families
-from systemd_env import UserSystemd, unavailable_reason, user_systemd, wait_until
+from support.documents import staging_doc
+from support.systemd_env import UserSystemd, unavailable_reason, user_systemd, wait_until
 
 REASON = unavailable_reason()
 pytestmark = [

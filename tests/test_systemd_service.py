@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import staging_doc
-from systemd_env import (
+from support.documents import staging_doc
+from support.systemd_env import (
     UserSystemd,
     unavailable_reason,
     unprivileged_uid,

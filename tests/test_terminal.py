@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from cmd_support import (
+from support.commands import (
     json_lines,
     logged,
     one_line_error,
@@ -30,8 +30,8 @@ from cmd_support import (
     record_files,
     run,
 )
-from conftest import staging_doc, write
-from helpers import memstaged_cmd
+from support.documents import staging_doc, write
+from support.helpers import memstaged_cmd
 
 from memstaged.cli.main import main
 from memstaged.log.format import journal_fields

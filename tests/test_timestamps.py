@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from engine_support import Form, classify
+from support.engine import Form, classify
 
 from memstaged.core.timestamps import (
     EPOCH,

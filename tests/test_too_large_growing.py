@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import reap
+from support.helpers import reap
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from daemon_support import RecordingLogger
-from helpers import (
+from support.daemon_fakes import RecordingLogger
+from support.helpers import (
     OLD_MTIME,
     Input,
     expected_verdict,

@@ -4,14 +4,21 @@ tmux runs the program on a pseudo-terminal as a person's terminal would; ``send`
 (``Tab`` and ``Enter`` as tmux names them) and ``wait_for`` reads the screen
 (``capture-pane``) until a pattern shows up, with a generous bound only as a failure guard: what
 the test waits for is the text, never a time.
+
+:func:`pty_run` is the plain way: a command on a pseudo-terminal of 80x24, and what it showed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import re
+import select
 import shutil
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -101,3 +108,29 @@ def terminal(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Iterator[
         subprocess.run(
             ["tmux", "-L", term.socket, "kill-server"], capture_output=True, timeout=30, check=False
         )
+
+
+def pty_run(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, bytes]:
+    """``argv`` with stdout and stderr on a pseudo-terminal: its exit code and what it showed."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env
+    )
+    os.close(terminal)
+    shown = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(controller)
+    return proc.wait(timeout=10), shown

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from conftest import EVIDENCE, lesson, read_log, staging_doc, write
 
 from memstaged.cli.main import main
+from support.documents import EVIDENCE, lesson, read_log, staging_doc, write
 
 BAD_TRIGGER: Final = [{"type": "bogus"}]
 

@@ -42,7 +42,7 @@ from memstaged.files.memdir import MemoryDir
 from memstaged.files.temp_names import TEMP_PREFIX
 
 PYTHON: Final = sys.executable
-REPO: Final = Path(__file__).resolve().parent.parent
+REPO: Final = Path(__file__).resolve().parents[2]
 EVIDENCE: Final = {"discussion_note_ids": [1, 2], "source": "reliability-test"}
 #: Staging files are dated well in the past so that no unparseable one is deferred (SPEC 5).
 OLD_MTIME: Final = 1_700_000_000
@@ -224,6 +224,15 @@ def proc_status(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state ``T`` in /proc/<pid>/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] == "T"
+
+
 def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -364,6 +373,52 @@ def holding(cmd: Sequence[str]) -> Iterator[subprocess.Popen[str]]:
         proc.wait()
         proc.stdin.close()
         proc.stdout.close()
+
+
+_HOLD_RECONCILER_LOCK: Final = r"""
+import json, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd, json.dumps({"pid": os.getpid(), "owner": "reconciler"}).encode())
+os.close(fd)
+print("held", flush=True)
+sys.stdin.readline()
+os.unlink(sys.argv[1])
+print("released", flush=True)
+"""
+
+
+class LockHolder:
+    """A reconciler stand-in: a live process holding canonical-writer.lock until told to let go."""
+
+    def __init__(self, memory_dir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _HOLD_RECONCILER_LOCK,
+                str(memory_dir / "canonical-writer.lock"),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == "held\n"
+
+    def release(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline() == "released\n"
+        self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 @dataclass(frozen=True)
