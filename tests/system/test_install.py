@@ -24,7 +24,7 @@ from support.terminal import COLUMNS, terminal
 
 from memstaged.cli.generate import DATA, FILES
 
-REPO: Final = Path(__file__).resolve().parent.parent
+REPO: Final = Path(__file__).resolve().parents[2]
 MEMSTAGED: Final = Path(sys.executable).parent / "memstaged"
 #: The man page's sections that issue 22 item 8 asks for, beside argparse's.
 SECTIONS: Final = (

@@ -40,7 +40,7 @@ pytestmark = [
 ]
 
 UNIT = "memstaged.service"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MEMSTAGED = Path(sys.executable).parent / "memstaged"
 
 

@@ -24,7 +24,7 @@ from typing import Final
 
 import pytest
 
-REPO: Final = Path(__file__).resolve().parent.parent
+REPO: Final = Path(__file__).resolve().parents[2]
 DOCS: Final = ("README.md", "docs/inspection.md")
 #: First word of a command -> why it is not run here.
 SKIPPED: Final = {

@@ -24,7 +24,7 @@ from memstaged.cli.systemd_unit import Notifier
 from memstaged.log import writer
 from memstaged.log.format import MESSAGE_IDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- sd_notify ----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from memstaged.core.js.ecma import parse_json
 
 ROOT = "/home/ana/src/example-project"
 CTX = Context(project_root=ROOT, file_name="s.json", source_path=f"{ROOT}/x/s.json")
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "memory-dir" / "staging"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "memory-dir" / "staging"
 SEED = int(os.environ.get("MEMSTAGED_TEST_SEED", random.randrange(1 << 30)))
 REQUIRED_RECORD_KEYS = (
     "session_id",

@@ -32,7 +32,7 @@ pytestmark = [
 ]
 
 UNIT = "memstaged.service"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "memory-dir"
 MEMSTAGED = Path(sys.executable).parent / "memstaged"
 #: What the demo's eight files come to (``make demo``; tests/test_counts.py).

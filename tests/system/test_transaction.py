@@ -648,7 +648,7 @@ def test_a_transaction_killed_at_any_point_loses_nothing(
         (mdir / "staging" / "x.json").write_bytes(original)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO / "tests"), str(REPO)]),
         "MEMSTAGED_CRASH_AT": f"{step}:1",
     }
     child = subprocess.run(
@@ -685,7 +685,10 @@ def test_the_crash_test_child_completes_without_a_crash_point(tmp_path: Path) ->
     mdir = make_memory_dir(tmp_path)
     original = _bytes(mdir)
     (mdir / "staging" / "x.json").write_bytes(original)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO / "tests"), str(REPO)]),
+    }
     env.pop("MEMSTAGED_CRASH_AT", None)
     child = subprocess.run(
         [PYTHON, "-c", _CHILD, str(mdir), "remove"],

@@ -18,7 +18,7 @@ from support.documents import read_log, staging_doc, write
 
 from memstaged.cli.main import main
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _memory_dir(tmp_path: Path) -> Path:
