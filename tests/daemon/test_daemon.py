@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -19,12 +18,21 @@ from typing import Any
 
 import msgspec
 import pytest
-from support.daemon_fakes import Notes, RecordingLogger, Rig, settings, settings_from_file
-from support.documents import lesson, staging_doc, write
+from support.daemon_fakes import (
+    Notes,
+    RecordingLogger,
+    Rig,
+    complete_signal,
+    reconciler_lock,
+    settings,
+    settings_from_file,
+    started_rig,
+)
+from support.documents import repairable_doc, staging_doc, write
 
 from memstaged.config import Settings
 from memstaged.core import ticks
-from memstaged.daemon.loop import LOCK_POLL, STOP_GRACE, Daemon
+from memstaged.daemon.loop import STOP_GRACE, Daemon
 from memstaged.daemon.main import install_signal_handlers
 from memstaged.daemon.memory_dirs import Glob, split_glob
 from memstaged.daemon.schedule import MAX_BACKOFF
@@ -44,19 +52,8 @@ def _age(path: Path, seconds: float = 60.0) -> None:
     os.utime(path, (then, then))
 
 
-def _complete(mdir: Path, name: str) -> Signal:
-    return Signal(Kind.COMPLETE, str(mdir), name)
-
-
 def _changed(mdir: Path, name: str) -> Signal:
     return Signal(Kind.CHANGED, str(mdir), name)
-
-
-def _started(memory_dir: Path, **kwargs: Any) -> Rig:
-    rig = Rig(settings(memory_dir), **kwargs)
-    rig.daemon.start()
-    rig.daemon.work()
-    return rig
 
 
 def _deadletter_originals(memory_dir: Path) -> list[bytes]:
@@ -73,9 +70,9 @@ def _temp_files(memory_dir: Path) -> list[str]:
 
 def test_close_after_write_is_decided_at_once(project: Path, memory_dir: Path) -> None:
     """A close-after-write event gets its file decided without any time passing."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     data = write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
-    assert rig.send(_complete(memory_dir, VALID_NAME)) == 1
+    assert rig.send(complete_signal(memory_dir, VALID_NAME)) == 1
     assert rig.log.decisions(VALID_NAME) == ["valid"]
     assert (memory_dir / "staging" / VALID_NAME).read_bytes() == data
 
@@ -84,7 +81,7 @@ def test_create_without_close_waits_for_the_settle_interval(
     project: Path, memory_dir: Path
 ) -> None:
     """A bare create/modify event is decided only once the settle interval has passed."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
     assert rig.send(_changed(memory_dir, VALID_NAME)) == 0
     assert rig.after(1.9) == 0
@@ -96,15 +93,15 @@ def test_create_without_close_waits_for_the_settle_interval(
 def test_half_written_file_is_deferred_not_quarantined(project: Path, memory_dir: Path) -> None:
     """A complete-looking event for a file that does not parse yet leaves it alone; once the
     writer finishes it, the file is decided valid and nothing ever went to deadletter/."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     full = json.dumps(staging_doc(project)).encode()
     path = memory_dir / "staging" / VALID_NAME
     path.write_bytes(full[:40])
-    rig.send(_complete(memory_dir, VALID_NAME))
+    rig.send(complete_signal(memory_dir, VALID_NAME))
     assert rig.log.decisions(VALID_NAME) == ["deferred"]
     assert path.read_bytes() == full[:40]
     path.write_bytes(full)
-    rig.send(_complete(memory_dir, VALID_NAME))
+    rig.send(complete_signal(memory_dir, VALID_NAME))
     assert rig.log.decisions(VALID_NAME) == ["deferred", "valid"]
     assert not (memory_dir / "deadletter").exists()
 
@@ -112,10 +109,10 @@ def test_half_written_file_is_deferred_not_quarantined(project: Path, memory_dir
 def test_unparseable_file_is_quarantined_once_it_settles(memory_dir: Path) -> None:
     """A file that stays unparseable is retried by itself and quarantined once settled,
     with its exact bytes in deadletter/originals/."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     path = memory_dir / "staging" / "broken.json"
     path.write_bytes(b'{"schemaVersion": 1, "session_')
-    rig.send(_complete(memory_dir, "broken.json"))
+    rig.send(complete_signal(memory_dir, "broken.json"))
     assert rig.log.decisions("broken.json") == ["deferred"]
     _age(path)  # the writer went away: the file stays as it is
     rig.after(MAX_BACKOFF)
@@ -126,9 +123,9 @@ def test_unparseable_file_is_quarantined_once_it_settles(memory_dir: Path) -> No
 
 def test_events_for_one_file_collapse_into_one_decision(project: Path, memory_dir: Path) -> None:
     """Creates, modifies and closes of one file that arrive together give one decision."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
-    burst = [_changed(memory_dir, VALID_NAME)] * 5 + [_complete(memory_dir, VALID_NAME)] * 3
+    burst = [_changed(memory_dir, VALID_NAME)] * 5 + [complete_signal(memory_dir, VALID_NAME)] * 3
     assert rig.send(*burst) == 1
     assert rig.after(10) == 0
     assert rig.log.decisions(VALID_NAME) == ["valid"]
@@ -142,7 +139,7 @@ def test_backlog_takes_new_events_between_files(project: Path, memory_dir: Path)
     rig = Rig(settings(memory_dir))
     rig.daemon.start()  # schedules all 200
     for _ in range(3):
-        rig.daemon.queue.put(_complete(memory_dir, "f199.json"))
+        rig.daemon.queue.put(complete_signal(memory_dir, "f199.json"))
     assert rig.daemon.work() == 200
     assert rig.log.decisions("f199.json") == ["valid"]
 
@@ -155,7 +152,7 @@ def test_overflow_rescan_decides_missed_files_and_rereads_only_changed_ones(
 ) -> None:
     """After an overflow every file nobody told us about is decided; a second overflow reads
     again only the file that changed since."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     for i in range(20):
         write(memory_dir / "staging" / f"f{i}.json", staging_doc(project, f"s{i}"))
     assert rig.send(Signal(Kind.OVERFLOW)) == 20
@@ -171,7 +168,7 @@ def test_periodic_rescan_finds_files_whose_events_were_lost(
     project: Path, memory_dir: Path
 ) -> None:
     """With no event at all, a new file is decided at the next periodic rescan (5 min)."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     data = write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
     assert rig.after(299) == 0
     assert rig.after(1) == 1
@@ -208,7 +205,7 @@ def test_removed_memory_dir_is_dropped_without_an_error_storm(
 ) -> None:
     """Deleting a memory dir with 50 files queued drops it with one log line and no errors,
     whether or not its deletion was seen as an event."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     for i in range(50):
         write(memory_dir / "staging" / f"f{i}.json", b"{")
     rig.send(*[_changed(memory_dir, f"f{i}.json") for i in range(50)])
@@ -229,7 +226,7 @@ def test_removed_memory_dir_is_dropped_without_an_error_storm(
 def test_removed_staging_dir_forgets_its_files_quietly(memory_dir: Path) -> None:
     """staging/ removed with files queued: no error, no decision, and the memory dir is still
     watched for a new staging/."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     for i in range(10):
         write(memory_dir / "staging" / f"f{i}.json", b"{")
     rig.send(*[_changed(memory_dir, f"f{i}.json") for i in range(10)])
@@ -336,7 +333,7 @@ def test_named_memory_dir_that_comes_back_is_added_at_once(project: Path, memory
     """issue 12: a memory dir named on the command line that is removed and made again (a
     re-clone) is dropped, then added again from the event of its parent directory, without
     waiting for the rescan."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     assert rig.watcher.levels == {
         str(memory_dir.parent): frozenset({"project"}),
         str(memory_dir): frozenset({"staging"}),
@@ -354,53 +351,21 @@ def test_named_memory_dir_that_comes_back_is_added_at_once(project: Path, memory
 # -- the reconciler's lock -----------------------------------------------------------------------
 
 
-def _reconciler_lock(memory_dir: Path, pid: int) -> Path:
-    lock = memory_dir / "canonical-writer.lock"
-    lock.write_text(json.dumps({"pid": pid, "started_at": "2026-01-01", "owner": "reconciler"}))
-    return lock
-
-
-def _repairable(project: Path) -> dict[str, Any]:
-    return staging_doc(project, candidates={"lessons": [lesson(triggers=[])]})
-
-
 def test_files_wait_while_the_reconciler_holds_its_lock(project: Path, memory_dir: Path) -> None:
     """While a live process holds canonical-writer.lock a repairable file is left exactly as it
     is; it is repaired as soon as the lock is released."""
-    rig = _started(memory_dir)
-    lock = _reconciler_lock(memory_dir, pid=1)  # pid 1 is always alive
+    rig = started_rig(memory_dir)
+    lock = reconciler_lock(memory_dir, pid=1)  # pid 1 is always alive
     path = memory_dir / "staging" / "r.json"
-    data = write(path, _repairable(project))
-    rig.send(_complete(memory_dir, "r.json"))
-    rig.send(_complete(memory_dir, "r.json"), Signal(Kind.OVERFLOW))
+    data = write(path, repairable_doc(project))
+    rig.send(complete_signal(memory_dir, "r.json"))
+    rig.send(complete_signal(memory_dir, "r.json"), Signal(Kind.OVERFLOW))
     assert rig.log.decisions("r.json") == ["deferred"]
     assert path.read_bytes() == data
     lock.unlink()
     rig.send(Signal(Kind.LOCK_RELEASED, str(memory_dir)))
     assert rig.log.decisions("r.json") == ["deferred", "repaired"]
     assert json.loads(path.read_bytes())["candidates"]["lessons"][0]["triggers"] != []
-
-
-def test_lock_of_a_dead_process_is_reported_and_not_obeyed(project: Path, memory_dir: Path) -> None:
-    """A holder that dies without removing its lock does not block memstaged for ever: the
-    waiting files are decided at the next lock poll, the stale lock is logged and, not being
-    memstaged's, left in place."""
-    holder = subprocess.Popen(["sleep", "60"])
-    try:
-        rig = _started(memory_dir)
-        lock = _reconciler_lock(memory_dir, pid=holder.pid)
-        path = memory_dir / "staging" / "r.json"
-        write(path, _repairable(project))
-        rig.send(_complete(memory_dir, "r.json"))
-        assert rig.log.decisions("r.json") == ["deferred"]
-    finally:
-        holder.kill()
-        holder.wait()
-    assert rig.after(LOCK_POLL) == 1
-    assert rig.log.decisions("r.json") == ["deferred", "repaired"]
-    seen = rig.log.named("lock_seen")
-    assert seen and seen[0]["alive"] is False and seen[0]["action"] == "not obeyed"
-    assert lock.exists()
 
 
 # -- stopping --------------------------------------------------------------------------------
@@ -653,7 +618,7 @@ def test_second_daemon_on_the_same_memory_dir_is_refused(memory_dir: Path) -> No
     """A second daemon on a memory dir another memstaged works on raises BusyError (exit 1).
     (Both are in this process, which is no memstaged by its command line: the holder is not
     named; tests/test_instance_lock.py has real processes.)"""
-    first = _started(memory_dir)
+    first = started_rig(memory_dir)
     second = Rig(settings(memory_dir))
     with pytest.raises(BusyError, match=f"{memory_dir} is busy"):
         second.daemon.start()
@@ -664,7 +629,7 @@ def test_second_daemon_on_the_same_memory_dir_is_refused(memory_dir: Path) -> No
 def test_waiting_daemon_stops_on_sigterm_and_starts_when_free(memory_dir: Path) -> None:
     """With --wait a second daemon waits (feeding the watchdog) instead of failing; SIGTERM
     ends the wait with exit 0; once the first is gone a waiting one takes over."""
-    first = _started(memory_dir)
+    first = started_rig(memory_dir)
     polls: list[float] = []
 
     def sleep_then_stop(seconds: float) -> None:
@@ -747,7 +712,7 @@ def test_reload_with_a_bad_config_keeps_the_old_one(
     assert rig.notes.firsts()[-2:] == ["RELOADING=1", "READY=1"]
     assert list(rig.daemon.mdirs) == [str(memory_dir)]
     write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
-    assert rig.send(_complete(memory_dir, VALID_NAME)) == 1
+    assert rig.send(complete_signal(memory_dir, VALID_NAME)) == 1
 
 
 def test_a_refused_reload_is_in_the_status_until_a_good_one_names_what_changed(
@@ -773,7 +738,8 @@ def test_a_refused_reload_is_in_the_status_until_a_good_one_names_what_changed(
     sent = len(rig.notes.messages)
     write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
     rig.clock.advance(1)
-    assert rig.send(_complete(memory_dir, VALID_NAME)) == 1  # the counts change: a new STATUS=
+    # the counts change: a new STATUS=
+    assert rig.send(complete_signal(memory_dir, VALID_NAME)) == 1
     statuses = [line for m in rig.notes.messages[sent:] for line in m if line.startswith("STATUS=")]
     assert statuses == [
         f"STATUS={why}; watching 1 memory dirs; 1 decided, 0 quarantined, 0 repaired, 0 waiting"
@@ -835,10 +801,10 @@ def test_watchdog_is_pinged_at_a_quarter_of_its_interval_even_in_a_long_backlog(
 
 def test_status_shows_live_counts(project: Path, memory_dir: Path) -> None:
     """STATUS= says how many memory dirs are watched and how many files were decided."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
     write(memory_dir / "staging" / "bad.json", b"[]")
-    rig.send(_complete(memory_dir, VALID_NAME), _complete(memory_dir, "bad.json"))
+    rig.send(complete_signal(memory_dir, VALID_NAME), complete_signal(memory_dir, "bad.json"))
     rig.after(1)
     status = [m[0] for m in rig.notes.messages if m[0].startswith("STATUS=")][-1]
     assert (
@@ -851,7 +817,7 @@ def test_dead_observer_is_replaced_and_everything_rescanned(
 ) -> None:
     """If the observer thread dies, the daemon does not go on blind: it logs it, builds new
     watches and rescans, so a file written meanwhile is still decided."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     write(memory_dir / "staging" / VALID_NAME, staging_doc(project))
     rig.watcher.is_alive = False
     assert rig.after(0) == 1
@@ -873,7 +839,7 @@ def test_replaced_memory_dir_is_locked_and_watched_anew(project: Path, memory_di
     start on it. (The old one is removed once the new one exists, so that the new one has
     another inode number: the daemon holds no descriptor of the directory, and a number given
     again names the same instance lock, which the daemon then holds already.)"""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     old = memory_dir.with_name("old")
     memory_dir.rename(old)
     (memory_dir / "staging").mkdir(parents=True)
@@ -895,7 +861,7 @@ def test_dry_run_daemon_decides_and_writes_nothing(project: Path, memory_dir: Pa
     staging = memory_dir / "staging"
     broken = write(staging / "bad.json", b"[1, 2")
     _age(staging / "bad.json")
-    repairable = write(staging / "r.json", _repairable(project))
+    repairable = write(staging / "r.json", repairable_doc(project))
     rig = Rig(settings(memory_dir, dry_run=True))
     rig.daemon.start()
     rig.daemon.work()
@@ -1010,12 +976,12 @@ def test_a_decision_that_cannot_be_carried_out_backs_off(memory_dir: Path) -> No
     growing backoff, not every 50 ms: found by an unwritable glob match, whose one bad file
     logged an error 20 times a second for as long as the daemon ran. Over ten minutes it is
     tried about a dozen times, and the file stays where it is."""
-    rig = _started(memory_dir)
+    rig = started_rig(memory_dir)
     (memory_dir / "deadletter").write_bytes(b"not a directory")
     path = memory_dir / "staging" / "broken.json"
     path.write_bytes(b"{")
     _age(path)
-    rig.send(_complete(memory_dir, "broken.json"))
+    rig.send(complete_signal(memory_dir, "broken.json"))
     for _ in range(6000):
         rig.after(0.1)
     tries = rig.log.decisions("broken.json")

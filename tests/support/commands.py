@@ -29,6 +29,16 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def status_json(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, *argv: str
+) -> tuple[int, Any]:
+    """``memstaged status --json`` of one memory dir in this process: exit code, its one line."""
+    code, out, err = run(capsys, "status", "--json", "--memory-dir", str(memory_dir), *argv)
+    assert code in (0, 1), err
+    [result] = json_lines(out)
+    return code, result
+
+
 def json_lines(text: str) -> list[dict[str, Any]]:
     """Parse ``--json`` output: every non-empty line is one JSON object."""
     return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -10,6 +10,7 @@ directly (test_hostile.py, test_races.py).
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from memstaged import config
 from memstaged.config import Settings
 from memstaged.daemon.loop import Daemon
 from memstaged.daemon.sd_notify import Notifier
-from memstaged.daemon.watcher import Signal
+from memstaged.daemon.watcher import Kind, Signal
 from memstaged.files.memdir import MemoryDir
 
 
@@ -211,3 +212,23 @@ class Rig:
         self.daemon.maintain()
         self.daemon.drain(0)
         return self.daemon.work()
+
+
+def started_rig(memory_dir: Path, **kwargs: Any) -> Rig:
+    """A :class:`Rig` on one memory dir, its daemon started and its first scan worked off."""
+    rig = Rig(settings(memory_dir), **kwargs)
+    rig.daemon.start()
+    rig.daemon.work()
+    return rig
+
+
+def complete_signal(mdir: Path, name: str) -> Signal:
+    """What the watcher sends when a writer closes ``name`` in ``mdir``'s ``staging/``."""
+    return Signal(Kind.COMPLETE, str(mdir), name)
+
+
+def reconciler_lock(memory_dir: Path, pid: int) -> Path:
+    """``canonical-writer.lock`` as the reconciler leaves it, naming ``pid`` as its holder."""
+    lock = memory_dir / "canonical-writer.lock"
+    lock.write_text(json.dumps({"pid": pid, "started_at": "2026-01-01", "owner": "reconciler"}))
+    return lock

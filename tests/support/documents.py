@@ -1,13 +1,15 @@
 """Staging documents as the tests build and write them, and the decision log read back.
 
 :func:`staging_doc` is a valid staging file of a project (contract v2: all four categories),
-changed with keyword overrides; :func:`write` puts a document (or raw bytes) at a path;
-:func:`read_log` and :func:`decisions` read a decision log file back.
+changed with keyword overrides (:func:`repairable_doc`: one R1 repairs); :func:`backlog` stages
+many; :func:`write` puts a document (or raw bytes) at a path; :func:`read_log` and
+:func:`decisions` read a decision log file back.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,11 @@ def staging_doc(project_root: Path | str, session: str = "s1", **overrides: Any)
     return doc
 
 
+def repairable_doc(project_root: Path | str) -> dict[str, Any]:
+    """A staging document that R1 repairs: its one lesson has no triggers."""
+    return staging_doc(project_root, candidates={"lessons": [lesson(triggers=[])]})
+
+
 def write(path: Path, doc: Any) -> bytes:
     data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     path.write_bytes(data)
@@ -67,3 +74,23 @@ def decisions(path: Path) -> dict[str, str]:
         if event.get("event") == "decision" and not event.get("own_rewrite"):
             out[Path(event["path"]).name] = event["decision"]
     return out
+
+
+def backlog(project: Path, memory_dir: Path, n: int) -> dict[str, str]:
+    """``n`` files: valid, repairable (no triggers) and malformed in turn; name -> expected."""
+    staging = memory_dir / "staging"
+    expected: dict[str, str] = {}
+    for i in range(n):
+        name = f"f{i:04d}.json"
+        if i % 3 == 0:
+            write(staging / name, staging_doc(project, f"s{i}"))
+            expected[name] = "valid"
+        elif i % 3 == 1:
+            doc = staging_doc(project, f"s{i}", candidates={"lessons": [lesson(triggers=[])]})
+            write(staging / name, doc)
+            expected[name] = "repaired"
+        else:
+            write(staging / name, staging_doc(project, f"s{i}", schemaVersion="1"))
+            expected[name] = "quarantined"
+        os.utime(staging / name, (1_700_000_000, 1_700_000_000))
+    return expected

@@ -216,6 +216,15 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
         time.sleep(interval)
 
 
+def files_under(root: Path) -> dict[str, bytes]:
+    """Every regular file under ``root`` (no link, not the reconciler's lock): path -> bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink() and p.name != ".memstaged.lock"
+    }
+
+
 def proc_status(pid: int, field: str) -> int:
     """A field of ``/proc/<pid>/status`` (kB or a count): ``VmRSS``, ``VmHWM``, ``Threads``."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.commands import (
@@ -18,20 +14,11 @@ from support.commands import (
     run,
     set_old,
     staging_files,
+    status_json,
 )
 from support.documents import lesson, staging_doc, write
-from support.helpers import instance_lock_held
-
-from memstaged import config
 
 pytestmark = pytest.mark.usefixtures("plain_output")
-
-
-def _status(capsys: pytest.CaptureFixture[str], memory_dir: Path, *argv: str) -> tuple[int, Any]:
-    code, out, err = run(capsys, "status", "--json", "--memory-dir", str(memory_dir), *argv)
-    assert code in (0, 1), err
-    [result] = json_lines(out)
-    return code, result
 
 
 def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -48,7 +35,7 @@ def test_healthy_dir_exits_0(
     """Only valid and foreign files, no dead letters, no stale lock: exit 0, nothing flagged."""
     write(memory_dir / "staging" / "a.json", staging_doc(project, "a"))
     write(memory_dir / "staging" / "far.json", staging_doc("/other/project", "far"))
-    code, result = _status(capsys, memory_dir)
+    code, result = status_json(capsys, memory_dir)
     assert code == 0
     assert result["attention"] == []
     assert result["staging"]["valid"] == 1
@@ -68,7 +55,7 @@ def test_dead_letters_need_attention(
 ) -> None:
     """After a quarantine the records and originals are counted and the exit code is 1."""
     prepare(project, memory_dir, log_file)
-    code, result = _status(capsys, memory_dir)
+    code, result = status_json(capsys, memory_dir)
     assert code == 1
     records = list((memory_dir / "deadletter").glob("*.json"))
     assert result["deadletter_records"] == len(records) == 5  # 4 candidates of mixed + broken
@@ -91,13 +78,13 @@ def test_undecided_files_are_triaged_read_only(
     )
     write(staging / "half.json", b'{"schemaVersion": 1, "sess')
     before = _tree(memory_dir)
-    code, fresh = _status(capsys, memory_dir)
+    code, fresh = status_json(capsys, memory_dir)
     assert code == 0, fresh["attention"]
     assert (fresh["staging"]["repaired"], fresh["staging"]["quarantined"]) == (1, 1)
     assert fresh["staging"]["deferred"] == 1  # still being written, for all we know
     for name in ("fixme.json", "bad.json", "half.json"):
         set_old(staging / name)
-    code, old = _status(capsys, memory_dir, "--files")
+    code, old = status_json(capsys, memory_dir, "--files")
     assert code == 1
     assert old["staging"]["quarantined"] == 2  # half.json has settled: it would be quarantined
     assert any("not yet repaired or quarantined" in a for a in old["attention"])
@@ -121,47 +108,10 @@ def test_links_and_special_files_need_attention(
     target.write_text("{}")
     (memory_dir / "staging" / "link.json").symlink_to(target)
     os.mkfifo(memory_dir / "staging" / "pipe.json")
-    code, result = _status(capsys, memory_dir)
+    code, result = status_json(capsys, memory_dir)
     assert code == 1
     assert result["staging"]["skipped"] == 2
     assert any("cannot decide" in a for a in result["attention"])
-
-
-def test_locks_and_a_running_memstaged(
-    capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path, tmp_path: Path
-) -> None:
-    """A live reconciler lock is reported but fine; a stale one needs attention; a memstaged
-    holding the instance lock is named with its pid."""
-    lock = memory_dir / "canonical-writer.lock"
-    lock.write_text(json.dumps({"pid": os.getpid(), "owner": "reconciler"}))
-    code, result = _status(capsys, memory_dir)
-    assert code == 0
-    assert result["canonical_lock"] == {"pid": os.getpid(), "owner": "reconciler", "alive": True}
-
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    lock.write_text(json.dumps({"pid": int(dead.stdout), "owner": "reconciler"}))
-    code, result = _status(capsys, memory_dir)
-    assert code == 1
-    assert any("stale" in a for a in result["attention"])
-    assert lock.exists()  # status never removes anything
-    lock.unlink()
-
-    state = config.default_state_dir(os.environ)
-    with instance_lock_held(memory_dir, state, tmp_path / "bin") as held:
-        code, result = _status(capsys, memory_dir, "--require-daemon")
-    assert result["memstaged_pid"] == held.pid
-    # It holds the lock as a daemon would but answers no status (issue 21 item 6).
-    assert code == 1
-    assert result["daemon_answered"] is False
-    assert any("does not answer" in a for a in result["critical"])
-    code, result = _status(capsys, memory_dir, "--require-daemon")
-    assert code == 1
-    assert "no memstaged daemon is running on it" in result["attention"]
 
 
 def test_max_age_flags_an_old_staging_file(
@@ -170,8 +120,8 @@ def test_max_age_flags_an_old_staging_file(
     """--max-age flags a memory dir whose oldest (valid) staging file waits too long."""
     write(memory_dir / "staging" / "a.json", staging_doc(project, "a"))
     set_old(memory_dir / "staging" / "a.json", 7200)
-    assert _status(capsys, memory_dir, "--max-age", "3h")[0] == 0
-    code, result = _status(capsys, memory_dir, "--max-age", "1h")
+    assert status_json(capsys, memory_dir, "--max-age", "3h")[0] == 0
+    code, result = status_json(capsys, memory_dir, "--max-age", "1h")
     assert code == 1
     assert any("--max-age" in a for a in result["attention"])
 
