@@ -18,7 +18,7 @@ PREFIX ?= $(HOME)/.local
 APT_PACKAGES := python3-venv python3-dev gcc libsystemd-dev pkg-config systemd \
 	dbus-user-session nodejs bash-completion man-db tmux less zsh fish strace
 
-.PHONY: setup sysdeps demo install uninstall completions test test-slow lint bench clean
+.PHONY: setup sysdeps demo install uninstall completions test test-fast test-slow lint bench clean
 
 setup: $(STAMP)
 
@@ -107,6 +107,12 @@ completions: $(STAMP)
 
 test: setup
 	$(BIN)/pytest -m "not slow"
+
+# The tests that start no process: tests/system/ holds every one that does (memstaged and daemons
+# as subprocesses, node, tmux, a user manager, crashes, races, fuzz); --no-processes (conftest.py)
+# fails a test here that starts one. Under a minute on a quiet machine.
+test-fast: setup
+	$(BIN)/pytest tests --ignore=tests/system -m "not slow" --no-processes
 
 test-slow: setup
 	$(BIN)/pytest -m slow

@@ -1,6 +1,7 @@
 """Shared fixtures: a memory dir in a temp project, clean logging, plain (uncoloured) command
 output, and a home of each test's own. Fixtures only: what tests import lives in ``support/``
-(staging documents and the decision log read back: ``support/documents.py``).
+(staging documents and the decision log read back: ``support/documents.py``). With
+``--no-processes`` (``make test-fast``) a test that starts a process fails.
 
 No test may write into the real user's home: tests once left seven events in the real
 ``~/.local/state/memstaged/decisions.jsonl`` (issue 19 item 9). Every test runs with ``HOME`` and
@@ -13,9 +14,10 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import structlog
@@ -88,6 +90,57 @@ def home_changes(before: dict[str, tuple[int, int, int]], after: dict[str, Any])
         f"changed: {p}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]
     ]
     return lines
+
+
+#: What starting a process raises as an audit event (``multiprocessing``'s fork server starts
+#: without one: :func:`_posixsubprocess.fork_exec` is guarded as well).
+_PROCESS_EVENTS = frozenset(
+    {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn"}
+    | {"os.system", "pty.spawn"}
+)
+#: The processes refused by ``--no-processes`` since the last test's check.
+_REFUSED: list[str] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-processes",
+        action="store_true",
+        help="fail a test that starts a process (make test-fast; such tests are in tests/system/)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``--no-processes``: starting a process raises, and the test fails even if it caught that."""
+    if not config.getoption("no_processes"):
+        return
+    import _posixsubprocess
+
+    def refuse(what: str) -> NoReturn:
+        _REFUSED.append(what)
+        raise RuntimeError(
+            f"--no-processes: {what}: a test that starts one belongs in tests/system/"
+        )
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event in _PROCESS_EVENTS:
+            refuse(f"{event} {args[:2]!r}")
+
+    def guarded_fork_exec(*args: Any) -> NoReturn:
+        refuse(f"fork_exec {args[:2]!r}")
+
+    sys.addaudithook(audit)
+    _posixsubprocess.fork_exec = guarded_fork_exec
+
+
+@pytest.fixture(autouse=True)
+def _no_process_started() -> Iterator[None]:
+    """Under ``--no-processes``, a test that tried to start a process fails, caught or not."""
+    yield
+    if _REFUSED:
+        refused = list(_REFUSED)
+        _REFUSED.clear()
+        pytest.fail("started a process under --no-processes: " + "; ".join(refused), pytrace=False)
 
 
 #: Taken when this file is imported, before any test (or collection) could write there.
