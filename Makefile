@@ -101,7 +101,7 @@ uninstall:
 	rm -f $(INSTALLED)
 
 # Shell completions and the man page, generated from the argparse parser by shtab and
-# argparse-manpage (tests/test_completions.py fails when the committed files are stale).
+# argparse-manpage (tests/cli/test_completions.py fails when the committed files are stale).
 completions: $(STAMP)
 	$(BIN)/python -m memstaged.cli.generate
 

@@ -164,7 +164,7 @@ def _private_home(tmp_path: Path) -> Iterator[None]:
     created: what needs one makes it, as memstaged makes its state dir; a test may check that
     nothing else is in its temp dir), and no ``MEMSTAGED_*`` setting from the shell that ran
     pytest (``MEMSTAGED_LOG_FILE`` would send a test's events to that user's log). The
-    ``systemd --user`` tests give their manager its own runtime dir (tests/systemd_env.py).
+    ``systemd --user`` tests give their manager its own runtime dir (tests/support/systemd_env.py).
 
     A ``MonkeyPatch`` of its own, not the test's: a test's ``monkeypatch.undo()`` (which
     test_cmd_deadletter's recoveries after the plan call) undid the ``log_file`` fixture's

@@ -617,7 +617,7 @@ class _NullWatcher:
 def test_second_daemon_on_the_same_memory_dir_is_refused(memory_dir: Path) -> None:
     """A second daemon on a memory dir another memstaged works on raises BusyError (exit 1).
     (Both are in this process, which is no memstaged by its command line: the holder is not
-    named; tests/test_instance_lock.py has real processes.)"""
+    named; tests/system/test_instance_lock.py has real processes.)"""
     first = started_rig(memory_dir)
     second = Rig(settings(memory_dir))
     with pytest.raises(BusyError, match=f"{memory_dir} is busy"):

@@ -1,4 +1,4 @@
-"""Builders and checks shared by the engine tests (test_engine*.py).
+"""Builders and checks shared by the engine tests (tests/core/test_engine*.py).
 
 A staging file is built as a plain dict from :func:`staging`, changed with :func:`patched` at a
 path such as ``("candidates", "lessons", 0, "triggers")``, encoded with :func:`encode` and decided

@@ -4,8 +4,8 @@ The differential tests ask Node.js what the reconciler's JavaScript does (``Date
 ``fs.readFileSync(path, "utf-8")``, ``trim``, ``toLowerCase``, ``length``, ``path.posix.basename``,
 ``JSON.parse``, SPEC 2 validity written in JavaScript, SPEC 2.4's ``process.cwd()`` and
 ``path.resolve`` in a directory reached through links) and compare memstaged's answers with them.
-Requests and answers are JSON lines (``tests/node/oracle.js``); inputs go in batches, never one
-process per case.
+Requests and answers are JSON lines (``tests/support/node/oracle.js``); inputs go in batches,
+never one process per case.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def test_glob_beyond_the_hard_fd_limit_on_the_command_line_leaves_the_others_wor
 ) -> None:
     """issue 10 item 11, SPEC 6 (bounded resources): the same glob that, in the config file,
     makes the daemon hold as many memory dirs as its descriptors allow and decide files there
-    (tests/test_daemon_process.py), given as ``--memory-dir`` under ``ulimit -n 256`` (soft =
+    (tests/system/test_daemon_process.py), given as ``--memory-dir`` under ``ulimit -n 256`` (soft =
     hard) with 300 projects must do the same, not exit 2 deciding nothing in any of them."""
     src = tmp_path / "src"
     for i in range(300):

@@ -186,7 +186,7 @@ _NEEDS: dict[tuple[str, ...], list[str]] = {
 def _is_numeric(action: argparse.Action) -> bool:
     return (
         bool(action.option_strings)
-        and action.type is not option_types.record_id  # an ID: tests/test_deadletter_ids.py
+        and action.type is not option_types.record_id  # an ID: tests/system/test_deadletter_ids.py
         and (action.type is not None or action.metavar in _NUMERIC_METAVARS)
     )
 

@@ -244,7 +244,7 @@ def _journal_or_skip() -> str:
         return "host"
     pytest.skip(
         f"no journald socket on this machine: {JOURNAL_SOCKET} is missing, and the "
-        f"private journald of tests/systemd_env.py cannot run here ({reason})"
+        f"private journald of tests/support/systemd_env.py cannot run here ({reason})"
     )
 
 

@@ -9,11 +9,12 @@ restart, in ``staging/`` or byte for byte in ``deadletter/``. The harness runs t
   narrow windows a random kill would almost never hit;
 * at the n-th step of any kind (``any:<n>``), and after a random delay, for everything else.
 
-After every kill :func:`helpers.check_interim` and :func:`helpers.check_logged` must hold before
-any restart (the reconciler may run right then), and once a clean restart has finished
-:func:`helpers.check_final`. Checked after each of hundreds of kills, over a corpus that grows
-to tens of thousands of files, they go through :class:`helpers.Invariant`, which reads again
-only the files and log lines that changed since its previous check.
+After every kill :func:`support.helpers.check_interim` and :func:`support.helpers.check_logged`
+must hold before any restart (the reconciler may run right then), and once a clean restart has
+finished :func:`support.helpers.check_final`. Checked after each of hundreds of kills, over a
+corpus that grows to tens of thousands of files, they go through
+:class:`support.helpers.Invariant`, which reads again only the files and log lines that changed
+since its previous check.
 
 A SIGKILL leaves the page cache intact, so it cannot show a missing ``fsync``; the last test
 checks the order of writes, fsyncs and renames themselves against SPEC 5's durability rules.
@@ -314,9 +315,9 @@ def _rewrite_in_place(path: Path, data: bytes) -> None:
 
 def test_the_incremental_invariant_misses_nothing_a_full_check_sees(tmp_path: Path) -> None:
     """Issue 10, "How to prove it": the checks after every kill of the big crash test read only
-    what changed since the last one (:class:`helpers.Invariant`), and still report what reading
-    everything reports: a staging file or an original (found by name, or by its identity when
-    it was too large to read) rewritten in place keeping size and mtime, a record made
+    what changed since the last one (:class:`support.helpers.Invariant`), and still report what
+    reading everything reports: a staging file or an original (found by name, or by its identity
+    when it was too large to read) rewritten in place keeping size and mtime, a record made
     incomplete, a record that no decision names, and no false alarm once a decision naming it
     arrives in a new log after a rotation, torn at first, or appended to the rotated file."""
     rng = random.Random(SEED + 3)

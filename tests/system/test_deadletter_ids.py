@@ -5,7 +5,7 @@ Issue 22 item 7: ``deadletter show <Tab>``, ``recover --id <Tab>`` and ``purge -
 offer the IDs of the configured memory dirs, from a listing that reads only names and prints
 nothing at all when it cannot (whatever it printed would land under the user's prompt). Run as
 the shell runs it: a real ``memstaged`` process, against a store a real ``--once`` wrote. The
-Tab presses themselves are in tests/test_install.py.
+Tab presses themselves are in tests/system/test_install.py.
 """
 
 from __future__ import annotations

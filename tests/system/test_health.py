@@ -236,7 +236,7 @@ def _status_json(capsys: pytest.CaptureFixture[str], memory_dir: Path) -> tuple[
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    """Starts real daemons (tests/test_daemon_process.py's), ready; killed at the end."""
+    """Starts real daemons (tests/system/test_daemon_process.py's), ready; killed at the end."""
     started: list[DaemonProcess] = []
 
     def start(*args: str, **options: Any) -> DaemonProcess:

@@ -533,7 +533,7 @@ def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
     """Run as an unprivileged user (root would bypass permissions), ``--once`` meets a file it
     may not read: it is left as it is, ``deferred`` with "permission denied" (exit 1), and the
     other files are decided. Issue 29 item 14: passes wherever the clone is (in /root too), as
-    ``nobody`` runs memstaged from a venv it can reach (:mod:`as_nobody`)."""
+    ``nobody`` runs memstaged from a venv it can reach (:mod:`support.as_nobody`)."""
     with _unreadable_world(fix=True) as (base, mdir, env, secret):
         result = _as_nobody(base, env, "--once", "--settle", "0", "--memory-dir", str(mdir))
         assert result.returncode == 1, result.stderr

@@ -34,7 +34,8 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
 
     Root reads any file regardless of its mode, so the run is made as the unprivileged user
     ``nobody`` (setpriv), who may use the memory dir but not read the file. Issue 29 item 14:
-    from a venv ``nobody`` can reach (:mod:`as_nobody`), so it passes in a clone under /root.
+    from a venv ``nobody`` can reach (:mod:`support.as_nobody`), so it passes in a clone under
+    /root.
     """
     with as_nobody.workspace("memstaged-perm-") as base:
         project = base / "p"

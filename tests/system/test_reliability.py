@@ -132,7 +132,7 @@ def test_2_an_in_place_rewrite_that_keeps_size_and_mtime_is_kept(
     removal: the writer's version stays in ``staging/``. Where the file system gives no read
     lease (NFS; simulated here, as no such mount can be made in this sandbox) the write can
     land there, and the identity and byte checks must catch it; with a lease the writer waits
-    in ``open`` instead (tests/test_writer_lease.py), and this same-thread writer would wait
+    in ``open`` instead (tests/system/test_writer_lease.py), and this same-thread writer would wait
     out the kernel's lease-break-time."""
     _no_lease(monkeypatch)
     mdir = make_memory_dir(tmp_path)
@@ -160,7 +160,7 @@ def test_2_an_in_place_rewrite_in_the_last_instant_before_the_exchange_is_kept(
 ) -> None:
     """Item 2: the in-place rewrite lands after every check, right before the exchange: what
     the exchange displaced is compared byte for byte, and the writer's version is kept. Without
-    a read lease (simulated, as above); with one, see tests/test_writer_lease.py."""
+    a read lease (simulated, as above); with one, see tests/system/test_writer_lease.py."""
     _no_lease(monkeypatch)
     mdir = make_memory_dir(tmp_path)
     root = str(mdir.parents[2])

@@ -1,4 +1,4 @@
-"""The real-systemd harness (tests/systemd_env.py) does what the memstaged tests rely on.
+"""The real-systemd harness (tests/support/systemd_env.py) does what the memstaged tests rely on.
 
 A tiny ``Type=notify`` service (a Python script using ``systemd.daemon.notify`` and
 ``systemd.journal.send``, run with this interpreter) goes through start, reload, watchdog

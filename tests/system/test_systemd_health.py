@@ -1,13 +1,13 @@
 """The health check and the metrics file under the real service (issue 21 items 6 and 7).
 
-``tests/test_health.py`` runs the daemon as a plain subprocess; here it runs as a user would run
-it: ``memstaged service install --enable`` (with and without ``--sandbox``) under a real
-``systemd --user`` and a real journald (``tests/systemd_env.py``), over a copy of the demo's
+``tests/system/test_health.py`` runs the daemon as a plain subprocess; here it runs as a user would
+run it: ``memstaged service install --enable`` (with and without ``--sandbox``) under a real
+``systemd --user`` and a real journald (``tests/support/systemd_env.py``), over a copy of the demo's
 memory dir (``examples/memory-dir``). What the hardened unit might block is what a monitor needs:
 the control socket under ``$XDG_RUNTIME_DIR/memstaged/`` (``status --check``), the ``touch``
 ``deadletter ack`` sends over it, and the metrics file (``metrics_file``), written from inside the
 unit's sandbox and read outside it. A bad config failing the reload is tested in
-``tests/test_systemd_service.py``.
+``tests/system/test_systemd_service.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ UNIT = "memstaged.service"
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "memory-dir"
 MEMSTAGED = Path(sys.executable).parent / "memstaged"
-#: What the demo's eight files come to (``make demo``; tests/test_counts.py).
+#: What the demo's eight files come to (``make demo``; tests/system/test_decision_counts.py).
 DEMO_DECISIONS = {
     "valid": 1,
     "repaired": 3,

@@ -1,8 +1,8 @@
 """memstaged as a real systemd user service, under a real ``systemd --user`` and a real journald.
 
-``tests/systemd_env.py`` starts both privately for each test (see docs/systemd-testing.md); on a
-machine where that is impossible (not root, no systemd, no cgroup2) these tests are skipped with
-the reason. The service is installed with ``memstaged service install`` from this checkout's
+``tests/support/systemd_env.py`` starts both privately for each test (see docs/systemd-testing.md);
+on a machine where that is impossible (not root, no systemd, no cgroup2) these tests are skipped
+with the reason. The service is installed with ``memstaged service install`` from this checkout's
 ``.venv``, exactly as a user would.
 """
 

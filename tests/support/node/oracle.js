@@ -1,4 +1,4 @@
-// JavaScript's own answers for memstaged's differential tests (tests/node_oracle.py).
+// JavaScript's own answers for memstaged's differential tests (tests/support/node_oracle.py).
 // One request per line on stdin, one answer per line on stdout, both JSON:
 //   {"op": "<name>", "inputs": [...]}  ->  {"out": [...]}
 // Bytes travel as base64. Strings may hold lone surrogates: JSON.stringify escapes them.
