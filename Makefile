@@ -18,7 +18,7 @@ PREFIX ?= $(HOME)/.local
 APT_PACKAGES := python3-venv python3-dev gcc libsystemd-dev pkg-config systemd \
 	dbus-user-session nodejs bash-completion man-db tmux less zsh fish strace
 
-.PHONY: setup sysdeps demo install uninstall completions test test-slow lint bench clean
+.PHONY: setup sysdeps demo install uninstall completions test test-fast test-slow lint bench clean
 
 setup: $(STAMP)
 
@@ -101,12 +101,18 @@ uninstall:
 	rm -f $(INSTALLED)
 
 # Shell completions and the man page, generated from the argparse parser by shtab and
-# argparse-manpage (tests/test_completions.py fails when the committed files are stale).
+# argparse-manpage (tests/cli/test_completions.py fails when the committed files are stale).
 completions: $(STAMP)
 	$(BIN)/python -m memstaged.cli.generate
 
 test: setup
 	$(BIN)/pytest -m "not slow"
+
+# The tests that start no process: tests/system/ holds every one that does (memstaged and daemons
+# as subprocesses, node, tmux, a user manager, crashes, races, fuzz); --no-processes (conftest.py)
+# fails a test here that starts one. Under a minute on a quiet machine.
+test-fast: setup
+	$(BIN)/pytest tests --ignore=tests/system -m "not slow" --no-processes
 
 test-slow: setup
 	$(BIN)/pytest -m slow

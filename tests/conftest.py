@@ -1,5 +1,7 @@
-"""Shared fixtures: a memory dir in a temp project, staging-file builders, clean logging,
-plain (uncoloured) command output, and a home of each test's own.
+"""Shared fixtures: a memory dir in a temp project, clean logging, plain (uncoloured) command
+output, and a home of each test's own. Fixtures only: what tests import lives in ``support/``
+(staging documents and the decision log read back: ``support/documents.py``). With
+``--no-processes`` (``make test-fast``) a test that starts a process fails.
 
 No test may write into the real user's home: tests once left seven events in the real
 ``~/.local/state/memstaged/decisions.jsonl`` (issue 19 item 9). Every test runs with ``HOME`` and
@@ -9,13 +11,13 @@ when anything memstaged could write under the real home changed during it.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import stat
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import structlog
@@ -90,6 +92,57 @@ def home_changes(before: dict[str, tuple[int, int, int]], after: dict[str, Any])
     return lines
 
 
+#: What starting a process raises as an audit event (``multiprocessing``'s fork server starts
+#: without one: :func:`_posixsubprocess.fork_exec` is guarded as well).
+_PROCESS_EVENTS = frozenset(
+    {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn"}
+    | {"os.system", "pty.spawn"}
+)
+#: The processes refused by ``--no-processes`` since the last test's check.
+_REFUSED: list[str] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-processes",
+        action="store_true",
+        help="fail a test that starts a process (make test-fast; such tests are in tests/system/)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``--no-processes``: starting a process raises, and the test fails even if it caught that."""
+    if not config.getoption("no_processes"):
+        return
+    import _posixsubprocess
+
+    def refuse(what: str) -> NoReturn:
+        _REFUSED.append(what)
+        raise RuntimeError(
+            f"--no-processes: {what}: a test that starts one belongs in tests/system/"
+        )
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event in _PROCESS_EVENTS:
+            refuse(f"{event} {args[:2]!r}")
+
+    def guarded_fork_exec(*args: Any) -> NoReturn:
+        refuse(f"fork_exec {args[:2]!r}")
+
+    sys.addaudithook(audit)
+    _posixsubprocess.fork_exec = guarded_fork_exec
+
+
+@pytest.fixture(autouse=True)
+def _no_process_started() -> Iterator[None]:
+    """Under ``--no-processes``, a test that tried to start a process fails, caught or not."""
+    yield
+    if _REFUSED:
+        refused = list(_REFUSED)
+        _REFUSED.clear()
+        pytest.fail("started a process under --no-processes: " + "; ".join(refused), pytrace=False)
+
+
 #: Taken when this file is imported, before any test (or collection) could write there.
 _REAL_HOME = real_home_watch(os.environ)
 _REAL_HOME_BEFORE = home_snapshot(*_REAL_HOME)
@@ -111,7 +164,7 @@ def _private_home(tmp_path: Path) -> Iterator[None]:
     created: what needs one makes it, as memstaged makes its state dir; a test may check that
     nothing else is in its temp dir), and no ``MEMSTAGED_*`` setting from the shell that ran
     pytest (``MEMSTAGED_LOG_FILE`` would send a test's events to that user's log). The
-    ``systemd --user`` tests give their manager its own runtime dir (tests/systemd_env.py).
+    ``systemd --user`` tests give their manager its own runtime dir (tests/support/systemd_env.py).
 
     A ``MonkeyPatch`` of its own, not the test's: a test's ``monkeypatch.undo()`` (which
     test_cmd_deadletter's recoveries after the plan call) undid the ``log_file`` fixture's
@@ -162,61 +215,3 @@ def plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
     tests use it on every test: ``pytestmark = pytest.mark.usefixtures("plain_output")``)."""
     for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         monkeypatch.delenv(name, raising=False)
-
-
-EVIDENCE = {"discussion_note_ids": [1, 2]}
-
-
-def lesson(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "summary": "Run mypy before committing",
-        "detail": "Strict mode caught the Optional misuse.",
-        "scope_suggestion": "project",
-        "triggers": [{"type": "command", "pattern": "git commit"}],
-        "source_evidence": EVIDENCE,
-    }
-    base.update(overrides)
-    return base
-
-
-def staging_doc(project_root: Path | str, session: str = "s1", **overrides: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schemaVersion": 1,
-        "session_id": session,
-        "project_root": str(project_root),
-        "produced_at": "2026-11-29T18:04:11.250Z",
-        "candidates": {
-            "lessons": [lesson()],
-            "preferences": [{"text": "Small commits", "source_evidence": EVIDENCE}],
-            "decisions": [],
-            "domain": [],
-        },
-    }
-    doc.update(overrides)
-    if isinstance(doc["candidates"], dict):  # contract v2 (2.1): all four categories are required
-        doc["candidates"] = {c: [] for c in ("lessons", "preferences", "decisions", "domain")} | (
-            doc["candidates"]
-        )
-    return doc
-
-
-def write(path: Path, doc: Any) -> bytes:
-    data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-    path.write_bytes(data)
-    return data
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def decisions(path: Path) -> dict[str, str]:
-    """File name -> last decision logged for it (memstaged's look at its own rewrite, logged
-    ``own_rewrite``, is no decision: SPEC 7)."""
-    out: dict[str, str] = {}
-    for event in read_log(path):
-        if event.get("event") == "decision" and not event.get("own_rewrite"):
-            out[Path(event["path"]).name] = event["decision"]
-    return out

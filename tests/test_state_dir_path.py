@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import as_nobody
 import pytest
-from cmd_support import one_line_error, run
+from support import as_nobody
+from support.commands import one_line_error, run
 
 from memstaged import config
 

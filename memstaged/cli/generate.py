@@ -5,7 +5,7 @@ from where the package installs them (``pyproject.toml``'s data files: bash-comp
 fish look there under ``share/``; man under ``share/man/man1``). Nothing is written by hand:
 shtab turns the parser into completion scripts and argparse-manpage into roff, so a new option
 is completed and documented as soon as the files are generated again, and a test fails while
-the committed files differ from what the parser gives (``tests/test_completions.py``).
+the committed files differ from what the parser gives (``tests/cli/test_completions.py``).
 
 shtab and argparse-manpage are needed only to generate (the ``dev`` extra), not to run.
 """

@@ -4,8 +4,8 @@ or refused here.
 A value refused here is argparse's own one line (``memstaged log: argument -n/--lines: ...``)
 and exit 2; one taken is one the code after it can use. ``log -n 99999999999999999999999`` once
 reached ``collections.deque(maxlen=)`` as it was and ended in an ``OverflowError`` traceback. Every
-numeric option of every command has one of these as its ``type`` (``tests/test_cli_fuzz.py`` checks
-that, and throws hostile values at each).
+numeric option of every command has one of these as its ``type``
+(``tests/system/test_cli_fuzz.py`` checks that, and throws hostile values at each).
 
 Only ``argparse`` and ``re`` are imported: the command line is built on every start-up.
 """

@@ -239,8 +239,8 @@ def candidate_arrays(doc: object) -> Iterator[tuple[str, list[Any]]]:
 #   (n.__class__ is int and -_SAFE < n < _SAFE) or is_finite_number(n)
 # are is_nonempty_string(s) and is_finite_number(n): a non-empty str that starts with a non-space is
 # a non-empty string, and an int (not a bool: its class is bool) that a double holds exactly is a
-# finite number; anything else gets the exact answer. tests/test_schema_fastpath.py holds is_valid
-# and check_file to agreement.
+# finite number; anything else gets the exact answer. tests/core/test_schema_fastpath.py holds
+# is_valid and check_file to agreement.
 
 #: Tells a missing key from one whose value is None; private, so no document can hold it.
 _ABSENT: Final = object()

@@ -5,8 +5,8 @@ memstaged must accept exactly the strings V8 accepts and read them as the same i
 the ECMAScript date-time string format first; when the text leaves that format before a ``T`` it
 goes on, with what it has read so far, in its legacy parser, a permissive scanner kept for
 compatibility with old browsers. This module is written from that documented grammar and from
-Node's own answers (``tests/test_dateparse_node.py`` compares the two on every example of SPEC and
-on a seeded corpus of generated strings in three time zones); it shares no code with V8.
+Node's own answers (``tests/system/test_dateparse_node.py`` compares the two on every example of
+SPEC and on a seeded corpus of generated strings in three time zones); it shares no code with V8.
 
 The tokens come from :mod:`memstaged.core.js.date_scan`, lazily, one token of look-ahead, as V8
 reads them; this module is the reader of the two formats and the calendar. V8 gives up within a few

@@ -51,7 +51,7 @@ _decoder: Final = msgspec.json.Decoder()
 
 #: ``String.prototype.toLowerCase`` of Node 20 (Unicode 17) where it differs from Python 3.11's
 #: ``str.lower`` (Unicode 14): (first, last, shift) for letters added to Unicode since. Found by
-#: comparing the two on every code point; ``tests/test_ecma_node.py`` keeps them compared.
+#: comparing the two on every code point; ``tests/system/test_ecma_node.py`` keeps them compared.
 _NEWER_LOWER: Final = (
     (0x1C89, 0x1C89, 1),
     (0xA7CB, 0xA7CB, -42343),
@@ -165,8 +165,8 @@ def decode_utf8(data: bytes) -> str:
     """``fs.readFileSync(path, "utf-8")`` of these bytes: the WHATWG UTF-8 decoder.
 
     Each maximal subpart of an invalid sequence becomes one U+FFFD and a byte-order mark stays;
-    CPython's ``"replace"`` handler replaces exactly those subparts (``tests/test_ecma_node.py``
-    holds it to Node on random bytes).
+    CPython's ``"replace"`` handler replaces exactly those subparts
+    (``tests/system/test_ecma_node.py`` holds it to Node on random bytes).
     """
     return data.decode("utf-8", "replace")
 

@@ -1,0 +1,146 @@
+"""``memstaged status``: a read-only health check per memory dir (exit 0 fine, 1 needs care)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from support.commands import (
+    BAD_TRIGGER,
+    json_lines,
+    one_line_error,
+    prepare,
+    run,
+    set_old,
+    staging_files,
+    status_json,
+)
+from support.documents import lesson, staging_doc, write
+
+pytestmark = pytest.mark.usefixtures("plain_output")
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"", p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if not p.is_symlink()
+    }
+
+
+def test_healthy_dir_exits_0(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Only valid and foreign files, no dead letters, no stale lock: exit 0, nothing flagged."""
+    write(memory_dir / "staging" / "a.json", staging_doc(project, "a"))
+    write(memory_dir / "staging" / "far.json", staging_doc("/other/project", "far"))
+    code, result = status_json(capsys, memory_dir)
+    assert code == 0
+    assert result["attention"] == []
+    assert result["staging"]["valid"] == 1
+    assert result["staging"]["foreign"] == 1
+    assert result["staging"]["total"] == 2
+    assert result["deadletter_records"] == 0
+    assert result["canonical_lock"] is None
+    assert result["memstaged_pid"] is None
+    assert result["oldest_file"] in ("a.json", "far.json")
+    code, out, _ = run(capsys, "status", "--memory-dir", str(memory_dir))
+    assert code == 0
+    assert "nothing needs attention" in out
+
+
+def test_dead_letters_need_attention(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """After a quarantine the records and originals are counted and the exit code is 1."""
+    prepare(project, memory_dir, log_file)
+    code, result = status_json(capsys, memory_dir)
+    assert code == 1
+    records = list((memory_dir / "deadletter").glob("*.json"))
+    assert result["deadletter_records"] == len(records) == 5  # 4 candidates of mixed + broken
+    assert result["deadletter_originals"] == 2
+    assert any("dead-letter record" in a for a in result["attention"])
+
+
+def test_undecided_files_are_triaged_read_only(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Files no memstaged has decided yet are counted as the engine would decide them, nothing
+    on disk changes (not even a lock file), and they need attention only after --grace."""
+    staging = memory_dir / "staging"
+    fixme = staging_doc(project, "fix")
+    del fixme["candidates"]["lessons"][0]["triggers"]
+    write(staging / "fixme.json", fixme)
+    write(
+        staging / "bad.json",
+        staging_doc(project, "bad", candidates={"lessons": [lesson(triggers=BAD_TRIGGER)]}),
+    )
+    write(staging / "half.json", b'{"schemaVersion": 1, "sess')
+    before = _tree(memory_dir)
+    code, fresh = status_json(capsys, memory_dir)
+    assert code == 0, fresh["attention"]
+    assert (fresh["staging"]["repaired"], fresh["staging"]["quarantined"]) == (1, 1)
+    assert fresh["staging"]["deferred"] == 1  # still being written, for all we know
+    for name in ("fixme.json", "bad.json", "half.json"):
+        set_old(staging / name)
+    code, old = status_json(capsys, memory_dir, "--files")
+    assert code == 1
+    assert old["staging"]["quarantined"] == 2  # half.json has settled: it would be quarantined
+    assert any("not yet repaired or quarantined" in a for a in old["attention"])
+    assert {f["name"]: f["decision"] for f in old["files"]} == {
+        "bad.json": "quarantined",
+        "fixme.json": "repaired",
+        "half.json": "quarantined",
+    }
+    assert old["oldest_age_seconds"] >= 3600
+    before = {k: v for k, v in before.items() if not k.startswith("staging/")}
+    after = {k: v for k, v in _tree(memory_dir).items() if not k.startswith("staging/")}
+    assert after == before
+    assert not (memory_dir / ".memstaged.lock").exists()
+
+
+def test_links_and_special_files_need_attention(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, tmp_path: Path, log_file: Path
+) -> None:
+    """A symbolic link or FIFO in staging/ is never followed or opened, and is flagged."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    (memory_dir / "staging" / "link.json").symlink_to(target)
+    os.mkfifo(memory_dir / "staging" / "pipe.json")
+    code, result = status_json(capsys, memory_dir)
+    assert code == 1
+    assert result["staging"]["skipped"] == 2
+    assert any("cannot decide" in a for a in result["attention"])
+
+
+def test_max_age_flags_an_old_staging_file(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """--max-age flags a memory dir whose oldest (valid) staging file waits too long."""
+    write(memory_dir / "staging" / "a.json", staging_doc(project, "a"))
+    set_old(memory_dir / "staging" / "a.json", 7200)
+    assert status_json(capsys, memory_dir, "--max-age", "3h")[0] == 0
+    code, result = status_json(capsys, memory_dir, "--max-age", "1h")
+    assert code == 1
+    assert any("--max-age" in a for a in result["attention"])
+
+
+def test_missing_memory_dir_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, log_file: Path
+) -> None:
+    """A memory dir named on the command line that does not exist: exit 2, one line."""
+    code, _, err = run(capsys, "status", "--memory-dir", str(tmp_path / "nope"))
+    assert code == 2
+    assert "does not exist" in one_line_error(err)
+
+
+def test_memory_dir_before_the_command(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """``memstaged --memory-dir D status`` works like ``memstaged status --memory-dir D``."""
+    write(memory_dir / "staging" / "a.json", staging_doc(project, "a"))
+    code, out, _ = run(capsys, "--memory-dir", str(memory_dir), "status", "--json")
+    assert code == 0
+    assert json_lines(out)[0]["memory_dir"] == str(memory_dir)
+    assert staging_files(memory_dir).keys() == {"a.json"}

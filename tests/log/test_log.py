@@ -1,0 +1,351 @@
+"""The decision event as it reaches each sink: journal fields, the JSON-lines file, the console."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import io
+import itertools
+import json
+import logging
+import logging.handlers
+import os
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from memstaged.log import writer
+from memstaged.log.format import MESSAGE_IDS, journal_fields
+from memstaged.log.rotated_file import FileSink
+
+
+def _event() -> dict[str, object]:
+    return {
+        "event": "decision",
+        "decision": "quarantined",
+        "path": "/p/.pi/memory/project/staging/a.json",
+        "session_id": "s1",
+        "reasons": ["schemaVersion: must be the number 1", "candidates: is missing"],
+        "deadletter": ["deadletter/a-1-file.json"],
+        "duration_ms": 1.5,
+        "level": "warning",
+        "timestamp": "2026-11-30T00:00:00Z",
+    }
+
+
+def test_journal_fields_map_one_to_one() -> None:
+    """Every key becomes MEMSTAGED_<KEY>, lists as JSON text, plus MESSAGE/PRIORITY/MESSAGE_ID."""
+    fields = journal_fields(_event())
+    assert fields["MEMSTAGED_DECISION"] == "quarantined"
+    assert fields["MEMSTAGED_SESSION_ID"] == "s1"
+    assert json.loads(fields["MEMSTAGED_REASONS"]) == _event()["reasons"]
+    assert fields["MEMSTAGED_DURATION_MS"] == "1.5"
+    assert fields["PRIORITY"] == "4"  # a quarantine is a warning
+    assert fields["MESSAGE"].startswith("quarantined /p/.pi/memory/project/staging/a.json: schema")
+    assert "(+1 more)" in fields["MESSAGE"]
+    assert fields["MESSAGE_ID"] == MESSAGE_IDS["decision"]
+    assert len({*MESSAGE_IDS.values()}) == len(MESSAGE_IDS)
+
+
+@pytest.mark.parametrize(
+    ("decision", "level", "priority"),
+    [("valid", "info", "6"), ("repaired", "info", "5"), ("deferred", "error", "3")],
+)
+def test_priority_fits_the_event(decision: str, level: str, priority: str) -> None:
+    """Errors are errors whatever the decision; otherwise the decision sets the priority."""
+    event = {**_event(), "decision": decision, "level": level}
+    assert journal_fields(event)["PRIORITY"] == priority
+
+
+def test_file_sink_writes_json_lines_with_mode_0600(tmp_path: Path) -> None:
+    """The decision log file holds one JSON object per event and is private to its owner."""
+    path = tmp_path / "state" / "decisions.jsonl"
+    writer.configure(path, console="off", journal="off")
+    writer.get_logger().warning("decision", decision="quarantined", path="x.json", reasons=["r"])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1
+    event = json.loads(lines[0])
+    assert event["event"] == "decision"
+    assert event["decision"] == "quarantined"
+    assert event["level"] == "warning"
+    assert event["timestamp"].endswith("Z")
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_file_sink_rotates(tmp_path: Path) -> None:
+    """The log is rotated by memstaged itself: backups appear, the newest file stays small."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, max_bytes=2000, backups=2, console="off", journal="off")
+    for i in range(100):
+        writer.get_logger().info("decision", decision="valid", path=f"{i}.json")
+    assert (tmp_path / "decisions.jsonl.1").exists()
+    assert path.stat().st_size <= 2000
+
+
+def test_values_msgspec_cannot_encode_still_log(tmp_path: Path) -> None:
+    """A lone surrogate in a derived topic does not break logging."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, console="off", journal="off")
+    writer.get_logger().info("decision", repairs=[{"wrote": "\ud800"}])
+    assert "\\ud800" in path.read_text()
+
+
+def test_no_journal_outside_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without JOURNAL_STREAM/INVOCATION_ID memstaged does not send to journald."""
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    monkeypatch.delenv("INVOCATION_ID", raising=False)
+    assert writer.journal_available() is False
+
+
+# -- the file sink: rotation, threads, errors ------------------------------------------------------
+
+
+def _files(path: Path, backups: int) -> list[Path]:
+    """The log's files, oldest first: ``.N`` … ``.1``, then the current one."""
+    rotated = [Path(f"{path}.{i}") for i in range(backups, 0, -1)]
+    return [p for p in rotated if p.exists()] + [path]
+
+
+def test_rotation_matches_rotating_file_handler_byte_for_byte(tmp_path: Path) -> None:
+    """The same lines give the same files, byte for byte, as logging's RotatingFileHandler: each
+    line whole in one file, a file rotated when it plus the next line would reach max_bytes, no
+    more than ``backups`` old files, and every file 0600 (the handler left new files to the
+    umask)."""
+    path = tmp_path / "ours" / "decisions.jsonl"
+    writer.configure(path, max_bytes=1000, backups=3, console="off", journal="off")
+    for i in range(200):
+        writer.get_logger().info("decision", decision="valid", path=f"{i}.json", pad="x" * (i % 37))
+    writer.close()
+    ours = _files(path, 5)
+    assert [p.name for p in ours] == [
+        "decisions.jsonl.3",
+        "decisions.jsonl.2",
+        "decisions.jsonl.1",
+        "decisions.jsonl",
+    ]
+    data = [p.read_bytes() for p in ours]
+    assert all(d.endswith(b"\n") and len(d) < 1000 for d in data)
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in ours)
+    kept = [json.loads(line)["path"] for d in data for line in d.splitlines()]
+    assert kept == [f"{i}.json" for i in range(200 - len(kept), 200)]  # the newest, in order
+
+    # Replay every line that reached the files through the standard library's handler.
+    theirs = tmp_path / "theirs" / "decisions.jsonl"
+    theirs.parent.mkdir()
+    handler = logging.handlers.RotatingFileHandler(theirs, maxBytes=1000, backupCount=3)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    record = logging.LogRecord("t", logging.INFO, __file__, 0, "", None, None)
+    first = len(kept)  # lines of the events before the kept ones, rebuilt from a fresh run
+    writer.configure(tmp_path / "all.jsonl", console="off", journal="off")
+    for i in range(200):
+        writer.get_logger().info("decision", decision="valid", path=f"{i}.json", pad="x" * (i % 37))
+    writer.close()
+    lines = (tmp_path / "all.jsonl").read_text().splitlines()
+    # The timestamps differ from the first run: give the kept lines their original text.
+    lines[-first:] = [line for d in data for line in d.decode().splitlines()]
+    for line in lines:
+        record.msg = line
+        handler.emit(record)
+    handler.close()
+    assert [p.read_bytes() for p in _files(theirs, 5)] == data
+
+
+def test_rotation_details(tmp_path: Path) -> None:
+    """A line longer than max_bytes is written whole into a file of its own (an empty file is not
+    rotated away); with backups=0 the file just grows; the files ``.N`` stop at ``backups``."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, max_bytes=300, backups=2, console="off", journal="off")
+    logger = writer.get_logger()
+    logger.info("decision", path="big", pad="y" * 400)
+    assert [json.loads(x)["path"] for x in path.read_text().splitlines()] == ["big"]
+    assert not Path(f"{path}.1").exists()
+    logger.info("decision", path="small")
+    assert json.loads(Path(f"{path}.1").read_text())["path"] == "big"
+    assert json.loads(path.read_text())["path"] == "small"
+    for i in range(50):
+        logger.info("decision", path=f"{i}")
+    assert not Path(f"{path}.3").exists()
+
+    # Exactly at the limit: 50 + 50 bytes reach max_bytes=100, so the second line starts a new
+    # file (RotatingFileHandler's ">="); 50 + 49 stay together.
+    exact = tmp_path / "exact.jsonl"
+    sink = FileSink(exact, 100, 1)
+    for line in (b"a" * 49 + b"\n", b"b" * 49 + b"\n", b"c" * 48 + b"\n"):
+        sink.emit({}, line)
+    sink.close()
+    assert Path(f"{exact}.1").read_bytes() == b"a" * 49 + b"\n"
+    assert exact.read_bytes() == b"b" * 49 + b"\n" + b"c" * 48 + b"\n"
+
+    grows = tmp_path / "grows.jsonl"
+    writer.configure(grows, max_bytes=300, backups=0, console="off", journal="off")
+    for i in range(50):
+        writer.get_logger().info("decision", path=f"{i}")
+    assert len(grows.read_text().splitlines()) == 50
+    assert not Path(f"{grows}.1").exists()
+
+
+def test_a_rotation_by_another_process_is_followed(tmp_path: Path) -> None:
+    """Two writers of one file (the daemon and ``--once``): whoever finds it full rotates it once,
+    the other follows to the new file, and no line is lost or split."""
+    path = tmp_path / "decisions.jsonl"
+    one = FileSink(path, 2000, 50)
+    two = FileSink(path, 2000, 50)
+    for i in range(400):
+        line = json.dumps({"event": "decision", "n": i}).encode() + b"\n"
+        (one if i % 3 else two).emit({}, line)
+    one.close()
+    two.close()
+    files = _files(path, 50)
+    data = [p.read_bytes() for p in files]
+    assert all(d.endswith(b"\n") and len(d) < 2000 for d in data)
+    numbers = [json.loads(line)["n"] for d in data for line in d.splitlines()]
+    assert numbers == list(range(400))
+    # Each file holds as many lines as fit: rotated exactly when the next line would not.
+    for older, newer in itertools.pairwise(data):
+        assert len(older) + len(newer.splitlines(keepends=True)[0]) >= 2000
+
+
+def test_a_logger_kept_across_configure_writes_to_the_new_file(tmp_path: Path) -> None:
+    """The daemon keeps its logger; a reload that changes log_file re-configures: the kept (and
+    cached) logger writes to the new file."""
+    logger = writer.get_logger()
+    writer.configure(tmp_path / "a.jsonl", console="off", journal="off")
+    logger.info("start")
+    writer.configure(tmp_path / "b.jsonl", console="off", journal="off")
+    logger.info("reload", ok=True)
+    assert [json.loads(x)["event"] for x in (tmp_path / "a.jsonl").read_text().splitlines()] == [
+        "start"
+    ]
+    assert json.loads((tmp_path / "b.jsonl").read_text())["event"] == "reload"
+
+
+def test_two_threads_never_interleave_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker thread and the main thread logging at once: every line (file and console) is one
+    whole JSON event, none lost, each thread's in its order, across rotations too."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, max_bytes=200_000, backups=50, console="on", journal="off")
+    per_thread = 3000
+    start = threading.Barrier(2)
+
+    def emit(name: str) -> None:
+        logger = writer.get_logger()
+        start.wait()
+        for i in range(per_thread):
+            logger.info("decision", thread=name, n=i, path=f"/p/{name}/{i}.json", pad="z" * 40)
+
+    worker = threading.Thread(target=emit, args=("worker",))
+    worker.start()
+    emit("main")
+    worker.join()
+    writer.close()
+    files = _files(path, 50)
+    assert len(files) > 2
+    for lines in (
+        [line for p in files for line in p.read_text().splitlines()],
+        capsys.readouterr().err.splitlines(),
+    ):
+        events = [json.loads(line) for line in lines]
+        assert len(events) == 2 * per_thread
+        for name in ("worker", "main"):
+            assert [e["n"] for e in events if e["thread"] == name] == list(range(per_thread))
+
+
+def test_timestamps_are_structlogs_iso_utc_text() -> None:
+    """The same text as ``TimeStamper(fmt="iso", utc=True)``: six digits of microseconds, none
+    when they are 0, ``Z`` for UTC; the clock floored to the microsecond like ``datetime.now``."""
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+    for ns in (
+        0,
+        999,
+        1_796_058_000_000_000_999,
+        1_796_058_000_123_456_789,
+        1_796_058_059_999_999_999,
+    ):
+        stamp = writer._UtcStamper(clock=itertools.repeat(ns).__next__)(None, "info", {})[
+            "timestamp"
+        ]
+        when = epoch + datetime.timedelta(microseconds=ns // 1000)
+        assert stamp == when.isoformat().replace("+00:00", "Z")
+    # On the real clock: between two readings of datetime.now, as TimeStamper would read it.
+    before = datetime.datetime.now(datetime.UTC)
+    stamp = writer._UtcStamper()(None, "info", {})["timestamp"]
+    after = datetime.datetime.now(datetime.UTC)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z", stamp)
+    assert before <= datetime.datetime.fromisoformat(stamp) <= after
+
+
+def test_a_closed_console_is_reported_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A console that is gone gives one line on stderr, no traceback, and the file still gets
+    every event."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, console="off", journal="off")
+    closed = io.StringIO()
+    writer.add_sink(writer.ConsoleSink(closed))
+    closed.close()
+    for i in range(5):
+        writer.get_logger().info("decision", path=f"{i}.json")
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "memstaged: console log (stderr): I/O operation on closed file; events go on "
+        "to the other sinks (said once, until it works again)"
+    ]
+    assert len(path.read_text().splitlines()) == 5
+
+
+def test_a_line_is_never_written_into_a_file_rotated_away(tmp_path: Path) -> None:
+    """Issue 19 item 6: another process rotates the shared log more than ``backups`` times
+    between two lines of this one; the next line lands in the file the path names (it used to
+    go, for up to a second, into the old file, deleted by then, and was lost)."""
+    path = tmp_path / "decisions.jsonl"
+    daemon = FileSink(path, 300, 2)
+    once = FileSink(path, 300, 2)
+    daemon.emit({}, b'{"n":"daemon-1"}\n')
+    for i in range(40):  # ~ 12 rotations: the daemon's file is rotated out and deleted
+        once.emit({}, json.dumps({"n": f"once-{i}", "pad": "p" * 60}).encode() + b"\n")
+    daemon.emit({}, b'{"n":"daemon-2"}\n')
+    daemon.close()
+    once.close()
+    kept = [json.loads(line)["n"] for p in _files(path, 2) for line in p.read_bytes().splitlines()]
+    assert kept[-1] == "daemon-2"
+    assert "daemon-1" not in kept  # rotated out with its file, after it was written there
+
+
+def test_a_torn_line_of_another_writer_is_ended_not_glued(tmp_path: Path) -> None:
+    """Issue 19 item 6: a line another process left torn (killed mid-write) is ended before
+    this one's line is appended, so this one's event stays a line of its own."""
+    path = tmp_path / "decisions.jsonl"
+    path.write_bytes(b'{"n":1}\n{"n":')
+    sink = FileSink(path, 0, 0)
+    sink.emit({}, b'{"n":2}\n')
+    sink.close()
+    assert path.read_bytes() == b'{"n":1}\n{"n":\n{"n":2}\n'
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-null"])
+def test_a_log_path_that_is_not_a_regular_file_is_refused(tmp_path: Path, kind: str) -> None:
+    """Issue 19 item 3: a FIFO (nobody reading it), a directory, ``/dev/null`` or a socket as
+    the log file is refused at once with an ``OSError`` naming it, never blocking."""
+    path = tmp_path / "decisions.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dev-null":
+        path = Path("/dev/null")
+    else:
+        import socket
+
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.close()
+    with pytest.raises(
+        OSError, match=r"not a regular file|Is a directory|No such device"
+    ) as raised:
+        FileSink(path, 100, 1)
+    assert raised.value.errno in (errno.EINVAL, errno.ENXIO, errno.EISDIR)

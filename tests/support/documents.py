@@ -1,0 +1,96 @@
+"""Staging documents as the tests build and write them, and the decision log read back.
+
+:func:`staging_doc` is a valid staging file of a project (contract v2: all four categories),
+changed with keyword overrides (:func:`repairable_doc`: one R1 repairs); :func:`backlog` stages
+many; :func:`write` puts a document (or raw bytes) at a path; :func:`read_log` and
+:func:`decisions` read a decision log file back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+EVIDENCE = {"discussion_note_ids": [1, 2]}
+
+
+def lesson(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "summary": "Run mypy before committing",
+        "detail": "Strict mode caught the Optional misuse.",
+        "scope_suggestion": "project",
+        "triggers": [{"type": "command", "pattern": "git commit"}],
+        "source_evidence": EVIDENCE,
+    }
+    base.update(overrides)
+    return base
+
+
+def staging_doc(project_root: Path | str, session: str = "s1", **overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "schemaVersion": 1,
+        "session_id": session,
+        "project_root": str(project_root),
+        "produced_at": "2026-11-29T18:04:11.250Z",
+        "candidates": {
+            "lessons": [lesson()],
+            "preferences": [{"text": "Small commits", "source_evidence": EVIDENCE}],
+            "decisions": [],
+            "domain": [],
+        },
+    }
+    doc.update(overrides)
+    if isinstance(doc["candidates"], dict):  # contract v2 (2.1): all four categories are required
+        doc["candidates"] = {c: [] for c in ("lessons", "preferences", "decisions", "domain")} | (
+            doc["candidates"]
+        )
+    return doc
+
+
+def repairable_doc(project_root: Path | str) -> dict[str, Any]:
+    """A staging document that R1 repairs: its one lesson has no triggers."""
+    return staging_doc(project_root, candidates={"lessons": [lesson(triggers=[])]})
+
+
+def write(path: Path, doc: Any) -> bytes:
+    data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    path.write_bytes(data)
+    return data
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def decisions(path: Path) -> dict[str, str]:
+    """File name -> last decision logged for it (memstaged's look at its own rewrite, logged
+    ``own_rewrite``, is no decision: SPEC 7)."""
+    out: dict[str, str] = {}
+    for event in read_log(path):
+        if event.get("event") == "decision" and not event.get("own_rewrite"):
+            out[Path(event["path"]).name] = event["decision"]
+    return out
+
+
+def backlog(project: Path, memory_dir: Path, n: int) -> dict[str, str]:
+    """``n`` files: valid, repairable (no triggers) and malformed in turn; name -> expected."""
+    staging = memory_dir / "staging"
+    expected: dict[str, str] = {}
+    for i in range(n):
+        name = f"f{i:04d}.json"
+        if i % 3 == 0:
+            write(staging / name, staging_doc(project, f"s{i}"))
+            expected[name] = "valid"
+        elif i % 3 == 1:
+            doc = staging_doc(project, f"s{i}", candidates={"lessons": [lesson(triggers=[])]})
+            write(staging / name, doc)
+            expected[name] = "repaired"
+        else:
+            write(staging / name, staging_doc(project, f"s{i}", schemaVersion="1"))
+            expected[name] = "quarantined"
+        os.utime(staging / name, (1_700_000_000, 1_700_000_000))
+    return expected

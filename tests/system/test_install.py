@@ -1,0 +1,508 @@
+"""However memstaged was installed: completions, the man page, upgrades and uninstalls.
+
+Issue 22 items 6, 8, 9 and 10, tested as a new user meets them: a fresh home directory (laid
+out from /etc/skel, as ``useradd -m`` does: its .bashrc loads bash-completion), memstaged on
+``~/.local/bin`` (a link to this venv's script, as pipx makes one to its venv's), a real
+``bash -i`` in an 80-column terminal (tmux) where Tab is pressed, and ``man`` reading the page
+installed for that user. The pipx install itself, which compiles systemd-python, is the slow test
+at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Final
+
+import pytest
+from support.terminal import COLUMNS, terminal
+
+from memstaged.cli.generate import DATA, FILES
+
+REPO: Final = Path(__file__).resolve().parents[2]
+MEMSTAGED: Final = Path(sys.executable).parent / "memstaged"
+#: The man page's sections that issue 22 item 8 asks for, beside argparse's.
+SECTIONS: Final = (
+    "EXIT STATUS",
+    "SIGNALS",
+    "ENVIRONMENT",
+    "FILES",
+    "CONFIGURATION",
+    "SLOW WRITERS",
+    "EXAMPLES",
+)
+
+
+def _fresh_home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A new user's home (from /etc/skel) with memstaged on ~/.local/bin, and the environment
+    a login would give: no XDG_* set, ~/.local/bin on PATH (as ``pipx ensurepath`` does)."""
+    home = tmp_path / "home"
+    shutil.copytree("/etc/skel", home) if Path("/etc/skel").is_dir() else home.mkdir()
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "memstaged").symlink_to(MEMSTAGED)
+    env = {
+        "HOME": str(home),
+        "USER": "newuser",
+        "PATH": f"{home}/.local/bin:/usr/local/bin:/usr/bin:/bin",
+        "TERM": "xterm-256color",
+        "LANG": "C.UTF-8",
+        "PAGER": "less",
+        "MANPAGER": "less",
+    }
+    return home, env
+
+
+def _pressed_tab(home: Path, env: dict[str, str], install: bool) -> str:
+    """The screen of a new ``bash -i`` after typing ``memstaged dead`` and Tab."""
+    with terminal(["bash", "-i"], env, str(home)) as term:
+        term.run("echo ready-$((40 + 2))", r"^ready-42$")
+        if install:
+            term.run("memstaged completion --install", r"^new shells complete memstaged")
+            term.type("exec bash -i")  # a new shell, as the output says
+            term.send("Enter")
+            term.run("clear; echo ready-$((40 + 3))", r"^ready-43$")
+        term.type("memstaged dead")
+        term.send("Tab")
+        term.type("X")  # a marker: it follows whatever Tab completed
+        found = term.wait_for(r"memstaged dead[^\n]*X")
+        return found.group(0)
+
+
+def test_bash_completes_memstaged_in_a_new_shell_after_completion_install(
+    tmp_path: Path,
+) -> None:
+    """Issue 22 item 6: after the README's one command (``memstaged completion --install``),
+    a new interactive bash of a fresh account completes ``memstaged dead<Tab>`` to
+    ``memstaged deadletter `` (bash-completion's per-user directory), where it completed
+    nothing (file names) before."""
+    if not Path("/usr/share/bash-completion/bash_completion").is_file():
+        pytest.skip("bash-completion is not installed (make sysdeps installs it)")
+    home, env = _fresh_home(tmp_path)
+    assert _pressed_tab(home, env, install=False) == "memstaged deadX"  # nothing to complete
+    assert _pressed_tab(home, env, install=True) == "memstaged deadletter X"
+    bash = home / ".local" / "share" / "bash-completion" / "completions" / "memstaged"
+    assert bash.read_text() == (DATA / FILES["bash"]).read_text()
+
+
+def _quarantined(mdir: Path, env: dict[str, str], *names: str) -> list[str]:
+    """The IDs of the dead-letter records a real ``memstaged --once`` made of one unparseable
+    staging file per name (old enough to be past the settle time), sorted."""
+    (mdir / "staging").mkdir(parents=True)
+    for name in names:
+        path = mdir / "staging" / f"{name}.json"
+        path.write_bytes(b'{"session_id": "%s", ' % name.encode())
+        os.utime(path, (1e9, 1e9))
+    decided = subprocess.run(
+        [str(MEMSTAGED), "--once", "--memory-dir", str(mdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert decided.returncode == 0, decided.stderr
+    ids = sorted(p.name[: -len(".json")] for p in (mdir / "deadletter").glob("*.json"))
+    assert [i.split("-")[0] for i in ids] == sorted(names)
+    return ids
+
+
+def test_tab_offers_the_dead_letter_ids_in_bash(tmp_path: Path) -> None:
+    """Issue 22 item 7: in a new interactive bash after ``memstaged completion --install``,
+    Tab completes a record ID after ``deadletter show``, ``recover --id`` and ``purge --id``
+    (the IDs of the memory dir the user's config file names: a second Tab lists them all), and
+    after a ``--memory-dir`` typed on the line, that memory dir's, ``~`` and all. Before, Tab
+    offered file names there."""
+    if not Path("/usr/share/bash-completion/bash_completion").is_file():
+        pytest.skip("bash-completion is not installed (make sysdeps installs it)")
+    home, env = _fresh_home(tmp_path)
+    alpha, beta = _quarantined(home / "proj" / ".pi" / "memory" / "project", env, "alpha", "beta")
+    [gamma] = _quarantined(home / "other" / ".pi" / "memory" / "project", env, "gamma")
+    (home / ".config" / "memstaged").mkdir(parents=True)
+    (home / ".config" / "memstaged" / "config.toml").write_text(
+        f'memory_dirs = ["{home}/proj/.pi/memory/project"]\n'
+    )
+    with terminal(["bash", "-i"], env, str(home)) as term:
+        term.run("memstaged completion --install", r"^new shells complete memstaged")
+        term.type("exec bash -i")
+        term.send("Enter")
+        term.run("clear; echo ready-$((40 + 4))", r"^ready-44$")
+        for typed, completed in [
+            ("memstaged deadletter show al", f"memstaged deadletter show {alpha} X"),
+            ("memstaged deadletter recover --id b", f"memstaged deadletter recover --id {beta} X"),
+            (
+                "memstaged deadletter show --memory-dir ~/other/.pi/memory/project ",
+                f"memstaged deadletter show --memory-dir ~/other/.pi/memory/project {gamma} X",
+            ),
+            (
+                "memstaged --memory-dir ~/other/.pi/memory/project deadletter show ",
+                f"memstaged --memory-dir ~/other/.pi/memory/project deadletter show {gamma} X",
+            ),
+        ]:
+            term.type(typed)
+            term.send("Tab")
+            term.type("X")  # a marker: it follows whatever Tab completed
+            term.wait_for(rf"^[^\n]*{re.escape(completed)}$")
+            term.send("C-c")
+            # The next line is typed once bash has acted on the ^C: on a busy machine, text
+            # typed at once was read before the interrupt, and ended on the same line.
+            term.wait_for(rf"^[^\n]*{re.escape(completed)}\^C$")
+        term.type("memstaged deadletter purge --id ")
+        term.send("Tab")
+        term.send("Tab")  # the second Tab lists what the first could not choose between
+        # Exactly the configured memory dir's two IDs on the line bash lists them on.
+        term.wait_for(rf"^{re.escape(alpha)}\s+{re.escape(beta)}\s*$")
+
+
+#: How each shell is started for a person who followed ``memstaged completion --install``:
+#: its start-up file, its command, and the prompt it shows (short, to find on the screen).
+_SHELLS: Final = {
+    "zsh": (
+        ".zshrc",
+        # The line the install's output says to add, then compinit, as a user's .zshrc does.
+        "fpath=(~/.local/share/zsh/site-functions $fpath)\n"
+        "autoload -Uz compinit && compinit\n"
+        "PS1='zsh> '\n",
+        ["zsh", "-i"],
+    ),
+    "fish": (
+        ".config/fish/config.fish",
+        # No greeting and no autosuggestion: grey text after the cursor is on the screen too.
+        "set -g fish_greeting ''\n"
+        "set -g fish_autosuggestion_enabled 0\n"
+        "function fish_prompt; echo -n 'fish> '; end\n",
+        ["fish", "-i"],
+    ),
+}
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_tab_offers_the_dead_letter_ids_in_zsh_and_fish(tmp_path: Path, shell: str) -> None:
+    """Issue 22 items 6 and 7, in a real interactive zsh and fish (tmux) of a fresh account
+    after ``memstaged completion --install``: Tab completes a subcommand, a record ID after
+    ``deadletter show`` and ``recover --id`` (the IDs of the configured memory dir), and after
+    a ``--memory-dir`` typed on the line (before or after ``deadletter``, with ``~``), that
+    memory dir's IDs, as bash does. Before, the zsh and fish scripts ignored the
+    ``--memory-dir`` on the line and offered the configured memory dir's IDs there."""
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed (make sysdeps installs it)")
+    home, env = _fresh_home(tmp_path)
+    alpha, beta = _quarantined(home / "proj" / ".pi" / "memory" / "project", env, "alpha", "beta")
+    [gamma] = _quarantined(home / "other" / ".pi" / "memory" / "project", env, "gamma")
+    (home / ".config" / "memstaged").mkdir(parents=True)
+    (home / ".config" / "memstaged" / "config.toml").write_text(
+        f'memory_dirs = ["{home}/proj/.pi/memory/project"]\n'
+    )
+    installed = subprocess.run(
+        [str(home / ".local" / "bin" / "memstaged"), "completion", "--install"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    rc, text, argv = _SHELLS[shell]
+    (home / rc).parent.mkdir(parents=True, exist_ok=True)
+    (home / rc).write_text(text)
+    other = "~/other/.pi/memory/project"
+    with terminal(argv, env, str(home)) as term:
+        prompt = f"{shell}> "
+        term.run(
+            "echo ready-$((40 + 5))" if shell == "zsh" else "echo ready-(math 40 + 5)", "^ready-45$"
+        )
+        for typed, completed in [
+            ("memstaged deadl", "memstaged deadletter X"),
+            ("memstaged deadletter show al", f"memstaged deadletter show {alpha} X"),
+            ("memstaged deadletter recover --id b", f"memstaged deadletter recover --id {beta} X"),
+            (
+                f"memstaged deadletter show --memory-dir {other} ",
+                f"memstaged deadletter show --memory-dir {other} {gamma} X",
+            ),
+            (
+                f"memstaged --memory-dir {other} deadletter show ",
+                f"memstaged --memory-dir {other} deadletter show {gamma} X",
+            ),
+        ]:
+            term.type(typed)
+            term.send("Tab")
+            term.type("X")  # a marker: it follows whatever Tab completed
+            term.wait_for(rf"^{re.escape(prompt + completed)}$")
+            term.send("C-u")  # the line is emptied, in the order the keys were typed
+            term.wait_for(rf"^{re.escape(prompt)} *$")
+
+
+def test_man_finds_the_page_completion_install_wrote(tmp_path: Path) -> None:
+    """Issue 22 items 6 and 8: after ``memstaged completion --install``, ``man memstaged`` of
+    the fresh account (its manpath derived from ~/.local/bin on PATH) shows the page on an
+    80-column terminal, where a search finds its EXIT STATUS section."""
+    home, env = _fresh_home(tmp_path)
+    installed = subprocess.run(
+        [str(home / ".local" / "bin" / "memstaged"), "completion", "--install"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    page = home / ".local" / "share" / "man" / "man1" / "memstaged.1"
+    assert f"man: wrote {page}" in installed.stdout.splitlines()
+    assert "'fpath=(~/.local/share/zsh/site-functions $fpath)'" in installed.stdout
+    where = subprocess.run(
+        ["man", "-w", "memstaged"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert where.stdout.strip() == str(page), where.stderr
+    with terminal(["bash", "--norc", "-i"], env, str(home)) as term:
+        term.run("man memstaged", r"^MEMSTAGED\(1\)")
+        term.type("/^EXIT STATUS")
+        term.send("Enter")
+        screen = term.wait_for(r"^EXIT STATUS\n\s+0\s+Every file got a decision").string
+        assert all(len(line) <= COLUMNS for line in screen.splitlines())
+        term.send("q")
+
+
+def test_the_man_page_has_the_sections_a_reader_looks_for() -> None:
+    """Issue 22 item 8: ``man -l`` on the generated page, formatted for 80 columns, has EXIT
+    STATUS (``--once``'s and ``check``'s codes), SIGNALS, ENVIRONMENT (every ``MEMSTAGED_*``
+    variable memstaged reads), FILES, CONFIGURATION (every key of config.example.toml),
+    SLOW WRITERS and EXAMPLES, and no "COMMENTS" heading; no line is wider than 80."""
+    if shutil.which("man") is None:
+        pytest.skip("man-db is not installed (make sysdeps installs it)")
+    shown = subprocess.run(
+        ["man", "-l", str(DATA / FILES["man"])],
+        env={**os.environ, "MANWIDTH": str(COLUMNS), "MANPAGER": "cat", "LANG": "C.UTF-8"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    headings = re.findall(r"^([A-Z][A-Z ]+)$", shown, re.MULTILINE)
+    assert set(SECTIONS) <= set(headings), headings
+    assert "COMMENTS" not in headings
+    assert max(len(line) for line in shown.splitlines()) <= COLUMNS
+
+    def section(name: str) -> str:
+        start = shown.index(f"\n{name}\n")
+        after = [shown.find(f"\n{h}\n", start + 1) for h in headings if h != name]
+        return shown[start : min(i for i in after if i > start)]
+
+    exit_status = section("EXIT STATUS")
+    for code in ("0", "1", "2", "3", "4", "5", "6", "130"):
+        assert re.search(rf"^\s+{code}\s+\S", exit_status, re.MULTILINE), code
+    read = set()  # the variables the code reads, however it names them
+    for path in (REPO / "memstaged").rglob("*.py"):
+        if path.name != "cli/manpage.py":
+            text = path.read_text()
+            read |= set(re.findall(r'"(MEMSTAGED_[A-Z_]+)"', text))
+            found = re.findall(r'(?:ENV_PREFIX \+ |_env_value\(env, )"([A-Z_]+)"', text)
+            read |= {f"MEMSTAGED_{name}" for name in found}
+    read -= {"MEMSTAGED_CRASH_AT"}  # the crash tests' fault injection, not a setting
+    assert {"MEMSTAGED_SETTLE", "MEMSTAGED_PAGER", "MEMSTAGED_CONFIG"} <= read
+    environment = section("ENVIRONMENT")
+    missing = {v for v in read if v not in environment.replace("\n", " ")}
+    assert not missing
+    example = (REPO / "config.example.toml").read_text()
+    keys = re.findall(r"^(\w+) = ", example, re.MULTILINE)
+    configuration = section("CONFIGURATION")
+    assert [k for k in keys if f"\n       {k} = " not in configuration] == []
+    assert "[project_roots]" in configuration
+    assert "settle" in section("SLOW WRITERS")
+    assert "SIGHUP" in section("SIGNALS")
+    assert "memstaged completion --install" in section("EXAMPLES")
+
+
+@pytest.mark.parametrize("shell", ["bash", "fish", "zsh"])
+def test_completion_prints_the_packaged_script(shell: str) -> None:
+    """Issue 22 item 6: ``memstaged completion SHELL`` prints that shell's generated script,
+    byte for byte (``source <(memstaged completion bash)``, as gh and kubectl do)."""
+    result = subprocess.run(
+        [str(MEMSTAGED), "completion", shell], capture_output=True, timeout=60, check=False
+    )
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert result.stdout == (DATA / FILES[shell]).read_bytes()
+
+
+def test_completion_without_a_shell_is_one_line_and_exit_2() -> None:
+    """Issue 22 item 6: ``memstaged completion`` alone names what it needs, exit 2."""
+    result = subprocess.run(
+        [str(MEMSTAGED), "completion"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("memstaged completion: name a shell (bash, zsh or fish)")
+    assert len(result.stderr.splitlines()) == 1
+
+
+# -- make install / make uninstall ----------------------------------------------------------------
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """The Makefile and the generated files in a temporary directory, with this venv as its
+    ``.venv`` (so ``make install`` builds nothing)."""
+    work = tmp_path / "clone"
+    (work / "memstaged").mkdir(parents=True)
+    shutil.copy2(REPO / "Makefile", work / "Makefile")
+    shutil.copy2(REPO / "pyproject.toml", work / "pyproject.toml")
+    shutil.copytree(REPO / "memstaged" / "data", work / "memstaged" / "data")
+    (work / ".venv").symlink_to(REPO / ".venv")
+    return work
+
+
+def _make(work: Path, prefix: Path, *target: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "-o", ".venv/.installed-runtime", "-o", "sysdeps", *target, f"PREFIX={prefix}"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")} if root.exists() else set()
+
+
+def test_make_install_refuses_to_replace_another_installations_memstaged(
+    clone: Path, tmp_path: Path
+) -> None:
+    """Issue 22 item 9: ``make install`` after ``pipx install .`` no longer replaces pipx's
+    ``~/.local/bin/memstaged`` silently: it stops (exit 2) naming the link and what to do, and
+    changes nothing; ``FORCE=1`` replaces it."""
+    prefix = tmp_path / "prefix"
+    pipx = tmp_path / "pipx" / "venvs" / "memstaged" / "bin" / "memstaged"
+    pipx.parent.mkdir(parents=True)
+    pipx.write_text("#!/bin/sh\n")
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "memstaged").symlink_to(pipx)
+    before = _tree(prefix)
+    refused = _make(clone, prefix, "install")
+    assert refused.returncode != 0
+    assert f"{prefix}/bin/memstaged is {pipx}, not this clone's" in refused.stderr
+    assert "pipx uninstall memstaged" in refused.stderr
+    assert _tree(prefix) == before
+    assert os.readlink(prefix / "bin" / "memstaged") == str(pipx)
+    forced = _make(clone, prefix, "install", "FORCE=1")
+    assert forced.returncode == 0, forced.stderr
+    assert os.readlink(prefix / "bin" / "memstaged") == f"{clone}/.venv/bin/memstaged"
+
+
+def test_make_uninstall_removes_what_make_install_put(clone: Path, tmp_path: Path) -> None:
+    """Issue 22 item 9: ``make uninstall`` removes exactly the link, the completions and the
+    man page ``make install`` put under PREFIX, and leaves what else is there (another
+    program's completions, the directories)."""
+    prefix = tmp_path / "prefix"
+    other = prefix / "share" / "bash-completion" / "completions" / "other"
+    other.parent.mkdir(parents=True)
+    other.write_text("complete -F _other other\n")
+    before = _tree(prefix)
+    installed = _make(clone, prefix, "install")
+    assert installed.returncode == 0, installed.stderr
+    added = _tree(prefix) - before
+    assert {
+        "bin/memstaged",
+        "share/bash-completion/completions/memstaged",
+        "share/zsh/site-functions/_memstaged",
+        "share/fish/vendor_completions.d/memstaged.fish",
+        "share/man/man1/memstaged.1",
+    } <= added
+    removed = _make(clone, prefix, "uninstall")
+    assert removed.returncode == 0, removed.stderr
+    left = _tree(prefix)
+    assert not any(
+        Path(p).name in ("memstaged", "_memstaged", "memstaged.fish", "memstaged.1") for p in left
+    ), left
+    assert before <= left
+    assert other.read_text() == "complete -F _other other\n"
+
+
+# -- the build ----------------------------------------------------------------------------------
+
+
+def test_the_build_prints_no_deprecation_warning(tmp_path: Path) -> None:
+    """Issue 22 item 10: building the package (as pipx and ``make setup`` do, in an isolated
+    build environment with a current setuptools) prints no deprecation warning, and the wheel
+    declares its licence as the SPDX expression ``MIT``."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    shutil.copytree(
+        REPO / "memstaged", src / "memstaged", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-v",
+            "--no-deps",
+            "-w",
+            str(tmp_path / "out"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    output = built.stdout + built.stderr
+    assert not re.findall(r".*(?:Deprecat|deprecated).*", output), output[-3000:]
+    (wheel,) = (tmp_path / "out").glob("memstaged-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(name).decode()
+    assert "License-Expression: MIT" in metadata.splitlines()
+
+
+# -- pipx install, as the README says, on a fresh account --------------------------------------
+
+
+@pytest.mark.slow
+def test_pipx_install_then_completion_install_on_a_fresh_account(tmp_path: Path) -> None:
+    """Issue 22 items 6 and 9, the README's path: ``pipx install .`` into a fresh home (from
+    /etc/skel, ~/.local/bin not yet on PATH) warns that ~/.local/bin is not on PATH (the README
+    says ``pipx ensurepath`` and a new shell); then, with it on PATH, the README's
+    ``memstaged completion --install`` makes a new ``bash -i`` complete ``memstaged dead<Tab>``
+    and ``man memstaged`` find the page. Slow: pipx builds systemd-python from source."""
+    if not Path("/usr/share/bash-completion/bash_completion").is_file():
+        pytest.skip("bash-completion is not installed (make sysdeps installs it)")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "memstaged", src / "memstaged", ignore=ignore)
+    home, env = _fresh_home(tmp_path)
+    (home / ".local" / "bin" / "memstaged").unlink()  # pipx puts its own there
+    bare = {**env, "PATH": "/usr/local/bin:/usr/bin:/bin"}  # a shell before pipx ensurepath
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CACHE_DIR"):
+        if name in os.environ:
+            bare[name] = os.environ[name]
+    installed = subprocess.run(
+        [sys.executable, "-m", "pipx", "install", str(src)],
+        env=bare,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    output = installed.stdout + installed.stderr
+    assert installed.returncode == 0, output[-3000:]
+    said = " ".join(output.split())
+    assert "is not on your PATH environment variable" in said, output
+    assert "pipx ensurepath" in said  # what the README tells to run, then a new shell
+    memstaged = home / ".local" / "bin" / "memstaged"
+    assert memstaged.is_symlink() and os.readlink(memstaged).startswith(str(home))
+    assert _pressed_tab(home, env, install=True) == "memstaged deadletter X"
+    where = subprocess.run(
+        ["man", "-w", "memstaged"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert where.stdout.strip().startswith(str(home / ".local" / "share" / "man")), where.stderr

@@ -1,0 +1,103 @@
+"""The decision log's sinks on a full disk: a 64 KiB tmpfs mounted for the test (needs root)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memstaged.errors import LogUnwritable
+from memstaged.log import writer
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs (needs root): the decision log runs out of space on it."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=False
+        ).returncode
+    ):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield mount
+    finally:
+        writer.close()  # the open log file would keep the mount busy
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_is_reported_once_and_the_other_sinks_go_on(
+    full_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ENOSPC on the log file: one clear line on stderr (no traceback, nothing raised), the
+    console and journald still get every event; once there is room again that is said too, and
+    the file goes on with whole lines."""
+    filler = full_disk / "filler"
+    filler.write_bytes(b"f" * 16384)
+    path = full_disk / "state" / "decisions.jsonl"
+    writer.configure(path, console="on", journal="off")
+    sent: list[tuple[bytes, ...]] = []
+    writer.add_sink(writer.JournalSink(send=lambda *lines: sent.append(lines)))
+    logger = writer.get_logger()
+    for i in range(600):  # ~90 KiB of lines
+        logger.warning("decision", decision="quarantined", path=f"/p/{i}.json", pad="q" * 100)
+    err = capsys.readouterr().err.splitlines()
+    notes = [line for line in err if not line.startswith("{")]
+    assert notes == [
+        f"memstaged: decision log file {path}: No space left on device (ENOSPC); nothing is "
+        "carried out while it cannot be written (the files wait, deferred); events go on to the "
+        "other sinks (said once, until it works again)"
+    ]
+    assert len(err) == 600 + 1  # the console had every event
+    assert len(sent) == 600
+    written = path.read_bytes()
+    assert 0 < len(written) < 64 * 1024
+
+    filler.unlink()
+    logger.info("decision", decision="valid", path="/p/after.json")
+    err = capsys.readouterr().err.splitlines()
+    assert f"memstaged: decision log file {path}: works again" in err
+    lines = path.read_bytes().splitlines()
+    assert json.loads(lines[-1])["path"] == "/p/after.json"
+    # The line the disk cut short was taken back: every line is whole (issue 19 item 1).
+    assert all(json.loads(line) for line in lines)
+
+
+def test_an_event_not_written_whole_is_never_counted_as_logged(full_disk: Path) -> None:
+    """Issue 19 item 1: with the log's file system full, :func:`log.durable` raises (so the
+    change it announces is not carried out), a line cut short is not left in the file, and
+    once there is room the next announcement is written and fsynced."""
+    path = full_disk / "decisions.jsonl"
+    writer.configure(path, console="off", journal="off")
+    logger = writer.get_logger()
+    logger.info("start")
+    filler = full_disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:  # take every byte left, but for what is left of the log's last page
+        while os.write(fd, b"f" * 4096):
+            pass
+    except OSError as err:
+        assert err.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    before = path.read_bytes()
+    with pytest.raises(LogUnwritable) as raised, writer.durable():
+        logger.warning("decision", decision="quarantined", path="/p/a.json", pad="q" * 8000)
+    assert (
+        raised.value.reason
+        == "the decision log cannot be written: No space left on device (ENOSPC)"
+    )
+    assert path.read_bytes() == before  # nothing half-written is left in the log
+
+    filler.unlink()
+    with writer.durable():
+        logger.warning("decision", decision="quarantined", path="/p/a.json", pad="q" * 8000)
+    assert json.loads(path.read_bytes().splitlines()[-1])["path"] == "/p/a.json"

@@ -1,0 +1,109 @@
+"""SPEC 5: while the reconciler holds ``canonical-writer.lock``, memstaged does nothing in that
+memory dir, the work it does before taking the lock itself included.
+
+Real processes: ``memstaged --once`` stopped (SIGSTOP, by the crash hook) in the middle of
+writing a large quarantine's dead-letter temps, a reconciler stand-in that takes the lock
+meanwhile, and inotify counting what appears in ``deadletter/`` once it holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from support.documents import staging_doc, write
+from support.helpers import (
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_MODIFY,
+    IN_MOVED_TO,
+    REPO,
+    Inotify,
+    LockHolder,
+    make_memory_dir,
+    memstaged_cmd,
+    memstaged_env,
+    project_root_of,
+    read_events,
+    run_once,
+    stopped,
+    wait_for,
+)
+
+from memstaged.core.records import ORIGINALS_DIR
+
+#: Records of the quarantine: far more than the 16 written under the lock, so that their temps
+#: are written before it (and take a while on a busy machine).
+_RECORDS = 2_000
+#: The temp being created when memstaged is stopped: the original's, then 49 records'.
+_STOP_AT = 50
+
+
+def test_a_lock_taken_while_temps_are_written_stops_the_writing(tmp_path: Path) -> None:
+    """Issue 29 item 8: ``--once`` quarantining a file of 2,000 records writes their temps
+    before it takes ``canonical-writer.lock``. Stopped when it creates its 50th temp, a
+    reconciler stand-in takes the lock, and memstaged goes on: from then on at most one more
+    file appears in ``deadletter/`` (the temp that was being created), where over a thousand
+    did (the lock was read once, before the first temp). The temps made are removed, the file
+    is logged ``deferred`` for the lock, the run exits 1 and the staging file is as it was.
+    Once the reconciler lets go, the next run quarantines it: every record, the original, no
+    temp left."""
+    mdir = make_memory_dir(tmp_path)
+    doc = staging_doc(project_root_of(mdir), "many", candidates={"lessons": [{}] * _RECORDS})
+    data = write(mdir / "staging" / "many.json", doc)
+    os.utime(mdir / "staging" / "many.json", (1, 1))
+    env = memstaged_env(tmp_path)
+    proc = subprocess.Popen(
+        memstaged_cmd("--once", "--memory-dir", str(mdir)),
+        env={**env, "MEMSTAGED_CRASH_AT": f"temp-created:{_STOP_AT}:STOP"},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    store = mdir / "deadletter"
+    holder: LockHolder | None = None
+    try:
+        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
+        assert proc.poll() is None, proc.communicate()
+        watch = Inotify([store, store / ORIGINALS_DIR])
+        holder = LockHolder(mdir)
+        os.kill(proc.pid, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=300)
+        watch.poll()
+        watch.close()
+        _check_stopped_under_the_lock(watch, stderr, proc.returncode)
+        assert (mdir / "staging" / "many.json").read_bytes() == data
+        assert [p.name for p in store.rglob("*") if p.is_file()] == []  # the temps are removed
+        decisions = [e for e in read_events(tmp_path / "decisions.jsonl") if e.get("decision")]
+        assert [e["decision"] for e in decisions] == ["deferred"], decisions
+        assert "canonical-writer.lock" in str(decisions[0]["reasons"]), decisions
+        holder.release()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if holder is not None:
+            holder.kill()
+    again = run_once(mdir, env, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not (mdir / "staging" / "many.json").exists()
+    assert [p.read_bytes() for p in (store / ORIGINALS_DIR).iterdir()] == [data]
+    assert len(list(store.glob("*.json"))) == _RECORDS
+    assert not list(mdir.rglob(".memstaged~*"))
+
+
+def _check_stopped_under_the_lock(watch: Inotify, stderr: bytes, code: int | None) -> None:
+    """At most one file created and one written in the store once the lock was held (a temp
+    is written unnamed, as ``#<inode>``, then linked under its name), some removed (the temps
+    made before), and the run ended 1 without a traceback."""
+    assert not watch.overflowed
+    made = {(d, n) for d, n, mask in watch.log if mask & (IN_CREATE | IN_MOVED_TO)}
+    written = {(d, n) for d, n, mask in watch.log if mask & (IN_MODIFY | IN_CLOSE_WRITE)}
+    assert len(made) <= 1, f"{len(made)} files created under the reconciler's lock"
+    assert len(written) <= 1, f"{len(written)} files written under the reconciler's lock"
+    assert any(mask & IN_DELETE for _, _, mask in watch.log)
+    assert b"Traceback" not in stderr
+    assert code == 1, stderr.decode(errors="replace")
