@@ -45,7 +45,12 @@ ENVIRONMENT: Final = (
     ),
     ("NO_COLOR", "Set to any value: no colour, whatever the terminal."),
     ("XDG_CONFIG_HOME", "Where the config file and the systemd user unit go (~/.config)."),
-    ("XDG_STATE_HOME", "Where the decision log and the seen cache go (~/.local/state)."),
+    (
+        "XDG_STATE_HOME",
+        "Where the decision log, the seen cache, the ack marks and the instance locks go "
+        "(~/.local/state; a relative path is ignored). The state dir and every directory and "
+        "link on the way to it must be the user's or root's, and writable by no one else.",
+    ),
     (
         "XDG_DATA_HOME",
         "Where completion --install writes the completions and this page (~/.local/share).",
