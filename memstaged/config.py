@@ -282,7 +282,11 @@ def physical_state_dir(env: Mapping[str, str]) -> Path:
     """The state dir with every link on its way resolved, once, when the settings are made:
     the directories checked (:func:`own_state_dir`) are those used from then on, whatever a
     link on the way is later made to point to."""
-    return Path(os.path.realpath(default_state_dir(env)))
+    given = default_state_dir(env)
+    try:
+        return Path(fsio.walk_to(given))
+    except OSError:
+        return given  # a way that leads nowhere: own_state_dir says why
 
 
 def default_log_file(env: Mapping[str, str]) -> Path:

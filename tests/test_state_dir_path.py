@@ -59,3 +59,38 @@ def test_the_users_own_link_on_the_way_is_followed_once(
     assert settings.state_dir == real / "memstaged"
     assert config.own_state_dir(settings) == real / "memstaged"
     assert (real / "memstaged").is_dir()
+
+
+@pytest.mark.parametrize("way", ["link-then-up", "up-past-a-missing-dir"])
+def test_the_way_checked_is_the_way_the_kernel_takes(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    memory_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    way: str,
+) -> None:
+    """Issue 29 D3, attacked again: the check read ``ll/..`` as text (gone) where the kernel
+    follows ``ll`` and goes up from its target, into a directory ``nobody`` may write; and a
+    link through a missing directory and ``..`` passed the check, while the state dir was then
+    made where the text led. Both are refused in one line, and nothing is made in nobody's
+    directory."""
+    uid, gid = as_nobody.ids()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sub").mkdir()
+    os.chown(theirs, uid, gid)
+    os.chmod(theirs, 0o777)  # noqa: S103 - what nobody made
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    if way == "link-then-up":
+        (mine / "ll").symlink_to(theirs / "sub")
+        state_home = f"{mine}/ll/.."
+    else:
+        (mine / "kl").symlink_to(f"{mine}/nothere/../../theirs")
+        state_home = str(mine / "kl")
+    monkeypatch.setenv("XDG_STATE_HOME", state_home)
+    code, out, err = run(capsys, "status", "--memory-dir", str(memory_dir))
+    assert (code, out) == (2, "")
+    line = one_line_error(err)
+    assert line.startswith("memstaged: state dir"), line
+    assert sorted(p.name for p in theirs.iterdir()) == ["sub"]

@@ -297,19 +297,49 @@ def state_subdir(state_dir: os.PathLike[str] | str, sub: str, *, create: bool) -
 _MAX_LINKS: Final = 40
 
 
-def check_ancestors(path: os.PathLike[str] | str) -> None:
+def check_ancestors(path: os.PathLike[str] | str) -> str:
     """Raise :class:`~memstaged.errors.NotPrivate` unless no other user can change where
-    ``path`` leads: each directory on the way to it, as the path is walked (its links
-    followed), is the effective user's or root's and writable by no one else unless it is
-    sticky (``/tmp``), and each link on the way is the user's or root's, as ssh checks the path
-    to ``authorized_keys``. Another user who may write a directory on the way, or who owns a
-    link on it, could make the path lead elsewhere after memstaged checked it. The last
-    component is left to :func:`check_private`; components still missing are memstaged's to
-    make."""
+    ``path`` leads: each directory on the way to it, as the path is walked the kernel's way (its
+    links followed, a ``..`` taken from where the walk is), is the effective user's or root's
+    and writable by no one else unless it is sticky (``/tmp``), and each link on the way is the
+    user's or root's, as ssh checks the path to ``authorized_keys``. Another user who may write
+    a directory on the way, or who owns a link on it, could make the path lead elsewhere after
+    memstaged checked it. The last component is left to :func:`check_private`; components still
+    missing are memstaged's to make. Returns where the path leads (:func:`walk_to`)."""
     given = os.fspath(path)
-    todo = [p for p in os.path.abspath(given).split("/") if p]
+    for kind, where, st in _walk(given):
+        if kind == "dir":
+            _check_on_the_way(where, given)
+        elif kind == "link" and st is not None and st.st_uid not in (0, os.geteuid()):
+            raise NotPrivate(
+                errno.EPERM,
+                f"bad ownership for link {where} on the way to {given} (owner "
+                f"{_owner(st.st_uid)}): another user could make it lead elsewhere",
+                where,
+            )
+        elif kind == "end":
+            return where
+    raise AssertionError("a walk always ends")  # pragma: no cover
+
+
+def walk_to(path: os.PathLike[str] | str) -> str:
+    """Where ``path`` leads, walked as :func:`check_ancestors` walks it (no check made): the
+    directory memstaged then uses. Raises :class:`OSError` for a way that leads nowhere."""
+    for kind, where, _st in _walk(os.fspath(path)):
+        if kind == "end":
+            return where
+    raise AssertionError("a walk always ends")  # pragma: no cover
+
+
+def _walk(given: str) -> Iterator[tuple[str, str, os.stat_result | None]]:
+    """The way to ``given``, step by step: ("dir", a directory passed through, its stat),
+    ("link", a link followed, its lstat), and last ("end", where it leads, None). A missing
+    component ends the walk there, the rest made by memstaged; a ``..`` after one, or more than
+    :data:`_MAX_LINKS` links, is refused (``ENOENT``, ``ELOOP``) as the kernel refuses it."""
+    absolute = given if given.startswith("/") else os.path.join(os.getcwd(), given)
+    todo = [p for p in absolute.split("/") if p and p != "."]
     here, links = "/", 0
-    _check_on_the_way(here, given)
+    yield "dir", here, None
     while todo:
         part = todo.pop(0)
         if part == "..":
@@ -319,16 +349,17 @@ def check_ancestors(path: os.PathLike[str] | str) -> None:
         try:
             st = os.lstat(nxt)
         except FileNotFoundError:
-            return  # the rest is made by memstaged, 0700
+            if ".." in todo:
+                raise FileNotFoundError(
+                    errno.ENOENT, "a missing directory on the way", nxt
+                ) from None
+            yield "end", os.path.join(nxt, *todo), None
+            return
         if stat.S_ISLNK(st.st_mode):
             links += 1
-            if st.st_uid not in (0, os.geteuid()) or links > _MAX_LINKS:
-                raise NotPrivate(
-                    errno.EPERM,
-                    f"bad ownership for link {nxt} on the way to {given} (owner "
-                    f"{_owner(st.st_uid)}): another user could make it lead elsewhere",
-                    nxt,
-                )
+            if links > _MAX_LINKS:
+                raise NotPrivate(errno.ELOOP, f"too many links on the way to {given}", given)
+            yield "link", nxt, st
             target = os.readlink(nxt)
             if target.startswith("/"):
                 here = "/"
@@ -336,11 +367,12 @@ def check_ancestors(path: os.PathLike[str] | str) -> None:
             continue
         here = nxt
         if todo:  # the last, the directory itself: check_private's
-            _check_on_the_way(here, given)
+            yield "dir", here, None
+    yield "end", here, None
 
 
 def _check_on_the_way(here: str, given: str) -> None:
-    st = os.stat(here)
+    st = os.stat(here)  # a directory, not a link: the walk resolved it
     writable_by_others = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
     if st.st_uid not in (0, os.geteuid()) or writable_by_others:
         raise NotPrivate(
