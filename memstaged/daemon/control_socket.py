@@ -151,6 +151,11 @@ def _short_name(path: Path) -> Iterator[str]:
         os.close(fd)
 
 
+#: The first pause before asking again a daemon that closed the connection unanswered; it
+#: doubles up to a quarter of a client's patience, so a peer that always closes costs little.
+RETRY_PAUSE: Final = 0.01
+
+
 def _connect(name: str, deadline: float) -> socket.socket:
     """A socket connected to ``name``, waiting until ``deadline`` for a place in the daemon's
     listen queue.
@@ -201,7 +206,7 @@ def _exchange(name: str, deadline: float) -> bytes:
             try:
                 chunk = sock.recv(1 << 16)
             except ConnectionResetError:
-                return b""
+                return b"".join(chunks)  # nothing yet: asked again; part of one: not a status
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
@@ -225,7 +230,10 @@ def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | Non
     try:
         with _short_name(path) as name:
             data = _exchange(name, deadline)
-            while not data:
+            pause = RETRY_PAUSE
+            while not data:  # closed unanswered: again, a little later each time
+                time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+                pause = min(pause * 2, CLIENT_PATIENCE / 4)
                 data = _exchange(name, deadline)
     except (TimeoutError, BlockingIOError):  # BlockingIOError: its listen queue stayed full
         raise Unanswered(f"no answer within {timeout:g}s (stopped or hung)") from None

@@ -181,3 +181,34 @@ def test_a_timeout_beyond_any_wait_is_a_usage_error(
     )
     assert (code, out) == (2, "")
     assert "longer than 10,000 years" in one_line_error(err)
+
+
+def test_a_daemon_that_always_closes_is_asked_again_a_bounded_number_of_times(
+    tmp_path: Path,
+) -> None:
+    """Issue 29 D1, attacked again: a peer that accepts and closes at once was asked again
+    8,000-11,000 times a second for the whole ``--timeout``. It is asked again after a pause
+    that doubles (from 10 ms up to a quarter second): a handful of times in a second, and the
+    answer is still one line within the timeout."""
+    accepted = 0
+    with _listening(tmp_path, 16) as (server, env):
+        server.settimeout(0.1)
+
+        def daemon() -> None:
+            nonlocal accepted
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return  # closed: the test is over
+                conn.close()
+                accepted += 1
+
+        side = threading.Thread(target=daemon, daemon=True)
+        side.start()
+        with pytest.raises(control_socket.Unanswered, match=r"no answer within 1s"):
+            control_socket.ask(os.getpid(), timeout=1, env=env)
+    assert 1 <= accepted <= 12, accepted
