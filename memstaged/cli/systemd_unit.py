@@ -6,6 +6,7 @@ The notifications (readiness, status, watchdog) live in :mod:`memstaged.daemon.s
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -453,6 +454,7 @@ def own_files(env: Mapping[str, str]) -> list[tuple[str, Path]]:
     """memstaged's own config and state, and the decision log where it is configured outside
     the state dir, as (what, path), those that exist."""
     from memstaged.cli.commands.completion import targets
+    from memstaged.log.reader import rotated_files
 
     found = [
         ("config", config.default_config_path(env).parent),
@@ -464,7 +466,8 @@ def own_files(env: Mapping[str, str]) -> list[tuple[str, Path]]:
         log_file = None
     if log_file is not None and not log_file.is_relative_to(found[1][1]):
         found.append(("decision log", log_file))
-        found += [("decision log", p) for p in sorted(log_file.parent.glob(log_file.name + ".*"))]
+        with contextlib.suppress(ConfigError):  # a log dir that cannot be listed: none found
+            found += [("decision log", p) for p in rotated_files(log_file)]  # NAME.1 .. NAME.N
     found += [
         (f"{t.what} completion" if t.what != "man" else "man page", t.path) for t in targets(env)
     ]
@@ -497,9 +500,12 @@ def uninstall(*, purge: bool = False) -> Uninstalled:
     target = unit_dir() / UNIT_NAME
     systemctl("disable", "--now", UNIT_NAME)  # fails harmlessly when it was never enabled
     systemctl("stop", UNIT_NAME)  # started without being enabled
-    fsio.remove(target)
     dropin = unit_dir() / SANDBOX_DROPIN
-    fsio.remove(dropin)
+    try:
+        fsio.remove(target)
+        fsio.remove(dropin)
+    except OSError as err:
+        raise ConfigError(f"cannot remove {err.filename or target}: {err.strerror}") from None
     fsio.remove_empty_dir(dropin.parent)
     _checked("daemon-reload")
     systemctl("reset-failed", UNIT_NAME)  # forget a failed state; fails when there is none

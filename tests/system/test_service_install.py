@@ -283,3 +283,49 @@ def test_service_uninstall_lists_what_stays_and_purge_keeps_the_memory_dirs(
     assert f"  {mdir / 'deadletter'}" in out
     assert not config_dir.exists() and not state.exists()
     assert {p: p.read_bytes() for p in mdir.rglob("*") if p.is_file()} == before
+
+
+def test_purge_removes_the_rotated_logs_and_nothing_named_like_them(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 29 (an attack on the new file layer): with the decision log at ``~/notes``,
+    `uninstall --purge` removed every ``notes.*``, the user's ``notes.txt`` and a whole
+    ``notes.d/`` with it. Rotation makes ``notes.1`` to ``notes.N`` only: those go, and
+    nothing else."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    monkeypatch.delenv("MEMSTAGED_CONFIG", raising=False)
+    monkeypatch.delenv("MEMSTAGED_MEMORY_DIRS", raising=False)
+    log = home / "notes"
+    monkeypatch.setenv("MEMSTAGED_LOG_FILE", str(log))
+    for name in ("notes", "notes.1", "notes.2", "notes.txt", "notes.1.bak"):
+        (home / name).write_text("x\n")
+    (home / "notes.d").mkdir()
+    (home / "notes.d" / "mine").write_text("mine\n")
+    assert main(["service", "uninstall", "--purge"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in home.iterdir()) == ["notes.1.bak", "notes.d", "notes.txt"]
+    assert (home / "notes.d" / "mine").read_text() == "mine\n"
+
+
+def test_uninstall_that_cannot_remove_the_unit_says_so_in_one_line(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 29 (an attack on the new file layer): a directory where the unit file should be
+    made `service uninstall` end in a traceback; it is one line (exit 2)."""
+    unit = systemd_unit.unit_dir() / systemd_unit.UNIT_NAME
+    unit.mkdir(parents=True)
+    (unit / "keep").write_text("x")
+    assert main(["service", "uninstall"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"cannot remove {unit}" in err
+    assert (unit / "keep").read_text() == "x"
