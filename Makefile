@@ -38,14 +38,14 @@ sysdeps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
 	fi
 
-$(RUNTIME_STAMP): pyproject.toml | sysdeps
+$(RUNTIME_STAMP): pyproject.toml constraints.txt | sysdeps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -c constraints.txt -e .
 	touch $@
 
 $(STAMP): $(RUNTIME_STAMP)
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
 	touch $@
 
 # The demo: a copy of examples/memory-dir, a config naming it and its own decision log, and one

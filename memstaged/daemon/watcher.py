@@ -311,6 +311,9 @@ class _Callback:
     def on_queue_overflow(self) -> None:
         return None  # the one warning watchdog logs is turned into one OVERFLOW signal
 
+    def on_events_lost(self) -> None:
+        return None  # watchdog >= 7.1.1 calls it on every watch after an overflow: same signal
+
 
 class _Inotify:
     """One watched directory on the shared inotify descriptor: its roles and their callbacks."""
