@@ -17,4 +17,5 @@ _.manual
 _.on_event
 _.on_watch_deleted
 _.on_queue_overflow
+_.on_events_lost  # watchdog >= 7.1.1
 _.dispatch
