@@ -31,6 +31,7 @@ _SUBCOMMANDS: Final = (
     "status",
     "deadletter",
     "completion",
+    "help",
 )
 #: The top-level options that take a value (the rest are flags).
 _VALUED: Final = ("--memory-dir", "--config", "--project-root", "--settle")
@@ -147,8 +148,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "1 when some file could not be decided (still being written, an I/O error, another "
         "memstaged busy on the memory dir), 2 for a usage or configuration error (one line "
         "on stderr). A memory dir is <project>/.pi/memory/project, a directory with a "
-        "staging/ subdirectory; anything else is refused. 'memstaged COMMAND --help' says "
-        "more about each command.",
+        "staging/ subdirectory; anything else is refused. 'memstaged help COMMAND' (or "
+        "'memstaged COMMAND --help') says more about each command.",
     )
     parser.add_argument("--version", action="version", version=f"memstaged {__version__}")
     parser.add_argument(

@@ -83,6 +83,14 @@ class RecordFile(msgspec.Struct, frozen=True):
         return value if isinstance(value, str) else None
 
     @property
+    def category_label(self) -> str:
+        """The category as listings show it: ``file`` for a whole-file record (SPEC 4.3 records
+        it as ``lessons``, though it holds no lesson), ``?`` when the record names none."""
+        if self.kind == "whole-file":
+            return "file"
+        return self.category or "?"
+
+    @property
     def wrapped(self) -> bool:
         """SPEC 4.2's ``{"candidate": ..., "original_staging_file": ...}`` wrapper."""
         cand = self.doc.get("candidate")

@@ -100,7 +100,7 @@ def test_deadletter_list_has_project_since_and_newest_last(
         "zeta.json",
         "alpha.json",
     ]
-    assert all(re.search(r"^\S+  \S+ \S+  example-project  lessons  ", ln) for ln in lines), lines
+    assert all(re.search(r"^\S+  \S+ \S+  example-project  file  ", ln) for ln in lines), lines
     code, out, _ = run(
         capsys, "deadletter", "list", "--memory-dir", str(memory_dir), "--since",
         decided["alpha.json"],

@@ -40,9 +40,11 @@ def _populate(project: Path, memory_dir: Path) -> dict[str, bytes]:
         ".writer-tmp.json": write(staging / ".writer-tmp.json", b"{half"),
     }
     os.symlink("/etc/hostname", staging / "link.json")
+    (staging / "dir.json").mkdir()
     old = 1_700_000_000
     for name in files:
         os.utime(staging / name, (old, old))
+        os.chmod(staging / name, 0o644)
     return files
 
 
@@ -66,6 +68,9 @@ def test_once_decides_every_file_as_spec_says(
         rewritten = (staging / name).read_bytes()
         assert rewritten != files[name]
         assert decide(rewritten, ctx).decision is Decision.VALID, name
+        # SPEC 6: a file memstaged creates is its owner's only, whatever the old file's mode.
+        assert (staging / name).stat().st_mode & 0o777 == 0o600, name
+    assert (staging / "valid.json").stat().st_mode & 0o777 == 0o644
     originals = {p.read_bytes() for p in (memory_dir / "deadletter" / "originals").iterdir()}
     assert originals == {files["garbage.json"], files["bad-version.json"]}
     records = [json.loads(p.read_bytes()) for p in (memory_dir / "deadletter").glob("*.json")]
@@ -84,6 +89,7 @@ def test_once_decides_every_file_as_spec_says(
         "bad-version.json": "quarantined",
         "foreign.json": "foreign",
         "link.json": "skipped",
+        "dir.json": "skipped",
     }
 
 

@@ -99,6 +99,14 @@ def test_list_plain_output(capsys: pytest.CaptureFixture[str], store: Path) -> N
     assert code == 0
     lines = out.splitlines()
     assert sorted(line.split("  ")[0] for line in lines) == sorted(_ids(store, ""))
+    # Issue 31: a whole-file record shows category ``file``, not the ``lessons`` SPEC 4.3 gives
+    # it (--json keeps the record's own); a candidate's record shows its category.
+    categories = {line.split("  ")[0]: line.split("  ")[3] for line in lines}
+    [broken] = _ids(store, "broken")
+    assert categories.pop(broken) == "file"
+    assert set(categories.values()) == {"lessons", "preferences", "decisions"}
+    code, out, _ = _dl(capsys, store, "show", broken)
+    assert "category: file " in out
 
 
 def test_show_a_record_by_unique_prefix(

@@ -120,7 +120,7 @@ def record_line(
         ident = out.paint(ident, "bold")
     project = (labels or ProjectLabels())(record.memory_dir)
     return (
-        f"{ident}  {local_time(record.when)}  {safe_text.name(project)}  {record.category or '?'}"
+        f"{ident}  {local_time(record.when)}  {safe_text.name(project)}  {record.category_label}"
         f"  session={safe_text.name(record.session_id or '-')}"
         f"  from={safe_text.name(record.source_file or '-')}"
         f"  {summary(record, mdir, 60)}  [{one_line(reason)}]"
@@ -270,7 +270,7 @@ def _show_text(
     lines = [
         f"record {safe_text.name(record.id)}  "
         f"({safe_text.name(record.memory_dir + '/deadletter/' + record.name)})",
-        f"category: {safe_text.text(record.category)}   session: "
+        f"category: {safe_text.text(record.category_label)}   session: "
         f"{safe_text.name(record.session_id or '-')}   attempts: {record.attempts}   when: "
         f"{local_time(record.when)}   kind: {record.kind}",
         f"reason: {safe_text.text(record.reason or '-')}",

@@ -81,7 +81,7 @@ function _shtab_memstaged_using
   test "$_shtab_memstaged_cmdpath" = "$argv"
 end
 
-set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' config 'config check' 'config show' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge' 'deadletter ack' completion
+set -g _shtab_memstaged_commands check service 'service install' 'service uninstall' config 'config check' 'config show' log stats status deadletter 'deadletter list' 'deadletter show' 'deadletter recover' 'deadletter purge' 'deadletter ack' completion help
 set -g _shtab_memstaged_opts_with_value --by --color --config --decision --grace --id --journal-dir --lines --max-age --max-bytes --max-unseen --max-wait --memory-dir --older-than --path --project-root --reload --session --settle --since --stuck-after --timeout --top --until --wait -S -U -n
 
 complete -c memstaged -e
@@ -240,3 +240,5 @@ complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npo
 complete -c memstaged -n '_shtab_memstaged_using completion' -s h -l help -d 'show this help message and exit'
 complete -c memstaged -n '_shtab_memstaged_using completion' -l install -d 'write every shell'"'"'s script and the man page under ~/.local/share (see below)'
 complete -c memstaged -n '_shtab_memstaged_using completion; and test $_shtab_memstaged_npos -eq 0' -ka "bash fish zsh" -d 'the shell'
+complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a help -d 'Show what '"'"'memstaged [COMMAND [ACTION]] --help'"'"' shows.'
+complete -c memstaged -n '_shtab_memstaged_using help' -s h -l help -d 'show this help message and exit'
