@@ -1,13 +1,21 @@
-"""The few exceptions memstaged raises, in one place.
+"""Every exception memstaged defines, in one place.
 
-Each carries a message that is shown to the user as one line, so it must name the file, the option
-or the key at fault. Exceptions from libraries are re-raised at module boundaries as one of these
-(``raise ConfigError(...) from None``) so that no traceback reaches a user.
+A :class:`MemstagedError` carries a message that is shown to the user as one line, so it must
+name the file, the option or the key at fault. Exceptions from libraries are re-raised at module
+boundaries as one of these (``raise ConfigError(...) from None``) so that no traceback reaches a
+user. The rest end a transaction (the lock held, an I/O error), a wait or a stop, and are
+caught by memstaged itself.
 """
 
 from __future__ import annotations
 
 import errno as _errno
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the file layer's types, named for the checker alone: no import at run time
+    from memstaged.files.locks import LockInfo
+    from memstaged.files.plan import Result, StaleLock
 
 
 class MemstagedError(Exception):
@@ -75,3 +83,75 @@ class LogUnwritable(MemstagedError):
     def reason(self) -> str:
         """The ``reasons`` entry of the decision that waits for the log."""
         return f"the decision log cannot be written: {self.why}"
+
+
+# -- the file layer's transaction and locks ------------------------------------------------------
+
+
+class LockHeld(Exception):
+    """A live process holds ``canonical-writer.lock``."""
+
+    def __init__(self, info: LockInfo) -> None:
+        holder = f"live pid {info.pid}" if info.pid is not None else "a holder it does not name"
+        super().__init__(f"canonical-writer.lock is held by {holder}")
+        self.info = info
+
+
+class Blocked(LockHeld):
+    """A live process holds ``canonical-writer.lock``: nothing of the plans was done."""
+
+    def __init__(self, info: LockInfo, stale_locks: Sequence[StaleLock] = ()) -> None:
+        super().__init__(info)
+        self.stale_locks = tuple(stale_locks)
+
+
+class NotObeyed(Exception):
+    """A stale lock of another owner is in place, and the caller works only under the lock."""
+
+    def __init__(self, info: LockInfo, stale_locks: Sequence[StaleLock]) -> None:
+        super().__init__(info)
+        self.info = info
+        self.stale_locks = tuple(stale_locks)
+
+
+class TransactionStopped(OSError):
+    """An I/O error stopped the transaction; :attr:`results` says what each plan did until then.
+
+    A plan's result is then ``FAILED``, with what it created or removed before the error.
+    """
+
+    def __init__(
+        self, err: OSError, results: dict[str, Result], stale_locks: Sequence[StaleLock] = ()
+    ) -> None:
+        named = () if err.filename is None else (err.filename,)
+        super().__init__(err.errno, err.strerror or str(err), *named)
+        self.results = results
+        self.stale_locks = tuple(stale_locks)
+
+
+# -- the daemon: its stop, its wait, its control socket -----------------------------------------
+
+
+class Abandoned(BaseException):
+    """Raised by a progress tick (the daemon's hook,
+    :meth:`memstaged.daemon.loop.Daemon.checkpoint`) once SIGTERM's grace is over.
+
+    The stop protocol has no exception raised from a signal handler: the handler
+    only sets :attr:`memstaged.daemon.loop.Daemon.stopping`. The work loop looks at it between two
+    files, and the long loops of the engine and of the transaction look at it at each
+    :func:`tick`, the only points where a file's work is abandoned. So a ``finally`` in the
+    pipeline runs to its end, and a stop never lands between an ``open`` and the ``try`` that
+    closes it.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` in the pipeline
+    turns it into a decision: what is left is what a kill at that tick would leave, minus the
+    lock: the file is decided again by the next start (SPEC 5's invariant holds across kills).
+    """
+
+
+class WaitStopped(Exception):
+    """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
+
+
+class Unanswered(Exception):
+    """The daemon did not answer (why is the message)."""

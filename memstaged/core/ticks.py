@@ -27,20 +27,3 @@ def tick() -> None:
     """Some work was done; the daemon's heartbeat decides whether anything is due."""
     if _hook is not None:
         _hook()
-
-
-class Abandoned(BaseException):
-    """Raised by a progress tick (the daemon's hook,
-    :meth:`memstaged.daemon.loop.Daemon.checkpoint`) once SIGTERM's grace is over.
-
-    The stop protocol has no exception raised from a signal handler: the handler
-    only sets :attr:`memstaged.daemon.loop.Daemon.stopping`. The work loop looks at it between two
-    files, and the long loops of the engine and of the transaction look at it at each
-    :func:`tick`, the only points where a file's work is abandoned. So a ``finally`` in the
-    pipeline runs to its end, and a stop never lands between an ``open`` and the ``try`` that
-    closes it.
-
-    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` in the pipeline
-    turns it into a decision: what is left is what a kill at that tick would leave, minus the
-    lock: the file is decided again by the next start (SPEC 5's invariant holds across kills).
-    """

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from memstaged.daemon.control_clients import BACKLOG, CLIENT_PATIENCE, REQUEST, TOUCH, Clients
+from memstaged.errors import Unanswered
 from memstaged.files import fsio
 
 if TYPE_CHECKING:
@@ -78,10 +79,6 @@ class Live(msgspec.Struct, frozen=True, kw_only=True):
     memory_dirs: list[DirLive]
     #: Memory dirs the daemon found and could not work on (not watched), with why.
     not_watched: dict[str, str] = {}
-
-
-class Unanswered(Exception):
-    """The daemon did not answer (why is the message)."""
 
 
 def wire(text: str) -> str:

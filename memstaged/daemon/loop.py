@@ -36,16 +36,15 @@ from typing import Any, Final, Protocol
 from memstaged import safe_text
 from memstaged.config import Settings, check_literal_dirs, one_path_each
 from memstaged.core.decide import Decision
-from memstaged.core.ticks import Abandoned
-from memstaged.daemon.memory_dirs import MemoryDirs, WaitStopped, WatcherFactory, WatcherLike
+from memstaged.daemon.memory_dirs import MemoryDirs, WatcherFactory, WatcherLike
 from memstaged.daemon.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.daemon.sd_notify import Heartbeat, Notifier
 from memstaged.daemon.watcher import Kind, Signal, Watcher
-from memstaged.errors import ConfigError, MemstagedError
+from memstaged.errors import Abandoned, ConfigError, MemstagedError, WaitStopped
 from memstaged.files.fsio import Identity, raise_fd_limit
 from memstaged.files.locks import live_lock_at
 from memstaged.files.memdir import STAGING, MemoryDir
-from memstaged.run.outcome import Outcome
+from memstaged.run.decision import Outcome
 from memstaged.run.pipeline import Pipeline
 from memstaged.run.seen_cache import (
     SeenCache,

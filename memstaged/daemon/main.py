@@ -2,7 +2,7 @@
 
 :mod:`memstaged.daemon.loop` is the work loop, driven by hand in tests with a fake clock; here is
 what only a real process has: the signal handlers and the progress hook that together are the
-stop protocol (see :class:`memstaged.core.ticks.Abandoned`), the control socket and the metrics
+stop protocol (see :class:`memstaged.errors.Abandoned`), the control socket and the metrics
 file served between two files, the decision log re-opened on a reload, and a crash logged
 before systemd restarts the service.
 """

@@ -31,7 +31,7 @@ from typing import Any, Final, NamedTuple, Protocol
 from memstaged.config import link_on_the_way
 from memstaged.core.foreign import normalize
 from memstaged.daemon.watcher import Signal, component_matches
-from memstaged.errors import BusyError, ConfigError
+from memstaged.errors import BusyError, ConfigError, WaitStopped
 from memstaged.files.locks import InstanceLock
 from memstaged.files.memdir import STAGING, MemoryDir
 
@@ -67,10 +67,6 @@ class Owner(Protocol):
 #: ``--wait``: called between two tries of a busy lock; waits a little (feeding the systemd
 #: watchdog meanwhile) and says whether to give up (SIGTERM arrived).
 Waiting = Callable[[], bool]
-
-
-class WaitStopped(Exception):
-    """SIGTERM arrived while waiting for another memstaged (``--wait``)."""
 
 
 #: Descriptors kept free for everything but the instance locks: a memory dir whose lock would

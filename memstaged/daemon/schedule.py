@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from memstaged.run.outcome import Outcome
+from memstaged.run.decision import Outcome
 
 Key = tuple[str, str]  # (memory dir, file name)
 

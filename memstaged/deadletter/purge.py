@@ -35,8 +35,7 @@ from memstaged.errors import BusyError, ConfigError
 from memstaged.files import fsio
 from memstaged.files.fsio import Identity
 from memstaged.files.memdir import DEADLETTER, MemoryDir
-from memstaged.files.plan import Action, Held, Plan, Settled
-from memstaged.files.transaction_errors import so_far
+from memstaged.files.plan import Action, Held, Plan, Settled, so_far
 
 _HASH16: Final = re.compile(r"-([0-9a-f]{16})-")
 

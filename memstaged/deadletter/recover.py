@@ -38,8 +38,7 @@ from memstaged.files import fsio
 from memstaged.files.fsio import Identity
 from memstaged.files.memdir import STAGING, MemoryDir, Options, is_staging_name
 from memstaged.files.plan import Action as PlanAction
-from memstaged.files.plan import Held, Plan, Result, Status
-from memstaged.files.transaction_errors import so_far
+from memstaged.files.plan import Held, Plan, Result, Status, so_far
 from memstaged.run.preview import decide_entry
 
 _MAX_NAMES: Final = 100_000

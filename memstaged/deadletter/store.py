@@ -32,14 +32,21 @@ import msgspec
 from memstaged.core import reasons
 from memstaged.core.js.ecma import Parsed, is_nonempty_string, parse_json, trim
 from memstaged.core.records import ORIGINALS_DIR, stem
-from memstaged.errors import BusyError, ConfigError, NotJSON, UsageError
+from memstaged.errors import (
+    Blocked,
+    BusyError,
+    ConfigError,
+    NotJSON,
+    NotObeyed,
+    TransactionStopped,
+    UsageError,
+)
 from memstaged.files import fsio, transaction
 from memstaged.files.fsio import Identity
-from memstaged.files.locks import LockInfo, memstaged_role, read_lock
+from memstaged.files.locks import LockInfo, log_stale_locks, memstaged_role, read_lock
 from memstaged.files.memdir import DEADLETTER, MemoryDir
 from memstaged.files.plan import Held, Plan, Settled
 from memstaged.files.transaction import Announce, Transaction
-from memstaged.files.transaction_errors import Blocked, NotObeyed, Stopped, log_stale_locks
 
 #: A record larger than this is listed as unreadable rather than read into memory.
 MAX_RECORD_SIZE: Final = 64 * 1024 * 1024
@@ -488,7 +495,7 @@ def transacting(
     Raises :class:`BusyError` (exit 1; nothing of ``plans`` done) when a live process holds
     the lock for longer than ``waiter`` waits, or when a stale lock of another owner is in
     place: memstaged never deletes that one, and without the lock it could not keep out of the
-    daemon's way. Raises :class:`~memstaged.files.transaction_errors.Stopped` (an ``OSError``, with
+    daemon's way. Raises :class:`~memstaged.errors.TransactionStopped` (an ``OSError``, with
     what was done) when the transaction could not be completed.
     """
     started = waiter.clock()
@@ -509,7 +516,7 @@ def transacting(
                     "change the memory dir beside the daemon without it; remove it if no "
                     "reconciler is running"
                 ) from None
-            except Stopped as err:
+            except TransactionStopped as err:
                 log_stale_locks(logger, err.stale_locks, memory_dir=mdir.path)
                 raise
             else:

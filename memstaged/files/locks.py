@@ -19,19 +19,22 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import msgspec
 
 from memstaged.core.timestamps import format_epoch_ms
-from memstaged.errors import BusyError, ConfigError, NotPrivate
+from memstaged.errors import BusyError, ConfigError, LockHeld, NotPrivate
 from memstaged.files import fsio
 from memstaged.files.fsio import crash_point, put_complete, write_all
 from memstaged.files.memdir import MemoryDir
 from memstaged.files.temp_names import temp_name
+
+if TYPE_CHECKING:
+    from memstaged.files.plan import StaleLock
 
 CANONICAL_LOCK: Final = "canonical-writer.lock"
 #: How long ``--wait`` waits for another memstaged by default (SPEC 5: a wait has a limit).
@@ -57,15 +60,6 @@ class LockInfo(msgspec.Struct, frozen=True):
     @property
     def ours(self) -> bool:
         return self.owner == OWNER
-
-
-class LockHeld(Exception):
-    """A live process holds ``canonical-writer.lock``."""
-
-    def __init__(self, info: LockInfo) -> None:
-        holder = f"live pid {info.pid}" if info.pid is not None else "a holder it does not name"
-        super().__init__(f"canonical-writer.lock is held by {holder}")
-        self.info = info
 
 
 def pid_alive(pid: int) -> bool:
@@ -517,3 +511,9 @@ def instance_holder(state_dir: Path | None, mdir: MemoryDir) -> Holder | None:
     except OSError:
         return None
     return lock_holder(st)
+
+
+def log_stale_locks(logger: Any, seen: Sequence[StaleLock], **fields: Any) -> None:
+    """``lock_seen`` for each stale lock a transaction saw, however it ended (SPEC 7)."""
+    for lock in seen:
+        log_stale_lock(logger, lock.info, lock.removed, **fields)

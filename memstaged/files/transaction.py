@@ -52,7 +52,7 @@ Then, under ``canonical-writer.lock``:
 
 However it ends, the stale locks seen while taking the lock are handed back
 (:attr:`~memstaged.files.plan.Applied.stale_locks`, or the ``stale_locks`` of the exceptions of
-:mod:`memstaged.files.transaction_errors`), for the caller to log.
+:mod:`memstaged.errors`), for the caller to log.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from typing import Final
 
 from memstaged.core.records import DeadLetter
 from memstaged.core.ticks import tick
+from memstaged.errors import Blocked, LockHeld, NotObeyed, TransactionStopped
 from memstaged.files import fsio, recheck, staging_swap
 from memstaged.files.deadletter_names import (
     File,
@@ -73,12 +74,19 @@ from memstaged.files.deadletter_names import (
     settle_original,
     settle_record,
 )
-from memstaged.files.locks import CANONICAL_LOCK, LockHeld, LockInfo, canonical_lock, read_lock
+from memstaged.files.locks import CANONICAL_LOCK, LockInfo, canonical_lock, read_lock
 from memstaged.files.memdir import STAGING
-from memstaged.files.plan import Action, Applied, Plan, Result, Settled, StaleLock, Status
-from memstaged.files.plan_state import PlanState
+from memstaged.files.plan import (
+    Action,
+    Applied,
+    Plan,
+    PlanState,
+    Result,
+    Settled,
+    StaleLock,
+    Status,
+)
 from memstaged.files.temp_names import PARTIAL, temp_name
-from memstaged.files.transaction_errors import Blocked, NotObeyed, Stopped
 
 #: Up to this many dead-letter temps in a transaction are fsynced one by one; more, one syncfs.
 _FSYNC_EACH: Final = 16
@@ -109,11 +117,11 @@ def begin(
     the transaction before anything is done (:class:`NotObeyed`), for a command that must not
     work beside the daemon without the lock; the daemon does not obey it (SPEC 5).
 
-    Raises :class:`Blocked` (a :class:`~memstaged.files.locks.LockHeld`; nothing changed) when a
-    live process holds ``canonical-writer.lock``, whatever ``announce`` or the caller's check raise
-    (nothing of the plans done), and :class:`Stopped` (an ``OSError``) when the transaction
-    could not be completed: what was not carried out is unchanged, and nothing is lost either
-    way. Each carries the stale locks seen (``stale_locks``).
+    Raises :class:`Blocked` (a :class:`~memstaged.errors.LockHeld`; nothing changed) when a
+    live process holds ``canonical-writer.lock``, whatever ``announce`` or the caller's check
+    raise (nothing of the plans done), and :class:`TransactionStopped` (an ``OSError``) when the
+    transaction could not be completed: what was not carried out is unchanged, and nothing is
+    lost either way. Each carries the stale locks seen (``stale_locks``).
     """
     tx = Transaction(mem_fd, staging_fd, plans, now)
     try:
@@ -128,7 +136,7 @@ def begin(
         raise Blocked(busy.info, tx.stale_locks) from None
     except OSError as err:
         tx._close()
-        raise Stopped(err, tx._so_far(err), tx.stale_locks) from err
+        raise TransactionStopped(err, tx._so_far(err), tx.stale_locks) from err
     except BaseException as exc:
         # An error: remove our temps. A stop or Ctrl-C (not an Exception): leave them, as a
         # kill would, for the next start's recovery (SPEC 6: acted on within a second).
@@ -163,7 +171,7 @@ class _Lookout:
     """Looks for ``canonical-writer.lock`` before each durable step of the work before the lock.
 
     A look is a ``stat`` of the name (one system call, failing, when there is no lock); a lock
-    there is read, and a live holder raises :class:`~memstaged.files.locks.LockHeld`, which ends the
+    there is read, and a live holder raises :class:`~memstaged.errors.LockHeld`, which ends the
     transaction as a lock found taken does: its temps removed, nothing of it done, its files
     deferred. A lock whose holder is gone is not obeyed (SPEC 5), and not read again while it
     is the same file. Under the lock, memstaged's own, there is nothing to look for.
@@ -255,7 +263,7 @@ class Transaction:
     def _close(self, *, interrupted: bool = False) -> None:
         """Remove the temps not installed, and close the directories.
 
-        ``interrupted`` (a stop's :class:`~memstaged.core.ticks.Abandoned`, Ctrl-C): the temps are
+        ``interrupted`` (a stop's :class:`~memstaged.errors.Abandoned`, Ctrl-C): the temps are
         left, exactly as a kill would leave them, for the next start's crash recovery to
         remove: a quarantine of 100,000 records has as many temps, and unlinking them would
         keep a SIGTERM waiting for seconds (SPEC 6: acted on within a second). They carry

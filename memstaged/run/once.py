@@ -40,7 +40,7 @@ from memstaged.files import fsio
 from memstaged.files.fsio import raise_fd_limit
 from memstaged.files.locks import InstanceLock
 from memstaged.files.memdir import MemoryDir
-from memstaged.run.outcome import Outcome
+from memstaged.run.decision import Outcome
 from memstaged.run.pipeline import Pipeline
 from memstaged.run.seen_cache import SeenCache, remember_outcome, seen_cache, split_unchanged
 

@@ -30,9 +30,9 @@ import msgspec
 from memstaged.core.decide import Context, Decision, Verdict, decide, decide_too_large
 from memstaged.core.records import decided_again
 from memstaged.core.timestamps import format_epoch_ms
-from memstaged.errors import LogUnwritable
+from memstaged.errors import Blocked, LockHeld, LogUnwritable, TransactionStopped
 from memstaged.files import fsio, temp_recovery, transaction
-from memstaged.files.locks import LockHeld, LockInfo, lock_to_obey
+from memstaged.files.locks import LockInfo, lock_to_obey, log_stale_locks
 from memstaged.files.memdir import (
     MemoryDir,
     Options,
@@ -41,11 +41,10 @@ from memstaged.files.memdir import (
     staging_names,
 )
 from memstaged.files.plan import Plan, Result, Settled, Status, identity_hash, plan_of
-from memstaged.files.transaction_errors import Blocked, Stopped, log_stale_locks
 from memstaged.files.version import FirstSeen, Skip, Version, read_version
-from memstaged.run import decision_event, memory_budget
+from memstaged.run import memory_budget
 from memstaged.run.decider_pool import FD_RESERVE, Deciders, Failure, ReadAhead, workers_wanted
-from memstaged.run.outcome import Batch, Outcome
+from memstaged.run.decision import Batch, Outcome, describe, name_settled
 
 __all__ = [
     "BATCH",
@@ -399,7 +398,7 @@ class Pipeline:
         else:  # its records may be rendered ahead: rendered again here only for another name
             verdict = decided
             decided_again(verdict.deadletter, lambda: self._verdict(version, ctx).deadletter)
-        decision_event.describe(event, verdict)
+        describe(event, verdict)
         if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
             # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
             # as what it is, and is not a second decision of the file.
@@ -466,7 +465,7 @@ class Pipeline:
             with self._durable_log():  # raises LogUnwritable: nothing of the plans is done
                 for names in settled:
                     item = by_name[names.key]
-                    decision_event.name_settled(item.event, item.plan, names)
+                    name_settled(item.event, item.plan, names)
                     self._finish_event(item.event, item.started)
                     announced.add(names.key)
 
@@ -502,7 +501,9 @@ class Pipeline:
                 )
             return outcomes
         except OSError as err:
-            log_stale_locks(self.log, err.stale_locks if isinstance(err, Stopped) else ())
+            log_stale_locks(
+                self.log, err.stale_locks if isinstance(err, TransactionStopped) else ()
+            )
             for item in pending:
                 outcomes[item.plan.key] = self._after(
                     item,
@@ -572,9 +573,7 @@ class Pipeline:
             event["planned"] = event["decision"]
         event["decision"] = decision.value
         event["reasons"] = [*event.get("reasons", []), reason]
-        if error:
-            event["level_hint"] = "error"
-        self._finish_event(event, item.started)
+        self._finish_event(event, item.started, error=error)
         return Outcome(decision, item.version.identity, error=error, **extra)
 
     def _remember_rewrite(self, memory_dir: str, name: str, sha256: str) -> None:
@@ -598,18 +597,18 @@ class Pipeline:
     def _failed(self, event: dict[str, Any], reason: str, started: float) -> Outcome:
         event["decision"] = Decision.DEFERRED.value
         event["reasons"] = [*event.get("reasons", []), reason]
-        event["level_hint"] = "error"
-        self._finish_event(event, started)
+        self._finish_event(event, started, error=True)
         return Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle, error=True)
 
-    def _finish_event(self, event: dict[str, Any], started: float) -> None:
+    def _finish_event(self, event: dict[str, Any], started: float, *, error: bool = False) -> None:
         if started:
             event["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        self._emit(event)
+        self._emit(event, error=error)
 
-    def _emit(self, event: dict[str, Any]) -> None:
-        hint = event.pop("level_hint", None)
-        if hint == "error":
+    def _emit(self, event: dict[str, Any], *, error: bool = False) -> None:
+        """The event at its level: ``error`` for an error that stopped a decision, ``warning``
+        for a quarantine, ``info`` for the rest."""
+        if error:
             self.log.error("decision", **event)
         elif event.get("decision") == Decision.QUARANTINED.value:
             self.log.warning("decision", **event)

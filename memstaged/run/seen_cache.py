@@ -37,7 +37,7 @@ from memstaged.files import fsio
 if TYPE_CHECKING:
     from memstaged.config import Settings
     from memstaged.files.memdir import MemoryDir, Options
-    from memstaged.run.outcome import Outcome
+    from memstaged.run.decision import Outcome
 
 #: Where every verdict comes from: the package and the module of ``decide``. The fingerprint
 #: covers them and every memstaged module they import, directly or not (:func:`engine_files`).

@@ -23,6 +23,7 @@ import pytest
 from support.commands import one_line_error, run
 
 from memstaged.daemon import control_socket
+from memstaged.errors import Unanswered
 
 #: ``connect``'s system call number, as /proc/<pid>/task/<tid>/syscall shows it.
 _CONNECT = {"x86_64": 42, "aarch64": 203}
@@ -209,6 +210,6 @@ def test_a_daemon_that_always_closes_is_asked_again_a_bounded_number_of_times(
 
         side = threading.Thread(target=daemon, daemon=True)
         side.start()
-        with pytest.raises(control_socket.Unanswered, match=r"no answer within 1s"):
+        with pytest.raises(Unanswered, match=r"no answer within 1s"):
             control_socket.ask(os.getpid(), timeout=1, env=env)
     assert 1 <= accepted <= 12, accepted

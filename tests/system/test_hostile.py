@@ -50,7 +50,7 @@ from memstaged.core.records import ORIGINALS_DIR
 from memstaged.files import fsio
 from memstaged.files.locks import CANONICAL_LOCK
 from memstaged.files.memdir import Options
-from memstaged.run.outcome import Outcome
+from memstaged.run.decision import Outcome
 from memstaged.run.pipeline import Pipeline
 
 OLD = 1_700_000_000

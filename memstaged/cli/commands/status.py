@@ -46,7 +46,7 @@ from memstaged.cli.option_types import count, wait_seconds
 from memstaged.config import Settings, own_state_dir
 from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
-from memstaged.errors import MemstagedError
+from memstaged.errors import MemstagedError, Unanswered
 
 #: The Monitoring Plugins exit codes (``--check``).
 OK: Final = 0
@@ -210,7 +210,7 @@ def _ask_daemons(
         if pid not in answers:
             try:
                 answers[pid] = control_socket.ask(pid, timeout)
-            except control_socket.Unanswered as err:
+            except Unanswered as err:
                 answers[pid] = str(err)
         answer = answers[pid]
         if isinstance(answer, str):
@@ -257,7 +257,7 @@ def _not_worked_on(
         if pid not in answers:
             try:
                 answers[pid] = control_socket.ask(pid, timeout)
-            except control_socket.Unanswered as err:
+            except Unanswered as err:
                 answers[pid] = str(err)
     for r in unheld:
         here = control_socket.wire(r.memory_dir)

@@ -1,9 +1,10 @@
-"""A decision's log event (SPEC 7): what the verdict says, and the names the transaction settled.
+"""What deciding a file came to: its ``decision`` log event (SPEC 7) and its :class:`Outcome`.
 
-The pipeline builds each ``decision`` event here: :func:`describe` from the verdict when the file
-is decided, :func:`name_settled` when the transaction announces the plan with the dead-letter
-names it really uses. The file layer (:mod:`memstaged.files.transaction`) knows nothing of this
-schema.
+The pipeline builds each event here, :func:`describe` from the verdict when the file is decided
+and :func:`name_settled` when the transaction announces the plan with the dead-letter names it
+really uses (the file layer knows nothing of this schema), and hands each file's
+:class:`Outcome` back to its drivers: ``--once``, the daemon, its scheduler and the seen cache,
+none of which needs the pipeline that made it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,40 @@ from typing import Any
 import msgspec
 
 from memstaged.core import digests
-from memstaged.core.decide import Verdict
+from memstaged.core.decide import Decision, Verdict
 from memstaged.core.records import ORIGINALS_DIR
-from memstaged.files.memdir import DEADLETTER
+from memstaged.files.fsio import Identity
+from memstaged.files.memdir import DEADLETTER, MemoryDir
 from memstaged.files.plan import Plan, Settled
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What happened to one file: the decision, the version it was about, when to look again."""
+
+    decision: Decision
+    identity: Identity | None = None
+    #: For ``deferred``: the earliest wall-clock time worth looking again (None: on the next event).
+    retry_at: float | None = None
+    #: The file changed while it was being decided: decide it again now.
+    changed: bool = False
+    #: Deferred because a live process holds ``canonical-writer.lock``: retry when it goes.
+    blocked_by_lock: bool = False
+    #: Deferred by an error (an I/O error carrying the decision out, a file too large to move):
+    #: retried with a growing backoff, as a file that cannot be read is, never at once.
+    error: bool = False
+    #: memstaged's look at its own rewrite (SPEC 1): logged as such, never a decision again.
+    own_rewrite: bool = False
+
+
+class Batch:
+    """The files of one transaction and their outcomes; true while it has files."""
+
+    def __init__(self, mdir: MemoryDir) -> None:
+        self.mdir = mdir
+        self.outcomes: dict[str, Outcome] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.outcomes)
 
 
 def describe(event: dict[str, Any], verdict: Verdict) -> None:
