@@ -36,6 +36,7 @@ import msgspec
 from memstaged.daemon.control_clients import BACKLOG, CLIENT_PATIENCE, REQUEST, TOUCH, Clients
 from memstaged.errors import Unanswered
 from memstaged.files import fsio
+from memstaged.patience import poll
 
 if TYPE_CHECKING:
     from memstaged.daemon.loop import Daemon
@@ -226,12 +227,15 @@ def ask(pid: int, timeout: float = DEFAULT_TIMEOUT, env: Mapping[str, str] | Non
     deadline = time.monotonic() + timeout
     try:
         with _short_name(path) as name:
-            data = _exchange(name, deadline)
-            pause = RETRY_PAUSE
-            while not data:  # closed unanswered: again, a little later each time
-                time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-                pause = min(pause * 2, CLIENT_PATIENCE / 4)
-                data = _exchange(name, deadline)
+            # closed unanswered: again, a little later each time
+            data = poll(
+                lambda: _exchange(name, deadline) or None,
+                deadline - time.monotonic(),
+                first=RETRY_PAUSE,
+                most=CLIENT_PATIENCE / 4,
+            )
+            if data is None:
+                raise TimeoutError
     except (TimeoutError, BlockingIOError):  # BlockingIOError: its listen queue stayed full
         raise Unanswered(f"no answer within {timeout:g}s (stopped or hung)") from None
     except FileNotFoundError:

@@ -47,6 +47,7 @@ from memstaged.files.locks import LockInfo, log_stale_locks, memstaged_role, rea
 from memstaged.files.memdir import DEADLETTER, MemoryDir
 from memstaged.files.plan import Held, Plan, Settled
 from memstaged.files.transaction import Announce, Transaction
+from memstaged.patience import poll
 
 #: A record larger than this is listed as unreadable rather than read into memory.
 MAX_RECORD_SIZE: Final = 64 * 1024 * 1024
@@ -541,15 +542,18 @@ def _wait(mdir: MemoryDir, mem_fd: int, info: LockInfo, waiter: Waiter, started:
         )
     waiter.announce(mdir, info, patience)
     waiter.sleep(_LOCK_POLL)
-    # Only read the lock while its holder lives: taking it means writing and fsyncing a file.
-    while waiter.clock() - started < patience:
+
+    def let_go() -> bool | None:
+        """Only read the lock while its holder lives: taking it means writing and fsyncing a
+        file."""
         try:
             now = read_lock(mem_fd)
         except OSError:
-            break
-        if now is None or not now.alive or now.ino != info.ino:
-            break
-        waiter.sleep(_LOCK_POLL)
+            return True
+        return True if now is None or not now.alive or now.ino != info.ino else None
+
+    left = patience - (waiter.clock() - started)
+    poll(let_go, left, first=_LOCK_POLL, most=_LOCK_POLL, clock=waiter.clock, sleep=waiter.sleep)
 
 
 def held_records(records: Iterable[RecordFile]) -> tuple[Held, ...]:

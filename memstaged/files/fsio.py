@@ -15,7 +15,6 @@ import fcntl
 import os
 import signal
 import stat
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     import socket
 from memstaged.errors import NotPrivate
 from memstaged.files.temp_names import PARTIAL, temp_name
+from memstaged.patience import poll
 
 CHUNK: Final = 1 << 20
 _RENAME_NOREPLACE: Final = 1
@@ -754,22 +754,15 @@ def flock_within(fd: int, patience: float) -> bool:
     interrupt whatever else the process does. Only a contended lock polls. The caller says what
     it waited for when it was not had.
     """
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        pass  # held by another process: wait for it, a while
-    deadline = time.monotonic() + patience
-    pause = 0.001
-    while time.monotonic() < deadline:
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
+
+    def attempt() -> bool | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
         except BlockingIOError:
-            continue
-    return False
+            return None  # held by another process: wait for it, a while
+        return True
+
+    return poll(attempt, patience, first=0.001, most=0.05) or False
 
 
 def temp_in_use(dir_fd: int, name: str) -> bool:

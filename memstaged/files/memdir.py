@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
 from memstaged.files import fsio
+
+if TYPE_CHECKING:
+    from memstaged.core.decide import Context
 
 STAGING: Final = "staging"
 DEADLETTER: Final = "deadletter"
@@ -44,6 +47,20 @@ class MemoryDir(msgspec.Struct, frozen=True):
     @property
     def staging(self) -> str:
         return os.path.join(self.path, STAGING)
+
+    def context(self, name: str, options: Options, *, settled: bool, decided_at: str) -> Context:
+        """What ``staging/<name>`` is decided in, by the daemon, ``--once`` and every preview
+        alike (``status``, ``check``): its project root, name and path, and the options."""
+        from memstaged.core.decide import Context  # the engine, for those that decide
+
+        return Context(
+            project_root=self.project_root,
+            file_name=name,
+            source_path=os.path.join(self.staging, name),
+            settled=settled,
+            split_invalid_candidates=options.split_invalid_candidates,
+            decided_at=decided_at,
+        )
 
     def open(self) -> int:
         """The memory dir's descriptor, opened without following a link below the anchor."""

@@ -388,7 +388,7 @@ class Pipeline:
         if ahead is not None and ahead.ctx is not None:
             ctx, changed_at = ahead.ctx, ahead.changed_at
         else:
-            ctx, changed_at = self._context(mdir, version, event["path"])
+            ctx, changed_at = self._context(mdir, version)
         if isinstance(decided, Failure):  # a bug in a decider process: as one raised here
             event["traceback"] = decided.traceback
             message = f"internal error, file left as it is: {decided.error}"
@@ -415,18 +415,13 @@ class Pipeline:
             return Outcome(verdict.decision, version.identity), None
         return Outcome(verdict.decision, version.identity), _Pending(plan, version, event, started)
 
-    def _context(self, mdir: MemoryDir, version: Version, path: str) -> tuple[Context, float]:
+    def _context(self, mdir: MemoryDir, version: Version) -> tuple[Context, float]:
         """What a version is decided in, and when it was last seen to change."""
         now = self.clock()
         changed_at = self._first_seen.changed_at(version, now)
-        ctx = Context(
-            project_root=mdir.project_root,
-            file_name=version.name,
-            source_path=path,
-            settled=now - changed_at >= self.options.settle,
-            split_invalid_candidates=self.options.split_invalid_candidates,
-            decided_at=self._decided_at(int(now * 1000)),
-        )
+        settled = now - changed_at >= self.options.settle
+        decided_at = self._decided_at(int(now * 1000))
+        ctx = mdir.context(version.name, self.options, settled=settled, decided_at=decided_at)
         return ctx, changed_at
 
     def _read_ahead(self, mdir: MemoryDir, name: str, staging_fd: int, lock: _Lock) -> _Read:
@@ -439,9 +434,7 @@ class Pipeline:
         try:
             read.read = read_version(staging_fd, name, self.options.max_file_size)
             if isinstance(read.read, Version) and read.read.data is not None:
-                read.ctx, read.changed_at = self._context(
-                    mdir, read.read, os.path.join(mdir.staging, name)
-                )
+                read.ctx, read.changed_at = self._context(mdir, read.read)
         except Exception as err:  # noqa: BLE001 - raised again in _read_and_decide, in order
             if isinstance(read.read, Version):
                 read.read.close()

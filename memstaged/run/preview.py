@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from memstaged.core.decide import Context, Decision, Verdict, decide
+from memstaged.core.decide import Decision, Verdict, decide
 from memstaged.core.timestamps import format_epoch_ms
 from memstaged.files import fsio
 from memstaged.files.memdir import STAGING, MemoryDir, Options, is_staging_name
@@ -88,14 +88,9 @@ def decide_entry(
             entry = StagingEntry(name, Decision.QUARANTINED.value, reason, version.mtime, size)
             return entry, None, None
         changed_at = FirstSeen().changed_at(version, clock)
-        ctx = Context(
-            project_root=mdir.project_root,
-            file_name=name,
-            source_path=os.path.join(mdir.staging, name),
-            settled=clock - changed_at >= options.settle,
-            split_invalid_candidates=options.split_invalid_candidates,
-            decided_at=format_epoch_ms(int(clock * 1000)),
-        )
+        settled = clock - changed_at >= options.settle
+        decided_at = format_epoch_ms(int(clock * 1000))
+        ctx = mdir.context(name, options, settled=settled, decided_at=decided_at)
         verdict = decide(version.data, ctx)
         first = verdict.reasons[0] if verdict.reasons else None
         size = version.identity.size
