@@ -1,13 +1,16 @@
 """OpenMetrics/Prometheus metrics in a file, for node_exporter's textfile collector.
 
 With ``metrics_file`` set, the daemon writes its metrics there in Prometheus's text exposition
-format (0.0.4, what node_exporter's textfile collector reads), atomically: a temp
-file beside it (``.<name>.<pid>.tmp``, which the collector ignores: it reads ``*.prom``), mode
-0600, then a rename. It is written from the work loop, only after something happened (an event
-was logged, or ``deadletter ack`` said that marks changed), and at most every
-:data:`MIN_INTERVAL` seconds: an idle daemon writes nothing and sets no timer. Ages are given as
-timestamps (the oldest wait, the last decision), so that a file written once stays true while
-nothing happens; an alert computes ``time() - …``.
+format (0.0.4, what node_exporter's textfile collector reads), atomically: a temp file beside it
+(``.<name>.<pid>.tmp``, which the collector ignores: it reads ``*.prom``), then a rename. Its
+mode is ``metrics_file_mode`` (0644 by default, as the textfile collector expects: the
+collector runs as another user, and the operator chose the directory), set on the temp file
+with ``fchmod``, so that the unit's ``UMask=0077`` does not take the bits away. It holds counts
+and times only: no path, no file name, no content. It is written from the work loop, only after
+something happened (an event was logged, or ``deadletter ack`` said that marks changed), and at
+most every :data:`MIN_INTERVAL` seconds: an idle daemon writes nothing and sets no timer. Ages
+are given as timestamps (the oldest wait, the last decision), so that a file written once stays
+true while nothing happens; an alert computes ``time() - …``.
 
 The counts come from the daemon's own state (decisions by decision, files waiting, memory dirs
 watched) and from :class:`Tally`, which sees every event the daemon logs (repairs by rule,
@@ -337,10 +340,10 @@ def render(daemon: Daemon, tally: Tally, started: float) -> bytes:
     return "".join(f.text() for f in collect(daemon, tally, started)).encode("utf-8")
 
 
-def write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` (0600, temp file and rename: a reader sees one or the
-    other). Raises :class:`OSError`."""
-    fsio.replace_file(path, data, sync=False)
+def write(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` (``mode`` exactly, whatever the umask; temp file and
+    rename: a reader sees one or the other). Raises :class:`OSError`."""
+    fsio.replace_file(path, data, sync=False, mode=mode)
 
 
 class Metrics:
@@ -372,7 +375,8 @@ class Metrics:
         self.tally.changed = False
         self.next_write = self.clock() + MIN_INTERVAL
         try:
-            write(path, render(self.daemon, self.tally, self.started))
+            mode = self.daemon.settings.metrics_file_mode
+            write(path, render(self.daemon, self.tally, self.started), mode)
         except OSError as err:
             if not self.failing:
                 self.failing = True

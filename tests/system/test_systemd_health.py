@@ -106,11 +106,12 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
     """Issue 21 items 6 and 7 under the real service (plain unit, and with the --sandbox
     drop-in): on the demo's data `status --check` asks the daemon over its control socket and
     warns (exit 1) for the unseen dead letters; `deadletter ack --all` makes it OK (exit 0) and
-    the metrics file follows; the metrics file is written from inside the unit (0600, parsed
-    by prometheus_client) with the demo's decisions and follows a new file; with the daemon
-    SIGSTOPped the check is CRITICAL (exit 2) naming the daemon that does not answer, and OK
-    again after SIGCONT. A check run without XDG_RUNTIME_DIR (cron, NRPE) finds the daemon
-    too, and the journal has no control_failed or metrics_failed."""
+    the metrics file follows; the metrics file is written from inside the unit (0644 under the
+    unit's UMask=0077, issue 31 item 2; parsed by prometheus_client) with the demo's decisions
+    and follows a new file; with the daemon SIGSTOPped the check is CRITICAL (exit 2) naming
+    the daemon that does not answer, and OK again after SIGCONT. A check run without
+    XDG_RUNTIME_DIR (cron, NRPE) finds the daemon too, and the journal has no control_failed
+    or metrics_failed."""
     project, mdir = _demo(tmp_path)
     prom = tmp_path / "textfile" / "memstaged.prom"
     prom.parent.mkdir()
@@ -136,7 +137,7 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
             timeout=20,
             what=f"the demo's decisions in {prom}",
         )
-        assert stat.S_IMODE(prom.stat().st_mode) == 0o600
+        assert stat.S_IMODE(prom.stat().st_mode) == 0o644
         found = _metrics(prom)
         assert found["memstaged_deadletter_unseen_records"] == 5
         assert found["memstaged_memory_dirs_watched"] == 1
