@@ -12,10 +12,15 @@ most every :data:`MIN_INTERVAL` seconds: an idle daemon writes nothing and sets 
 are given as timestamps (the oldest wait, the last decision), so that a file written once stays
 true while nothing happens; an alert computes ``time() - …``.
 
+A ``_total`` counts this process's events, from 0 at each start, as Prometheus expects of a
+counter (a restart is a reset, which ``rate()`` and ``increase()`` handle); what the seen cache
+holds from earlier runs is a gauge (``memstaged_seen_files``).
+
 The counts come from the daemon's own state (decisions by decision, files waiting, memory dirs
-watched) and from :class:`Tally`, which sees every event the daemon logs (repairs by rule,
-quarantined candidates, watch failures, the last decision); the log file's failed writes
-are counted by the log itself (:func:`memstaged.log.rotated_file.failed_writes`), across reloads.
+watched, the seen caches) and from :class:`Tally`, which sees every event the daemon logs
+(repairs by rule, quarantined candidates, watch failures, the last decision); the log file's
+failed writes are counted by the log itself (:func:`memstaged.log.rotated_file.failed_writes`),
+across reloads.
 
 The text is written here, not by ``prometheus_client`` (measured): importing it took
 4.2 MB of the idle daemon's resident memory (about 30 MB with it, against a target of 25) and
@@ -37,6 +42,7 @@ from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
 from memstaged.files import fsio
 from memstaged.log import rotated_file
+from memstaged.run.seen_cache import STAYS
 
 if TYPE_CHECKING:
     from memstaged.daemon.loop import Daemon
@@ -148,11 +154,26 @@ def _number(value: float) -> str:
 def collect(daemon: Daemon, tally: Tally, started: float) -> list[Family]:
     """The metrics of one daemon, read from it at each write (nothing is kept twice)."""
     decisions = Family(
-        "memstaged_decisions", "counter", "Files decided since the daemon started, by decision"
+        "memstaged_decisions",
+        "counter",
+        "Decisions this daemon made and logged since it started, by decision",
     )
+    made = daemon.decisions()
     for decision in Decision:
         if decision is not Decision.DEFERRED:  # a wait, not a decision (SPEC 7, 2.1)
-            decisions.add(daemon.counts.get(decision.value, 0), decision=decision.value)
+            decisions.add(made.get(decision.value, 0), decision=decision.value)
+    seen = Family(
+        "memstaged_seen_files",
+        "gauge",
+        "Staging files decided valid or foreign (by this daemon, an earlier one or --once) and "
+        "unchanged since, as the seen cache holds them, by decision",
+    )
+    held: Counter[str] = Counter()
+    for cache in list(daemon.seen.values()):
+        held.update(decision for _identity, decision in cache.entries.values())
+    for decision in Decision:
+        if decision in STAYS:
+            seen.add(held[decision.value], decision=decision.value)
     repairs = Family("memstaged_repairs", "counter", "Repairs applied, by rule (R1 to R5)")
     for rule, count in sorted(tally.repairs.items()):
         repairs.add(count, rule=rule)
@@ -179,6 +200,7 @@ def collect(daemon: Daemon, tally: Tally, started: float) -> list[Family]:
     )
     return [
         decisions,
+        seen,
         Family(
             "memstaged_deferrals",
             "counter",

@@ -1,14 +1,17 @@
-"""The metrics file as a collector reads it (issue 31 item 2).
+"""The metrics file as a collector reads it (issue 31 items 2 and 4).
 
 Real daemons (``python -m memstaged``) under ``umask 077``, as the unit runs them, write the
 metrics file; another user (``nobody``, through ``setpriv``) reads it or is refused, as
 node_exporter's user ``prometheus`` would be, with and without a group ACL set by the real
-``setfacl``.
+``setfacl``; the counts of one daemon are read from its ``stop`` event, the ``STATUS=`` lines it
+sent to a notification socket and its last metrics file, and a restarted one counts from 0.
+The file is parsed by ``prometheus_client``'s own parser (and ``promtool`` where it is installed).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -23,6 +26,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import as_nobody
 from support.daemon_process import DaemonProcess
+from support.documents import staging_doc, write
+from support.notify_socket import NotifySocket
 
 #: What the unit's ``UMask=0077`` does, for a daemon started outside systemd.
 UMASK_077 = ("sh", "-c", 'umask 077 && exec "$@"', "sh")
@@ -200,3 +205,131 @@ def test_a_group_acl_on_the_directory_lets_the_collector_read_a_0640_file_not_a_
         assert refused.returncode == 1
         assert "Permission denied" in refused.stderr
         assert daemon.stop() == 0
+
+
+# -- what the counts mean --------------------------------------------------------------------------
+
+
+def _status_decided(notify: NotifySocket) -> int | None:
+    """The ``decided`` of the last ``STATUS=`` that gave the counts."""
+    counts = [m for m in notify.statuses() if STATUS_DECIDED.search(m)]
+    if not counts:
+        return None
+    match = STATUS_DECIDED.search(counts[-1])
+    assert match is not None
+    return int(match.group(1))
+
+
+def _events(daemon: DaemonProcess, name: str) -> list[dict[str, Any]]:
+    return [e for e in daemon.events() if e["event"] == name]
+
+
+def _check_exposition(prom: Path) -> None:
+    """The file as promtool would lint it: every family has a HELP and a TYPE, every `_total`
+    is a counter and every counter a `_total`; `memstaged_seen_files` is a gauge."""
+    text = prom.read_text()
+    declared = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+    helped = set(re.findall(r"^# HELP (\S+) \S", text, re.MULTILINE))
+    assert helped == set(declared)
+    for name, kind in declared.items():
+        assert kind in ("counter", "gauge"), name
+        assert (kind == "counter") == name.endswith("_total"), f"{name} is a {kind}"
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for family in families.values():
+        assert family.documentation, family.name
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                assert family.type == "counter", sample.name
+    seen = families["memstaged_seen_files"]
+    assert seen.type == "gauge"
+    assert sorted(s.labels["decision"] for s in seen.samples) == ["foreign", "valid"]
+    if shutil.which("promtool") is not None:  # Debian's prometheus package; large, so optional
+        lint = subprocess.run(
+            ["promtool", "check", "metrics"],
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert lint.returncode == 0 and lint.stdout + lint.stderr == "", lint.stdout + lint.stderr
+    else:
+        print("promtool is not installed: checked with prometheus_client's parser only")
+
+
+def test_decided_agrees_across_stop_status_and_metrics_and_counters_restart_from_zero(
+    tmp_path: Path,
+    project: Path,
+    memory_dir: Path,
+    spawn: Callable[..., DaemonProcess],
+) -> None:
+    """Issue 31 item 4: a daemon decides five files (two valid, one foreign, one
+    repaired, whose rewrite it then looks at, and one that does not parse, deferred while it
+    settles and then quarantined). Its `stop` event, its last counting `STATUS=` and its last
+    metrics file all say 5 decided: the look at its own rewrite and the deferral are no
+    decisions. A daemon restarted with nothing new made no decision: `ready` and `stop` say
+    `decided` 0, STATUS= says 0 decided, every `memstaged_decisions_total` is 0 (a counter
+    counts this process's events), while `memstaged_seen_files` shows what the seen cache holds
+    from before (the two valid files and the repaired one's rewrite, valid; the foreign one)."""
+    prom = tmp_path / "textfile" / "memstaged.prom"
+    prom.parent.mkdir()
+    config = _config(tmp_path / "memstaged.toml", memory_dir, prom)
+    staging = memory_dir / "staging"
+    notify = NotifySocket()
+    try:
+        first = spawn("--config", str(config), name="first", env={"NOTIFY_SOCKET": notify.path})
+        write(staging / "a.json", staging_doc(project, "a"))
+        write(staging / "b.json", staging_doc(project, "b"))
+        write(staging / "f.json", staging_doc(project / "elsewhere", "f"))
+        fixme = staging_doc(project, "r")
+        del fixme["candidates"]["lessons"][0]["triggers"]
+        write(staging / "r.json", fixme)
+        write(staging / "q.json", b'{"schemaVersion": 1, "session_id": "q"')
+        future = time.time() + 3600  # settles from when the daemon first sees it: deferred then
+        os.utime(staging / "q.json", (future, future))
+        first.wait_decided("a.json", "b.json", "f.json", "r.json", "q.json")
+        first.wait_for(
+            lambda ev: any(e.get("own_rewrite") for e in ev), "the look at the repaired rewrite"
+        )
+        assert first.decisions("q.json")[-2:] == ["deferred", "quarantined"]
+        assert first.decisions("r.json") == ["repaired", "valid"]  # the second: its own rewrite
+        _wait(lambda: _status_decided(notify) == 5, "STATUS= saying 5 decided")
+        assert first.stop() == 0
+        assert [e["decided"] for e in _events(first, "stop")] == [5]
+        assert _status_decided(notify) == 5
+        assert notify.statuses()[-1] == "stopping"
+        found = _metrics(prom)  # the last write, at the clean stop
+        assert _decisions_total(found) == {
+            "valid": 2,
+            "repaired": 1,
+            "quarantined": 1,
+            "foreign": 1,
+            "skipped": 0,
+        }
+        assert found["memstaged_deferrals_total"] >= 1
+        assert found["memstaged_seen_files{decision=valid}"] == 3
+        assert found["memstaged_seen_files{decision=foreign}"] == 1
+        _check_exposition(prom)
+    finally:
+        notify.close()
+
+    prom.unlink()
+    notify = NotifySocket()
+    try:
+        second = spawn("--config", str(config), name="second", env={"NOTIFY_SOCKET": notify.path})
+        [ready] = _events(second, "ready")
+        assert (ready["decided"], ready["unchanged"]) == (0, 4)
+        _wait(prom.exists, "the restarted daemon's metrics file")
+        _wait(lambda: _status_decided(notify) is not None, "the restarted daemon's STATUS=")
+        assert second.stop() == 0
+        assert _events(second, "decision") == []
+        assert [e["decided"] for e in _events(second, "stop")] == [0]
+        assert _status_decided(notify) == 0
+        found = _metrics(prom)
+        assert _decisions_total(found) == dict.fromkeys(DECISIONS, 0)
+        assert found["memstaged_deferrals_total"] == 0
+        assert found["memstaged_seen_files{decision=valid}"] == 3
+        assert found["memstaged_seen_files{decision=foreign}"] == 1
+        _check_exposition(prom)
+    finally:
+        notify.close()
