@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from memstaged import __version__
 from memstaged.core.decide import Decision
 from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
@@ -198,7 +199,12 @@ def collect(daemon: Daemon, tally: Tally, started: float) -> list[Family]:
     not_watched = len(state.not_watched) + sum(
         1 for d in state.memory_dirs if d.staging_exists and not d.watched
     )
+    build = Family(
+        "memstaged_build_info", "gauge", "Always 1; the version of the running memstaged"
+    )
+    build.add(1, version=__version__)
     return [
+        build,
         decisions,
         seen,
         Family(

@@ -1,4 +1,4 @@
-"""The metrics file as a collector reads it (issue 31 items 2 and 4).
+"""The metrics file as a collector reads it (issue 31 items 2, 4 and 5).
 
 Real daemons (``python -m memstaged``) under ``umask 077``, as the unit runs them, write the
 metrics file; another user (``nobody``, through ``setpriv``) reads it or is refused, as
@@ -17,6 +17,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -226,7 +227,8 @@ def _events(daemon: DaemonProcess, name: str) -> list[dict[str, Any]]:
 
 def _check_exposition(prom: Path) -> None:
     """The file as promtool would lint it: every family has a HELP and a TYPE, every `_total`
-    is a counter and every counter a `_total`; `memstaged_seen_files` is a gauge."""
+    is a counter and every counter a `_total`; `memstaged_build_info` is the conventional
+    gauge (value 1, the version `memstaged --version` prints); `memstaged_seen_files` a gauge."""
     text = prom.read_text()
     declared = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
     helped = set(re.findall(r"^# HELP (\S+) \S", text, re.MULTILINE))
@@ -240,6 +242,18 @@ def _check_exposition(prom: Path) -> None:
         for sample in family.samples:
             if sample.name.endswith("_total"):
                 assert family.type == "counter", sample.name
+    version = subprocess.run(
+        [sys.executable, "-m", "memstaged", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()[-1]
+    build = families["memstaged_build_info"]
+    assert build.type == "gauge"
+    assert [(s.name, s.labels, s.value) for s in build.samples] == [
+        ("memstaged_build_info", {"version": version}, 1.0)
+    ]
     seen = families["memstaged_seen_files"]
     assert seen.type == "gauge"
     assert sorted(s.labels["decision"] for s in seen.samples) == ["foreign", "valid"]
@@ -263,7 +277,7 @@ def test_decided_agrees_across_stop_status_and_metrics_and_counters_restart_from
     memory_dir: Path,
     spawn: Callable[..., DaemonProcess],
 ) -> None:
-    """Issue 31 item 4: a daemon decides five files (two valid, one foreign, one
+    """Issue 31 items 4 and 5: a daemon decides five files (two valid, one foreign, one
     repaired, whose rewrite it then looks at, and one that does not parse, deferred while it
     settles and then quarantined). Its `stop` event, its last counting `STATUS=` and its last
     metrics file all say 5 decided: the look at its own rewrite and the deferral are no
