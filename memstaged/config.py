@@ -78,6 +78,8 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
     log_max_bytes: int = 10 * 1024 * 1024
     log_backups: int = 5
     metrics_file: str = ""
+    #: Octal, as ``chmod`` takes it: a number in TOML would be read as decimal.
+    metrics_file_mode: str | int = "0644"
 
 
 #: The settings, in the order ``config show`` lists them: the config file's keys.
@@ -118,6 +120,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     state_path: Path | None = None
     #: Where the daemon writes its metrics; None: it does not.
     metrics_file: Path | None = None
+    #: The metrics file's mode (:func:`metrics_file_mode`).
+    metrics_file_mode: int = 0o644
     #: Where each setting of :data:`SETTING_NAMES` (and ``config``, the file) came from.
     origins: dict[str, SettingOrigin] = {}
 
@@ -138,6 +142,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "log_max_bytes": self.log_max_bytes,
             "log_backups": self.log_backups,
             "metrics_file": "" if self.metrics_file is None else str(self.metrics_file),
+            "metrics_file_mode": f"{self.metrics_file_mode:04o}",
         }
 
     def changed_from(self, old: Settings) -> dict[str, list[Any]]:
@@ -547,11 +552,38 @@ def load(
         log_max_bytes=file_config.log_max_bytes,
         log_backups=file_config.log_backups,
         metrics_file=Path(os.path.expanduser(metrics_file)) if metrics_file else None,
+        metrics_file_mode=metrics_file_mode(
+            file_config.metrics_file_mode, f"{config_path}: key 'metrics_file_mode'"
+        ),
         explicit_dirs=explicit,
         state_dir=physical_state_dir(env),
         state_path=default_state_dir(env),
         origins=origins,
     )
+
+
+#: The modes the metrics file may have: the owner reads and writes it; the group and others
+#: may read it. Nothing else: it is data (no execute bit, no set-id or sticky bit), and one
+#: that others could write would let them make the collector report what they like.
+METRICS_FILE_MODES: Final = frozenset({0o600, 0o640, 0o604, 0o644})
+
+
+def metrics_file_mode(value: str | int, what: str) -> int:
+    """The metrics file's mode from its setting: octal digits in a string (``"0640"``, or
+    ``"640"``), one of :data:`METRICS_FILE_MODES`."""
+    *others, last = (f'"{m:04o}"' for m in sorted(METRICS_FILE_MODES))
+    rule = (
+        f"must be {', '.join(others)} or {last} (octal, in quotes: read and write for the "
+        "owner, read for the group or others, nothing else)"
+    )
+    if isinstance(value, int):
+        raise ConfigError(f"{what}: {rule}, got the number {value}")
+    if 3 <= len(value) <= 4 and not value.strip("01234567"):
+        mode = int(value, 8)
+        if mode in METRICS_FILE_MODES:
+            return mode
+    shown = value if len(value) <= 12 else value[:12] + "..."
+    raise ConfigError(f'{what}: {rule}, got "{shown}"')
 
 
 def check_log_file(path: Path) -> None:

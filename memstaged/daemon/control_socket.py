@@ -73,7 +73,9 @@ class Live(msgspec.Struct, frozen=True, kw_only=True):
     now: float
     ready: bool
     status: str
+    #: This process's decisions, by decision (:meth:`Daemon.decisions`).
     decided: dict[str, int]
+    #: Files taken as decided from the seen cache at start-up.
     unchanged: int
     log_failing: bool
     reload_error: str | None
@@ -370,7 +372,7 @@ def live(daemon: Daemon, started: float) -> Live:
         now=time.time(),
         ready=daemon.ready,
         status=daemon.status_text(),
-        decided=dict(daemon.counts),
+        decided=daemon.decisions(),
         unchanged=daemon.unchanged,
         log_failing=log_failing(),
         reload_error=None if daemon.reload_error is None else wire(daemon.reload_error),

@@ -16,8 +16,13 @@ metrics file, crash) in
 
 What was decided survives a restart: the start-up scan of a memory dir takes the files that the
 seen cache (shared with ``--once``, see :mod:`memstaged.run.seen_cache`) holds as decided ``valid``
-or
-``foreign`` and unchanged since, as decided, without reading them or logging a new decision.
+or ``foreign`` and unchanged since, as decided, without reading them or logging a new decision.
+
+"Decided" has one meaning in ``STATUS=``, the ``ready`` and ``stop`` events and the metrics
+(:meth:`Daemon.decided`): the decisions this process made and logged. A ``deferred`` is a wait,
+not a decision; the look at the daemon's own rewrite is not a second decision (SPEC 7); and a
+file taken from the seen cache at start-up was decided by an earlier run, not by this one (it
+is counted apart, as ``unchanged``).
 
 Time: the daemon's own deadlines use ``clock`` (monotonic, injectable, so tests drive it by hand);
 only the pipeline looks at wall-clock time, to compare it with a file's mtime.
@@ -111,11 +116,13 @@ class Daemon:
         self.identities: dict[Key, Identity] = {}
         #: The seen cache of each memory dir, saved now and then (see :meth:`save_seen`).
         self.seen: dict[str, SeenCache] = {}
-        #: Files taken as decided from the seen cache at start-up (not read, not logged).
+        #: Files taken as decided from the seen cache at start-up (not read, not logged, and not
+        #: counted in :attr:`counts`: an earlier run decided them).
         self.unchanged = 0
         self.failures: Counter[Key] = Counter()
         #: Memory dirs whose files wait for the reconciler's lock, and those files.
         self.lock_waiting: dict[str, set[str]] = {}
+        #: This process's outcomes by decision, ``deferred`` (waits) included; see :meth:`decided`.
         self.counts: Counter[str] = Counter()
         self.stopping = False
         #: When (``time.monotonic``, as the signal is real) the work in hand stops being
@@ -346,9 +353,8 @@ class Daemon:
         if held:
             to_read = set(todo)
             decided = [name for name in names if name not in to_read]
-            for name, decision in zip(decided, held, strict=True):
+            for name in decided:
                 self.identities[(mdir.path, name)] = Identity(*cache.entries[name][0])
-                self.counts[decision] += 1
             self.unchanged += len(held)
         return todo
 
@@ -456,9 +462,19 @@ class Daemon:
         for mdir in list(self.mdirs.values()):
             self.rescan(mdir)
 
+    def decisions(self) -> dict[str, int]:
+        """The decisions this process made and logged, by decision: no ``deferred`` (a wait),
+        no look at its own rewrite, no file taken from the seen cache (see the module)."""
+        return {k: v for k, v in self.counts.items() if k != Decision.DEFERRED.value}
+
+    def decided(self) -> int:
+        """How many decisions this process made: the ``decided`` of ``STATUS=``, of the
+        ``ready`` and ``stop`` events, and the sum of ``memstaged_decisions_total``."""
+        return sum(self.decisions().values())
+
     def status_text(self) -> str:
         c = self.counts
-        decided = sum(v for k, v in c.items() if k != Decision.DEFERRED.value)
+        decided = self.decided()
         waiting = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
         counts = (
             f"watching {len(self.mdirs)} memory dirs; {decided} decided, "
@@ -565,7 +581,7 @@ class Daemon:
             self.log.info(
                 "ready",
                 memory_dirs=len(self.mdirs),
-                decided=sum(self.counts.values()),
+                decided=self.decided(),
                 unchanged=self.unchanged,
                 waiting=len(self.due),
             )
@@ -596,10 +612,8 @@ class Daemon:
             abandoned = None
             if self.abandoned is not None:
                 abandoned = os.path.join(self.abandoned[0], STAGING, self.abandoned[1])
-            self.log.info(
-                "stop", decided=sum(self.counts.values()), pending=pending, abandoned=abandoned
-            )
+            self.log.info("stop", decided=self.decided(), pending=pending, abandoned=abandoned)
         else:
-            self.log.error("stop", decided=sum(self.counts.values()), pending=pending, error=error)
+            self.log.error("stop", decided=self.decided(), pending=pending, error=error)
         for hook in self.hooks:
             hook.close()

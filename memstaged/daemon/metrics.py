@@ -1,18 +1,26 @@
 """OpenMetrics/Prometheus metrics in a file, for node_exporter's textfile collector.
 
 With ``metrics_file`` set, the daemon writes its metrics there in Prometheus's text exposition
-format (0.0.4, what node_exporter's textfile collector reads), atomically: a temp
-file beside it (``.<name>.<pid>.tmp``, which the collector ignores: it reads ``*.prom``), mode
-0600, then a rename. It is written from the work loop, only after something happened (an event
-was logged, or ``deadletter ack`` said that marks changed), and at most every
-:data:`MIN_INTERVAL` seconds: an idle daemon writes nothing and sets no timer. Ages are given as
-timestamps (the oldest wait, the last decision), so that a file written once stays true while
-nothing happens; an alert computes ``time() - …``.
+format (0.0.4, what node_exporter's textfile collector reads), atomically: a temp file beside it
+(``.<name>.<pid>.tmp``, which the collector ignores: it reads ``*.prom``), then a rename. Its
+mode is ``metrics_file_mode`` (0644 by default, as the textfile collector expects: the
+collector runs as another user, and the operator chose the directory), set on the temp file
+with ``fchmod``, so that the unit's ``UMask=0077`` does not take the bits away. It holds counts
+and times only: no path, no file name, no content. It is written from the work loop, only after
+something happened (an event was logged, or ``deadletter ack`` said that marks changed), and at
+most every :data:`MIN_INTERVAL` seconds: an idle daemon writes nothing and sets no timer. Ages
+are given as timestamps (the oldest wait, the last decision), so that a file written once stays
+true while nothing happens; an alert computes ``time() - …``.
+
+A ``_total`` counts this process's events, from 0 at each start, as Prometheus expects of a
+counter (a restart is a reset, which ``rate()`` and ``increase()`` handle); what the seen cache
+holds from earlier runs is a gauge (``memstaged_seen_files``).
 
 The counts come from the daemon's own state (decisions by decision, files waiting, memory dirs
-watched) and from :class:`Tally`, which sees every event the daemon logs (repairs by rule,
-quarantined candidates, watch failures, the last decision); the log file's failed writes
-are counted by the log itself (:func:`memstaged.log.rotated_file.failed_writes`), across reloads.
+watched, the seen caches) and from :class:`Tally`, which sees every event the daemon logs
+(repairs by rule, quarantined candidates, watch failures, the last decision); the log file's
+failed writes are counted by the log itself (:func:`memstaged.log.rotated_file.failed_writes`),
+across reloads.
 
 The text is written here, not by ``prometheus_client`` (measured): importing it took
 4.2 MB of the idle daemon's resident memory (about 30 MB with it, against a target of 25) and
@@ -29,11 +37,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from memstaged import __version__
 from memstaged.core.decide import Decision
 from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
 from memstaged.files import fsio
 from memstaged.log import rotated_file
+from memstaged.run.seen_cache import STAYS
 
 if TYPE_CHECKING:
     from memstaged.daemon.loop import Daemon
@@ -145,11 +155,26 @@ def _number(value: float) -> str:
 def collect(daemon: Daemon, tally: Tally, started: float) -> list[Family]:
     """The metrics of one daemon, read from it at each write (nothing is kept twice)."""
     decisions = Family(
-        "memstaged_decisions", "counter", "Files decided since the daemon started, by decision"
+        "memstaged_decisions",
+        "counter",
+        "Decisions this daemon made and logged since it started, by decision",
     )
+    made = daemon.decisions()
     for decision in Decision:
         if decision is not Decision.DEFERRED:  # a wait, not a decision (SPEC 7, 2.1)
-            decisions.add(daemon.counts.get(decision.value, 0), decision=decision.value)
+            decisions.add(made.get(decision.value, 0), decision=decision.value)
+    seen = Family(
+        "memstaged_seen_files",
+        "gauge",
+        "Staging files decided valid or foreign (by this daemon, an earlier one or --once) and "
+        "unchanged since, as the seen cache holds them, by decision",
+    )
+    held: Counter[str] = Counter()
+    for cache in list(daemon.seen.values()):
+        held.update(decision for _identity, decision in cache.entries.values())
+    for decision in Decision:
+        if decision in STAYS:
+            seen.add(held[decision.value], decision=decision.value)
     repairs = Family("memstaged_repairs", "counter", "Repairs applied, by rule (R1 to R5)")
     for rule, count in sorted(tally.repairs.items()):
         repairs.add(count, rule=rule)
@@ -174,8 +199,14 @@ def collect(daemon: Daemon, tally: Tally, started: float) -> list[Family]:
     not_watched = len(state.not_watched) + sum(
         1 for d in state.memory_dirs if d.staging_exists and not d.watched
     )
+    build = Family(
+        "memstaged_build_info", "gauge", "Always 1; the version of the running memstaged"
+    )
+    build.add(1, version=__version__)
     return [
+        build,
         decisions,
+        seen,
         Family(
             "memstaged_deferrals",
             "counter",
@@ -337,10 +368,10 @@ def render(daemon: Daemon, tally: Tally, started: float) -> bytes:
     return "".join(f.text() for f in collect(daemon, tally, started)).encode("utf-8")
 
 
-def write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` (0600, temp file and rename: a reader sees one or the
-    other). Raises :class:`OSError`."""
-    fsio.replace_file(path, data, sync=False)
+def write(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` (``mode`` exactly, whatever the umask; temp file and
+    rename: a reader sees one or the other). Raises :class:`OSError`."""
+    fsio.replace_file(path, data, sync=False, mode=mode)
 
 
 class Metrics:
@@ -372,7 +403,8 @@ class Metrics:
         self.tally.changed = False
         self.next_write = self.clock() + MIN_INTERVAL
         try:
-            write(path, render(self.daemon, self.tally, self.started))
+            mode = self.daemon.settings.metrics_file_mode
+            write(path, render(self.daemon, self.tally, self.started), mode)
         except OSError as err:
             if not self.failing:
                 self.failing = True

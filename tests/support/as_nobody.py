@@ -179,3 +179,17 @@ def run_memstaged(
         check=False,
         cwd=cwd,
     )
+
+
+def run_as_nobody(*command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``command`` (a system tool such as ``cat``) as ``nobody``, with no supplementary group:
+    what another user, a collector, may do with a file (skips where no user can be dropped to)."""
+    return subprocess.run(
+        [*_drop(), *command],
+        env={"PATH": _SYSTEM_PATH, "LC_ALL": "C"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd="/",
+    )

@@ -93,6 +93,7 @@ def test_config_show_gives_each_value_and_where_it_came_from(
         "default\tlog_max_bytes=10485760",
         "default\tlog_backups=5",
         'default\tmetrics_file=""',
+        'default\tmetrics_file_mode="0644"',
     ]
 
     mdir = home / "p" / ".pi" / "memory" / "project"
@@ -134,6 +135,7 @@ def test_config_show_gives_each_value_and_where_it_came_from(
         "log_max_bytes",
         "log_backups",
         "metrics_file",
+        "metrics_file_mode",
     ]
 
 

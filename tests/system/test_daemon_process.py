@@ -12,11 +12,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +22,7 @@ from typing import Any
 import pytest
 from support.daemon_process import WAIT, DaemonProcess, glob_config, many_projects
 from support.documents import lesson, staging_doc, write
+from support.notify_socket import NotifySocket
 
 from memstaged.daemon.memory_dirs import FD_RESERVE
 from memstaged.deadletter import acks
@@ -277,34 +275,6 @@ def test_sigterm_is_acted_on_within_a_second_whatever_file_is_in_hand(
     assert _no_temp_files(memory_dir)
 
 
-class _NotifySocket:
-    """A service manager's ``NOTIFY_SOCKET``: every datagram received, in order, by a thread."""
-
-    def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="ms-notify-")  # AF_UNIX paths: 108 bytes at most
-        self.path = os.path.join(self.dir, "notify")
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.sock.settimeout(0.2)
-        self.messages: list[str] = []
-        self.closing = False
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        while not self.closing:
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except TimeoutError:
-                continue
-
-    def close(self) -> None:
-        self.closing = True
-        self.thread.join(timeout=5)
-        self.sock.close()
-        shutil.rmtree(self.dir)
-
-
 def test_watchdog_pings_keep_coming_while_a_hostile_file_is_decided(
     tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
@@ -317,7 +287,7 @@ def test_watchdog_pings_keep_coming_while_a_hostile_file_is_decided(
     least three between the moment the daemon holds the file open and the decision in the log
     (they came only from the date parser and the keyword topic: none here). The file is
     quarantined."""
-    notify = _NotifySocket()
+    notify = NotifySocket()
     try:
         daemon = spawn(
             "--memory-dir",
@@ -780,8 +750,9 @@ def test_restart_does_not_decide_unchanged_files_again(
     tmp_path: Path, project: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
     """A restarted daemon (SIGTERM, then start) takes the files it decided valid or foreign and
-    that did not change as decided: no new decision event, still counted at `ready`. A file
-    changed while it was down, even to the same size and inode, is decided again."""
+    that did not change as decided: no new decision event, counted at `ready` as `unchanged`,
+    not as `decided` (issue 31 item 4: this process's decisions only). A file changed while it
+    was down, even to the same size and inode, is decided again."""
     _three_files(project, memory_dir)
     args = ("--memory-dir", str(memory_dir), "--settle", "0.5")
     first = spawn(*args, name="first")
@@ -807,10 +778,10 @@ def test_restart_does_not_decide_unchanged_files_again(
     assert _decided_names(second) == {"b.json"}
     assert second.decisions("b.json") == ["valid"]
     ready = _event(second, "ready")
-    assert ready["decided"] == 3
+    assert ready["decided"] == 1
     assert ready["unchanged"] == 2
     assert second.stop() == 0
-    assert _event(second, "stop")["decided"] == 3
+    assert _event(second, "stop")["decided"] == 1
 
     third = spawn(*args, name="third")  # what the second one decided was saved at its stop
     assert _decided_names(third) == set()
