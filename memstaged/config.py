@@ -79,7 +79,7 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
     log_backups: int = 5
     metrics_file: str = ""
     #: Octal, as ``chmod`` takes it: a number in TOML would be read as decimal.
-    metrics_file_mode: str | int = "0644"
+    metrics_file_mode: str | int = "0600"
 
 
 #: The settings, in the order ``config show`` lists them: the config file's keys.
@@ -121,7 +121,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Where the daemon writes its metrics; None: it does not.
     metrics_file: Path | None = None
     #: The metrics file's mode (:func:`metrics_file_mode`).
-    metrics_file_mode: int = 0o644
+    metrics_file_mode: int = 0o600
     #: Where each setting of :data:`SETTING_NAMES` (and ``config``, the file) came from.
     origins: dict[str, SettingOrigin] = {}
 

@@ -170,24 +170,24 @@ def test_metrics_file_is_off_by_default_and_set_by_the_file_or_the_environment(
         config.load(config=_write(tmp_path, 'metrics_file = "a\\u0000b"\n'), env=env)
 
 
-def test_metrics_file_mode_is_0644_by_default_and_only_a_readable_data_file_mode(
+def test_metrics_file_mode_is_0600_by_default_and_only_a_readable_data_file_mode(
     tmp_path: Path,
 ) -> None:
-    """Issue 31 item 2: `metrics_file_mode` is "0644" unless set; "0640", "640", "0600" and
-    "0604" are taken (read and write for the owner, read for the group or others); a mode with
+    """Issue 31 item 2: `metrics_file_mode` is "0600" unless set (SPEC 6); "0640", "640",
+    "0644" and "0604" are taken (read and write for the owner, read for the group or others); a mode with
     an execute, set-id or sticky bit, write for others, not octal, or a bare TOML number is
     refused in one line naming the file and the key; `config show` and a reload see it."""
     env = {"HOME": str(tmp_path)}
     default = config.load(config=_write(tmp_path, "memory_dirs = []\n"), env=env)
-    assert default.metrics_file_mode == 0o644
-    assert default.values()["metrics_file_mode"] == "0644"
+    assert default.metrics_file_mode == 0o600
+    assert default.values()["metrics_file_mode"] == "0600"
     assert str(default.origins["metrics_file_mode"]) == "default"
-    for text, mode in (("0640", 0o640), ("640", 0o640), ("0600", 0o600), ("0604", 0o604)):
+    for text, mode in (("0640", 0o640), ("640", 0o640), ("0644", 0o644), ("0604", 0o604)):
         cfg = _write(tmp_path, f'metrics_file_mode = "{text}"\n')
         settings = config.load(config=cfg, env=env)
         assert settings.metrics_file_mode == mode
         assert str(settings.origins["metrics_file_mode"]) == f"file:{cfg}"
-    assert settings.changed_from(default) == {"metrics_file_mode": ["0644", "0604"]}
+    assert settings.changed_from(default) == {"metrics_file_mode": ["0600", "0604"]}
     for bad in ('"0755"', '"4644"', '"0666"', '"0646"', '"0400"', '"0o644"', '"rw-r--r--"', '""'):
         cfg = _write(tmp_path, f"metrics_file_mode = {bad}\n")
         with pytest.raises(ConfigError) as err:

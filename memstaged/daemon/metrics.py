@@ -3,8 +3,8 @@
 With ``metrics_file`` set, the daemon writes its metrics there in Prometheus's text exposition
 format (0.0.4, what node_exporter's textfile collector reads), atomically: a temp file beside it
 (``.<name>.<pid>.tmp``, which the collector ignores: it reads ``*.prom``), then a rename. Its
-mode is ``metrics_file_mode`` (0644 by default, as the textfile collector expects: the
-collector runs as another user, and the operator chose the directory), set on the temp file
+mode is ``metrics_file_mode`` (0600 by default, as SPEC 6 makes every file memstaged
+creates; "0644" or "0640" for a collector that runs as another user), set on the temp file
 with ``fchmod``, so that the unit's ``UMask=0077`` does not take the bits away. It holds counts
 and times only: no path, no file name, no content. It is written from the work loop, only after
 something happened (an event was logged, or ``deadletter ack`` said that marks changed), and at

@@ -112,19 +112,20 @@ def _decisions_total(found: dict[str, float]) -> dict[str, float]:
 # -- the mode on disk, and who can read it --------------------------------------------------------
 
 
-def test_metrics_file_is_0644_under_umask_077_and_the_configured_mode_after_a_reload(
+def test_metrics_file_is_0600_under_umask_077_and_the_configured_mode_after_a_reload(
     tmp_path: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
     """Issue 31 item 2: a daemon whose umask is 077 (the unit's UMask=0077) writes the metrics
-    file 0644 by default, as the textfile collector expects; `metrics_file_mode = "0640"`,
-    set by a reload, gives 0640 at the next write; no temp file is left beside it."""
+    file 0600 by default (SPEC 6, which wins over the issue's 0644); `metrics_file_mode =
+    "0640"`, set by a reload, gives 0640 at the next write, whatever the umask; no temp file is
+    left beside it."""
     prom = tmp_path / "textfile" / "memstaged.prom"
     prom.parent.mkdir()
     config = _config(tmp_path / "memstaged.toml", memory_dir, prom)
     daemon = spawn("--config", str(config))
     assert _umask(daemon.proc.pid) == "0077"
     _wait(prom.exists, "the metrics file")
-    assert _mode(prom) == 0o644
+    assert _mode(prom) == 0o600
     _reload(daemon, config, memory_dir, prom, "0640")
     _wait(lambda: _mode(prom) == 0o640, "the metrics file written 0640")
     assert daemon.stop() == 0
@@ -136,13 +137,13 @@ def test_another_user_reads_the_metrics_file_at_0644_and_not_at_0600(
     tmp_path: Path, memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
     """Issue 31 item 2: node_exporter runs as its own user. A real other user (`nobody`, no
-    supplementary group) reads the metrics file the daemon wrote at the default 0644, and is
-    refused once `metrics_file_mode = "0600"` applies (the old default: "permission denied",
+    supplementary group) reads the metrics file the daemon wrote with `metrics_file_mode =
+    "0644"`, and is refused once "0600" (the default) applies ("permission denied",
     node_textfile_scrape_error 1)."""
     as_nobody.ids()
     with as_nobody.workspace("memstaged-metrics-") as shared:
         prom = shared / "memstaged.prom"
-        config = _config(tmp_path / "memstaged.toml", memory_dir, prom)
+        config = _config(tmp_path / "memstaged.toml", memory_dir, prom, "0644")
         daemon = spawn("--config", str(config))
         _wait(prom.exists, "the metrics file")
         assert _mode(prom) == 0o644

@@ -106,8 +106,8 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
     """Issue 21 items 6 and 7 under the real service (plain unit, and with the --sandbox
     drop-in): on the demo's data `status --check` asks the daemon over its control socket and
     warns (exit 1) for the unseen dead letters; `deadletter ack --all` makes it OK (exit 0) and
-    the metrics file follows; the metrics file is written from inside the unit (0644 under the
-    unit's UMask=0077, issue 31 item 2; parsed by prometheus_client) with the demo's decisions
+    the metrics file follows; the metrics file is written from inside the unit (its
+    `metrics_file_mode`, 0644, under the unit's UMask=0077, issue 31 item 2; parsed by prometheus_client) with the demo's decisions
     and follows a new file; with the daemon SIGSTOPped the check is CRITICAL (exit 2) naming
     the daemon that does not answer, and OK again after SIGCONT. A check run without
     XDG_RUNTIME_DIR (cron, NRPE) finds the daemon too, and the journal has no control_failed
@@ -121,6 +121,7 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
         config.write_text(
             f"memory_dirs = [{json.dumps(str(mdir))}]\n"
             f"metrics_file = {json.dumps(str(prom))}\n"
+            'metrics_file_mode = "0644"\n'
             "settle = 0.5\n"
         )
         install = [str(MEMSTAGED), "service", "install", "--enable"]
