@@ -521,7 +521,13 @@ class Daemon:
             new = self.reload_settings()
         except MemstagedError as err:
             self.reload_error = str(err)
-            self.log.error("reload", ok=False, error=str(err), action="kept the old configuration")
+            self.log.error(
+                "reload",
+                pid=os.getpid(),
+                ok=False,
+                error=str(err),
+                action="kept the old configuration",
+            )
         else:
             self.reload_error = None
             old = self.settings
@@ -540,6 +546,7 @@ class Daemon:
             self.sync_memory_dirs()
             self.log.info(
                 "reload",
+                pid=os.getpid(),
                 ok=True,
                 memory_dirs=sorted(self.mdirs),
                 settle=new.options.settle,
@@ -565,6 +572,7 @@ class Daemon:
             self.notifier.ready(self.status_text())
             self.log.info(
                 "ready",
+                pid=os.getpid(),
                 memory_dirs=len(self.mdirs),
                 decided=sum(self.counts.values()),
                 unchanged=self.unchanged,
@@ -598,9 +606,19 @@ class Daemon:
             if self.abandoned is not None:
                 abandoned = os.path.join(self.abandoned[0], STAGING, self.abandoned[1])
             self.log.info(
-                "stop", decided=sum(self.counts.values()), pending=pending, abandoned=abandoned
+                "stop",
+                pid=os.getpid(),
+                decided=sum(self.counts.values()),
+                pending=pending,
+                abandoned=abandoned,
             )
         else:
-            self.log.error("stop", decided=sum(self.counts.values()), pending=pending, error=error)
+            self.log.error(
+                "stop",
+                pid=os.getpid(),
+                decided=sum(self.counts.values()),
+                pending=pending,
+                error=error,
+            )
         for hook in self.hooks:
             hook.close()
