@@ -174,9 +174,9 @@ def test_metrics_file_mode_is_0600_by_default_and_only_a_readable_data_file_mode
     tmp_path: Path,
 ) -> None:
     """Issue 31 item 2: `metrics_file_mode` is "0600" unless set (SPEC 6); "0640", "640",
-    "0644" and "0604" are taken (read and write for the owner, read for the group or others); a mode with
-    an execute, set-id or sticky bit, write for others, not octal, or a bare TOML number is
-    refused in one line naming the file and the key; `config show` and a reload see it."""
+    "0644" and "0604" are taken (read and write for the owner, read for the group or others);
+    a mode with an execute, set-id or sticky bit, write for others, not octal, or a bare TOML
+    number is refused in one line naming the file and the key; `config show` and a reload see it."""
     env = {"HOME": str(tmp_path)}
     default = config.load(config=_write(tmp_path, "memory_dirs = []\n"), env=env)
     assert default.metrics_file_mode == 0o600

@@ -117,7 +117,8 @@ EXIT_STATUS: Final = (
     (
         "1",
         "Some file could not be decided (still being written, an I/O error, another "
-        "memstaged busy on the memory dir); status: something needs attention; deadletter "
+        "memstaged busy on the memory dir); the daemon: memstaged is already running (another "
+        "daemon holds every memory dir); status: something needs attention; deadletter "
         "recover: some record stayed in the store; service install --enable: not started (no "
         "memory dir configured).",
     ),

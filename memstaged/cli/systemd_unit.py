@@ -10,13 +10,14 @@ import contextlib
 import glob
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from memstaged import config
 from memstaged.daemon.sd_notify import Notifier
@@ -42,6 +43,10 @@ _MAX_UNIT: Final = 1024 * 1024
 ENABLE_COMMAND: Final = "systemctl --user enable --now memstaged"
 #: What makes a running service run the unit just installed.
 RESTART_COMMAND: Final = "systemctl --user restart memstaged"
+#: What starts an enabled service that is not running.
+START_COMMAND: Final = "systemctl --user start memstaged"
+#: What makes a running service start at login too.
+ENABLE_ONLY_COMMAND: Final = "systemctl --user enable memstaged"
 #: The drop-in ``install --sandbox`` writes, beside the unit.
 SANDBOX_DROPIN: Final = f"{UNIT_NAME}.d/sandbox.conf"
 #: The throwaway unit that checks, before the drop-in is written, that the manager can run it.
@@ -242,10 +247,12 @@ def why_it_cannot_start(env: Mapping[str, str]) -> CannotStart | None:
 
 @dataclass(frozen=True)
 class Installed:
-    """What ``install`` did: the unit written, and whether it was enabled and started."""
+    """What ``install`` did: the unit written, and the service's state before and after (what
+    was enabled or started is their difference, not what was asked)."""
 
     path: Path
-    started: bool
+    before: UnitState
+    after: UnitState
     #: Why the unit was not (and should not be) started: no memory dir, a config error.
     cannot_start: CannotStart | None = None
     #: With ``--sandbox``: the only trees the service may write to.
@@ -255,8 +262,6 @@ class Installed:
     changed: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = ()
     #: The service runs, and still runs the unit as it was before (not restarted).
     running_old: bool = False
-    #: It was restarted (``--restart``) and now runs the unit just written.
-    restarted: bool = False
 
 
 def _settings(text: str) -> dict[str, tuple[str, ...]]:
@@ -288,9 +293,46 @@ def unit_changes(
     return tuple(changes)
 
 
-def is_active() -> bool:
-    """Whether the service runs now (``systemctl --user is-active``)."""
-    return systemctl("is-active", "--quiet", UNIT_NAME).returncode == 0
+#: ``ActiveState=`` values of a service that has a process, or is about to have one.
+_RUNNING: Final = frozenset({"active", "reloading", "activating", "deactivating"})
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """What the user manager says of the service now: whether it has a unit file for it
+    (``LoadState=loaded``; ``FragmentPath`` names the file), runs it, and starts it at login."""
+
+    loaded: bool = False
+    running: bool = False
+    enabled: bool = False
+    failed: bool = False
+    fragment: str = ""
+
+    def described(self) -> str:
+        """``memstaged.service is enabled and running`` and the like: the state, in words."""
+        started = "running" if self.running else "failed" if self.failed else "not running"
+        if self.enabled:
+            return f"{UNIT_NAME} is enabled and {started}"
+        if self.running or self.failed:
+            return f"{UNIT_NAME} is {started}, not enabled"
+        return f"{UNIT_NAME} is not enabled or running"
+
+
+def unit_state() -> UnitState:
+    """The service's state, asked of the user manager (``systemctl --user show``). A manager
+    that cannot be asked (none is running) knows no unit: nothing runs or is enabled."""
+    result = systemctl("show", "-p", "LoadState,ActiveState,UnitFileState,FragmentPath", UNIT_NAME)
+    if result.returncode != 0:
+        return UnitState()
+    props = dict(line.partition("=")[::2] for line in result.stdout.splitlines())
+    active = props.get("ActiveState", "")
+    return UnitState(
+        loaded=props.get("LoadState") == "loaded",
+        running=active in _RUNNING,
+        enabled=props.get("UnitFileState") in ("enabled", "enabled-runtime"),
+        failed=active == "failed",
+        fragment=props.get("FragmentPath", ""),
+    )
 
 
 def _write_atomically(target: Path, text: str) -> None:
@@ -379,6 +421,7 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
     target = unit_dir() / UNIT_NAME
     executable = installed_executable()
     text = unit_text(executable)
+    before = unit_state()
     previous = _read_if_there(target)
     changed = unit_changes(previous, text)
     _write_atomically(target, text)
@@ -408,12 +451,13 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
             for name, old, new in unit_changes(old_dropin or "", new_dropin or "")
         )
     _checked("daemon-reload")
-    running_old = bool(changed) and not restart and is_active()
+    running_old = bool(changed) and not restart and before.running
     reason = why_it_cannot_start(env)
     if reason is not None:
         return Installed(
             target,
-            started=False,
+            before,
+            unit_state(),
             cannot_start=reason,
             writable=tuple(trees),
             changed=changed,
@@ -427,11 +471,11 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
         _checked("start", UNIT_NAME)  # a running service is left as it runs
     return Installed(
         target,
-        started=enable or restart,
+        before,
+        unit_state(),
         writable=tuple(trees),
         changed=changed,
         running_old=running_old,
-        restarted=restart,
     )
 
 
@@ -440,38 +484,80 @@ class Uninstalled:
     """What ``uninstall`` did, and what it left."""
 
     path: Path
+    #: The service's state before (what was stopped and disabled) and after the uninstall.
+    before: UnitState
+    after: UnitState
+    #: Whether the unit file was there to remove.
+    had_unit: bool
     #: memstaged's own files and directories removed (``purge``).
     removed: tuple[Path, ...]
-    #: memstaged's own files and directories left in place (without ``purge``), as (what, path).
+    #: memstaged's own files and directories left in place, as (what, path): all of them
+    #: without ``purge``; with it, those it may not remove (``what`` then says why).
     kept: tuple[tuple[str, Path], ...]
     #: Each memory dir's ``deadletter/``: never removed, by ``purge`` either.
     deadletters: tuple[Path, ...]
     #: Why the memory dirs could not be listed (a bad config file), if so.
     unlisted: str | None = None
+    #: The control sockets a daemon still listens on: one running outside the service.
+    listening: tuple[Path, ...] = ()
 
 
-def own_files(env: Mapping[str, str]) -> list[tuple[str, Path]]:
-    """memstaged's own config and state, and the decision log where it is configured outside
-    the state dir, as (what, path), those that exist."""
+class Own(NamedTuple):
+    """One of memstaged's own files or directories, as ``uninstall`` finds it."""
+
+    what: str
+    path: Path
+    #: How ``--purge`` removes it: a ``tree`` (unless a memory dir is inside), a regular
+    #: ``file`` only, or a ``socket`` only while no process listens on it.
+    kind: str = "tree"
+
+
+#: What a control socket no daemon listens on is, in uninstall's list.
+STALE_SOCKET: Final = "control socket of a daemon that is gone"
+
+
+def own_files(env: Mapping[str, str]) -> list[Own]:
+    """memstaged's own config and state, the decision log and the metrics file where they
+    are configured outside the state dir, the completions, and the control sockets no daemon
+    listens on any more, those that exist.
+
+    The metrics file is listed only as a regular file (memstaged writes it by a rename), never
+    a link or anything else at its path; a control socket only while no process listens on it
+    (a daemon killed by the watchdog or SIGKILL leaves its own behind)."""
     from memstaged.cli.commands.completion import targets
+    from memstaged.daemon.control_socket import left_sockets
     from memstaged.log.reader import rotated_files
 
+    state = config.default_state_dir(env)
     found = [
-        ("config", config.default_config_path(env).parent),
-        ("state (the decision log, the seen cache)", config.default_state_dir(env)),
+        Own("config", config.default_config_path(env).parent),
+        Own("state (the decision log, the seen cache)", state),
     ]
     try:
-        log_file = config.load(env=env).log_file
+        settings: config.Settings | None = config.load(env=env)
     except ConfigError:
-        log_file = None
-    if log_file is not None and not log_file.is_relative_to(found[1][1]):
-        found.append(("decision log", log_file))
+        settings = None
+    log_file = None if settings is None else settings.log_file
+    if log_file is not None and not log_file.is_relative_to(state):
+        found.append(Own("decision log", log_file))
         with contextlib.suppress(ConfigError):  # a log dir that cannot be listed: none found
-            found += [("decision log", p) for p in rotated_files(log_file)]  # NAME.1 .. NAME.N
+            found += [Own("decision log", p) for p in rotated_files(log_file)]  # NAME.1 .. NAME.N
     found += [
-        (f"{t.what} completion" if t.what != "man" else "man page", t.path) for t in targets(env)
+        Own(f"{t.what} completion" if t.what != "man" else "man page", t.path) for t in targets(env)
     ]
-    return [(what, path) for what, path in found if path.exists() or path.is_symlink()]
+    found = [own for own in found if own.path.exists() or own.path.is_symlink()]
+    metrics = None if settings is None else settings.metrics_file
+    if metrics is not None and not metrics.is_relative_to(state) and _regular(metrics):
+        found.append(Own("metrics file", metrics, "file"))
+    found += [Own(STALE_SOCKET, path, "socket") for path in left_sockets(env)[0]]
+    return found
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _memory_dirs(env: Mapping[str, str]) -> tuple[list[Path], str | None]:
@@ -482,22 +568,35 @@ def _memory_dirs(env: Mapping[str, str]) -> tuple[list[Path], str | None]:
         return [], str(err)
 
 
-def _remove(path: Path, keep: list[Path]) -> bool:
-    """Remove ``path`` (a tree too), unless one of ``keep`` (the memory dirs) is inside it."""
-    is_tree = path.is_dir() and not path.is_symlink()
-    if is_tree and any(k == path or k.is_relative_to(path) for k in keep):
-        return False
-    fsio.remove(path, tree=True)
-    return True
+def _remove(own: Own, keep: list[Path]) -> str | None:
+    """Remove one of memstaged's own (:class:`Own`); None once it is gone, else why it stays:
+    a tree with one of ``keep`` (the memory dirs) inside, a metrics file that is no longer a
+    regular file, a socket a daemon listens on now."""
+    from memstaged.daemon.control_socket import remove_unheard
+
+    if own.kind == "socket":
+        return None if remove_unheard(own.path) else "a daemon listens on it now"
+    if own.kind == "file":
+        return None if fsio.remove_regular(own.path) else "no longer a regular file"
+    is_tree = own.path.is_dir() and not own.path.is_symlink()
+    if is_tree and any(k == own.path or k.is_relative_to(own.path) for k in keep):
+        return "a memory dir is inside"
+    fsio.remove(own.path, tree=True)
+    return None
 
 
 def uninstall(*, purge: bool = False) -> Uninstalled:
     """Stop and disable the unit if it is known, remove it, reload; with ``purge`` also remove
-    memstaged's own config and state (:func:`own_files`). A memory dir's contents, its
-    ``deadletter/`` included, are never removed: they are the writers' data and the only copy
-    of what was quarantined.
+    memstaged's own files (:func:`own_files`: config, state, metrics file, stale control
+    sockets, and the runtime dir ``$XDG_RUNTIME_DIR/memstaged`` once empty). A memory dir's
+    contents, its ``deadletter/`` included, are never removed: they are the writers' data and
+    the only copy of what was quarantined.
     """
+    from memstaged.daemon.control_socket import left_sockets, runtime_dir
+
     target = unit_dir() / UNIT_NAME
+    before = unit_state()
+    had_unit = target.exists() or target.is_symlink()
     systemctl("disable", "--now", UNIT_NAME)  # fails harmlessly when it was never enabled
     systemctl("stop", UNIT_NAME)  # started without being enabled
     dropin = unit_dir() / SANDBOX_DROPIN
@@ -509,20 +608,39 @@ def uninstall(*, purge: bool = False) -> Uninstalled:
     fsio.remove_empty_dir(dropin.parent)
     _checked("daemon-reload")
     systemctl("reset-failed", UNIT_NAME)  # forget a failed state; fails when there is none
+    after = unit_state()
     env = manager_environment() or dict(os.environ)
     memory_dirs, unlisted = _memory_dirs(env)
     deadletters = tuple(d for d in (m / "deadletter" for m in memory_dirs) if d.is_dir())
     own = own_files(env)
+    listening = tuple(left_sockets(env)[1])
     if not purge:
-        return Uninstalled(target, (), tuple(own), deadletters, unlisted)
-    removed, kept = [], []
-    for what, path in own:
+        kept = tuple((what, path) for what, path, _ in own)
+        return Uninstalled(
+            target, before, after, had_unit, (), kept, deadletters, unlisted, listening
+        )
+    removed: list[Path] = []
+    kept_purged: list[tuple[str, Path]] = []
+    for item in own:
         try:
-            gone = _remove(path, memory_dirs)
+            why = _remove(item, memory_dirs)
         except OSError as err:
-            raise ConfigError(f"cannot remove {path}: {err.strerror}") from None
-        if gone:
-            removed.append(path)
+            raise ConfigError(f"cannot remove {item.path}: {err.strerror}") from None
+        if why is None:
+            removed.append(item.path)
         else:
-            kept.append((what, path))
-    return Uninstalled(target, tuple(removed), tuple(kept), deadletters, unlisted)
+            kept_purged.append((f"{item.what}: {why}", item.path))
+    sockets = runtime_dir(env)  # memstaged's own, 0700; empty once no daemon runs
+    if sockets is not None and fsio.remove_empty_dir(sockets):
+        removed.append(sockets)
+    return Uninstalled(
+        target,
+        before,
+        after,
+        had_unit,
+        tuple(removed),
+        tuple(kept_purged),
+        deadletters,
+        unlisted,
+        listening,
+    )

@@ -25,6 +25,7 @@ import contextlib
 import errno
 import os
 import socket
+import stat
 import struct
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -133,6 +134,66 @@ def daemon_pids(env: Mapping[str, str] | None = None) -> list[int]:
             if pid.isdigit() and os.path.exists(f"/proc/{pid}"):
                 found.append(int(pid))
     return sorted(found)
+
+
+def _listening(name: str) -> bool:
+    """Whether a process listens on the socket ``name``: the kernel refuses a connection
+    (``ECONNREFUSED``) only when none does, as after a daemon was killed (the watchdog's
+    SIGABRT, SIGKILL), which leaves its socket behind. The connection is closed at once,
+    without a request; a full listen queue, or any other error, counts as listening."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.setblocking(False)
+    try:
+        sock.connect(name)
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True  # EAGAIN: a full queue, someone is there; EACCES: not ours to judge
+    finally:
+        sock.close()
+    return True
+
+
+def left_sockets(env: Mapping[str, str] | None = None) -> tuple[list[Path], list[Path]]:
+    """The control sockets in the runtime dir that no process listens on (left by a killed
+    daemon), and those a daemon listens on. None from a runtime dir that is not the user's own
+    and private (:func:`memstaged.files.fsio.open_private_dir`): another user may have put
+    them there."""
+    base = runtime_dir(env)
+    if base is None:
+        return [], []
+    try:
+        fd = fsio.open_private_dir(base, create=False)
+    except OSError:
+        return [], []
+    unheard: list[Path] = []
+    heard: list[Path] = []
+    try:
+        for name in sorted(os.listdir(fd)):
+            if not (name.startswith("daemon-") and name.endswith(".sock")):
+                continue
+            st = fsio.lstat_at(fd, name)
+            if st is not None and stat.S_ISSOCK(st.st_mode):
+                listening = _listening(f"/proc/self/fd/{fd}/{name}")
+                (heard if listening else unheard).append(base / name)
+    finally:
+        os.close(fd)
+    return unheard, heard
+
+
+def remove_unheard(path: Path) -> bool:
+    """Remove the control socket ``path`` if it is still a socket no process listens on
+    (through the checked private directory, :func:`fsio.unbind`: never a link or another
+    file); whether it did. Raises :class:`OSError`."""
+    try:
+        with _short_name(path) as name:
+            st = os.lstat(name)
+            if not stat.S_ISSOCK(st.st_mode) or _listening(name):
+                return False
+            fsio.unbind(name, (st.st_dev, st.st_ino))
+    except FileNotFoundError:
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -536,7 +536,13 @@ class Daemon:
             new = self.reload_settings()
         except MemstagedError as err:
             self.reload_error = str(err)
-            self.log.error("reload", ok=False, error=str(err), action="kept the old configuration")
+            self.log.error(
+                "reload",
+                pid=os.getpid(),
+                ok=False,
+                error=str(err),
+                action="kept the old configuration",
+            )
         else:
             self.reload_error = None
             old = self.settings
@@ -555,6 +561,7 @@ class Daemon:
             self.sync_memory_dirs()
             self.log.info(
                 "reload",
+                pid=os.getpid(),
                 ok=True,
                 memory_dirs=sorted(self.mdirs),
                 settle=new.options.settle,
@@ -580,6 +587,7 @@ class Daemon:
             self.notifier.ready(self.status_text())
             self.log.info(
                 "ready",
+                pid=os.getpid(),
                 memory_dirs=len(self.mdirs),
                 decided=self.decided(),
                 unchanged=self.unchanged,
@@ -612,8 +620,20 @@ class Daemon:
             abandoned = None
             if self.abandoned is not None:
                 abandoned = os.path.join(self.abandoned[0], STAGING, self.abandoned[1])
-            self.log.info("stop", decided=self.decided(), pending=pending, abandoned=abandoned)
+            self.log.info(
+                "stop",
+                pid=os.getpid(),
+                decided=self.decided(),
+                pending=pending,
+                abandoned=abandoned,
+            )
         else:
-            self.log.error("stop", decided=self.decided(), pending=pending, error=error)
+            self.log.error(
+                "stop",
+                pid=os.getpid(),
+                decided=self.decided(),
+                pending=pending,
+                error=error,
+            )
         for hook in self.hooks:
             hook.close()

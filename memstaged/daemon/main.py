@@ -20,13 +20,21 @@ from memstaged.config import Settings
 from memstaged.core import ticks
 from memstaged.daemon import control_socket, metrics
 from memstaged.daemon.loop import Daemon
+from memstaged.daemon.memory_dirs import daemons_holding_all
 from memstaged.daemon.watcher import Kind, Signal
-from memstaged.errors import ConfigError, MemstagedError
+from memstaged.errors import BusyError, ConfigError, MemstagedError
+from memstaged.files.locks import service_unit
 
 
 def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], Settings]) -> int:
-    """The daemon of ``memstaged`` (no ``--once``): signal handlers, then :meth:`Daemon.run`."""
+    """The daemon of ``memstaged`` (no ``--once``): signal handlers, then :meth:`Daemon.run`.
+
+    Unless it is to ``wait``, a daemon whose every memory dir another memstaged daemon holds
+    is not started (:func:`refuse_if_running`)."""
     from memstaged.log.writer import get_logger
+
+    if not wait:
+        refuse_if_running(settings)
 
     tally = metrics.Tally(get_logger())
     logger: Any = tally
@@ -48,12 +56,34 @@ def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], S
     except MemstagedError:
         raise
     except Exception as err:
-        logger.critical("crash", error=repr(err), action="exiting; systemd restarts the service")
+        logger.critical(
+            "crash",
+            pid=os.getpid(),
+            error=repr(err),
+            action="exiting; systemd restarts the service",
+        )
         raise
     finally:
         ticks.set_hook(None)
         if not daemon.stopping:  # a crash: stop the watcher threads too
             daemon.watcher.stop()
+
+
+def refuse_if_running(settings: Settings) -> None:
+    """Raise :class:`BusyError` (exit 1, one line, as ``postfix start`` says it) when every
+    configured memory dir is held by another memstaged daemon: a second one would only idle,
+    retrying them, its events mixed into the first one's log. It has logged nothing yet, made
+    no control socket and writes no metrics file. The line names each daemon's pid and its
+    systemd service, if it runs as one: ``memstaged is already running (pid 4242,
+    memstaged.service)``."""
+    holders = daemons_holding_all(settings)
+    if not holders:
+        return
+    named = []
+    for holder in holders:
+        unit = service_unit(holder.pid)
+        named.append(f"pid {holder.pid}" + (f", {unit}" if unit else ""))
+    raise BusyError(f"memstaged is already running ({'; '.join(named)})")
 
 
 def attach(daemon: Daemon, tally: metrics.Tally) -> None:

@@ -28,11 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, NamedTuple, Protocol
 
-from memstaged.config import link_on_the_way
+from memstaged.config import Settings, link_on_the_way
 from memstaged.core.foreign import normalize
 from memstaged.daemon.watcher import Signal, component_matches
 from memstaged.errors import BusyError, ConfigError, WaitStopped
-from memstaged.files.locks import InstanceLock
+from memstaged.files.locks import Holder, InstanceLock, flock_holders, instance_holder
 from memstaged.files.memdir import STAGING, MemoryDir
 
 
@@ -79,6 +79,25 @@ Waiting = Callable[[], bool]
 #: the control socket's six at most (its socket, an eventfd, four clients), and lets 1,000
 #: memory dirs fit under a hard limit of 1,024 (SPEC 6).
 FD_RESERVE: Final = 24
+
+
+def daemons_holding_all(settings: Settings) -> list[Holder]:
+    """The memstaged daemons whose instance locks hold every configured memory dir, each once,
+    in the order of the memory dirs; empty when none is configured (yet), or one is free or
+    held by anything else (a ``--once`` run, which ends soon; a process that is not memstaged):
+    a daemon started then works on what it can, and retries the others on each rescan.
+
+    Read from ``/proc/locks`` (:func:`flock_holders`, once): nothing is locked or created, so
+    a daemon refused for this has touched nothing, not even the shared metrics file.
+    """
+    holders: dict[int, Holder] = {}
+    table = flock_holders()
+    for mdir in settings.memory_dirs():
+        holder = instance_holder(settings.state_dir, mdir, table)
+        if holder is None or holder.role != "daemon":
+            return []
+        holders.setdefault(holder.pid, holder)
+    return list(holders.values())
 
 
 class Glob(NamedTuple):

@@ -596,6 +596,28 @@ def remove(path: os.PathLike[str] | str, *, tree: bool = False) -> None:
         os.unlink(path)
 
 
+def remove_regular(path: os.PathLike[str] | str) -> bool:
+    """Remove the regular file at ``path``, never anything else (a link, whatever it points
+    to, a directory, a socket): whether it removed one. The name is looked at and removed
+    relative to its directory (the path up to it is the user's, links followed). Raises
+    :class:`OSError` but for a missing one."""
+    parent, name = os.path.split(os.fspath(path))
+    try:
+        dir_fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        st = lstat_at(dir_fd, name)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return False
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(dir_fd)
+    return True
+
+
 def remove_empty_dir(path: os.PathLike[str] | str) -> bool:
     """Remove the directory at ``path`` if it is empty; whether it was."""
     try:

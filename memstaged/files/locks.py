@@ -178,6 +178,28 @@ def memstaged_role(pid: int) -> str | None:
     return "daemon"
 
 
+def service_unit(pid: int) -> str | None:
+    """The systemd service the process ``pid`` runs as (``memstaged.service``): the last
+    component of its cgroup, from ``/proc/PID/cgroup`` (the unified hierarchy's line, else
+    systemd's own on a legacy host). ``None`` when that is no service (a terminal's session
+    or scope, a user manager itself) or cannot be read."""
+    try:
+        text = fsio.read_small(f"/proc/{pid}/cgroup").decode("utf-8", "replace")
+    except OSError:
+        return None
+    unified = legacy = ""
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            unified = path
+        elif "name=systemd" in controllers.split(","):
+            legacy = path
+    last = (unified if unified.strip("/") else legacy).rstrip("/").rpartition("/")[2]
+    manager = last.startswith("user@")  # user@UID.service holds only the manager's init.scope
+    return last if last.endswith(".service") and not manager else None
+
+
 #: Interpreter options that take the next word as their value (``python -X dev memstaged``).
 _VALUED_OPTIONS: Final = (b"-W", b"-X", b"--check-hash-based-pycs")
 
@@ -455,29 +477,33 @@ class InstanceLock:
             self._fd = None
 
 
-def flock_holder(st: os.stat_result) -> int | None:
-    """The pid holding an exclusive ``flock`` on the file ``st`` is of, from ``/proc/locks``.
+def flock_holders() -> dict[str, int]:
+    """Every exclusive ``flock`` the kernel lists in ``/proc/locks``, as ``"MAJ:MIN:INODE"`` (of
+    the locked file, in hex as the kernel writes it) -> the pid holding it; empty when the
+    kernel does not say.
 
     Reading ``/proc/locks`` takes no lock, so ``status`` never makes a starting daemon see the
-    memory dir as busy. ``None`` when no process holds one (or the kernel does not say).
+    memory dir as busy. Read once for many files (:func:`flock_holder`'s ``holders``).
     """
-    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
         with open("/proc/locks", "rb") as fh:
             text = fh.read().decode("ascii", "replace")
     except OSError:
-        return None
+        return {}
+    found: dict[str, int] = {}
     for line in text.splitlines():
         fields = line.split()
         # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; blocked waiters start with "->".
-        if (
-            len(fields) >= 6
-            and fields[1:4:2] == ["FLOCK", "WRITE"]
-            and fields[5] == wanted
-            and fields[4].isdigit()
-        ):
-            return int(fields[4])
-    return None
+        if len(fields) >= 6 and fields[1:4:2] == ["FLOCK", "WRITE"] and fields[4].isdigit():
+            found.setdefault(fields[5], int(fields[4]))
+    return found
+
+
+def flock_holder(st: os.stat_result, holders: dict[str, int] | None = None) -> int | None:
+    """The pid holding an exclusive ``flock`` on the file ``st`` is of (:func:`flock_holders`,
+    read now unless given). ``None`` when no process holds one (or the kernel does not say)."""
+    table = flock_holders() if holders is None else holders
+    return table.get(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
 
 
 class Holder(NamedTuple):
@@ -487,11 +513,11 @@ class Holder(NamedTuple):
     role: str | None
 
 
-def lock_holder(st: os.stat_result) -> Holder | None:
+def lock_holder(st: os.stat_result, holders: dict[str, int] | None = None) -> Holder | None:
     """Who holds an exclusive ``flock`` on the file ``st`` is of (:func:`flock_holder`), and
     whether it is memstaged (:func:`memstaged_role`); ``None`` when no one (or the kernel does
     not say). A holder gone between the two looks is no holder, not one that is not memstaged."""
-    pid = flock_holder(st)
+    pid = flock_holder(st, holders)
     if not pid:
         return None
     role = memstaged_role(pid)
@@ -500,9 +526,12 @@ def lock_holder(st: os.stat_result) -> Holder | None:
     return Holder(pid, role)
 
 
-def instance_holder(state_dir: Path | None, mdir: MemoryDir) -> Holder | None:
+def instance_holder(
+    state_dir: Path | None, mdir: MemoryDir, holders: dict[str, int] | None = None
+) -> Holder | None:
     """Who holds the instance lock of ``mdir`` (for ``status``, which takes no lock and
-    creates nothing: a lock file not there yet is held by no one)."""
+    creates nothing: a lock file not there yet is held by no one); ``holders``: the locks
+    :func:`flock_holders` read, for many memory dirs at once."""
     dir_id = mdir.identity()
     if state_dir is None or dir_id is None:
         return None
@@ -510,7 +539,7 @@ def instance_holder(state_dir: Path | None, mdir: MemoryDir) -> Holder | None:
         st = os.stat(instance_lock_path(state_dir, dir_id), follow_symlinks=False)
     except OSError:
         return None
-    return lock_holder(st)
+    return lock_holder(st, holders)
 
 
 def log_stale_locks(logger: Any, seen: Sequence[StaleLock], **fields: Any) -> None:

@@ -696,14 +696,15 @@ def test_memory_dirs_beyond_a_hard_descriptor_limit_leave_the_others_working(
 def test_second_instance_exits_1_and_a_killed_one_blocks_nobody(
     memory_dir: Path, spawn: Callable[..., DaemonProcess]
 ) -> None:
-    """A second daemon or --once on a busy memory dir says so and exits 1; after the first is
-    killed with SIGKILL, a new daemon starts at once (the lock died with the process). (The
-    --once shares the daemons' state dir, where the instance locks are.)"""
+    """A second daemon or --once on a busy memory dir says so and exits 1 (the daemon, whose
+    every memory dir the first one holds: that memstaged is already running, issue 31 item 6);
+    after the first is killed with SIGKILL, a new daemon starts at once (the lock died with
+    the process). (The --once shares the daemons' state dir, where the instance locks are.)"""
     first = spawn("--memory-dir", str(memory_dir), name="first")
     second = spawn("--memory-dir", str(memory_dir), name="second", ready=False)
     assert second.proc.wait(timeout=10) == 1
     message = second.stderr_file.read_text()
-    assert f"another memstaged (pid {first.proc.pid}) is working on {memory_dir}" in message
+    assert message.startswith(f"memstaged is already running (pid {first.proc.pid}")
     once = subprocess.run(
         [sys.executable, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir)],
         capture_output=True,

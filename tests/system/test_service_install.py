@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import stat
 from pathlib import Path
 
@@ -57,9 +58,12 @@ def test_service_install_writes_the_unit_and_reloads(
     assert os.path.isabs(executable) and os.access(executable, os.X_OK)
     assert Path(executable).name == "memstaged"
     assert stat.S_IMODE(unit.stat().st_mode) == 0o644
+    state = "--user --no-ask-password show -p LoadState,ActiveState,UnitFileState,FragmentPath"
     assert _calls(fake_systemctl) == [
+        f"{state} memstaged.service",
         "--user --no-ask-password show-environment",
         "--user --no-ask-password daemon-reload",
+        f"{state} memstaged.service",
     ]
     assert "then run: systemctl --user enable --now memstaged" in capsys.readouterr().err
 
@@ -131,7 +135,7 @@ def test_service_install_enable_starts_it_and_uninstall_undoes_it(
     removes the file and reloads."""
     _configure(tmp_path)
     assert main(["service", "install", "--enable"]) == 0
-    assert _calls(fake_systemctl)[2:] == [
+    assert _calls(fake_systemctl)[3:5] == [
         "--user --no-ask-password enable memstaged.service",
         "--user --no-ask-password start memstaged.service",
     ]
@@ -140,7 +144,7 @@ def test_service_install_enable_starts_it_and_uninstall_undoes_it(
     unit = tmp_path / "config" / "systemd" / "user" / "memstaged.service"
     assert not unit.exists()
     calls = _calls(fake_systemctl)
-    assert calls[0] == "--user --no-ask-password disable --now memstaged.service"
+    assert calls[1] == "--user --no-ask-password disable --now memstaged.service"
     assert "--user --no-ask-password daemon-reload" in calls
 
 
@@ -190,11 +194,12 @@ def test_service_install_sandbox_refused_when_the_manager_cannot_run_it(
 
 
 def _active_systemctl(fake_systemctl: Path) -> None:
-    """The stand-in systemctl answers ``is-active`` with 0: the service runs."""
+    """The stand-in systemctl says the service is enabled and runs (``show``)."""
     script = Path(shutil.which("systemctl") or "")
     assert script.parent == fake_systemctl.parent / "bin"
+    state = "LoadState=loaded\nActiveState=active\nUnitFileState=enabled\n"
     text = script.read_text().replace(
-        "case", '[ "$3" = "is-active" ] && exit 0\n[ "$3" = "show-environment" ] && exit 0\ncase', 1
+        "case", f'[ "$3" = "show" ] && printf "{state}" && exit 0\ncase', 1
     )
     script.write_text(text)
 
@@ -329,3 +334,54 @@ def test_uninstall_that_cannot_remove_the_unit_says_so_in_one_line(
     assert len(err.strip().splitlines()) == 1, err
     assert f"cannot remove {unit}" in err
     assert (unit / "keep").read_text() == "x"
+
+
+def test_purge_removes_only_memstageds_own_metrics_file_and_dead_sockets(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 31 item 9, with real files and real sockets: `uninstall --purge` removes the
+    metrics file when it is a regular file, and each control socket no process listens on. A
+    link at the metrics path (and what it points to), a socket a daemon still listens on, and
+    a file that only has a socket's name are left as they are; the live socket is said."""
+    monkeypatch.delenv("MEMSTAGED_METRICS_FILE", raising=False)
+    precious = tmp_path / "precious.prom"
+    precious.write_text("# not memstaged's\n")
+    metrics = tmp_path / "textfile" / "memstaged.prom"
+    metrics.parent.mkdir()
+    metrics.symlink_to(precious)
+    _configure(tmp_path, f'metrics_file = "{metrics}"\n')
+    runtime = Path(os.environ["XDG_RUNTIME_DIR"]) / "memstaged"
+    runtime.mkdir(parents=True, mode=0o700)
+    stale, live, fake = (runtime / f"daemon-{n}.sock" for n in (1, 2, 3))
+    with socket.socket(socket.AF_UNIX) as gone:
+        gone.bind(str(stale))  # closed without unlinking: as a killed daemon leaves it
+    fake.write_text("not a socket\n")
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(live))
+        listening.listen()
+        assert main(["service", "uninstall", "--purge"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert f"removed {stale}" in out
+        assert not any(str(metrics) in line or str(fake) in line for line in out)
+        assert out[-2:] == [
+            "kept, a memstaged daemon outside the service still listens on them (stop it first):",
+            f"  {live}",
+        ]
+        assert stat.S_ISSOCK(live.lstat().st_mode)
+    assert not os.path.lexists(stale)
+    assert metrics.is_symlink() and precious.read_text() == "# not memstaged's\n"
+    assert fake.read_text() == "not a socket\n"
+
+    metrics.unlink()
+    metrics.write_text("memstaged_memory_dirs_not_watched 4\n")
+    _configure(tmp_path, f'metrics_file = "{metrics}"\n')  # the purge above removed it
+    assert main(["service", "uninstall"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"  {metrics}  (metrics file)" in out
+    assert f"  {live}  (control socket of a daemon that is gone)" in out  # no one listens now
+    assert main(["service", "uninstall", "--purge"]) == 0
+    assert f"removed {metrics}" in capsys.readouterr().out.splitlines()
+    assert not metrics.exists()

@@ -107,9 +107,9 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
     drop-in): on the demo's data `status --check` asks the daemon over its control socket and
     warns (exit 1) for the unseen dead letters; `deadletter ack --all` makes it OK (exit 0) and
     the metrics file follows; the metrics file is written from inside the unit (its
-    `metrics_file_mode`, 0644, under the unit's UMask=0077, issue 31 item 2; parsed by prometheus_client) with the demo's decisions
-    and follows a new file; with the daemon SIGSTOPped the check is CRITICAL (exit 2) naming
-    the daemon that does not answer, and OK again after SIGCONT. A check run without
+    `metrics_file_mode`, 0644, under the unit's UMask=0077, issue 31 item 2; parsed by
+    prometheus_client) with the demo's decisions and follows a new file; with the daemon
+    SIGSTOPped the check is CRITICAL (exit 2) naming the daemon that does not answer, and OK again after SIGCONT. A check run without
     XDG_RUNTIME_DIR (cron, NRPE) finds the daemon too, and the journal has no control_failed
     or metrics_failed."""
     project, mdir = _demo(tmp_path)
