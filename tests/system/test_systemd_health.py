@@ -109,9 +109,9 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
     the metrics file follows; the metrics file is written from inside the unit (its
     `metrics_file_mode`, 0644, under the unit's UMask=0077, issue 31 item 2; parsed by
     prometheus_client) with the demo's decisions and follows a new file; with the daemon
-    SIGSTOPped the check is CRITICAL (exit 2) naming the daemon that does not answer, and OK again after SIGCONT. A check run without
-    XDG_RUNTIME_DIR (cron, NRPE) finds the daemon too, and the journal has no control_failed
-    or metrics_failed."""
+    SIGSTOPped the check is CRITICAL (exit 2) naming the daemon that does not answer, and OK
+    again after SIGCONT. A check run without XDG_RUNTIME_DIR (cron, NRPE) finds the daemon too,
+    and the journal has no control_failed or metrics_failed."""
     project, mdir = _demo(tmp_path)
     prom = tmp_path / "textfile" / "memstaged.prom"
     prom.parent.mkdir()
