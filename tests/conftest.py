@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 import stat
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 import structlog
+from support.daemon_process import WAIT, DaemonProcess
 
 from memstaged.log import writer
 
@@ -215,3 +217,25 @@ def plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
     tests use it on every test: ``pytestmark = pytest.mark.usefixtures("plain_output")``)."""
     for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Starts real daemons (for ``system/``) in ``tmp_path``, with the options of
+    :class:`~support.daemon_process.DaemonProcess`, each ready unless ``ready=False``; any still
+    running at the end is killed, a stopped one (SIGSTOP) too."""
+    started: list[DaemonProcess] = []
+
+    def start(
+        *args: str, ready: bool = True, ready_timeout: float = WAIT, **options: Any
+    ) -> DaemonProcess:
+        daemon = DaemonProcess(tmp_path, *args, **options)
+        started.append(daemon)
+        if ready:
+            daemon.wait_ready(ready_timeout)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.proc.send_signal(signal.SIGCONT)  # a test that failed while it was stopped
+        daemon.kill()

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.documents import DELETE, lesson
 from support.engine import (
-    DELETE,
     FILE_NAME,
     PROJECT,
     category_items,
@@ -27,7 +27,6 @@ from support.engine import (
     encode,
     expected_after_repairs,
     is_safe_name,
-    lesson,
     patched,
     preference,
     records,

@@ -13,8 +13,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support.documents import DELETE, lesson
 from support.engine import (
-    DELETE,
     PROJECT,
     category_items,
     context,
@@ -23,7 +23,6 @@ from support.engine import (
     encode,
     expected_after_repairs,
     is_safe_name,
-    lesson,
     patched,
     preference,
     records,

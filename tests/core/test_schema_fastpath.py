@@ -19,7 +19,8 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.engine import DELETE, Form, classify, patched, staging
+from support.documents import DELETE
+from support.engine import Form, classify, patched, staging
 
 from memstaged.core.decide import _foreign_root
 from memstaged.core.foreign import foreign_root

@@ -21,6 +21,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from support.commands import one_line_error, run
+from support.waiting import wait_until
 
 from memstaged.daemon import control_socket
 from memstaged.errors import Unanswered
@@ -110,14 +111,6 @@ def _in_connect(tid: int) -> bool:
         return f.read().split()[0] == str(number)
 
 
-def _wait_until(predicate: object, what: str) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
-
-
 def test_a_wait_for_a_place_cut_short_by_a_signal_goes_on(tmp_path: Path) -> None:
     """Issue 29 D2: `status` waits in `connect` for a place in a full listen queue. A signal
     with a handler (a stop and continue, a debugger attaching) cuts that wait short, and Python
@@ -152,9 +145,9 @@ def test_a_wait_for_a_place_cut_short_by_a_signal_goes_on(tmp_path: Path) -> Non
         old = signal.signal(signal.SIGUSR1, lambda *_: handled.set())
 
         def daemon() -> None:
-            _wait_until(lambda: _in_connect(main), "status waiting in connect")
+            wait_until(lambda: _in_connect(main), "status waiting in connect", interval=0.001)
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
-            _wait_until(handled.is_set, "the signal handled")
+            wait_until(handled.is_set, "the signal handled", interval=0.001)
             time.sleep(0.05)  # not a wait for an event: it lets a broken client fail first
             for _ in queued:
                 conn, _ = server.accept()

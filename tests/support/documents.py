@@ -11,21 +11,34 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 EVIDENCE = {"discussion_note_ids": [1, 2]}
 
 
-def lesson(**overrides: Any) -> dict[str, Any]:
+#: A value of :func:`lesson`'s changes (and of :mod:`support.engine`'s builders) that removes
+#: the key.
+DELETE: Final = object()
+
+
+def changed(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated with ``changes``, without the keys set to :data:`DELETE`."""
+    base.update(changes)
+    return {key: value for key, value in base.items() if value is not DELETE}
+
+
+def lesson(cid: str = "", **changes: Any) -> dict[str, Any]:
+    """A valid lesson candidate (the tests' one builder); ``cid`` marks its summary and
+    detail, so that a test tells its candidates apart in records and rewrites."""
+    mark = f"{cid} " if cid else ""
     base: dict[str, Any] = {
-        "summary": "Run mypy before committing",
-        "detail": "Strict mode caught the Optional misuse.",
+        "summary": f"{mark}Run mypy before committing",
+        "detail": f"{mark}Strict mode caught the Optional misuse.",
         "scope_suggestion": "project",
         "triggers": [{"type": "command", "pattern": "git commit"}],
         "source_evidence": EVIDENCE,
     }
-    base.update(overrides)
-    return base
+    return changed(base, changes)
 
 
 def staging_doc(project_root: Path | str, session: str = "s1", **overrides: Any) -> dict[str, Any]:

@@ -20,32 +20,15 @@ from memstaged.core.js.ecma import parse_json
 from memstaged.core.repair import Repair
 from memstaged.core.schema import CATEGORIES
 from memstaged.core.timestamps import canonical, repairable
+from support.documents import DELETE, changed, lesson
 
 PROJECT: Final = "/home/ana/src/example-project"
 FILE_NAME: Final = "sess-1.json"
 VALID_AT: Final = "2026-01-01T00:00:00Z"
 
 #: Marks a key to delete in :func:`patched`.
-DELETE: Final = object()
 
 Path = tuple[str | int, ...]
-
-
-def _changed(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    base.update(changes)
-    return {key: value for key, value in base.items() if value is not DELETE}
-
-
-def lesson(**changes: Any) -> dict[str, Any]:
-    """A valid lesson candidate."""
-    base: dict[str, Any] = {
-        "summary": "Run uv sync before the tests",
-        "detail": "The lock file pins pytest; a stale venv fails collection.",
-        "scope_suggestion": "tooling",
-        "triggers": [{"type": "command", "pattern": "pytest"}],
-        "source_evidence": {"discussion_note_ids": [12], "source": "session"},
-    }
-    return _changed(base, changes)
 
 
 def preference(**changes: Any) -> dict[str, Any]:
@@ -54,7 +37,7 @@ def preference(**changes: Any) -> dict[str, Any]:
         "text": "Prefer small commits",
         "source_evidence": {"lesson_candidate_marker_ids": ["m-1"]},
     }
-    return _changed(base, changes)
+    return changed(base, changes)
 
 
 def decision(**changes: Any) -> dict[str, Any]:
@@ -64,7 +47,7 @@ def decision(**changes: Any) -> dict[str, Any]:
         "detail": "It decodes straight from bytes.",
         "source_evidence": {"discussion_note_ids": [3, 4.5]},
     }
-    return _changed(base, changes)
+    return changed(base, changes)
 
 
 def staging(**changes: Any) -> dict[str, Any]:
@@ -83,7 +66,7 @@ def staging(**changes: Any) -> dict[str, Any]:
             "unknown_category": [{"anything": True}],
         },
     }
-    return _changed(base, changes)
+    return changed(base, changes)
 
 
 def patched(doc: Any, *edits: tuple[Path, Any]) -> Any:

@@ -25,7 +25,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from memstaged.core.records import ORIGINALS_DIR
 from memstaged.errors import NotJSON
 from memstaged.files.memdir import MemoryDir
 from memstaged.files.temp_names import TEMP_PREFIX
+from support.documents import lesson
 
 PYTHON: Final = sys.executable
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -205,17 +205,6 @@ def carried_out(event: dict[str, Any]) -> bool:
     return hashlib.sha256(data).hexdigest() != event.get("sha256")
 
 
-def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate()`` until it is true or ``timeout`` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-
-
 def files_under(root: Path) -> dict[str, bytes]:
     """Every regular file under ``root`` (no link, not the reconciler's lock): path -> bytes."""
     return {
@@ -265,16 +254,6 @@ def mounted(target: Path, *args: str) -> Iterator[None]:
 
 
 # -- corpora --------------------------------------------------------------------------------------
-
-
-def lesson(cid: str, *, triggers: Any = None) -> dict[str, Any]:
-    return {
-        "summary": f"{cid} keep the build green",
-        "detail": f"{cid}: run the tests before every push.",
-        "scope_suggestion": "project",
-        "triggers": [{"type": "command", "pattern": "git push"}] if triggers is None else triggers,
-        "source_evidence": EVIDENCE,
-    }
 
 
 def preference(cid: str) -> dict[str, Any]:

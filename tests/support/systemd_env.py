@@ -46,9 +46,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from support.waiting import wait_until
 
 __all__ = [
     "LeftoverProcessesError",
@@ -122,21 +124,6 @@ class StartupError(RuntimeError):
 
 class LeftoverProcessesError(RuntimeError):
     """Processes survived teardown (they have been killed since), or cgroups stayed."""
-
-
-def wait_until(
-    predicate: Callable[[], bool],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.02,
-) -> None:
-    """Poll ``predicate`` until it is true; raise TimeoutError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
 
 
 # --------------------------------------------------------------------------- discovery

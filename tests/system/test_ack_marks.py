@@ -23,8 +23,8 @@ from support.helpers import (
     memstaged_env,
     project_root_of,
     run_once,
-    wait_for,
 )
+from support.waiting import wait_for
 
 from memstaged.deadletter import acks
 

@@ -93,7 +93,7 @@ def test_config_show_gives_each_value_and_where_it_came_from(
         "default\tlog_max_bytes=10485760",
         "default\tlog_backups=5",
         'default\tmetrics_file=""',
-        'default\tmetrics_file_mode="0644"',
+        'default\tmetrics_file_mode="0600"',
     ]
 
     mdir = home / "p" / ".pi" / "memory" / "project"

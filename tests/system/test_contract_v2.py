@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 from support.date_corpus import corpus
+from support.documents import DELETE, lesson
 from support.engine import (
-    DELETE,
     PROJECT,
     context,
     decide_doc,
     decoded,
     encode,
-    lesson,
     patched,
     preference,
     records,
@@ -149,7 +148,7 @@ def test_r6_undoes_the_agents_recover_of_memstageds_own_record() -> None:
         ),
         pytest.param({"project_root": "/", "cwd": "/w/tool"}, "tool", id="root-has-no-basename"),
         pytest.param({"project_root": "/x/  ", "root": "/r/y//"}, "y", id="blank-basename"),
-        pytest.param({"project_root": "///"}, "tooling", id="falls-to-scope"),
+        pytest.param({"project_root": "///"}, "project", id="falls-to-scope"),
     ],
 )
 def test_topic_passes_over_blank_context_keys(context_keys: dict[str, Any], expected: str) -> None:

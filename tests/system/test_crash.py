@@ -55,10 +55,10 @@ from support.helpers import (
     run_once,
     same_size_doc,
     temps_in,
-    wait_for,
     write_config,
     write_inputs,
 )
+from support.waiting import wait_for
 
 from memstaged.core.decide import Decision
 from memstaged.core.records import ORIGINALS_DIR

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,30 +26,6 @@ from support.notify_socket import NotifySocket
 
 from memstaged.daemon.memory_dirs import FD_RESERVE
 from memstaged.deadletter import acks
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    """Starts daemons; any still running at the end of the test is killed."""
-    started: list[DaemonProcess] = []
-
-    def start(
-        *args: str,
-        name: str = "daemon",
-        ready: bool = True,
-        nofile: tuple[int, int] | None = None,
-        ready_timeout: float = WAIT,
-        env: dict[str, str] | None = None,
-    ) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, name=name, nofile=nofile, env=env)
-        started.append(daemon)
-        if ready:
-            daemon.wait_ready(ready_timeout)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
 
 
 def _doc_bytes(project: Path, session: str = "s1") -> bytes:

@@ -33,10 +33,10 @@ from support.helpers import (
     memstaged_env,
     proc_status,
     project_root_of,
-    wait_for,
     write_config,
     write_inputs,
 )
+from support.waiting import wait_for
 
 from memstaged.core.decide import Context
 from memstaged.run.decider_pool import POOL_THRESHOLD, Deciders

@@ -19,15 +19,8 @@ import pytest
 from support.commands import json_lines, run
 from support.daemon_fakes import Rig, settings
 from support.documents import lesson, read_log, staging_doc, write
-from support.helpers import (
-    REPO,
-    daemon,
-    memstaged_cmd,
-    memstaged_env,
-    read_events,
-    run_once,
-    wait_for,
-)
+from support.helpers import REPO, daemon, memstaged_cmd, memstaged_env, read_events, run_once
+from support.waiting import wait_for
 
 from memstaged.daemon.watcher import Kind, Signal
 

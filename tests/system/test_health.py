@@ -18,7 +18,6 @@ import socket
 import stat
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from support.documents import staging_doc, write
 from support.failing_fs import Broken
 from support.helpers import memstaged_cmd, memstaged_env, mounted, without_dac_override
 from support.terminal import pty_run
+from support.waiting import wait_until
 
 from memstaged import config
 from memstaged.cli.commands.status import SUMMARY_COLUMNS, TERMINAL_COLUMNS
@@ -234,23 +234,6 @@ def _status_json(capsys: pytest.CaptureFixture[str], memory_dir: Path) -> tuple[
 # -- the daemon's control socket (a real daemon) -------------------------------------------------
 
 
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    """Starts real daemons (tests/system/test_daemon_process.py's), ready; killed at the end."""
-    started: list[DaemonProcess] = []
-
-    def start(*args: str, **options: Any) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, **options)
-        started.append(daemon)
-        daemon.wait_ready()
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.proc.send_signal(signal.SIGCONT)  # a test that failed while it was stopped
-        daemon.kill()
-
-
 def _daemon_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemon: DaemonProcess) -> None:
     """This process's commands see what the daemon's do: its log, its state dir."""
     monkeypatch.setenv("MEMSTAGED_LOG_FILE", str(daemon.log_file))
@@ -285,7 +268,7 @@ def test_a_stopped_daemon_is_critical_within_the_timeout(
 
     daemon.proc.send_signal(signal.SIGSTOP)
     try:
-        _wait(lambda: _process_state(daemon.proc.pid) == "T", "the daemon stopped")
+        wait_until(lambda: _process_state(daemon.proc.pid) == "T", "the daemon stopped")
         code, text, perf = _check(
             capsys, "--memory-dir", str(memory_dir), "--require-daemon", "--timeout", "1"
         )
@@ -453,7 +436,7 @@ def test_clients_that_never_read_delay_neither_decisions_nor_sigterm(
     answer = msgspec.json.encode(control_socket.ask(pid, timeout=60))
     assert len(answer) > 1.5 * _socket_buffer()  # the premise: a client that does not read blocks
     with NeverReading(pid, 12) as flood:
-        _wait(lambda: flood.closed >= 12, "the daemon closing clients that never read", 60)
+        wait_until(lambda: flood.closed >= 12, "the daemon closing clients that never read")
         (mdirs[-1] / "staging" / "new.json").write_bytes(b"{not json")
         assert daemon.wait_decided("new.json")["new.json"]["decision"] == "quarantined"
         assert daemon.stop() == 0
@@ -552,14 +535,6 @@ def _metrics(path: Path) -> dict[str, Any]:
     return samples
 
 
-def _wait(predicate: Callable[[], bool], what: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 def _sample(path: Path, name: str) -> float | None:
     try:
         return _metrics(path).get(name)
@@ -586,14 +561,14 @@ def test_metrics_file_is_written_by_the_daemon_and_follows_ack(
     cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
     daemon = spawn("--config", str(cfg))
     _daemon_env(tmp_path, monkeypatch, daemon)
-    _wait(prom.exists, "the metrics file")
+    wait_until(prom.exists, "the metrics file")
     assert stat.S_IMODE(prom.stat().st_mode) == 0o600
     fixme = staging_doc(project, "fix")
     del fixme["candidates"]["lessons"][0]["triggers"]
     write(memory_dir / "staging" / "fixme.json", fixme)
     write(memory_dir / "staging" / "broken.json", b"not json at all")
     daemon.wait_decided("fixme.json", "broken.json")
-    _wait(
+    wait_until(
         lambda: (
             _sample(prom, "memstaged_quarantined_candidates_total") == 1
             and _sample(prom, "memstaged_decisions_total{decision=repaired}") == 1
@@ -619,7 +594,7 @@ def test_metrics_file_is_written_by_the_daemon_and_follows_ack(
 
     code, _, _ = run(capsys, "deadletter", "ack", "--all", "--memory-dir", str(memory_dir))
     assert code == 0
-    _wait(
+    wait_until(
         lambda: _sample(prom, "memstaged_deadletter_unseen_records") == 0,
         "the unseen count after ack",
     )
@@ -644,7 +619,7 @@ def test_metrics_file_gives_the_waiting_file_and_when_its_wait_began(
         lambda ev: any(e["event"] == "decision" and e["decision"] == "deferred" for e in ev),
         "half.json deferred",
     )
-    _wait(lambda: _sample(prom, "memstaged_waiting_files") == 1, "one waiting file")
+    wait_until(lambda: _sample(prom, "memstaged_waiting_files") == 1, "one waiting file")
     found = _metrics(prom)
     assert found["memstaged_oldest_wait_timestamp_seconds"] == pytest.approx(
         half.stat().st_mtime, abs=0.001
@@ -668,14 +643,14 @@ def test_metrics_say_while_the_log_cannot_be_written_and_when_it_can_again(
         cfg = tmp_path / "memstaged.toml"
         cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
         daemon = spawn("--config", str(cfg), log_file=broken.log)
-        _wait(lambda: _sample(prom, "memstaged_log_write_failing") == 0, "the first metrics")
+        wait_until(lambda: _sample(prom, "memstaged_log_write_failing") == 0, "the first metrics")
         assert _metrics(prom)["memstaged_log_write_failures_total"] == 0
 
         broken.break_it()
         fixme = staging_doc(project, "fix")
         del fixme["candidates"]["lessons"][0]["triggers"]
         data = write(memory_dir / "staging" / "fixme.json", fixme)
-        _wait(
+        wait_until(
             lambda: _sample(prom, "memstaged_log_write_failing") == 1,
             "the metrics to say that the log cannot be written",
         )
@@ -685,7 +660,7 @@ def test_metrics_say_while_the_log_cannot_be_written_and_when_it_can_again(
         assert (memory_dir / "staging" / "fixme.json").read_bytes() == data  # nothing done
 
         broken.mend()
-        _wait(
+        wait_until(
             lambda: (
                 _sample(prom, "memstaged_log_write_failing") == 0
                 and _sample(prom, "memstaged_decisions_total{decision=repaired}") == 1
@@ -712,7 +687,7 @@ def test_metrics_count_a_staging_dir_that_cannot_be_watched(
     cfg = tmp_path / "memstaged.toml"
     cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
     daemon = spawn("--config", str(cfg), prefix=without_dac_override())
-    _wait(
+    wait_until(
         lambda: _sample(prom, "memstaged_memory_dirs_not_watched") == 1,
         "the metrics to say a memory dir is not watched",
     )
@@ -724,7 +699,7 @@ def test_metrics_count_a_staging_dir_that_cannot_be_watched(
 
     staging.rmdir()
     staging.mkdir()  # its memory dir's watch sees it come back, readable
-    _wait(
+    wait_until(
         lambda: _sample(prom, "memstaged_memory_dirs_not_watched") == 0,
         "the metrics to say the memory dir is watched again",
     )

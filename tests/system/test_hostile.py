@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from support import as_nobody
 from support.daemon_fakes import RecordingLogger
+from support.documents import lesson
 from support.helpers import (
     PYTHON,
     REPO,
@@ -32,7 +33,6 @@ from support.helpers import (
     doc,
     expected_verdict,
     fd_count,
-    lesson,
     make_memory_dir,
     memory_dir_of,
     memstaged_env,
@@ -41,8 +41,8 @@ from support.helpers import (
     read_events,
     run_once,
     temps_in,
-    wait_for,
 )
+from support.waiting import wait_for
 
 from memstaged.core.decide import Decision
 from memstaged.core.js.ecma import parse_json, trim

@@ -30,8 +30,8 @@ from support.helpers import (
     memstaged_env,
     read_events,
     run_once,
-    wait_for,
 )
+from support.waiting import wait_for
 
 from memstaged.files.fsio import private_dirs
 from memstaged.files.locks import InstanceLock, instance_holder, instance_lock_path, runs_memstaged

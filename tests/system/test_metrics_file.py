@@ -19,7 +19,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from support import as_nobody
 from support.daemon_process import DaemonProcess
 from support.documents import staging_doc, write
 from support.notify_socket import NotifySocket
+from support.waiting import wait_until
 
 #: What the unit's ``UMask=0077`` does, for a daemon started outside systemd.
 UMASK_077 = ("sh", "-c", 'umask 077 && exec "$@"', "sh")
@@ -36,22 +37,6 @@ UMASK_077 = ("sh", "-c", 'umask 077 && exec "$@"', "sh")
 DECISIONS = ("valid", "repaired", "quarantined", "foreign", "skipped")
 #: The counts of ``STATUS=watching N memory dirs; D decided, ...``.
 STATUS_DECIDED = re.compile(r"; (\d+) decided, ")
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    """Starts real daemons under ``umask 077``, ready; any still running at the end is killed."""
-    started: list[DaemonProcess] = []
-
-    def start(*args: str, **options: Any) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, prefix=UMASK_077, **options)
-        started.append(daemon)
-        daemon.wait_ready()
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
 
 
 def _config(path: Path, memory_dir: Path, prom: Path, mode: str | None = None) -> Path:
@@ -69,14 +54,6 @@ def _umask(pid: int) -> str:
         if line.startswith("Umask:"):
             return line.split()[1]
     raise AssertionError(f"no Umask: line in /proc/{pid}/status")
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _mode(path: Path) -> int | None:
@@ -122,12 +99,12 @@ def test_metrics_file_is_0600_under_umask_077_and_the_configured_mode_after_a_re
     prom = tmp_path / "textfile" / "memstaged.prom"
     prom.parent.mkdir()
     config = _config(tmp_path / "memstaged.toml", memory_dir, prom)
-    daemon = spawn("--config", str(config))
+    daemon = spawn("--config", str(config), prefix=UMASK_077)
     assert _umask(daemon.proc.pid) == "0077"
-    _wait(prom.exists, "the metrics file")
+    wait_until(prom.exists, "the metrics file")
     assert _mode(prom) == 0o600
     _reload(daemon, config, memory_dir, prom, "0640")
-    _wait(lambda: _mode(prom) == 0o640, "the metrics file written 0640")
+    wait_until(lambda: _mode(prom) == 0o640, "the metrics file written 0640")
     assert daemon.stop() == 0
     assert _mode(prom) == 0o640
     assert [p.name for p in prom.parent.iterdir()] == ["memstaged.prom"]
@@ -144,15 +121,15 @@ def test_another_user_reads_the_metrics_file_at_0644_and_not_at_0600(
     with as_nobody.workspace("memstaged-metrics-") as shared:
         prom = shared / "memstaged.prom"
         config = _config(tmp_path / "memstaged.toml", memory_dir, prom, "0644")
-        daemon = spawn("--config", str(config))
-        _wait(prom.exists, "the metrics file")
+        daemon = spawn("--config", str(config), prefix=UMASK_077)
+        wait_until(prom.exists, "the metrics file")
         assert _mode(prom) == 0o644
         read = as_nobody.run_as_nobody("cat", str(prom))
         assert read.returncode == 0, read.stderr
         assert "memstaged_memory_dirs_watched 1" in read.stdout.splitlines()
 
         _reload(daemon, config, memory_dir, prom, "0600")
-        _wait(lambda: _mode(prom) == 0o600, "the metrics file written 0600")
+        wait_until(lambda: _mode(prom) == 0o600, "the metrics file written 0600")
         refused = as_nobody.run_as_nobody("cat", str(prom))
         assert refused.returncode == 1
         assert "Permission denied" in refused.stderr
@@ -190,8 +167,8 @@ def test_a_group_acl_on_the_directory_lets_the_collector_read_a_0640_file_not_a_
         _setfacl("-d", "-m", f"g:{gid}:r", str(textfile))
         prom = textfile / "memstaged.prom"
         config = _config(tmp_path / "memstaged.toml", memory_dir, prom, "0640")
-        daemon = spawn("--config", str(config))
-        _wait(prom.exists, "the metrics file")
+        daemon = spawn("--config", str(config), prefix=UMASK_077)
+        wait_until(prom.exists, "the metrics file")
         assert _mode(prom) == 0o640
         acl = subprocess.run(
             ["getfacl", "-n", "-p", str(prom)], capture_output=True, text=True, check=True
@@ -202,7 +179,7 @@ def test_a_group_acl_on_the_directory_lets_the_collector_read_a_0640_file_not_a_
         assert "memstaged_memory_dirs_watched 1" in read.stdout.splitlines()
 
         _reload(daemon, config, memory_dir, prom, "0600")
-        _wait(lambda: _mode(prom) == 0o600, "the metrics file written 0600")
+        wait_until(lambda: _mode(prom) == 0o600, "the metrics file written 0600")
         refused = as_nobody.run_as_nobody("cat", str(prom))
         assert refused.returncode == 1
         assert "Permission denied" in refused.stderr
@@ -292,7 +269,13 @@ def test_decided_agrees_across_stop_status_and_metrics_and_counters_restart_from
     staging = memory_dir / "staging"
     notify = NotifySocket()
     try:
-        first = spawn("--config", str(config), name="first", env={"NOTIFY_SOCKET": notify.path})
+        first = spawn(
+            "--config",
+            str(config),
+            prefix=UMASK_077,
+            name="first",
+            env={"NOTIFY_SOCKET": notify.path},
+        )
         write(staging / "a.json", staging_doc(project, "a"))
         write(staging / "b.json", staging_doc(project, "b"))
         write(staging / "f.json", staging_doc(project / "elsewhere", "f"))
@@ -308,7 +291,7 @@ def test_decided_agrees_across_stop_status_and_metrics_and_counters_restart_from
         )
         assert first.decisions("q.json")[-2:] == ["deferred", "quarantined"]
         assert first.decisions("r.json") == ["repaired", "valid"]  # the second: its own rewrite
-        _wait(lambda: _status_decided(notify) == 5, "STATUS= saying 5 decided")
+        wait_until(lambda: _status_decided(notify) == 5, "STATUS= saying 5 decided")
         assert first.stop() == 0
         assert [e["decided"] for e in _events(first, "stop")] == [5]
         assert _status_decided(notify) == 5
@@ -331,11 +314,17 @@ def test_decided_agrees_across_stop_status_and_metrics_and_counters_restart_from
     prom.unlink()
     notify = NotifySocket()
     try:
-        second = spawn("--config", str(config), name="second", env={"NOTIFY_SOCKET": notify.path})
+        second = spawn(
+            "--config",
+            str(config),
+            prefix=UMASK_077,
+            name="second",
+            env={"NOTIFY_SOCKET": notify.path},
+        )
         [ready] = _events(second, "ready")
         assert (ready["decided"], ready["unchanged"]) == (0, 4)
-        _wait(prom.exists, "the restarted daemon's metrics file")
-        _wait(lambda: _status_decided(notify) is not None, "the restarted daemon's STATUS=")
+        wait_until(prom.exists, "the restarted daemon's metrics file")
+        wait_until(lambda: _status_decided(notify) is not None, "the restarted daemon's STATUS=")
         assert second.stop() == 0
         assert _events(second, "decision") == []
         assert [e["decided"] for e in _events(second, "stop")] == [0]

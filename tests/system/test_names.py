@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.commands import run
 from support.documents import staging_doc
-from support.helpers import daemon, memstaged_env, read_events, run_once, wait_for
+from support.helpers import daemon, memstaged_env, read_events, run_once
+from support.waiting import wait_for
 
 from memstaged import safe_text
 from memstaged.log.reader import parse_line

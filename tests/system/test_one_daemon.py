@@ -11,33 +11,19 @@ import json
 import re
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.daemon_process import WAIT, DaemonProcess, glob_config, many_projects
 from support.documents import staging_doc
-from support.systemd_env import unavailable_reason, user_systemd, wait_until
+from support.systemd_env import unavailable_reason, user_systemd
+from support.waiting import wait_until
 
 LIFECYCLE = ("start", "ready", "reload", "stop")
 MEMSTAGED = Path(sys.executable).parent / "memstaged"
 SYSTEMD = unavailable_reason()
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    """Starts daemons in ``tmp_path`` (one state dir); any still running at the end is killed."""
-    started: list[DaemonProcess] = []
-
-    def start(*args: str, name: str, log_file: Path | None = None) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, *args, name=name, log_file=log_file)
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
 
 
 def _already_running(pid: int) -> re.Pattern[str]:
@@ -69,7 +55,7 @@ def test_a_second_daemon_on_held_memory_dirs_exits_1_and_logs_nothing(
     wait_until(prom.exists, timeout=WAIT, what="the first daemon's metrics file")
     written = prom.stat().st_mtime_ns, prom.stat().st_ino
 
-    second = spawn("--config", str(conf), name="second", log_file=first.log_file)
+    second = spawn("--config", str(conf), name="second", log_file=first.log_file, ready=False)
     assert second.proc.wait(timeout=WAIT) == 1
     assert _already_running(first.proc.pid).fullmatch(second.stderr_file.read_text())
     assert (prom.stat().st_mtime_ns, prom.stat().st_ino) == written

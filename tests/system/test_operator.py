@@ -25,10 +25,10 @@ from support.helpers import (
     memstaged_cmd,
     memstaged_env,
     read_events,
-    wait_for,
     without_dac_override,
 )
 from support.terminal import pty_run
+from support.waiting import wait_for
 
 from memstaged.cli.main import main
 

@@ -27,10 +27,10 @@ from support.helpers import (
     memstaged_cmd,
     memstaged_env,
     read_events,
-    wait_for,
 )
 from support.node_oracle import Node
 from support.terminal import terminal
+from support.waiting import wait_for
 
 #: The failure guard of every wait (each ends on the event it waits for).
 GUARD = 60.0

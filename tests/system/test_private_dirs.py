@@ -28,14 +28,8 @@ import msgspec
 import pytest
 from support.commands import one_line_error, prepare, record_files, run, staging_files
 from support.daemon_process import DaemonProcess
-from support.helpers import (
-    daemon,
-    memory_dir_of,
-    memstaged_cmd,
-    memstaged_env,
-    read_events,
-    wait_for,
-)
+from support.helpers import daemon, memory_dir_of, memstaged_cmd, memstaged_env, read_events
+from support.waiting import wait_for
 
 from memstaged import config
 from memstaged.daemon import control_socket

@@ -10,18 +10,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.documents import lesson
 from support.helpers import (
     PYTHON,
     REPO,
     doc,
-    lesson,
     make_memory_dir,
     memstaged_env,
     project_root_of,
     run_once,
     stopped,
-    wait_for,
 )
+from support.waiting import wait_for
 
 
 def _chattr(flag: str, path: Path) -> subprocess.CompletedProcess[str]:

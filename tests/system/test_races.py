@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 from support.daemon_fakes import RecordingLogger
+from support.documents import lesson
 from support.helpers import (
     Inotify,
     candidate_id,
     context_for,
     daemon,
     doc,
-    lesson,
     make_memory_dir,
     memory_dir_of,
     memstaged_cmd,
@@ -43,9 +43,9 @@ from support.helpers import (
     run_once,
     sha256,
     temps_in,
-    wait_for,
     write_config,
 )
+from support.waiting import wait_for
 
 from memstaged.core.decide import Decision, decide
 from memstaged.core.records import ORIGINALS_DIR

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.documents import lesson
 from support.helpers import (
     KINDS,
     REPO,
     Input,
     check_final,
     doc,
-    lesson,
     make_corpus,
     make_memory_dir,
     memstaged_cmd,

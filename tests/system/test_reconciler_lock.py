@@ -30,8 +30,8 @@ from support.helpers import (
     read_events,
     run_once,
     stopped,
-    wait_for,
 )
+from support.waiting import wait_for
 
 from memstaged.core.records import ORIGINALS_DIR
 

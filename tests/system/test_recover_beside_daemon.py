@@ -34,10 +34,10 @@ from typing import Any, Final
 
 import pytest
 from support.commands import BAD_TRIGGER
+from support.documents import lesson
 from support.helpers import (
     candidate_id,
     decision,
-    lesson,
     memstaged_env,
     preference,
     project_root_of,
@@ -45,8 +45,8 @@ from support.helpers import (
     record_candidate_id,
     start_daemon,
     start_deadletter,
-    wait_for,
 )
+from support.waiting import wait_for
 
 from memstaged.files.temp_names import TEMP_PREFIX
 

@@ -7,7 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from support.helpers import PYTHON, REPO, lesson, make_memory_dir, memstaged_env
+from support.documents import lesson
+from support.helpers import PYTHON, REPO, make_memory_dir, memstaged_env
 
 
 def test_an_io_error_after_the_plan_exits_1_and_leaves_every_record_saying_why(

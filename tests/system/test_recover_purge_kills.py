@@ -51,9 +51,9 @@ from support.helpers import (
     record_candidate_id,
     start_daemon,
     start_deadletter,
-    wait_for,
     write_config,
 )
+from support.waiting import wait_for
 
 WRITER: Final = REPO / "tests" / "support" / "staging_writer.py"
 CATEGORIES: Final = ("lessons", "preferences", "decisions", "domain")

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.systemd_env import UserSystemd, unavailable_reason, user_systemd, wait_until
+from support.systemd_env import UserSystemd, unavailable_reason, user_systemd
+from support.waiting import wait_until
 
 REASON = unavailable_reason()
 pytestmark = [

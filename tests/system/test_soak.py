@@ -28,9 +28,9 @@ from support.helpers import (
     proc_status,
     project_root_of,
     read_events,
-    wait_for,
     write_config,
 )
+from support.waiting import wait_for
 
 SEED = int(os.environ.get("MEMSTAGED_TEST_SEED", random.randrange(1 << 30)))
 #: Every kind but deep nesting: it runs in a thread with a 1 GiB stack (ecma.run_deep), whose

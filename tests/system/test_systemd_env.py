@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from support import systemd_env
-from support.systemd_env import UserSystemd, wait_until
+from support.systemd_env import UserSystemd
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.systemd
 

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.documents import staging_doc
-from support.systemd_env import UserSystemd, unavailable_reason, user_systemd, wait_until
+from support.systemd_env import UserSystemd, unavailable_reason, user_systemd
+from support.waiting import wait_until
 
 REASON = unavailable_reason()
 pytestmark = [

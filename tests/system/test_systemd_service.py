@@ -22,13 +22,8 @@ from typing import Any
 
 import pytest
 from support.documents import staging_doc
-from support.systemd_env import (
-    UserSystemd,
-    unavailable_reason,
-    unprivileged_uid,
-    user_systemd,
-    wait_until,
-)
+from support.systemd_env import UserSystemd, unavailable_reason, unprivileged_uid, user_systemd
+from support.waiting import wait_until
 
 from memstaged.cli import systemd_unit
 from memstaged.log.format import MESSAGE_IDS

@@ -25,15 +25,8 @@ from pathlib import Path
 
 import pytest
 from support.daemon_fakes import RecordingLogger
-from support.helpers import (
-    PYTHON,
-    REPO,
-    doc,
-    lesson,
-    make_memory_dir,
-    memory_dir_of,
-    project_root_of,
-)
+from support.documents import lesson
+from support.helpers import PYTHON, REPO, doc, make_memory_dir, memory_dir_of, project_root_of
 
 from memstaged.core.decide import Decision
 from memstaged.core.records import Origin, original_name, whole_file_record
