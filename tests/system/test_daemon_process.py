@@ -733,7 +733,10 @@ def test_second_instance_exits_1_and_a_killed_one_blocks_nobody(
     second = spawn("--memory-dir", str(memory_dir), name="second", ready=False)
     assert second.proc.wait(timeout=10) == 1
     message = second.stderr_file.read_text()
-    assert f"another memstaged (pid {first.proc.pid}) is working on {memory_dir}" in message
+    assert (
+        f"the memstaged daemon (pid {first.proc.pid}) already decides the files of {memory_dir}"
+        in message
+    )
     once = subprocess.run(
         [sys.executable, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir)],
         capture_output=True,
@@ -747,7 +750,7 @@ def test_second_instance_exits_1_and_a_killed_one_blocks_nobody(
         },
     )
     assert once.returncode == 1
-    assert "another memstaged" in once.stdout + once.stderr
+    assert f"the memstaged daemon (pid {first.proc.pid})" in once.stdout + once.stderr
     first.kill()
     third = spawn("--memory-dir", str(memory_dir), name="third")
     assert third.stop() == 0
