@@ -79,7 +79,7 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
     log_backups: int = 5
     metrics_file: str = ""
     #: Octal, as ``chmod`` takes it: a number in TOML would be read as decimal.
-    metrics_file_mode: str | int = "0600"
+    metrics_file_mode: str = "0600"
 
 
 #: The settings, in the order ``config show`` lists them: the config file's keys.
@@ -124,6 +124,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_file_mode: int = 0o600
     #: Where each setting of :data:`SETTING_NAMES` (and ``config``, the file) came from.
     origins: dict[str, SettingOrigin] = {}
+    #: The keys of the config file left out, their defaults used (a lenient :func:`load`).
+    warnings: tuple[str, ...] = ()
 
     def values(self) -> dict[str, Any]:
         """Each setting's effective value, by the config file's key, as JSON values: what
@@ -325,14 +327,143 @@ def read_config(path: Path) -> FileConfig:
     return _read_config(path)[0]
 
 
-def _read_config(path: Path) -> tuple[FileConfig, frozenset[str]]:
-    """:func:`read_config`, and the keys the file sets (the others are defaults)."""
+#: What each key of the config file must be, in words: said alike for a value of the wrong type
+#: (``settle = "2s"``) and for one out of range (``settle = -1``).
+MUST_BE: Final[dict[str, str]] = {
+    "memory_dirs": "a list of paths (strings; globs and ~ allowed)",
+    "project_roots": "a table of memory dir = project root paths",
+    "settle": f"a number of seconds from 0 to {MAX_INTERVAL:.0f}",
+    "max_file_size": "a whole number of bytes greater than 0",
+    "max_quarantine_copy": "a whole number of bytes (0 or more; 0: never copy)",
+    "split_invalid_candidates": "true or false",
+    "rescan_interval": f"a number of seconds greater than 0 and at most {MAX_INTERVAL:.0f}",
+    "observer": '"auto", "inotify" or "polling"',
+    "log_file": 'a path (a string), or "" for the default',
+    "log_max_bytes": "a whole number of bytes greater than 0",
+    "log_backups": f"a whole number from 0 to {MAX_LOG_BACKUPS}",
+    "metrics_file": 'a path (a string), or "" for none',
+    "metrics_file_mode": '"0600", "0604", "0640" or "0644" (octal, in quotes: read and write '
+    "for the owner, read for the group or others, nothing else)",
+}
+
+
+def _seconds(low_open: bool) -> Any:
+    def check(value: float) -> bool:
+        above = value > 0 if low_open else value >= 0
+        return math.isfinite(value) and above and value <= MAX_INTERVAL
+
+    return check
+
+
+#: The ranges a key's type does not say, as a test of its (converted) value.
+_IN_RANGE: Final[dict[str, Any]] = {
+    "settle": _seconds(low_open=False),
+    "rescan_interval": _seconds(low_open=True),
+    "max_file_size": lambda v: v > 0,
+    "max_quarantine_copy": lambda v: v >= 0,
+    "log_max_bytes": lambda v: v > 0,
+    "log_backups": lambda v: 0 <= v <= MAX_LOG_BACKUPS,
+    "metrics_file_mode": lambda v: _mode(v) is not None,
+}
+
+
+def must_be(key: str) -> str:
+    """What ``key`` must be, in words; for a key :data:`MUST_BE` forgot, its type's words."""
+    if key in MUST_BE:
+        return MUST_BE[key]
+    kind = FileConfig.__annotations__.get(key, "")
+    words = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+    return words.get(str(kind), "a string" if "str" in str(kind) else "a valid value")
+
+
+def shown(value: object) -> str:
+    """A value as the TOML file has it, short: ``"2s"``, ``true``, ``1.5``, ``a list``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        import json
+
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 42 else text[:40] + '..."'
+    if isinstance(value, int | float):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:20] + "..."
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return f"a {type(value).__name__} ({value})"  # a TOML date or time
+
+
+def _key_problem(key: str, value: Any) -> str | None:
+    """Why ``key = value`` cannot be taken, in the config's own words, or None."""
+    try:
+        one = msgspec.convert({key: value}, FileConfig)
+    except (msgspec.ValidationError, RecursionError):
+        odd = [v for v in value if not isinstance(v, str)] if isinstance(value, list) else []
+        if odd and key == "memory_dirs":  # say which element: "not a list" would puzzle
+            return f"must be {must_be(key)}, not a list holding {shown(odd[0])}"
+        return f"must be {must_be(key)}, not {shown(value)}"
+    converted = getattr(one, key)
+    check = _IN_RANGE.get(key)
+    if check is not None and not check(converted):
+        return f"must be {must_be(key)}, not {shown(value)}"
+    paths = converted if isinstance(converted, list) else [converted]
+    if any(isinstance(p, str) and "\x00" in p for p in paths):  # TOML allows "\u0000"
+        return "a path cannot hold a NUL byte"
+    return None
+
+
+def _root_problem(key: str, value: Any) -> str | None:
+    """Why an entry of ``[project_roots]`` cannot be taken, or None."""
+    if not isinstance(value, str):
+        return f"must be a project root path (a string), not {shown(value)}"
+    if "\x00" in value or "\x00" in key:
+        return "a path cannot hold a NUL byte"
+    return None
+
+
+def _read_config(
+    path: Path, *, lenient: bool = False
+) -> tuple[FileConfig, frozenset[str], tuple[str, ...]]:
+    """:func:`read_config`, the keys the file sets (the others are defaults), and, when
+    ``lenient``, the problems of the keys it left out (each one line naming the file and the
+    key) instead of raising the first of them. A file that cannot be read or parsed is an
+    error either way: nothing of it can be trusted."""
+    raw = _parse_toml(path)
+    problems: list[str] = []
+    left_out, defaulted = ("; left out", ", its default used") if lenient else ("", "")
+    for key in list(raw):
+        if key not in SETTING_NAMES:
+            problems.append(f"{path}: unknown key '{key}'{_did_you_mean(key)}{left_out}")
+            del raw[key]
+        elif key == "project_roots" and isinstance(raw[key], dict):
+            for entry, root in list(raw[key].items()):
+                why = _root_problem(entry, root)
+                if why is not None:
+                    problems.append(f"{path}: key 'project_roots.{entry}': {why}{left_out}")
+                    del raw[key][entry]
+        elif (why := _key_problem(key, raw[key])) is not None:
+            problems.append(f"{path}: key '{key}': {why}{left_out}{defaulted}")
+            del raw[key]
+    if problems and not lenient:
+        raise ConfigError(problems[0])
+    try:
+        parsed = msgspec.convert(raw, FileConfig)  # every key was checked on its own above
+    except (msgspec.ValidationError, RecursionError) as err:  # pragma: no cover - defensive
+        raise ConfigError(f"{path}: {err}") from None
+    return parsed, frozenset(raw), tuple(problems)
+
+
+def _parse_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML as a dict; a file that cannot be read, is not UTF-8 or not TOML is one
+    line (:class:`ConfigError`)."""
     import tomllib  # only when there is a config file (start-up)
 
     try:
         # Links are followed, as the user named this path (dotfile managers link configs).
         data = fsio.read_private(path, MAX_CONFIG_SIZE, follow=True)
-        raw = tomllib.loads(data.decode("utf-8"))
+        return tomllib.loads(data.decode("utf-8"))
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
@@ -343,31 +474,6 @@ def _read_config(path: Path) -> tuple[FileConfig, frozenset[str]]:
         raise ConfigError(f"{path}: not valid TOML: a value is nested too deep") from None
     except ValueError:  # os.open refuses a path with a NUL byte: no file has such a name
         raise ConfigError(f"{path}: cannot read: a path cannot hold a NUL byte") from None
-    roots = raw.get("project_roots")
-    if isinstance(roots, dict):  # msgspec would say only `project_roots[...]`: name the entry
-        for key, value in roots.items():
-            if not isinstance(value, str):
-                raise ConfigError(f"{path}: key 'project_roots.{key}': expected a path string")
-    try:
-        parsed = msgspec.convert(raw, FileConfig)
-    except msgspec.ValidationError as err:
-        text = str(err)
-        if text.startswith("Object contains unknown field"):
-            key = text.split("`")[1]
-            raise ConfigError(f"{path}: unknown key '{key}'{_did_you_mean(key)}") from None
-        where = text.rsplit(" - at `$.", 1)
-        if len(where) == 2:
-            raise ConfigError(f"{path}: key '{where[1].rstrip('`')}': {where[0]}") from None
-        raise ConfigError(f"{path}: {text}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid TOML: a value is nested too deep") from None
-    paths = [("log_file", parsed.log_file), ("metrics_file", parsed.metrics_file)]
-    paths += [("memory_dirs", p) for p in parsed.memory_dirs]
-    paths += [(f"project_roots.{k}", v) for k, v in parsed.project_roots.items()]
-    for key, value in paths:
-        if "\x00" in value or "\x00" in key:  # TOML allows "\u0000"; no path can hold it
-            raise ConfigError(f"{path}: key '{key}': a path cannot hold a NUL byte")
-    return parsed, frozenset(raw)
 
 
 def _did_you_mean(key: str) -> str:
@@ -387,15 +493,15 @@ def _env_value(env: Mapping[str, str], name: str, kind: type, option: str) -> An
             return True
         if raw.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{ENV_PREFIX}{name}={raw!r}: expected true or false ({option})")
+        raise ConfigError(
+            f"{ENV_PREFIX}{name}={raw!r}: must be true or false (1, yes, on; 0, no, off) ({option})"
+        )
     try:
         value = kind(raw)
     except ValueError:
-        raise ConfigError(
-            f"{ENV_PREFIX}{name}={raw!r}: expected a {kind.__name__} ({option})"
-        ) from None
-    if kind is float:
-        checked_interval(value, f"{ENV_PREFIX}{name}")
+        value = math.nan  # said below, in the setting's own words
+    if kind is float and not _seconds(low_open=False)(value):
+        raise ConfigError(f"{ENV_PREFIX}{name}={raw!r}: must be {MUST_BE['settle']} ({option})")
     return value
 
 
@@ -421,37 +527,29 @@ def _memory_dir_patterns(
     return list(file_config.memory_dirs), False, None
 
 
-def _check_file_values(file_config: FileConfig, config_path: Path) -> None:
-    """The ranges the file's types do not say; each problem names the file and the key."""
-    checked_interval(file_config.rescan_interval, f"{config_path}: key 'rescan_interval'")
-    if file_config.max_file_size <= 0:
-        raise ConfigError(f"{config_path}: key 'max_file_size': must be positive")
-    if file_config.max_quarantine_copy < 0:
-        raise ConfigError(f"{config_path}: key 'max_quarantine_copy': must be 0 or more")
-    for key in ("rescan_interval", "log_max_bytes"):
-        if getattr(file_config, key) <= 0:
-            raise ConfigError(f"{config_path}: key '{key}': must be positive")
-    if file_config.log_backups < 0:
-        raise ConfigError(f"{config_path}: key 'log_backups': must be 0 or more")
-    if file_config.log_backups > MAX_LOG_BACKUPS:
-        raise ConfigError(f"{config_path}: key 'log_backups': must be at most {MAX_LOG_BACKUPS}")
+class _ConfigFile(NamedTuple):
+    path: Path
+    #: The path when it was read (a named one must exist, the default one may not).
+    used: str | None
+    values: FileConfig
+    #: The keys it sets.
+    present: frozenset[str]
+    origin: SettingOrigin
+    #: The keys left out of ``values`` (lenient only), one line each.
+    problems: tuple[str, ...] = ()
 
 
-def _config_file(
-    config: str | None, env: Mapping[str, str]
-) -> tuple[Path, str | None, FileConfig, frozenset[str], SettingOrigin]:
-    """The config file: ``--config``, else ``MEMSTAGED_CONFIG``, else the default path. Its
-    path; the path when it was read (a named one must exist, the default one may not); what it
-    says, the keys it sets; where its path came from."""
+def _config_file(config: str | None, env: Mapping[str, str], *, lenient: bool) -> _ConfigFile:
+    """The config file: ``--config``, else ``MEMSTAGED_CONFIG``, else the default path."""
     explicit = config or env.get(ENV_PREFIX + "CONFIG")
     path = Path(explicit) if explicit else default_config_path(env)
     origin = SettingOrigin("option", "--config") if config else DEFAULT
     if explicit and not config:
         origin = SettingOrigin("env", ENV_PREFIX + "CONFIG")
     if explicit or path.exists():
-        file_config, present = _read_config(path)
-        return path, str(path), file_config, present, origin
-    return path, None, FileConfig(), frozenset(), origin
+        file_config, present, problems = _read_config(path, lenient=lenient)
+        return _ConfigFile(path, str(path), file_config, present, origin, problems)
+    return _ConfigFile(path, None, FileConfig(), frozenset(), origin)
 
 
 def load(
@@ -463,14 +561,22 @@ def load(
     dry_run: bool = False,
     split_invalid_candidates: bool | None = None,
     env: Mapping[str, str] | None = None,
+    lenient: bool = False,
 ) -> Settings:
     """Resolve every setting: argument, then ``MEMSTAGED_*`` variable, then file, then default.
 
     Each setting's origin is kept beside it (``Settings.origins``), decided here with its value,
     so that ``config show`` cannot say otherwise than what a run uses.
+
+    A key of the file that is unknown or has a bad value is an error, unless ``lenient`` (the
+    commands that only look): then it is left out, its default used, and said in
+    ``Settings.warnings``. A file that cannot be read or parsed, and a bad option or variable,
+    are errors either way.
     """
     env = os.environ if env is None else env
-    config_path, used_config, file_config, present, config_origin = _config_file(config, env)
+    found = _config_file(config, env, lenient=lenient)
+    config_path, used_config, file_config, present = found[:4]
+    config_origin = found.origin
     origins = {"config": config_origin}
     file_origin = SettingOrigin("file", str(config_path))
 
@@ -509,7 +615,6 @@ def load(
             option="--settle" if settle is not None else None,
             variable="SETTLE" if env_settle is not None else None,
         )
-    _check_file_values(file_config, config_path)
     env_split = _env_value(env, "SPLIT_INVALID_CANDIDATES", bool, "split_invalid_candidates")
     split = _pick(split_invalid_candidates, env_split, file_config.split_invalid_candidates)
     if split_invalid_candidates is not None or env_split is not None:
@@ -552,13 +657,12 @@ def load(
         log_max_bytes=file_config.log_max_bytes,
         log_backups=file_config.log_backups,
         metrics_file=Path(os.path.expanduser(metrics_file)) if metrics_file else None,
-        metrics_file_mode=metrics_file_mode(
-            file_config.metrics_file_mode, f"{config_path}: key 'metrics_file_mode'"
-        ),
+        metrics_file_mode=_mode(file_config.metrics_file_mode) or 0o600,  # checked on reading
         explicit_dirs=explicit,
         state_dir=physical_state_dir(env),
         state_path=default_state_dir(env),
         origins=origins,
+        warnings=found.problems,
     )
 
 
@@ -568,22 +672,14 @@ def load(
 METRICS_FILE_MODES: Final = frozenset({0o600, 0o640, 0o604, 0o644})
 
 
-def metrics_file_mode(value: str | int, what: str) -> int:
-    """The metrics file's mode from its setting: octal digits in a string (``"0640"``, or
-    ``"640"``), one of :data:`METRICS_FILE_MODES`."""
-    *others, last = (f'"{m:04o}"' for m in sorted(METRICS_FILE_MODES))
-    rule = (
-        f"must be {', '.join(others)} or {last} (octal, in quotes: read and write for the "
-        "owner, read for the group or others, nothing else)"
-    )
-    if isinstance(value, int):
-        raise ConfigError(f"{what}: {rule}, got the number {value}")
-    if 3 <= len(value) <= 4 and not value.strip("01234567"):
-        mode = int(value, 8)
+def _mode(text: str) -> int | None:
+    """The mode ``text`` names (octal digits, ``"0640"`` or ``"640"``) when it is one of
+    :data:`METRICS_FILE_MODES`, else None."""
+    if 3 <= len(text) <= 4 and not text.strip("01234567"):
+        mode = int(text, 8)
         if mode in METRICS_FILE_MODES:
             return mode
-    shown = value if len(value) <= 12 else value[:12] + "..."
-    raise ConfigError(f'{what}: {rule}, got "{shown}"')
+    return None
 
 
 def check_log_file(path: Path) -> None:

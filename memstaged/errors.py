@@ -31,7 +31,14 @@ class UsageError(MemstagedError):
 
 
 class BusyError(MemstagedError):
-    """Another memstaged already works on a memory dir (SPEC section 5). Exit code 1."""
+    """Another memstaged already works on a memory dir (SPEC section 5). Exit code 1.
+
+    ``daemon``: the pid of the memstaged daemon that holds it, which no wait would see go.
+    """
+
+    def __init__(self, message: str, *, daemon: int | None = None) -> None:
+        super().__init__(message)
+        self.daemon = daemon
 
 
 class NotPrivate(PermissionError):

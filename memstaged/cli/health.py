@@ -7,12 +7,15 @@ deletes, not even a stale lock.
 from __future__ import annotations
 
 import errno
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
+from memstaged.cli.commands._output import plural
 from memstaged.core.decide import Decision
 from memstaged.deadletter import acks
 from memstaged.deadletter.store import list_originals
@@ -113,7 +116,7 @@ def survey(
         attention.append(f"cannot look into deadletter/: {getattr(err, 'strerror', None) or err}")
     if status.deadletter_unseen:
         attention.append(
-            f"{status.deadletter_unseen} dead-letter record(s) not yet seen: memstaged "
+            f"{plural(status.deadletter_unseen, 'dead-letter record')} not yet seen: memstaged "
             "deadletter list, then memstaged deadletter ack"
         )
     _lock_status(status, mdir, require_daemon, state_dir)
@@ -139,11 +142,13 @@ def _staging_attention(
     ]
     if pending:
         names = ", ".join(e.name for e in pending[:3]) + (", ..." if len(pending) > 3 else "")
-        attention.append(f"{len(pending)} staging file(s) not yet repaired or quarantined: {names}")
+        what = plural(len(pending), "staging file")
+        attention.append(f"{what} not yet repaired or quarantined: {names}")
     odd = [e for e in status.files if e.decision == Decision.SKIPPED.value or _unreadable(e)]
     if odd:
         names = ", ".join(f"{e.name} ({e.reason})" for e in odd[:3])
-        attention.append(f"{len(odd)} staging entr(ies) memstaged cannot decide: {names}")
+        what = plural(len(odd), "staging entry", "staging entries")
+        attention.append(f"{what} memstaged cannot decide: {names}")
     dated = [e for e in status.files if e.mtime is not None]
     if dated:
         oldest = min(dated, key=lambda e: e.mtime or 0.0)
@@ -181,3 +186,72 @@ def _lock_status(
 def _critical(status: DirStatus, text: str) -> None:
     status.attention.append(text)
     status.critical.append(text)
+
+
+#: The unit ``memstaged service install`` writes (:data:`memstaged.cli.systemd_unit.UNIT_NAME`).
+UNIT: Final = "memstaged.service"
+#: The unit's properties ``status --check`` asks the user manager for.
+_PROPERTIES: Final = ("LoadState", "UnitFileState", "ActiveState", "SubState", "Result")
+#: What ``is-enabled`` calls enabled: the unit starts with the user's manager.
+_ENABLED: Final = frozenset({"enabled", "enabled-runtime"})
+
+
+class Service(msgspec.Struct, frozen=True, kw_only=True):
+    """memstaged's systemd user unit, as the user manager sees it (``systemctl --user show``)."""
+
+    unit_file_state: str
+    active_state: str
+    sub_state: str
+    result: str
+
+    @property
+    def enabled(self) -> bool:
+        """Enabled: a daemon is meant to run, so a monitor requires one."""
+        return self.unit_file_state in _ENABLED
+
+    def problem(self) -> str | None:
+        """Why the enabled unit is not running, in ``systemctl``'s own words; None when it
+        runs (``active``, ``reloading``)."""
+        state = self.active_state
+        if state in ("active", "reloading"):
+            return None
+        if state == "inactive":
+            return f"{UNIT} is enabled but stopped (inactive): systemctl --user start memstaged"
+        if state == "failed":
+            return f"{UNIT} failed ({self.result}): journalctl --user -u memstaged"
+        return f"{UNIT} is not running: {state} ({self.sub_state})"
+
+
+def service(timeout: float) -> Service | None:
+    """memstaged's user unit as the user's manager has it, asked within ``timeout`` seconds;
+    None when there is no such unit, or no user manager answers (no systemd, another user's
+    session, a manager that hangs): then no unit is taken to be meant to run.
+
+    A monitor run from cron or NRPE has no ``XDG_RUNTIME_DIR``: the user's ``/run/user/<uid>``
+    is used, as for the control socket, so that ``systemctl --user`` finds the manager there.
+    """
+    from memstaged.daemon.control_socket import runtime_dir
+
+    env = dict(os.environ)
+    found = runtime_dir(env)
+    if found is not None and not env.get("XDG_RUNTIME_DIR", "").startswith("/"):
+        env["XDG_RUNTIME_DIR"] = str(found.parent)
+    argv = ["systemctl", "--user", "--no-ask-password", "show", UNIT]
+    argv += [f"--property={name}" for name in _PROPERTIES]
+    try:
+        done = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):  # no systemctl; a manager that hangs
+        return None
+    if done.returncode != 0:  # no user manager to ask (no bus, no XDG_RUNTIME_DIR)
+        return None
+    shown = dict(line.partition("=")[::2] for line in done.stdout.splitlines())
+    if shown.get("LoadState", "not-found") == "not-found":  # not installed (or removed)
+        return None
+    return Service(
+        unit_file_state=shown.get("UnitFileState", ""),
+        active_state=shown.get("ActiveState", ""),
+        sub_state=shown.get("SubState", ""),
+        result=shown.get("Result", ""),
+    )

@@ -117,8 +117,10 @@ EXIT_STATUS: Final = (
     (
         "1",
         "Some file could not be decided (still being written, an I/O error, another "
-        "memstaged busy on the memory dir); the daemon: memstaged is already running (another "
-        "daemon holds every memory dir); status: something needs attention; deadletter "
+        "memstaged busy on the memory dir; a memstaged daemon holding it decides its files "
+        "itself: --once says so at once, and --wait does not wait for it); the daemon: "
+        "memstaged is already running (another daemon holds every memory dir); status: "
+        "something needs attention (status --check: 1 WARNING, 2 CRITICAL, 3 UNKNOWN); deadletter "
         "recover: some record stayed in the store; service install --enable: not started (no "
         "memory dir configured).",
     ),

@@ -421,7 +421,9 @@ class InstanceLock:
     ) -> None:
         """Take the lock; with ``wait`` (seconds, or True for :data:`DEFAULT_WAIT`), poll for it.
 
-        A wait has a limit (SPEC 5) and says once, through ``on_wait``, what it waits for.
+        A wait has a limit (SPEC 5) and says once, through ``on_wait``, what it waits for. A
+        memstaged daemon holds the lock for as long as it runs, deciding the memory dir's files
+        itself: it is not waited for, and the error says so at once.
         Raises :class:`BusyError` when another memstaged holds it (after the wait),
         :class:`OSError` when the memory dir cannot be opened, and :class:`ConfigError` when
         the lock cannot be kept (no state dir, or one that is not the user's own and private).
@@ -440,7 +442,7 @@ class InstanceLock:
                     break
                 except BlockingIOError:
                     busy = self._busy(fd, path, limit)
-                    if time.monotonic() >= deadline:
+                    if time.monotonic() >= deadline or busy.daemon is not None:
                         raise busy from None
                     if not said and on_wait is not None:
                         on_wait(f"waiting up to {limit:g} s: {busy}")
@@ -463,6 +465,14 @@ class InstanceLock:
     def _busy(self, fd: int, path: Path, limit: float) -> BusyError:
         """Who holds the lock, named only when it is memstaged."""
         holder = lock_holder(os.fstat(fd))
+        if holder is not None and holder.role == "daemon":
+            unit = service_unit(holder.pid)
+            name = f"pid {holder.pid}" if unit is None else f"pid {holder.pid}, {unit}"
+            return BusyError(
+                f"the memstaged daemon ({name}) already decides the files of "
+                f"{self.memory_dir}, for as long as it runs: waiting for it would not help",
+                daemon=holder.pid,
+            )
         hint = f"waited {limit:g} s" if limit else "use --wait to wait for it"
         if holder is not None and holder.role is not None:
             return BusyError(

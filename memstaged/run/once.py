@@ -161,7 +161,8 @@ def _say_waiting(mdir: MemoryDir, waiting: list[tuple[float, str]], settle: floa
     names = ", ".join(safe_text.name(n) for _, n in waiting[:3])
     more = f" and {len(waiting) - 3} more" if len(waiting) > 3 else ""
     _stderr(
-        f"memstaged: waiting up to {longest:.0f}s for {len(waiting)} file(s) of "
+        f"memstaged: waiting up to {longest:.0f}s for {len(waiting)} "
+        f"{'file' if len(waiting) == 1 else 'files'} of "
         f"{safe_text.name(mdir.path)} still being written to stay unchanged for the settle "
         f"interval ({settle:g}s): {names}{more}"
     )

@@ -184,7 +184,7 @@ def test_purge_by_id_and_session_lists_first(
     [broken] = [n[: -len(".json")] for n in record_files(memory_dir) if n.startswith("broken")]
     code, out, _ = purge("--id", broken[:-4], "--yes")
     assert code == 0
-    assert "deleted 1 record(s) and 1 original(s)" in out
+    assert "deleted 1 record and 1 original" in out
     assert sorted(record_files(memory_dir)) == sorted(n for n in before[0] if "mixed" in n)
     assert [n for n in original_files(memory_dir)] == [orig[len("originals/") :]]
     [event] = [e for e in logged(log_file) if e["event"] == "deadletter_purged"]
@@ -193,7 +193,7 @@ def test_purge_by_id_and_session_lists_first(
 
     code, out, _ = purge("--session", "mixed", "--yes")
     assert code == 0
-    assert "deleted 4 record(s) and 1 original(s)" in out
+    assert "deleted 4 records and 1 original" in out
     assert record_files(memory_dir) == {}
     assert original_files(memory_dir) == {}
     code, _, err = purge("--id", "zzz", "--yes")
@@ -202,7 +202,7 @@ def test_purge_by_id_and_session_lists_first(
     code, out, err = purge("--session", "nobody", "--yes")
     assert code == 0
     assert "no dead-letter record of session 'nobody'" in err
-    assert "deleted 0 record(s) and 0 original(s)" in out
+    assert "deleted 0 records and 0 originals" in out
 
 
 # -- item 5: small slips -------------------------------------------------------------------------

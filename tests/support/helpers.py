@@ -335,15 +335,16 @@ sys.stdin.readline()
 
 @contextlib.contextmanager
 def instance_lock_held(
-    mdir: Path, state_dir: Path, scripts: Path
+    mdir: Path, state_dir: Path, scripts: Path, *role: str
 ) -> Iterator[subprocess.Popen[str]]:
     """A process holding the instance lock of ``mdir`` (in ``state_dir``) as memstaged holds
     it, until the block ends. Its command line is memstaged's (a script named ``memstaged``,
-    in ``scripts``, run by the interpreter, as an installed one is), so it is named as one."""
+    in ``scripts``, run by the interpreter, as an installed one is), so it is named as one: a
+    daemon, or with ``role`` ``"--once"`` a ``--once`` run."""
     scripts.mkdir(parents=True, exist_ok=True)
     script = scripts / "memstaged"
     script.write_text(_HOLD_INSTANCE_LOCK)
-    with holding([PYTHON, str(script), str(mdir), str(state_dir)]) as proc:
+    with holding([PYTHON, str(script), str(mdir), str(state_dir), *role]) as proc:
         yield proc
 
 

@@ -59,7 +59,8 @@ def test_config_check_is_ok_or_one_line_naming_the_key(
     code, _out, err = run(capsys, "config", "check")
     assert code == 2
     assert one_line_error(err) == (
-        "memstaged: MEMSTAGED_SETTLE='soon': expected a float (--settle)"
+        "memstaged: MEMSTAGED_SETTLE='soon': must be a number of seconds from 0 to 604800 "
+        "(--settle)"
     )
 
 

@@ -575,7 +575,7 @@ def test_recover_waits_for_nobody_by_default(
     assert f"canonical-writer.lock is held by pid {os.getpid()} (owner 'reconciler')" in line
     assert "--wait" in line
     assert "0 left" not in out
-    assert "2 left in the dead-letter store; 3 not tried because 1 memory dir(s) were busy" in out
+    assert "2 left in the dead-letter store; 3 not tried because 1 memory dir was busy" in out
     assert (record_files(store), staging_files(store)) == before
     assert lock.exists()
     lock.unlink()
@@ -637,7 +637,7 @@ def test_wait_has_a_limit_and_says_what_it_waits_for(
         "(owner 'reconciler') (waited 5 s); nothing more was changed there",
     ]
     assert 5 <= clock.now < 5.1
-    assert "3 not tried because 1 memory dir(s) were busy" in out
+    assert "3 not tried because 1 memory dir was busy" in out
     assert (record_files(store), staging_files(store), original_files(store)) == before
 
     later = _common.now() + 31 * 86_400
@@ -648,7 +648,7 @@ def test_wait_has_a_limit_and_says_what_it_waits_for(
     assert len(err.splitlines()) == 2
     assert "waiting up to 5 s for canonical-writer.lock" in err
     assert out.splitlines()[-1] == (
-        "deleted 0 record(s) and 0 original(s); 5 record(s) not tried: the memory dir was busy "
+        "deleted 0 records and 0 originals; 5 records not tried: the memory dir was busy "
         "(canonical-writer.lock held; see above)"
     )
     assert (record_files(store), staging_files(store), original_files(store)) == before
@@ -720,7 +720,7 @@ def test_purge_lists_without_yes_and_deletes_with_it(
 
     code, out, _ = _dl(capsys, store, "purge", "--older-than", "30d", "--yes")
     assert code == 0
-    assert "deleted 5 record(s) and 2 original(s)" in out
+    assert "deleted 5 records and 2 originals" in out
     assert record_files(store) == {}
     assert original_files(store) == {}
     assert "deadletter_purged" in [e["event"] for e in logged(log_file)]

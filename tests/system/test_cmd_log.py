@@ -160,7 +160,7 @@ def test_broken_lines_are_skipped_and_counted(
     code, out, err = run(capsys, "log", "--json")
     assert code == 0
     assert json_lines(out) == [ordered(e) for e in events]
-    assert "skipped 2 line(s)" in one_line_error(err)
+    assert "skipped 2 lines" in one_line_error(err)
 
 
 def test_no_log_yet(capsys: pytest.CaptureFixture[str], log_file: Path) -> None:

@@ -694,7 +694,7 @@ def test_second_instance_exits_1_and_a_killed_one_blocks_nobody(
         },
     )
     assert once.returncode == 1
-    assert "another memstaged" in once.stdout + once.stderr
+    assert f"the memstaged daemon (pid {first.proc.pid}" in once.stdout + once.stderr
     first.kill()
     third = spawn("--memory-dir", str(memory_dir), name="third")
     assert third.stop() == 0

@@ -47,15 +47,17 @@ PERFDATUM = re.compile(r"[a-z_]+=-?[0-9.]+(s|%|B|c)?(;[0-9.:~@]*){0,4}")
 
 
 def _check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[str]]:
-    """``status --check``: its exit code, its text and its performance data (one line)."""
+    """``status --check``: its exit code, its text (the first line's, then the lines after it,
+    the long output, if any) and its performance data (on the first line only)."""
     code, out, err = run(capsys, "status", "--check", *argv)
     assert err == ""
-    [line] = out.splitlines()
+    line, *detail = out.splitlines()
     assert line.startswith("MEMSTAGED "), line
     text, _, perf = line.partition(" | ")
+    assert all(" | " not in d for d in detail), detail
     data = perf.split(" ")
     assert all(PERFDATUM.fullmatch(d) for d in data), data
-    return code, text, data
+    return code, "\n".join([text, *detail]), data
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -72,14 +74,14 @@ def test_check_is_ok_then_warns_for_unseen_records_until_they_are_acked(
     records are marked seen with `deadletter ack`; the mark lives in the state dir and the
     memory dir is left byte for byte as it was; a new quarantine is unseen again."""
     code, text, perf = _check(capsys, "--memory-dir", str(memory_dir))
-    assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir(s), nothing needs attention")
+    assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir, nothing needs attention")
     assert "unseen=0;0;;0" in perf
     prepare(project, memory_dir, log_file)
     records = sorted(p.stem for p in (memory_dir / "deadletter").glob("*.json"))
     assert len(records) == 5
     code, text, perf = _check(capsys, "--memory-dir", str(memory_dir))
     assert code == 1
-    assert text.startswith("MEMSTAGED WARNING - 5 dead-letter record(s) not yet seen")
+    assert text.startswith("MEMSTAGED WARNING - 5 dead-letter records not yet seen")
     assert "unseen=5;0;;0" in perf
     assert "deadletter_records=5;;;0" in perf
     code, text, _ = _check(capsys, "--memory-dir", str(memory_dir), "--max-unseen", "5")
@@ -90,11 +92,11 @@ def test_check_is_ok_then_warns_for_unseen_records_until_they_are_acked(
         capsys, "deadletter", "ack", records[0][:30], "--memory-dir", str(memory_dir)
     )
     assert (code, err) == (0, "")
-    assert out == f"{memory_dir}: 1 record(s) marked seen, 4 not yet seen\n"
+    assert out == f"{memory_dir}: 1 record marked seen, 4 not yet seen\n"
     code, result = _status_json(capsys, memory_dir)
     assert (code, result["deadletter_unseen"], result["deadletter_records"]) == (1, 4, 5)
     code, out, _ = run(capsys, "deadletter", "ack", "--all", "--memory-dir", str(memory_dir))
-    assert out == f"{memory_dir}: 4 record(s) marked seen, 0 not yet seen\n"
+    assert out == f"{memory_dir}: 4 records marked seen, 0 not yet seen\n"
     assert _tree(memory_dir) == before  # nothing written into the memory dir (SPEC 6)
     marks = list((log_file.parent / "memstaged" / acks.ACKED_DIR).iterdir())
     assert len(marks) == 1
@@ -177,7 +179,7 @@ def test_many_memory_dirs_are_one_line_each_and_the_detail_with_verbose(
     assert [r[0] for r in rows] == [str(d) for d in dirs]
     assert rows[3][4:6] == ["1", "1"] and rows[3][-1] == "attention"
     assert all(r[-1] == "ok" for i, r in enumerate(rows) if i != 3)
-    assert lines[32:] == ["1 of 30 memory dirs need attention: memstaged status -v"]
+    assert lines[32:] == ["1 of 30 memory dirs needs attention: memstaged status -v"]
     code, out, _ = run(capsys, "status", "-v", "--memory-dir", pattern)
     assert out.count("needs attention\t") == 30  # a table per memory dir
 
@@ -210,7 +212,7 @@ def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
     assert [r[0] for r in rows] == [f"service-{i:04d}" for i in range(1000)]
     assert rows[7][4:6] == ["1", "1"] and rows[7][-1] == "attention"
     assert sum(r[-1] == "ok" for r in rows) == 999
-    assert lines[1002:] == ["", "1 of 1000 memory dirs need attention: memstaged status -v"]
+    assert lines[1002:] == ["", "1 of 1000 memory dirs needs attention: memstaged status -v"]
     too_wide = [line for line in lines if len(line) > 80]
     assert not too_wide, too_wide[:3]
 
@@ -221,7 +223,7 @@ def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
     table = piped.stdout.decode().splitlines()
     assert table[0] == "# 1000 memory dirs"
     assert [line.split("\t")[0] for line in table[2:1002]] == [str(d) for d in dirs]
-    assert table[1002:] == ["1 of 1000 memory dirs need attention: memstaged status -v"]
+    assert table[1002:] == ["1 of 1000 memory dirs needs attention: memstaged status -v"]
 
 
 def _status_json(capsys: pytest.CaptureFixture[str], memory_dir: Path) -> tuple[int, Any]:
@@ -263,7 +265,7 @@ def test_a_stopped_daemon_is_critical_within_the_timeout(
     assert stat.S_IMODE(sock.lstat().st_mode) == 0o600
     assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
     code, text, perf = _check(capsys, "--memory-dir", str(memory_dir), "--require-daemon")
-    assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir(s), nothing needs attention")
+    assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir, nothing needs attention")
     assert "not_answering=0;;0;0" in perf
 
     daemon.proc.send_signal(signal.SIGSTOP)
@@ -408,7 +410,7 @@ def test_clients_that_say_nothing_do_not_make_a_live_daemon_critical(
     _daemon_env(tmp_path, monkeypatch, daemon)
     with _connected(daemon.proc.pid, 12):
         code, text, perf = _check(capsys, "--memory-dir", str(memory_dir), "--require-daemon")
-        assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir(s), nothing needs attention")
+        assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir, nothing needs attention")
         assert "not_answering=0;;0;0" in perf
         write(memory_dir / "staging" / "bad.json", b"{not json")
         assert daemon.wait_decided("bad.json")["bad.json"]["decision"] == "quarantined"
@@ -786,7 +788,7 @@ def test_a_memory_dir_whose_name_is_not_utf8_is_answered_for(
     daemon = spawn("--memory-dir", str(memory_dir))
     _daemon_env(tmp_path, monkeypatch, daemon)
     code, text, _ = _check(capsys, "--memory-dir", str(memory_dir), "--require-daemon")
-    assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir(s), nothing needs attention")
+    assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir, nothing needs attention")
     code, result = _status_json(capsys, memory_dir)
     assert (result["daemon_answered"], result["watched"]) == (True, True)
     assert daemon.proc.poll() is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,11 +54,20 @@ def _state_dir(env: dict[str, str]) -> Path:
 
 @pytest.fixture
 def holder(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
-    """A memory dir whose instance lock a second, real process holds, as memstaged would
-    (the state dir of ``memstaged_env(tmp_path / "work")``)."""
+    """A memory dir whose instance lock a second, real process holds, as a memstaged daemon
+    would (the state dir of ``memstaged_env(tmp_path / "work")``)."""
     mdir = make_memory_dir(tmp_path)
     state = _state_dir(memstaged_env(tmp_path / "work"))
     with instance_lock_held(mdir, state, tmp_path / "bin") as proc:
+        yield mdir, proc
+
+
+@pytest.fixture
+def once_holder(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """The same, held as a ``--once`` run would: one that ends, so worth waiting for."""
+    mdir = make_memory_dir(tmp_path)
+    state = _state_dir(memstaged_env(tmp_path / "work"))
+    with instance_lock_held(mdir, state, tmp_path / "bin", "--once") as proc:
         yield mdir, proc
 
 
@@ -101,7 +111,10 @@ def test_unlinking_a_lock_file_does_not_let_a_second_memstaged_in(
         leftover.unlink()
     busy = run_once(mdir, memstaged_env(tmp_path / "work"))
     assert busy.returncode == 1
-    assert f"another memstaged (pid {proc.pid})" in busy.stderr.decode()
+    assert re.search(
+        rf"the memstaged daemon \(pid {proc.pid}(, \S+\.service)?\) already decides",
+        busy.stderr.decode(),
+    )
 
 
 def test_status_finds_the_holder_without_taking_the_lock(
@@ -120,10 +133,11 @@ def test_status_finds_the_holder_without_taking_the_lock(
 
 
 def test_wait_has_a_limit_and_says_what_it_waits_for(
-    holder: tuple[Path, subprocess.Popen[str]], tmp_path: Path
+    once_holder: tuple[Path, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    """SPEC 5: a wait for another memstaged has a limit and says what it waits for."""
-    mdir, proc = holder
+    """SPEC 5: a wait for another memstaged (a --once run) has a limit and says what it waits
+    for."""
+    mdir, proc = once_holder
     state = _state_dir(memstaged_env(tmp_path / "work"))
     said: list[str] = []
     started = time.monotonic()
@@ -131,6 +145,38 @@ def test_wait_has_a_limit_and_says_what_it_waits_for(
         InstanceLock(str(mdir), state_dir=state).acquire(wait=0.5, on_wait=said.append)
     assert time.monotonic() - started < 10  # bounded, not for ever (a generous hang guard)
     assert len(said) == 1 and str(mdir) in said[0] and f"pid {proc.pid}" in said[0]
+
+
+def test_once_beside_a_running_daemon_says_so_at_once_and_does_not_wait(tmp_path: Path) -> None:
+    """Issue 31 item 7: `--once --wait` while a real memstaged daemon holds the memory dir
+    waited 30 s, then exited 1 with the hint "use --wait", which cannot help. Now it says at
+    once, in one line naming the daemon's pid, that the daemon decides these files, suggests no
+    --wait, and exits 1 (this run decided nothing there); the file is the daemon's to decide,
+    and it does. A glob's other memory dir is decided by the run as before."""
+    mdir = make_memory_dir(tmp_path)
+    other = make_memory_dir(tmp_path / "other")
+    env = memstaged_env(tmp_path / "work")
+    state = _state_dir(env)
+    with daemon([mdir], env) as proc:
+        assert wait_for(lambda: instance_holder(state, memory_dir_of(mdir)) is not None, 60)
+        (mdir / "staging" / "late.json").write_bytes(b"not json")
+        (other / "staging" / "mine.json").write_bytes(b"not json")
+        summaries = []
+        for args in (["--wait"], []):
+            started = time.monotonic()
+            done = run_once(mdir, env, "--memory-dir", str(other), "--settle", "0", *args)
+            took = time.monotonic() - started
+            err = done.stderr.decode()
+            assert done.returncode == 1, err
+            # The unit is named when the daemon runs as one (pytest may run in a service).
+            assert [re.sub(r", \S+\.service\)", ")", line) for line in err.splitlines()] == [
+                f"memstaged: the memstaged daemon (pid {proc.pid}) already decides the files "
+                f"of {mdir}, for as long as it runs: waiting for it would not help"
+            ]
+            assert took < 15, took  # not the 30 s wait (a generous bound on a loaded machine)
+            summaries.append(done.stdout.decode())
+        assert "quarantined=1" in summaries[0]  # the other memory dir, decided by this run
+        assert wait_for(lambda: not (mdir / "staging" / "late.json").exists(), 60)
 
 
 _READ_ONLY = [

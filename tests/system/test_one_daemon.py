@@ -98,8 +98,8 @@ def test_a_second_daemon_with_a_free_memory_dir_works_on_it(
 def test_memstaged_typed_beside_the_service_names_the_service(tmp_path: Path) -> None:
     """Issue 31 item 6 under a real user manager: with the service running, `memstaged` typed
     in a shell exits 1 with `memstaged is already running (pid N, memstaged.service)`, N the
-    service's main pid; the journal has the service's start and ready with that pid, and
-    nothing of the second one."""
+    service's main pid, and `--once` names it too; the journal has the service's start and
+    ready with that pid, and nothing of the second one."""
     project = tmp_path / "project"
     mdir = project / ".pi" / "memory" / "project"
     (mdir / "staging").mkdir(parents=True)
@@ -117,6 +117,12 @@ def test_memstaged_typed_beside_the_service_names_the_service(tmp_path: Path) ->
             "",
             f"memstaged is already running (pid {main_pid}, memstaged.service)\n",
         )
+        once = sd.run(str(MEMSTAGED), "--once")
+        assert once.returncode == 1
+        assert (
+            f"the memstaged daemon (pid {main_pid}, memstaged.service) already decides the files "
+            f"of {mdir}"
+        ) in once.stderr
         starts = sd.journalctl("-o", "json", "MEMSTAGED_EVENT=start").stdout.splitlines()
         assert [json.loads(line)["MEMSTAGED_PID"] for line in starts] == [main_pid]
         log = Path(sd.env["XDG_STATE_HOME"]) / "memstaged" / "decisions.jsonl"

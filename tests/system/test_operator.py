@@ -703,7 +703,7 @@ def test_the_busy_error_is_one_unwrapped_line(
             cwd=REPO,
         )
     assert result.returncode == 1
-    lines = [ln for ln in result.stderr.decode().splitlines() if "working on" in ln]
+    lines = [ln for ln in result.stderr.decode().splitlines() if "already decides" in ln]
     assert len(lines) == 1 and str(memory_dir) in lines[0]
 
 

@@ -307,7 +307,7 @@ def test_recover_and_purge_beside_a_running_daemon(rig: Rig) -> None:
 
     code, out, err = rig.run("purge", "--older-than", "0s", "--yes")
     assert (code, err) == (0, "")
-    assert out.splitlines()[-1] == "deleted 5 record(s) and 5 original(s)"
+    assert out.splitlines()[-1] == "deleted 5 records and 5 originals"
     assert not list((rig.mdir / "deadletter").glob("*.json"))
     assert rig.daemon_alive()
     assert b"Traceback" not in rig.stderr.read_bytes()

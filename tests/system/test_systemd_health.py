@@ -44,7 +44,7 @@ DEMO_DECISIONS = {
     "foreign": 1,
     "skipped": 0,
 }
-OK = "MEMSTAGED OK - 1 memory dir(s), nothing needs attention"
+OK = "MEMSTAGED OK - 1 memory dir, nothing needs attention"
 
 
 def _demo(tmp_path: Path) -> tuple[Path, Path]:
@@ -72,20 +72,21 @@ def _decisions(path: Path) -> dict[str, float]:
 
 
 def _check(sd: UserSystemd, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    """``memstaged status --check --require-daemon``, run as the manager's user (with ``env``
-    instead of the manager's): its exit code and its text (the one line, without the
-    performance data)."""
+    """``memstaged status --check``, run as the manager's user (with ``env`` instead of the
+    manager's): its exit code and its text (the first line without the performance data,
+    then the lines after it, if any). No ``--require-daemon``: with the unit enabled, the
+    check requires the daemon by itself."""
     done = subprocess.run(
-        sd.command(str(MEMSTAGED), "status", "--check", "--require-daemon", *args),
+        sd.command(str(MEMSTAGED), "status", "--check", *args),
         env=sd.env if env is None else env,
         capture_output=True,
         text=True,
         check=False,
         timeout=30,
     )
-    lines = done.stdout.splitlines()
-    assert len(lines) == 1, (done.stdout, done.stderr)
-    return done.returncode, lines[0].partition(" | ")[0]
+    first, *detail = done.stdout.splitlines() or [""]
+    assert first.startswith("MEMSTAGED ") and done.stderr == "", (done.stdout, done.stderr)
+    return done.returncode, "\n".join([first.partition(" | ")[0], *detail])
 
 
 def _journal(sd: UserSystemd, match: str) -> list[dict[str, Any]]:
@@ -105,7 +106,8 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
     tmp_path: Path, sandbox: bool
 ) -> None:
     """Issue 21 items 6 and 7 under the real service (plain unit, and with the --sandbox
-    drop-in): on the demo's data `status --check` asks the daemon over its control socket and
+    drop-in; no --require-daemon: the enabled unit requires the daemon, issue 31 item 1): on
+    the demo's data `status --check` asks the daemon over its control socket and
     warns (exit 1) for the unseen dead letters; `deadletter ack --all` makes it OK (exit 0) and
     the metrics file follows; the metrics file is written from inside the unit (its
     `metrics_file_mode`, 0644, under the unit's UMask=0077, issue 31 item 2; parsed by
@@ -150,7 +152,7 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
         code, text = _check(sd)
         assert (code, text) == (
             1,
-            "MEMSTAGED WARNING - 5 dead-letter record(s) not yet seen (memstaged deadletter "
+            "MEMSTAGED WARNING - 5 dead-letter records not yet seen (memstaged deadletter "
             "list, then deadletter ack)",
         )
 
@@ -237,4 +239,68 @@ def test_a_metrics_file_set_by_a_reload_outside_the_sandbox_is_refused_until_rei
         # The restarted daemon decided nothing anew (issue 31 item 4: its counters start from
         # 0); what the earlier one decided valid, new.json included, is in the seen cache.
         assert _metrics(prom)["memstaged_seen_files{decision=valid}"] >= 1
+        assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
+
+
+def test_check_requires_the_daemon_of_an_enabled_unit_and_says_why_it_is_down(
+    tmp_path: Path,
+) -> None:
+    """Issue 31 item 1, under a real user manager: with memstaged.service enabled and running,
+    `status --check` (no --require-daemon) is OK; after `systemctl --user stop` it is CRITICAL
+    (exit 2) saying the unit is stopped, from cron (no XDG_RUNTIME_DIR) too; failed (a config
+    the restart refuses: exit 2, no restart) it is CRITICAL saying failed, with the config's
+    bad key as the detail; `--no-require-daemon` does not ask and is OK. Disabled, it is as
+    it was before: no daemon is required (only --once is used), unless --require-daemon."""
+    mdir = tmp_path / "example-project" / ".pi" / "memory" / "project"
+    (mdir / "staging").mkdir(parents=True)
+    with user_systemd() as sd:
+        config = Path(sd.env["XDG_CONFIG_HOME"]) / "memstaged" / "config.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text(f"memory_dirs = [{json.dumps(str(mdir))}]\n")
+        installed = sd.run(str(MEMSTAGED), "service", "install", "--enable")
+        assert installed.returncode == 0, installed.stderr
+        assert sd.show(UNIT, "ActiveState", "UnitFileState") == {
+            "ActiveState": "active",
+            "UnitFileState": "enabled",
+        }
+        assert _check(sd) == (0, OK)
+
+        sd.systemctl("stop", UNIT, check=True)
+        stopped = (
+            2,
+            "MEMSTAGED CRITICAL - memstaged.service is enabled but stopped (inactive): "
+            "systemctl --user start memstaged",
+        )
+        assert _check(sd) == stopped
+        cron = {k: v for k, v in sd.env.items() if k != "XDG_RUNTIME_DIR"}
+        assert _check(sd, env=cron) == stopped
+        assert _check(sd, "--no-require-daemon") == (0, OK)
+
+        config.write_text(config.read_text() + "settel = 1\n")
+        sd.systemctl("start", UNIT)  # fails: exit 2, which the unit does not restart
+        wait_until(
+            lambda: sd.show(UNIT, "ActiveState")["ActiveState"] == "failed",
+            timeout=20,
+            what="the unit to fail on the bad config",
+        )
+        assert _check(sd) == (
+            2,
+            "MEMSTAGED CRITICAL - memstaged.service failed (exit-code): journalctl --user -u "
+            "memstaged; 1 config key left out (memstaged config check)\n"
+            "memstaged.service failed (exit-code): journalctl --user -u memstaged\n"
+            f"config {config}: unknown key 'settel' (did you mean 'settle'?); left out",
+        )
+
+        config.write_text(f"memory_dirs = [{json.dumps(str(mdir))}]\n")
+        sd.systemctl("reset-failed", UNIT, check=True)
+        sd.systemctl("disable", UNIT, check=True)
+        assert sd.show(UNIT, "UnitFileState", "ActiveState") == {
+            "UnitFileState": "disabled",
+            "ActiveState": "inactive",
+        }
+        assert _check(sd) == (0, OK)  # as before: only --once is used
+        assert _check(sd, "--require-daemon") == (
+            2,
+            f"MEMSTAGED CRITICAL - {mdir}: no memstaged daemon is running on it",
+        )
         assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0

@@ -96,14 +96,34 @@ def add_output_options(parser: argparse.ArgumentParser, *, pager: bool = False) 
         )
 
 
-def load_settings(args: argparse.Namespace) -> Settings:
-    """Settings as ``--once`` resolves them: option, ``MEMSTAGED_*``, file, default."""
+def load_settings(args: argparse.Namespace, *, lenient: bool = False) -> Settings:
+    """Settings as ``--once`` resolves them: option, ``MEMSTAGED_*``, file, default.
+
+    ``lenient``, for the commands that only look (``status``, ``log``, ``stats``, ``deadletter
+    list`` and ``show``): a key of the config file that is unknown or has a bad value is left
+    out, with one warning line on stderr naming the file and the key (once per process), as
+    ``postqueue -p`` works with a typo in main.cf. What changes files stays strict (exit 2).
+    """
+    settings = resolve_settings(args, lenient=lenient)
+    # Kept with the command's arguments: a command that resolves its settings twice (log: the
+    # log file, then the project labels) says each warning once.
+    said: set[str] = vars(args).setdefault("_config_warnings_said", set())
+    for warning in settings.warnings:
+        if warning not in said:
+            said.add(warning)
+            print(f"memstaged: warning: {safe_text.text(warning)}", file=sys.stderr, flush=True)
+    return settings
+
+
+def resolve_settings(args: argparse.Namespace, *, lenient: bool = False) -> Settings:
+    """:func:`load_settings` without saying the warnings (``status --check`` reports them)."""
     return config.load(
         config=getattr(args, "config", None),
         memory_dirs=getattr(args, "memory_dir", None),
         project_root=getattr(args, "project_root", None),
         settle=getattr(args, "settle", None),
         split_invalid_candidates=getattr(args, "split_invalid_candidates", None) or None,
+        lenient=lenient,
     )
 
 

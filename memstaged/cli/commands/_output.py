@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     import subprocess
 
 
+def plural(count: int, singular: str, many: str | None = None) -> str:
+    """``1 record``, ``2 records``, ``0 records``: the count and the form it takes; ``many``
+    for a plural that is not the singular and an ``s`` (``entry``, ``entries``)."""
+    return f"{count} {singular if count == 1 else many or singular + 's'}"
+
+
 #: Decision colours on a terminal (SGR codes); the log's own words, never a second vocabulary.
 DECISION_STYLES: Final = {
     "valid": "32",

@@ -29,7 +29,7 @@ from memstaged.cli.commands._common import (
     load_settings,
     memory_dirs,
 )
-from memstaged.cli.commands._output import print_json
+from memstaged.cli.commands._output import plural, print_json
 from memstaged.cli.commands.deadletter_change import run_purge, run_recover
 from memstaged.cli.commands.deadletter_read import records_of, run_list, run_show
 from memstaged.cli.option_types import count, record_id, wait_seconds
@@ -284,7 +284,7 @@ def run_ack(args: argparse.Namespace) -> int:
             )
         else:
             print(
-                f"{safe_text.name(mdir.path)}: {done.marked} record(s) marked seen, "
+                f"{safe_text.name(mdir.path)}: {plural(done.marked, 'record')} marked seen, "
                 f"{done.unseen} not yet seen"
             )
     return 0

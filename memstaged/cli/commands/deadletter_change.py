@@ -30,6 +30,7 @@ from memstaged.cli.commands._output import (
     Output,
     guard_verdict,
     one_line,
+    plural,
     print_json,
     render_table,
 )
@@ -175,11 +176,13 @@ def _show_recovery(
     if busy:
         # Never a bare "0 left": those records were not looked at again, and are still there.
         summary += (
-            f"; {counts['busy']} not tried because {len(busy)} memory dir(s) were busy "
+            f"; {counts['busy']} not tried because {plural(len(busy), 'memory dir')} "
+            f"{'was' if len(busy) == 1 else 'were'} busy "
             "(canonical-writer.lock held; see above): still in the dead-letter store"
         )
     if deleted:
-        summary += f"; {len(deleted)} original(s) no record needs were deleted"
+        were = "was" if len(deleted) == 1 else "were"
+        summary += f"; {plural(len(deleted), 'original')} no record needs {were} deleted"
     sys.stdout.write(summary + "\n")
 
 
@@ -332,20 +335,20 @@ def _show_purge(
     )
     originals = sum(r["kind"] == "original" for r in rows)
     if really:
-        summary = f"deleted {records} record(s) and {originals} original(s)"
+        summary = f"deleted {plural(records, 'record')} and {plural(originals, 'original')}"
         left = sum(r["action"] == "left" for r in rows)
         not_tried = sum(r["action"] == "not tried" for r in rows)
         if left:
-            summary += f"; {left} record(s) left: they changed while this ran"
+            summary += f"; {plural(left, 'record')} left: they changed while this ran"
         if not_tried:
             # Never a bare "deleted 0": those records were not looked at again.
             summary += (
-                f"; {not_tried} record(s) not tried: the memory dir was busy "
+                f"; {plural(not_tried, 'record')} not tried: the memory dir was busy "
                 "(canonical-writer.lock held; see above)"
             )
         sys.stdout.write(summary + "\n")
     else:
         sys.stdout.write(
-            f"would delete {records} record(s) and {originals} original(s); "
+            f"would delete {plural(records, 'record')} and {plural(originals, 'original')}; "
             "run again with --yes to delete them\n"
         )

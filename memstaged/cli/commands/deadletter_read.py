@@ -80,7 +80,7 @@ def record_summary(record: RecordFile) -> dict[str, Any]:
 
 @guard_output
 def run_list(args: argparse.Namespace) -> int:
-    settings = load_settings(args)
+    settings = load_settings(args, lenient=True)
     since = parse_when(args.since, "--since") if args.since else None
     mdirs = memory_dirs(settings, writable=False)
     records = records_of(mdirs, light=True)
@@ -172,7 +172,7 @@ def _escaped_prefix(head: str, raw: str, limit: int | None) -> str:
 
 @guard_output
 def run_show(args: argparse.Namespace) -> int:
-    settings = load_settings(args)
+    settings = load_settings(args, lenient=True)
     mdirs = memory_dirs(settings, writable=False)
     [record] = resolve_ids(records_of(mdirs), [args.id])
     mdir = next(m for m in mdirs if m.path == record.memory_dir)

@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = config.load(
-            config=getattr(args, "config", None), memory_dirs=getattr(args, "memory_dir", None)
+            config=getattr(args, "config", None),
+            memory_dirs=getattr(args, "memory_dir", None),
+            lenient=True,  # a typo in the config does not take Tab away; nothing is said here
         )
         paths = [m.path for m in settings.memory_dirs()]
     except (MemstagedError, OSError, ValueError):

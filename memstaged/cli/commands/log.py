@@ -31,6 +31,7 @@ from memstaged.cli.commands._output import (
     Output,
     guard_output,
     one_line,
+    plural,
 )
 from memstaged.cli.option_types import count
 from memstaged.core import reasons
@@ -147,7 +148,7 @@ def project_labels(args: argparse.Namespace) -> ProjectLabels | None:
     if args.full or args.json:
         return None
     try:
-        known = [m.path for m in load_settings(args).memory_dirs()]
+        known = [m.path for m in load_settings(args, lenient=True).memory_dirs()]
     except ConfigError:
         known = []  # the log names its memory dirs: labels are made as they are met
     return ProjectLabels(known)
@@ -159,7 +160,7 @@ def open_source(args: argparse.Namespace, filt: EventFilter) -> tuple[Source, st
         raise UsageError("--journal-dir needs --journal")
     if args.journal:
         return JournalSource(directory=args.journal_dir, since=filt.since), "the journal"
-    settings = load_settings(args)
+    settings = load_settings(args, lenient=True)
     return FileSource(settings.log_file), str(settings.log_file)
 
 
@@ -228,7 +229,8 @@ def _warn_bad_lines(source: Source, where: str) -> None:
     bad = getattr(source, "bad_lines", 0)
     if bad:
         print(
-            f"memstaged log: skipped {bad} line(s) of {where} that are not JSON events",
+            f"memstaged log: skipped {plural(bad, 'line')} of {where} that "
+            f"{'is not a JSON event' if bad == 1 else 'are not JSON events'}",
             file=sys.stderr,
         )
 

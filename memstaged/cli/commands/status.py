@@ -2,8 +2,10 @@
 
 Read-only (see :mod:`memstaged.cli.health`). Exit 0 when nothing needs attention and 1 otherwise,
 so it serves as a health check (a systemd ``ExecCondition``, a cron mail). ``--check`` is the check
-a monitor runs: one line and the exit codes of the Monitoring Plugins
-guidelines (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN) with performance data.
+a monitor runs: a short first line with performance data, the detail on the lines after it
+(long output), and the exit codes of the Monitoring Plugins guidelines (0 OK, 1 WARNING, 2
+CRITICAL, 3 UNKNOWN). It requires a running daemon when memstaged's systemd user unit is
+enabled (the user manager is asked), or with ``--require-daemon``.
 
 A memory dir held by a daemon is asked about by the daemon itself, through its control socket
 (:mod:`memstaged.daemon.control_socket`): a stopped or hung daemon does not answer, and is reported
@@ -22,6 +24,7 @@ from typing import Any, Final
 import msgspec
 
 from memstaged import safe_text
+from memstaged.cli import health
 from memstaged.cli.commands import _common
 from memstaged.cli.commands._common import (
     ProjectLabels,
@@ -32,12 +35,14 @@ from memstaged.cli.commands._common import (
     load_settings,
     memory_dirs,
     parse_duration,
+    resolve_settings,
 )
 from memstaged.cli.commands._output import (
     DECISION_STYLES,
     Output,
     guard_verdict,
     one_line,
+    plural,
     print_json,
     render_table,
 )
@@ -54,8 +59,6 @@ WARNING: Final = 1
 CRITICAL: Final = 2
 UNKNOWN: Final = 3
 _STATES: Final = ("OK", "WARNING", "CRITICAL", "UNKNOWN")
-#: How many problems the ``--check`` line names before ``(+N more)``.
-_NAMED: Final = 3
 
 
 def register(sub: Any) -> None:
@@ -65,8 +68,11 @@ def register(sub: Any) -> None:
         "needs care (--check: a monitoring plugin)",
         description="Look at each memory dir without changing anything, and ask the daemon "
         "that holds it (through its control socket). Exit 0 when nothing needs attention, 1 "
-        "otherwise. With --check: one line and the Monitoring Plugins exit codes (0 OK, 1 "
-        "WARNING, 2 CRITICAL, 3 UNKNOWN), for Nagios, Icinga, Zabbix or a systemd timer.",
+        "otherwise. With --check: the Monitoring Plugins output and exit codes (0 OK, 1 "
+        "WARNING, 2 CRITICAL, 3 UNKNOWN), for Nagios, Icinga, Zabbix or a systemd timer. "
+        f"--check requires a running daemon when {health.UNIT} is enabled (it asks the user "
+        "manager, systemctl --user, within --timeout; no user manager or no unit: not "
+        "required, as when only --once is used), or with --require-daemon.",
     )
     add_memory_dir_options(parser, triage=True)
     parser.add_argument(
@@ -83,8 +89,11 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--require-daemon",
-        action="store_true",
-        help="flag a memory dir no memstaged daemon is running on",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="flag a memory dir no memstaged daemon holds (--check: CRITICAL). --check requires "
+        f"one by itself when {health.UNIT} is enabled; --no-require-daemon: never, and the "
+        "user manager is not asked",
     )
     parser.add_argument(
         "--files",
@@ -101,9 +110,12 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="one line and the Monitoring Plugins exit codes: WARNING for unseen dead-letter "
-        "records and files waiting longer than --max-wait, CRITICAL for a daemon that does "
-        "not answer, a memory dir that cannot be watched, a log that cannot be written",
+        help="a monitoring plugin: a short first line, the detail on the lines after it, and "
+        "the Monitoring Plugins exit codes. CRITICAL: memstaged.service is enabled but stopped "
+        "or failed; a daemon is required (enabled unit, --require-daemon) and none holds a "
+        "memory dir; a daemon does not answer; a memory dir cannot be watched; the decision "
+        "log cannot be written. WARNING: unseen dead-letter records, a file waiting longer "
+        "than --max-wait, a config key left out",
     )
     parser.add_argument(
         "--max-wait",
@@ -125,7 +137,8 @@ def register(sub: Any) -> None:
         type=_timeout,
         default=control_socket.DEFAULT_TIMEOUT,
         metavar="SECONDS",
-        help=f"how long a daemon has to answer (default {control_socket.DEFAULT_TIMEOUT:g}s)",
+        help="how long a daemon, and the user manager, have to answer (default "
+        f"{control_socket.DEFAULT_TIMEOUT:g}s)",
     )
     add_json_option(parser)
     add_output_options(parser)
@@ -154,8 +167,16 @@ def _run(args: argparse.Namespace) -> int:
     grace = parse_duration(args.grace, "--grace")
     max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
     max_wait = parse_duration(args.max_wait, "--max-wait")
-    settings = load_settings(args)
-    results = look(settings, args, grace=grace, max_age=max_age, max_wait=max_wait)
+    # A config key left out is said on stderr with --json, else among what needs attention.
+    settings = (load_settings if args.json else resolve_settings)(args, lenient=True)
+    results = look(
+        settings,
+        args,
+        grace=grace,
+        max_age=max_age,
+        max_wait=max_wait,
+        require_daemon=bool(args.require_daemon),
+    )
     if args.json:
         for result in results:
             print_json(msgspec.to_builtins(result))
@@ -165,7 +186,8 @@ def _run(args: argparse.Namespace) -> int:
                 _summary(results, out)
             else:
                 _render(results, out, files=args.files)
-    return 1 if any(r.attention for r in results) else 0
+            _config_attention(settings.warnings, out, flagged=any(r.attention for r in results))
+    return 1 if settings.warnings or any(r.attention for r in results) else 0
 
 
 def look(
@@ -175,6 +197,7 @@ def look(
     grace: float,
     max_age: float | None,
     max_wait: float | None = None,
+    require_daemon: bool = False,
 ) -> list[DirStatus]:
     """Every memory dir surveyed, and what the daemon holding it says of it."""
     mdirs = memory_dirs(settings, writable=False)
@@ -187,7 +210,7 @@ def look(
             clock=clock,
             grace=grace,
             max_age=max_age,
-            require_daemon=args.require_daemon,
+            require_daemon=require_daemon,
             acked=acks.load(state_dir, m.path),
             state_dir=state_dir,
         )
@@ -295,49 +318,94 @@ def _critical(r: DirStatus, text: str) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    """``--check``: the Monitoring Plugins line and exit code."""
+    """``--check``: the Monitoring Plugins output and exit code.
+
+    A daemon is required when ``--require-daemon`` says so, or when memstaged's user unit is
+    enabled (a daemon is meant to run): an enabled unit that is not running is CRITICAL with
+    the manager's reason (stopped, failed), and a memory dir no daemon holds too. Without a
+    unit, or without a user manager to ask, no daemon is required (``--once`` alone is used)."""
     max_wait = parse_duration(args.max_wait, "--max-wait")
     max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
-    settings = load_settings(args)
-    results = look(settings, args, grace=max_wait, max_age=max_age, max_wait=max_wait)
-    line, code = check_line(results, max_unseen=args.max_unseen, max_wait=max_wait)
+    settings = resolve_settings(args, lenient=True)  # a key left out is a WARNING below
+    unit = None if args.require_daemon is False else health.service(args.timeout)
+    down = unit.problem() if unit is not None and unit.enabled else None
+    require = (bool(args.require_daemon) or (unit is not None and unit.enabled)) and not down
+    results = look(
+        settings, args, grace=max_wait, max_age=max_age, max_wait=max_wait, require_daemon=require
+    )
+    text, code = check_line(
+        results,
+        max_unseen=args.max_unseen,
+        max_wait=max_wait,
+        service_down=down,
+        config_warnings=settings.warnings,
+    )
     try:
-        sys.stdout.write(line + "\n")
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except (OSError, ValueError):
         pass  # the reader left: the exit code still says it
     return code
 
 
-def check_line(results: list[DirStatus], *, max_unseen: int, max_wait: float) -> tuple[str, int]:
-    """``MEMSTAGED <STATE> - <text> | <perfdata>`` and its exit code."""
+def check_line(
+    results: list[DirStatus],
+    *,
+    max_unseen: int,
+    max_wait: float,
+    service_down: str | None = None,
+    config_warnings: tuple[str, ...] = (),
+) -> tuple[str, int]:
+    """``MEMSTAGED <STATE> - <summary> | <perfdata>``, then one line per problem (the long
+    output of the Monitoring Plugins guidelines), and the exit code.
+
+    The summary stays short however many memory dirs there are: a single problem is named as
+    it is; otherwise the service's state and the count of config keys left out come first,
+    then, with one memory dir, its first problem (``(+N more)``), and with several, how many
+    need attention (``2 of 3 memory dirs need attention``). The lines after it name every
+    problem, each memory dir's with its path."""
     critical = [(r, item) for r in results for item in r.critical]
     unseen = sum(r.deadletter_unseen for r in results)
+    over = unseen > max_unseen
     warnings = [
         (r, item)
         for r in results
         for item in r.attention
-        if item not in r.critical and _UNSEEN not in item
+        if item not in r.critical and (_UNSEEN not in item or (over and len(results) > 1))
     ]
-    problems: list[str] = [f"{safe_text.name(r.memory_dir)}: {item}" for r, item in critical]
-    if unseen > max_unseen:
-        problems.append(
-            f"{unseen} dead-letter record(s) not yet seen (memstaged deadletter list, "
+    general = [service_down] if service_down else []
+    general += [f"config {w}" for w in config_warnings]
+    mine = [f"{safe_text.name(r.memory_dir)}: {item}" for r, item in critical]
+    if over and len(results) == 1:  # with several, each memory dir's count is among warnings
+        mine.append(
+            f"{plural(unseen, 'dead-letter record')} not yet seen (memstaged deadletter list, "
             "then deadletter ack)"
         )
-    problems += [f"{safe_text.name(r.memory_dir)}: {item}" for r, item in warnings]
-    if critical:
+    mine += [f"{safe_text.name(r.memory_dir)}: {item}" for r, item in warnings]
+    if critical or service_down:
         code = CRITICAL
-    elif unseen > max_unseen or warnings:
+    elif over or warnings or config_warnings:
         code = WARNING
     else:
         code = OK
-    if problems:
-        text = "; ".join(safe_text.text(p) for p in problems[:_NAMED])
-        if len(problems) > _NAMED:
-            text += f" (+{len(problems) - _NAMED} more)"
+    lines = [safe_text.text(p) for p in [*general, *mine]]
+    flagged = len({id(r) for r, _ in [*critical, *warnings]})
+    if len(lines) == 1:
+        summary = lines[0]
     else:
-        text = f"{len(results)} memory dir(s), nothing needs attention"
+        parts = [safe_text.text(service_down)] if service_down else []
+        if config_warnings:
+            keys = plural(len(config_warnings), "config key")
+            parts.append(f"{keys} left out (memstaged config check)")
+        if mine and len(results) == 1:
+            more = f" (+{len(mine) - 1} more)" if len(mine) > 1 else ""
+            parts.append(safe_text.text(mine[0]) + more)
+        elif mine:
+            need = "needs" if flagged == 1 else "need"
+            parts.append(f"{flagged} of {plural(len(results), 'memory dir')} {need} attention")
+        summary = (
+            "; ".join(parts) or f"{plural(len(results), 'memory dir')}, nothing needs attention"
+        )
     waits = [r.oldest_wait_seconds for r in results if r.oldest_wait_seconds is not None]
     silent = sum(1 for r in results if r.daemon_answered is False)
     perf = [
@@ -347,13 +415,15 @@ def check_line(results: list[DirStatus], *, max_unseen: int, max_wait: float) ->
         f"waiting={sum(r.waiting or 0 for r in results)};;;0",
         f"oldest_wait={round(max(waits, default=0.0), 3)}s;{max_wait:g};;0",
         f"not_answering={silent};;0;0",
-        f"critical={len(critical)};;0;0",
+        f"critical={len(critical) + (1 if service_down else 0)};;0;0",
     ]
-    return f"MEMSTAGED {_STATES[code]} - {text} | {' '.join(perf)}", code
+    head = f"MEMSTAGED {_STATES[code]} - {summary} | {' '.join(perf)}"
+    detail = lines if len(lines) > 1 or (lines and summary != lines[0]) else []
+    return "\n".join([head, *detail]), code
 
 
 #: In the unseen dead-letter item of :func:`memstaged.cli.health.survey` (counted apart).
-_UNSEEN: Final = "dead-letter record(s) not yet seen"
+_UNSEEN: Final = "not yet seen: memstaged deadletter list"
 #: The summary's columns, one row per memory dir (its header line, tab-separated off a terminal,
 #: is what scripts cut on).
 SUMMARY_COLUMNS: Final = (
@@ -456,9 +526,9 @@ def _summary(results: list[DirStatus], out: Output) -> None:
     )
     flagged = sum(1 for r in results if r.attention)
     if not flagged:
-        out.write("nothing needs attention\n")
         return
-    line = f"{flagged} of {len(results)} memory dirs need attention: memstaged status -v"
+    need = "needs" if flagged == 1 else "need"
+    line = f"{flagged} of {len(results)} memory dirs {need} attention: memstaged status -v"
     out.write(out.paint(line, "yellow") + "\n")
 
 
@@ -502,13 +572,19 @@ def _render(results: list[DirStatus], out: Output, *, files: bool) -> None:
                 ],
                 styles=[[None, DECISION_STYLES.get(e.decision), None, None] for e in r.files],
             )
-    flagged = [(r, a) for r in results for a in r.attention]
-    if not flagged:
+    for r in results:
+        for item in r.attention:
+            line = f"needs attention: {safe_text.name(r.memory_dir)}: {safe_text.text(item)}"
+            out.write(out.paint(line, "yellow") + "\n")
+
+
+def _config_attention(warnings: tuple[str, ...], out: Output, *, flagged: bool) -> None:
+    """The config keys left out (a key the daemon's next reload would refuse) need attention
+    too; ``nothing needs attention`` closes the output when nothing does."""
+    for warning in warnings:
+        out.write(out.paint(f"needs attention: config {safe_text.text(warning)}", "yellow") + "\n")
+    if not warnings and not flagged:
         out.write("nothing needs attention\n")
-        return
-    for r, item in flagged:
-        line = f"needs attention: {safe_text.name(r.memory_dir)}: {safe_text.text(item)}"
-        out.write(out.paint(line, "yellow") + "\n")
 
 
 def _age(mtime: float) -> float:

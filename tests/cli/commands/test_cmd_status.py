@@ -144,3 +144,58 @@ def test_memory_dir_before_the_command(
     assert code == 0
     assert json_lines(out)[0]["memory_dir"] == str(memory_dir)
     assert staging_files(memory_dir).keys() == {"a.json"}
+
+
+def test_check_has_a_short_first_line_and_the_detail_after_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, log_file: Path
+) -> None:
+    """Issue 31 (polish): with several memory dirs `status --check` repeated one clause per
+    memory dir on its one line (430 characters for three). Its first line is now short
+    (`2 of 3 memory dirs need attention`, then the performance data), and each problem is a
+    line after it, the Monitoring Plugins' long output; counts take their singular or plural
+    (`1 dead-letter record`, `1 memory dir`). `--no-require-daemon`: the user manager is not
+    asked."""
+    dirs = []
+    for name in ("a", "b", "c"):
+        mdir = tmp_path / name / ".pi" / "memory" / "project"
+        (mdir / "staging").mkdir(parents=True)
+        dirs.append(mdir)
+    for mdir in dirs[:2]:
+        write(mdir / "staging" / "bad.json", b"not json")
+        assert run(capsys, "--once", "--settle", "0", "--memory-dir", str(mdir))[0] == 0
+    cfg = tmp_path / "three.toml"
+    cfg.write_text("memory_dirs = [" + ", ".join(f'"{d}"' for d in dirs) + "]\n")
+
+    code, out, err = run(capsys, "status", "--check", "--no-require-daemon", "--config", str(cfg))
+    assert (code, err) == (1, "")
+    first, *detail = out.splitlines()
+    text, _, perf = first.partition(" | ")
+    assert text == "MEMSTAGED WARNING - 2 of 3 memory dirs need attention"
+    assert perf.startswith("memory_dirs=3;;;0 unseen=2;0;;0 ")
+    assert detail == [
+        f"{d}: 1 dead-letter record not yet seen: memstaged deadletter list, then memstaged "
+        "deadletter ack"
+        for d in dirs[:2]
+    ]
+
+    code, out, _ = run(
+        capsys, "status", "--check", "--no-require-daemon", "--memory-dir", str(dirs[0])
+    )
+    assert (code, out.partition(" | ")[0]) == (
+        1,
+        "MEMSTAGED WARNING - 1 dead-letter record not yet seen (memstaged deadletter list, then "
+        "deadletter ack)",
+    )
+    assert len(out.splitlines()) == 1  # one problem: named on the first line, no detail
+    code, out, _ = run(
+        capsys, "status", "--check", "--no-require-daemon", "--memory-dir", str(dirs[2])
+    )
+    assert (code, out.partition(" | ")[0]) == (
+        0,
+        "MEMSTAGED OK - 1 memory dir, nothing needs attention",
+    )
+    code, out, _ = run(capsys, "status", "--config", str(cfg))
+    assert (code, out.splitlines()[-1]) == (
+        1,
+        "2 of 3 memory dirs need attention: memstaged status -v",
+    )
