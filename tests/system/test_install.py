@@ -4,8 +4,10 @@ Issue 22 items 6, 8, 9 and 10, tested as a new user meets them: a fresh home dir
 out from /etc/skel, as ``useradd -m`` does: its .bashrc loads bash-completion), memstaged on
 ``~/.local/bin`` (a link to this venv's script, as pipx makes one to its venv's), a real
 ``bash -i`` in an 80-column terminal (tmux) where Tab is pressed, and ``man`` reading the page
-installed for that user. The pipx install itself, which compiles systemd-python, is the slow test
-at the end.
+installed for that user. Issue 31 items 3, 12, 13 and 14: what ``make install`` needs of Debian
+and who may install it (an unprivileged user, without sudo), what it says of PATH, the version
+a build takes from git, and the release files (``make dist``) installed with pipx: the slow test
+at the end, which compiles systemd-python.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from support import as_nobody
 from support.terminal import COLUMNS, terminal
 
 from memstaged.cli.generate import DATA, FILES
@@ -353,10 +356,16 @@ def clone(tmp_path: Path) -> Path:
     return work
 
 
-def _make(work: Path, prefix: Path, *target: str) -> subprocess.CompletedProcess[str]:
+def _make(
+    work: Path, prefix: Path | None, *target: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``make TARGET... PREFIX=prefix`` in ``work``, taking this venv as built (``-o``): no
+    Debian package is checked, nothing is built again."""
+    built = ["-o", ".venv/.installed-runtime", "-o", "builddeps", "-o", "current"]
     return subprocess.run(
-        ["make", "-o", ".venv/.installed-runtime", "-o", "sysdeps", *target, f"PREFIX={prefix}"],
+        ["make", *built, *target, *([f"PREFIX={prefix}"] if prefix is not None else [])],
         cwd=work,
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -419,6 +428,261 @@ def test_make_uninstall_removes_what_make_install_put(clone: Path, tmp_path: Pat
     ), left
     assert before <= left
     assert other.read_text() == "complete -F _other other\n"
+
+
+def test_make_install_says_how_to_reach_memstaged_when_its_bin_is_not_on_path(
+    clone: Path, tmp_path: Path
+) -> None:
+    """Issue 31 item 12: ``make install`` into a ``bin`` that is not on the shell's PATH says
+    so and prints the line that makes ``memstaged`` found in that shell, and that line works;
+    with the ``bin`` on PATH it says nothing of the kind. Before, it asked "(is ... on your
+    PATH?)" and left the user to find out."""
+    prefix = tmp_path / "prefix"
+    system_path = "/usr/local/bin:/usr/bin:/bin"
+    installed = _make(clone, prefix, "install", env={**os.environ, "PATH": system_path})
+    assert installed.returncode == 0, installed.stderr
+    export = f'    export PATH="{prefix}/bin:$PATH"'
+    assert installed.stdout.splitlines()[-4:] == [
+        f"memstaged is {prefix}/bin/memstaged",
+        f"{prefix}/bin is not on this shell's PATH. In this shell, run:",
+        export,
+        "and add that line to ~/.profile for the shells of your next login.",
+    ]
+    found = subprocess.run(
+        ["sh", "-c", f"{export.strip()}; command -v memstaged"],
+        env={"PATH": system_path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert found.stdout.strip() == f"{prefix}/bin/memstaged"
+    again = _make(
+        clone, prefix, "install", env={**os.environ, "PATH": f"{prefix}/bin:{system_path}"}
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == f"memstaged is {prefix}/bin/memstaged"
+    assert "PATH" not in again.stdout
+
+
+def test_make_install_into_a_new_local_bin_says_a_new_login_finds_it(
+    clone: Path, tmp_path: Path
+) -> None:
+    """Issue 31 item 12: a new account (home from /etc/skel, no ~/.local/bin at login) runs
+    ``make install``: memstaged is not found in that login (Debian's ~/.profile added
+    ~/.local/bin only if it existed), and make says so, with the export line and that the next
+    login has it; a new login shell (``bash -l``, reading that ~/.profile) does find it."""
+    if not Path("/etc/skel/.profile").is_file():
+        pytest.skip("no /etc/skel/.profile: not Debian's login set-up")
+    home, _ = _fresh_home(tmp_path)
+    shutil.rmtree(home / ".local")  # a new account: no ~/.local/bin yet
+    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+    def login_finds() -> str:
+        return subprocess.run(
+            ["bash", "-l", "-c", "command -v memstaged"],
+            env=env,
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout.strip()
+
+    assert login_finds() == ""
+    installed = _make(clone, None, "install", env=env)
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout.splitlines()[-3:] == [
+        f"{home}/.local/bin is not on this shell's PATH. In this shell, run:",
+        f'    export PATH="{home}/.local/bin:$PATH"',
+        "Debian's ~/.profile adds ~/.local/bin at login once it exists: log in again for every"
+        " shell to have it.",
+    ]
+    assert login_finds() == f"{home}/.local/bin/memstaged"
+
+
+# -- the Debian packages: what make demo and make install need, and no sudo -----------------------
+
+#: A program make must not call here: it says so on stderr, fails, and leaves its call in a file.
+_MUST_NOT_RUN: Final = """#!/bin/sh
+echo "$(basename "$0") $*" >> {calls}
+echo "$(basename "$0") was called, and must not be" >&2
+exit 1
+"""
+#: apt-get, for root: its calls are kept; ``update`` succeeds and ``install`` fails, since the
+#: test cannot take real packages away and have them installed back (the one stand-in here).
+_APT_GET_FOR_ROOT: Final = """#!/bin/sh
+echo "apt-get $*" >> {calls}
+[ "$1" = update ]
+"""
+
+
+def _copy_of_repo(dest: Path) -> Path:
+    """This working tree's files that git knows of (committed, changed or new, not ignored),
+    as a clone would have them with the changes under test, without ``.git``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.decode().strip()}")
+    for name in sorted(set(listed.stdout.decode().split("\0")) - {""}):
+        source = REPO / name
+        if source.is_file() or source.is_symlink():  # a deleted file is still listed
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name, follow_symlinks=False)
+    return dest
+
+
+def _programs(bin_dir: Path, calls: Path, *, hidden: tuple[str, ...], apt_get: str) -> str:
+    """A PATH of one directory: every program of /usr/bin and /bin but ``hidden`` (what a
+    missing Debian package would provide), and stand-ins for sudo and apt-get."""
+    bin_dir.mkdir()
+    for system in (Path("/usr/bin"), Path("/bin")):
+        for program in system.iterdir():
+            if program.name not in hidden and not (bin_dir / program.name).exists():
+                (bin_dir / program.name).symlink_to(program)
+    for name, text in (("sudo", _MUST_NOT_RUN), ("apt-get", apt_get)):
+        (bin_dir / name).unlink(missing_ok=True)
+        (bin_dir / name).write_text(text.format(calls=calls))
+        (bin_dir / name).chmod(0o755)
+    return str(bin_dir)
+
+
+def _as_nobody(*argv: str) -> list[str]:
+    """``argv`` run as ``nobody`` with no supplementary group (through ``sh``: setpriv would
+    exec it still holding root's capabilities)."""
+    uid, gid = as_nobody.ids()
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+    return [*drop, "sh", "-c", 'exec "$0" "$@"', *argv]
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    for item in (root, *root.rglob("*")):
+        os.lchown(item, uid, gid)
+
+
+@pytest.mark.parametrize("target", ["install", "demo"])
+def test_make_as_a_user_names_the_missing_build_packages_and_calls_no_sudo(target: str) -> None:
+    """Issue 31 item 3: ``make install`` or ``make demo`` run by an unprivileged user (nobody)
+    on a machine without gcc and pkg-config names exactly those packages and the command that
+    installs them, and stops (make's exit 2) having called neither sudo nor apt-get, built no
+    venv and installed nothing. Before, it called ``sudo apt-get install`` with fifteen
+    packages, zsh, fish, strace and tmux among them."""
+    uid, gid = as_nobody.ids()
+    with as_nobody.workspace("memstaged-deps-") as base:
+        work = _copy_of_repo(base / "clone")
+        calls = base / "calls"
+        calls.write_text("")
+        path = _programs(base / "bin", calls, hidden=("gcc", "pkg-config"), apt_get=_MUST_NOT_RUN)
+        _chown_tree(base, uid, gid)
+        made = subprocess.run(
+            _as_nobody("make", target, f"PREFIX={base}/prefix"),
+            env={"PATH": path, "HOME": str(base), "LANG": "C.UTF-8"},
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert made.returncode == 2, made.stdout + made.stderr
+        assert made.stderr.splitlines()[:2] == [
+            "memstaged needs these Debian packages: gcc pkg-config",
+            "install them, then run make again: sudo apt-get install gcc pkg-config",
+        ]
+        assert calls.read_text() == ""
+        assert not (work / ".venv").exists()
+        assert not (base / "prefix").exists()
+
+
+def test_make_as_root_installs_only_the_missing_build_packages(tmp_path: Path) -> None:
+    """Issue 31 item 3: run as root (CI, a container), ``make install`` installs the missing
+    build packages, and only those, with apt-get (never sudo). apt-get is a stand-in that fails
+    the install: real packages cannot be taken away here to be installed back."""
+    if os.geteuid() != 0:
+        pytest.skip("make calls apt-get only as root; this test runs as non-root")
+    work = _copy_of_repo(tmp_path / "clone")
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    apt_get = _APT_GET_FOR_ROOT
+    path = _programs(tmp_path / "bin", calls, hidden=("gcc", "pkg-config"), apt_get=apt_get)
+    made = subprocess.run(
+        ["make", "install", f"PREFIX={tmp_path}/prefix"],
+        env={"PATH": path, "HOME": str(tmp_path), "LANG": "C.UTF-8"},
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert made.returncode == 2, made.stdout + made.stderr
+    assert made.stdout.splitlines()[0] == "installing Debian packages: gcc pkg-config"
+    assert calls.read_text().splitlines() == [
+        "apt-get update -qq",
+        "apt-get install -y -qq gcc pkg-config",
+    ]
+    assert not (work / ".venv").exists()
+
+
+def test_an_unprivileged_user_runs_make_install_without_sudo() -> None:
+    """Issue 31 item 3, for real: with the build packages present and the tests' tools absent
+    (no zsh, fish, strace, tmux, node), an unprivileged user (nobody) runs ``make install
+    PREFIX=...`` on a copy of the repository (no ``.git``, as in a tarball): the venv is built
+    (systemd-python compiled, about 45 s), memstaged is linked into PREFIX/bin and runs, and
+    neither sudo nor apt-get was called (stand-ins that fail loudly). Before, make called sudo
+    for the tests' tools."""
+    uid, gid = as_nobody.ids()
+    with as_nobody.workspace("memstaged-install-") as base:
+        work = _copy_of_repo(base / "clone")
+        calls = base / "calls"
+        calls.write_text("")
+        tests_only = ("zsh", "fish", "strace", "tmux", "node")
+        path = _programs(base / "bin", calls, hidden=tests_only, apt_get=_MUST_NOT_RUN)
+        (base / "home").mkdir()
+        _chown_tree(base, uid, gid)
+        env = {
+            "PATH": path,
+            "HOME": str(base / "home"),
+            "LANG": "C.UTF-8",
+            **{k: v for k, v in os.environ.items() if k.startswith("PIP_")},
+        }
+        checked = subprocess.run(
+            _as_nobody("sh", "packaging/debian-deps", "build"),
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if checked.returncode != 0:
+            pytest.skip(f"the build packages are not all here: {checked.stderr.strip()}")
+        made = subprocess.run(
+            _as_nobody("make", "install", f"PREFIX={base}/prefix"),
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
+        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+        assert calls.read_text() == ""
+        assert f"memstaged is {base}/prefix/bin/memstaged" in made.stdout.splitlines()
+        assert not (work / ".venv" / "bin" / "pytest").exists()  # the runtime only
+        ran = subprocess.run(
+            _as_nobody(f"{base}/prefix/bin/memstaged", "--version"),
+            env=env,
+            cwd=base,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (ran.returncode, ran.stdout) == (0, "memstaged 0.1.0\n")
 
 
 # -- the build ----------------------------------------------------------------------------------
