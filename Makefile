@@ -14,8 +14,8 @@ PREFIX ?= $(HOME)/.local
 # and what the tests and the benchmark run. Missing ones are installed when make runs as root
 # (CI); any other user is told which, and the command, and make stops: sudo is never called.
 
-.PHONY: setup builddeps sysdeps demo install uninstall completions test test-fast test-slow lint \
-	bench clean
+.PHONY: setup builddeps sysdeps current demo install uninstall completions test test-fast \
+	test-slow lint bench clean
 
 setup: $(STAMP)
 
@@ -29,7 +29,19 @@ $(RUNTIME_STAMP): pyproject.toml constraints.txt | builddeps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e .
+	@echo "$(HEAD)" > $(BUILT)
 	touch $@
+
+# The version `memstaged --version` says is the one the build took from git (setuptools-scm), so
+# `make demo` and `make install` build memstaged again (pip install -e, seconds) once the commit
+# it was built from is no longer the clone's: after `git pull`, say. A copy without git, nothing.
+HEAD := $(shell git describe --tags --always 2>/dev/null)
+BUILT := $(VENV)/.built-from
+current: $(RUNTIME_STAMP)
+	@if [ -n "$(HEAD)" ] && [ "$$(cat $(BUILT) 2>/dev/null)" != "$(HEAD)" ]; then \
+		echo "building memstaged again: the clone is at $(HEAD) now"; \
+		$(BIN)/pip install -q --no-deps -c constraints.txt -e . && echo "$(HEAD)" > $(BUILT); \
+	fi
 
 $(STAMP): $(RUNTIME_STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
@@ -38,7 +50,7 @@ $(STAMP): $(RUNTIME_STAMP)
 # The demo: a copy of examples/memory-dir, a config naming it and its own decision log, and one
 # `memstaged --once`. Then `export MEMSTAGED_CONFIG=$PWD/demo/config.toml` (README) makes every
 # command (log, stats, status, deadletter) find the demo's memory dir and log.
-demo: $(RUNTIME_STAMP)
+demo: current
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)/example-project/.pi/memory
 	@cp -rp examples/memory-dir $(DEMO_MDIR)
 	@printf 'memory_dirs = ["%s"]\nlog_file = "%s"\n' \
@@ -59,7 +71,7 @@ INSTALLED := $(PREFIX)/share/bash-completion/completions/memstaged \
 	$(PREFIX)/share/zsh/site-functions/_memstaged \
 	$(PREFIX)/share/fish/vendor_completions.d/memstaged.fish \
 	$(PREFIX)/share/man/man1/memstaged.1
-install: $(RUNTIME_STAMP)
+install: current
 	@if [ -z "$(FORCE)" ] && { [ -e $(LINK) ] || [ -L $(LINK) ]; } \
 		&& [ "$$(readlink $(LINK))" != "$(CURDIR)/$(BIN)/memstaged" ]; then \
 		echo "make install: $(LINK) is $$(readlink $(LINK) || echo 'a file'), not this clone's" \

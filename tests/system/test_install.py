@@ -17,7 +17,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
+from importlib import metadata
 from pathlib import Path
 from typing import Final
 
@@ -631,9 +633,9 @@ def test_an_unprivileged_user_runs_make_install_without_sudo() -> None:
     """Issue 31 item 3, for real: with the build packages present and the tests' tools absent
     (no zsh, fish, strace, tmux, node), an unprivileged user (nobody) runs ``make install
     PREFIX=...`` on a copy of the repository (no ``.git``, as in a tarball): the venv is built
-    (systemd-python compiled, about 45 s), memstaged is linked into PREFIX/bin and runs, and
-    neither sudo nor apt-get was called (stand-ins that fail loudly). Before, make called sudo
-    for the tests' tools."""
+    (systemd-python compiled, about 45 s), memstaged is linked into PREFIX/bin and runs, saying
+    the version of a build without git (pyproject.toml's fallback), and neither sudo nor apt-get
+    was called (stand-ins that fail loudly). Before, make called sudo for the tests' tools."""
     uid, gid = as_nobody.ids()
     with as_nobody.workspace("memstaged-install-") as base:
         work = _copy_of_repo(base / "clone")
@@ -682,7 +684,8 @@ def test_an_unprivileged_user_runs_make_install_without_sudo() -> None:
             timeout=60,
             check=False,
         )
-        assert (ran.returncode, ran.stdout) == (0, "memstaged 0.1.0\n")
+        fallback = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools_scm"]
+        assert (ran.returncode, ran.stdout) == (0, f"memstaged {fallback['fallback_version']}\n")
 
 
 # -- the build ----------------------------------------------------------------------------------
@@ -724,6 +727,145 @@ def test_the_build_prints_no_deprecation_warning(tmp_path: Path) -> None:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = zf.read(name).decode()
     assert "License-Expression: MIT" in metadata.splitlines()
+
+
+# -- the version, from git, and the release files ----------------------------------------------
+
+#: git for the test's own repositories: no user or system configuration, a fixed committer.
+_GIT_ENV: Final = {
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_AUTHOR_NAME": "memstaged tests",
+    "GIT_AUTHOR_EMAIL": "tests@memstaged.invalid",
+    "GIT_COMMITTER_NAME": "memstaged tests",
+    "GIT_COMMITTER_EMAIL": "tests@memstaged.invalid",
+}
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        env=_GIT_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+
+
+def _tagged_repo(dest: Path, tag: str) -> Path:
+    """A git repository of this working tree's files, in one commit tagged ``tag`` (annotated,
+    as a release tag is); ``.venv`` is ignored in it, as a clone's own venv would be."""
+    _copy_of_repo(dest)
+    _git(dest, "init", "-q", "-b", "main")
+    _git(dest, "add", "-A")
+    _git(dest, "commit", "-q", "-m", "the tree under test")
+    _git(dest, "tag", "-a", tag, "-m", tag)
+    (dest / ".git" / "info" / "exclude").write_text(".venv\n")
+    return dest
+
+
+def _built_wheel(src: Path, out: Path) -> Path:
+    """The wheel pip builds of ``src`` (as pipx does, in an isolated build environment)."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = out.glob("memstaged-*.whl")
+    return wheel
+
+
+def _version_of_installed(wheel: Path, venv: Path) -> str:
+    """What ``memstaged --version`` prints once ``wheel`` is installed in a new venv."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    python = str(venv / "bin" / "python")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        timeout=300,
+    )
+    shown = subprocess.run(
+        [str(venv / "bin" / "memstaged"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (shown.returncode, shown.stderr) == (0, ""), shown.stderr
+    return shown.stdout
+
+
+def test_version_is_the_commit_git_describe_names(tmp_path: Path) -> None:
+    """Issue 31 item 13: built from a clone one commit after the tag v0.2.0, ``memstaged
+    --version`` says what ``git describe`` derives: the next version, a development release
+    counting the commits since the tag, and the commit (``0.2.1.dev1+g<hash>``); a ``git
+    archive`` tarball of that commit (no ``.git``) builds with the same version. Before, every
+    build said 0.1.0."""
+    repo = _tagged_repo(tmp_path / "repo", "v0.2.0")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "one commit after the release")
+    described = _git(repo, "describe", "--tags", "--long")
+    found = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)-(\d+)-g[0-9a-f]+", described)
+    assert found is not None, described
+    major, minor, patch, distance = (int(n) for n in found.groups())
+    expected = f"memstaged {major}.{minor}.{patch + 1}.dev{distance}+g"
+    head = _git(repo, "rev-parse", "HEAD")
+
+    def names_head(shown: str) -> bool:
+        """``expected`` and then at least 7 leading digits of HEAD's hash."""
+        node = shown.removeprefix(expected).removesuffix("\n")
+        return shown == f"{expected}{node}\n" and len(node) >= 7 and head.startswith(node)
+
+    shown = _version_of_installed(_built_wheel(repo, tmp_path / "w1"), tmp_path / "v1")
+    assert expected == "memstaged 0.2.1.dev1+g"
+    assert names_head(shown), shown
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    tar = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", "HEAD"],
+        env=_GIT_ENV,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(archive)], input=tar, check=True, timeout=60)
+    assert not (archive / ".git").exists()
+    from_archive = _built_wheel(archive, tmp_path / "w2")
+    shown = _version_of_installed(from_archive, tmp_path / "v2")
+    assert names_head(shown), shown  # git archive's hash may be shorter
+
+
+def test_version_is_the_installed_distributions_read_only_when_asked(tmp_path: Path) -> None:
+    """Issue 31 item 13: ``memstaged --version`` prints the installed distribution's version
+    (importlib.metadata: what the build took from git), not a constant; a command that does
+    not ask for it does not load importlib.metadata (milliseconds of every start-up)."""
+    shown = subprocess.run(
+        [str(MEMSTAGED), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (shown.returncode, shown.stdout) == (0, f"memstaged {metadata.version('memstaged')}\n")
+    probe = (
+        "import sys\n"
+        "from memstaged.cli.main import main\n"
+        "code = main(['config', 'check', '--config', sys.argv[1]])\n"
+        "print(code, 'importlib.metadata' in sys.modules)\n"
+    )
+    (tmp_path / "config.toml").write_text("settle = 1\n")
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "config.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert loaded.stdout.splitlines()[-1] == "0 False", loaded.stdout + loaded.stderr
 
 
 # -- pipx install, as the README says, on a fresh account --------------------------------------
