@@ -14,7 +14,7 @@ PREFIX ?= $(HOME)/.local
 # and what the tests and the benchmark run. Missing ones are installed when make runs as root
 # (CI); any other user is told which, and the command, and make stops: sudo is never called.
 
-.PHONY: setup builddeps sysdeps current demo install uninstall completions test test-fast \
+.PHONY: setup builddeps sysdeps current demo install uninstall completions dist test test-fast \
 	test-slow lint bench clean
 
 setup: $(STAMP)
@@ -114,6 +114,13 @@ uninstall:
 completions: $(STAMP)
 	$(BIN)/python -m memstaged.cli.generate
 
+# The release: a wheel and an sdist in dist/ (the wheel built from the sdist, as pip builds one),
+# checked as PyPI checks an upload. Their version is git's (pyproject.toml): tag, then make dist.
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
 test: sysdeps setup
 	$(BIN)/pytest -m "not slow"
 
@@ -136,4 +143,4 @@ bench: sysdeps setup
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from importlib import metadata
@@ -25,6 +26,7 @@ from typing import Final
 
 import pytest
 from support import as_nobody
+from support.systemd_env import unavailable_reason, user_systemd, wait_until
 from support.terminal import COLUMNS, terminal
 
 from memstaged.cli.generate import DATA, FILES
@@ -868,47 +870,187 @@ def test_version_is_the_installed_distributions_read_only_when_asked(tmp_path: P
     assert loaded.stdout.splitlines()[-1] == "0 False", loaded.stdout + loaded.stderr
 
 
-# -- pipx install, as the README says, on a fresh account --------------------------------------
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``make dist`` on a repository of this working tree whose commit is tagged v0.2.0, with
+    this venv as its ``.venv``: the repository and what make printed."""
+    repo = _tagged_repo(tmp_path_factory.mktemp("release") / "repo", "v0.2.0")
+    (repo / ".venv").symlink_to(REPO / ".venv")
+    made = subprocess.run(
+        ["make", "-o", ".venv/.installed", "-o", "builddeps", "dist"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    return repo, re.sub(r"\x1b\[[0-9;]*m", "", made.stdout)  # twine colours PASSED
 
 
-@pytest.mark.slow
-def test_pipx_install_then_completion_install_on_a_fresh_account(tmp_path: Path) -> None:
-    """Issue 22 items 6 and 9, the README's path: ``pipx install .`` into a fresh home (from
-    /etc/skel, ~/.local/bin not yet on PATH) warns that ~/.local/bin is not on PATH (the README
-    says ``pipx ensurepath`` and a new shell); then, with it on PATH, the README's
-    ``memstaged completion --install`` makes a new ``bash -i`` complete ``memstaged dead<Tab>``
-    and ``man memstaged`` find the page. Slow: pipx builds systemd-python from source."""
-    if not Path("/usr/share/bash-completion/bash_completion").is_file():
-        pytest.skip("bash-completion is not installed (make sysdeps installs it)")
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(REPO / "memstaged", src / "memstaged", ignore=ignore)
-    home, env = _fresh_home(tmp_path)
-    (home / ".local" / "bin" / "memstaged").unlink()  # pipx puts its own there
-    bare = {**env, "PATH": "/usr/local/bin:/usr/bin:/bin"}  # a shell before pipx ensurepath
-    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CACHE_DIR"):
-        if name in os.environ:
-            bare[name] = os.environ[name]
-    installed = subprocess.run(
-        [sys.executable, "-m", "pipx", "install", str(src)],
-        env=bare,
+#: Where the wheel puts each generated file: in the package (what ``completion --install`` and
+#: ``service install`` read) and under the prefix's share/ (where pipx links the man page from).
+_IN_THE_WHEEL: Final = {
+    "memstaged/data/memstaged.service": "memstaged/data/memstaged.service",
+    "memstaged/data/man/memstaged.1": "memstaged/data/man/memstaged.1",
+    "memstaged/data/completions/bash/memstaged": "memstaged/data/completions/bash/memstaged",
+    "memstaged/data/completions/zsh/_memstaged": "memstaged/data/completions/zsh/_memstaged",
+    "memstaged/data/completions/fish/memstaged.fish": (
+        "memstaged/data/completions/fish/memstaged.fish"
+    ),
+    "memstaged-0.2.0.data/data/share/man/man1/memstaged.1": "memstaged/data/man/memstaged.1",
+    "memstaged-0.2.0.data/data/share/bash-completion/completions/memstaged": (
+        "memstaged/data/completions/bash/memstaged"
+    ),
+    "memstaged-0.2.0.data/data/share/zsh/site-functions/_memstaged": (
+        "memstaged/data/completions/zsh/_memstaged"
+    ),
+    "memstaged-0.2.0.data/data/share/fish/vendor_completions.d/memstaged.fish": (
+        "memstaged/data/completions/fish/memstaged.fish"
+    ),
+}
+
+
+def test_make_dist_on_the_release_tag_makes_a_wheel_and_sdist_twine_passes(
+    release: tuple[Path, str],
+) -> None:
+    """Issue 31 item 14: ``make dist`` on the commit tagged v0.2.0 leaves exactly the wheel and
+    the sdist of version 0.2.0 in dist/, and ``twine check --strict`` passes both. The wheel,
+    built from the sdist (so the sdist is complete), carries the unit, the man page and the three
+    completion scripts, byte for byte; the sdist's PKG-INFO says 0.2.0."""
+    repo, printed = release
+    dist = repo / "dist"
+    wheel, sdist = dist / "memstaged-0.2.0-py3-none-any.whl", dist / "memstaged-0.2.0.tar.gz"
+    assert sorted(dist.iterdir()) == [wheel, sdist]
+    for built in (wheel, sdist):
+        assert f"Checking dist/{built.name}: PASSED" in printed.splitlines(), printed
+    with zipfile.ZipFile(wheel) as zf:
+        for member, source in _IN_THE_WHEEL.items():
+            assert zf.read(member) == (REPO / source).read_bytes(), member
+        metadata = zf.read("memstaged-0.2.0.dist-info/METADATA").decode().splitlines()
+    assert "Version: 0.2.0" in metadata
+    assert "License-Expression: MIT" in metadata
+    with tarfile.open(sdist) as tf:
+        info = tf.extractfile("memstaged-0.2.0/PKG-INFO")
+        assert info is not None
+        assert "Version: 0.2.0" in info.read().decode().splitlines()
+        names = set(tf.getnames())
+    assert {"memstaged-0.2.0/memstaged/data/memstaged.service", "memstaged-0.2.0/Makefile"} <= names
+
+
+# -- pipx install of the release wheel, as the README says, on a fresh account -------------------
+
+
+def _pipx(env: dict[str, str], *args: str) -> str:
+    """``pipx ARGS`` (this venv's pipx) with ``env``: what it printed, after a success."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "pipx", *args],
+        env=env,
         capture_output=True,
         text=True,
         timeout=1200,
         check=False,
     )
-    output = installed.stdout + installed.stderr
-    assert installed.returncode == 0, output[-3000:]
-    said = " ".join(output.split())
-    assert "is not on your PATH environment variable" in said, output
-    assert "pipx ensurepath" in said  # what the README tells to run, then a new shell
-    memstaged = home / ".local" / "bin" / "memstaged"
-    assert memstaged.is_symlink() and os.readlink(memstaged).startswith(str(home))
-    assert _pressed_tab(home, env, install=True) == "memstaged deadletter X"
-    where = subprocess.run(
-        ["man", "-w", "memstaged"], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
-    assert where.stdout.strip().startswith(str(home / ".local" / "share" / "man")), where.stderr
+    output = ran.stdout + ran.stderr
+    assert ran.returncode == 0, output[-3000:]
+    return " ".join(output.split())
+
+
+@pytest.mark.slow
+@pytest.mark.systemd
+def test_pipx_install_of_the_release_wheel_gives_the_service_man_page_and_completion(
+    release: tuple[Path, str], clone: Path
+) -> None:
+    """Issue 31 items 12 and 14 (issue 22 items 6 and 9), the README's path from the release
+    wheel, on a fresh account (home from /etc/skel) with a real user manager:
+
+    - after ``make install``, ``pipx install WHEEL`` succeeds but warns "symlink missing" for
+      memstaged and its page, which stay the clone's; the README's ``make uninstall`` then
+      ``pipx reinstall memstaged`` make both pipx's;
+    - pipx warns that ~/.local/bin is not on PATH (the README: ``pipx ensurepath``);
+    - ``memstaged --version`` says 0.2.0, and ``man -w memstaged`` finds the page pipx linked
+      from the wheel;
+    - ``memstaged completion --install`` makes a new ``bash -i`` complete ``memstaged dead<Tab>``;
+    - ``memstaged service install --enable`` runs pipx's memstaged as the service (the unit
+      from the wheel), which quarantines a broken staging file.
+
+    Slow: pipx builds systemd-python from source."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    if not Path("/usr/share/bash-completion/bash_completion").is_file():
+        pytest.skip("bash-completion is not installed (make sysdeps installs it)")
+    repo, _ = release
+    wheel = repo / "dist" / "memstaged-0.2.0-py3-none-any.whl"
+    with user_systemd() as sd:
+        home = sd.home
+        shutil.copytree("/etc/skel", home, dirs_exist_ok=True)
+        bare = {  # a login before pipx ensurepath: ~/.local/bin is not on PATH
+            "HOME": str(home),
+            "USER": sd.env["USER"],
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            **{k: v for k, v in os.environ.items() if k.startswith("PIP_")},
+        }
+        link = home / ".local" / "bin" / "memstaged"
+        page = home / ".local" / "share" / "man" / "man1" / "memstaged.1"
+        pipx_venv = home / ".local" / "share" / "pipx" / "venvs" / "memstaged"
+
+        assert _make(clone, None, "install", env=bare).returncode == 0
+        said = _pipx(bare, "install", str(wheel))
+        assert "memstaged (symlink missing or pointing to unexpected location)" in said
+        assert "man1/memstaged.1 (symlink missing or pointing to unexpected location)" in said
+        assert os.readlink(link) == f"{clone}/.venv/bin/memstaged"
+        assert _make(clone, None, "uninstall", env=bare).returncode == 0
+        said = _pipx(bare, "reinstall", "memstaged")
+        assert "symlink missing" not in said
+        assert "is not on your PATH environment variable" in said
+        assert "pipx ensurepath" in said  # what the README tells to run, then a new shell
+        assert os.readlink(link) == f"{pipx_venv}/bin/memstaged"
+
+        env = {
+            **bare,
+            "PATH": f"{home}/.local/bin:{bare['PATH']}",
+            "TERM": "xterm-256color",
+            "PAGER": "less",
+            "MANPAGER": "less",
+        }
+        version = subprocess.run(
+            ["memstaged", "--version"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (version.returncode, version.stdout) == (0, "memstaged 0.2.0\n")
+        where = subprocess.run(
+            ["man", "-w", "memstaged"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        # man names the page pipx linked there from the wheel by where the link leads.
+        assert os.readlink(page) == f"{pipx_venv}/share/man/man1/memstaged.1"
+        assert where.stdout.strip() == os.readlink(page), where.stderr
+        assert _pressed_tab(home, env, install=True) == "memstaged deadletter X"
+
+        mdir = home / "src" / "project" / ".pi" / "memory" / "project"
+        (mdir / "staging").mkdir(parents=True)
+        broken = mdir / "staging" / "broken.json"
+        broken.write_bytes(b"{nope")
+        os.utime(broken, (1e9, 1e9))  # long finished, not being written
+        config = Path(sd.env["XDG_CONFIG_HOME"]) / "memstaged" / "config.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text(f'memory_dirs = ["{mdir}"]\n')
+        installed = sd.run(str(link), "service", "install", "--enable", timeout=120)
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+        unit = (sd.unit_dir / "memstaged.service").read_text().splitlines()
+        assert f"ExecStart={pipx_venv}/bin/memstaged" in unit
+        assert sd.systemctl("is-active", "memstaged.service").stdout.strip() == "active"
+        wait_until(lambda: not broken.exists(), timeout=60, what="the service's quarantine")
+        [original] = (mdir / "deadletter" / "originals").iterdir()
+        assert original.name.startswith("broken.json.")
+        assert original.read_bytes() == b"{nope"
