@@ -690,6 +690,31 @@ def test_an_unprivileged_user_runs_make_install_without_sudo() -> None:
         assert (ran.returncode, ran.stdout) == (0, f"memstaged {fallback['fallback_version']}\n")
 
 
+def test_the_readme_names_the_packages_make_checks_for() -> None:
+    """Issue 31 item 3: the README's table of Debian packages says exactly what
+    ``packaging/debian-deps`` checks for and installs: the build packages (``make install``,
+    ``make demo``) and, for ``make test``, those and the tests' tools."""
+
+    def listed(which: str) -> list[str]:
+        return subprocess.run(
+            ["sh", str(REPO / "packaging" / "debian-deps"), "list", which],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+
+    readme = (REPO / "README.md").read_text()
+    build = re.search(
+        r"^\| `make demo`, `make install`.*?the build packages: `([^`]+)`", readme, re.M
+    )
+    test = re.search(r"^\| `make test`, .*? those, and `([^`]+)`", readme, re.M)
+    assert build is not None and test is not None
+    assert build.group(1).split() == listed("build")
+    assert build.group(1).split() + test.group(1).split() == listed("test")
+    assert f"sudo apt-get install pipx {build.group(1)}" in readme  # the Install section's line
+
+
 # -- the build ----------------------------------------------------------------------------------
 
 
