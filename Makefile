@@ -1,4 +1,5 @@
-# Every target sets up what it needs: a fresh Debian machine only needs `make demo` or `make test`.
+# Every target sets up what it needs: a fresh Debian machine only needs `make demo` or `make test`
+# (as root; another user is told which Debian packages to install first).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,41 +9,39 @@ STAMP := $(VENV)/.installed
 DEMO := demo
 DEMO_MDIR := $(DEMO)/example-project/.pi/memory/project
 PREFIX ?= $(HOME)/.local
-# Debian packages: a C compiler, Python's headers and venv, and libsystemd to build
-# systemd-python; systemd and the user D-Bus for the real-service tests; Node.js (20 on Debian
-# 13) for the differential tests that compare memstaged's JavaScript semantics with Node's;
-# bash-completion, man-db, tmux and less for the tests that press Tab in a real bash, read the man
-# page and read what a terminal of 80 columns shows (issue 22); zsh and fish, whose own parsers
-# check the generated completion scripts (skipped without them); strace for the benchmark's system
-# calls per file (measures 10, 16 and 17; skipped with the reason without it).
-APT_PACKAGES := python3-venv python3-dev gcc libsystemd-dev pkg-config systemd \
-	dbus-user-session nodejs bash-completion man-db tmux less zsh fish strace
+# Debian packages (packaging/debian-deps names and checks them): `builddeps` what builds memstaged
+# in the venv (systemd-python compiles), all `make demo` and `make install` need; `sysdeps` that
+# and what the tests and the benchmark run. Missing ones are installed when make runs as root
+# (CI); any other user is told which, and the command, and make stops: sudo is never called.
 
-.PHONY: setup sysdeps demo install uninstall completions test test-fast test-slow lint bench clean
+.PHONY: setup builddeps sysdeps current demo install uninstall completions dist test test-fast \
+	test-slow lint bench clean
 
 setup: $(STAMP)
 
-sysdeps:
-	@if ! pkg-config --exists libsystemd 2>/dev/null || ! command -v systemctl >/dev/null \
-		|| ! command -v gcc >/dev/null || ! command -v node >/dev/null \
-		|| ! command -v tmux >/dev/null || ! command -v less >/dev/null \
-		|| ! $(PYTHON) -c 'import ensurepip, sysconfig, os.path as p; \
-			assert p.exists(p.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \
-		|| [ ! -e /usr/lib/systemd/user/dbus.socket ] \
-		|| [ ! -e /usr/share/bash-completion/bash_completion ] \
-		|| ! command -v man >/dev/null || ! command -v tmux >/dev/null \
-		|| ! command -v zsh >/dev/null || ! command -v fish >/dev/null \
-		|| ! command -v strace >/dev/null; then \
-		echo "installing Debian packages: $(APT_PACKAGES)"; \
-		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
-	fi
+builddeps:
+	@PYTHON=$(PYTHON) sh packaging/debian-deps build
 
-$(RUNTIME_STAMP): pyproject.toml constraints.txt | sysdeps
+sysdeps:
+	@PYTHON=$(PYTHON) sh packaging/debian-deps test
+
+$(RUNTIME_STAMP): pyproject.toml constraints.txt | builddeps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e .
+	@echo "$(HEAD)" > $(BUILT)
 	touch $@
+
+# The version `memstaged --version` says is the one the build took from git (setuptools-scm), so
+# `make demo` and `make install` build memstaged again (pip install -e, seconds) once the commit
+# it was built from is no longer the clone's: after `git pull`, say. A copy without git, nothing.
+HEAD := $(shell git describe --tags --always 2>/dev/null)
+BUILT := $(VENV)/.built-from
+current: $(RUNTIME_STAMP)
+	@if [ -n "$(HEAD)" ] && [ "$$(cat $(BUILT) 2>/dev/null)" != "$(HEAD)" ]; then \
+		echo "building memstaged again: the clone is at $(HEAD) now"; \
+		$(BIN)/pip install -q --no-deps -c constraints.txt -e . && echo "$(HEAD)" > $(BUILT); \
+	fi
 
 $(STAMP): $(RUNTIME_STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,bench]'
@@ -51,7 +50,7 @@ $(STAMP): $(RUNTIME_STAMP)
 # The demo: a copy of examples/memory-dir, a config naming it and its own decision log, and one
 # `memstaged --once`. Then `export MEMSTAGED_CONFIG=$PWD/demo/config.toml` (README) makes every
 # command (log, stats, status, deadletter) find the demo's memory dir and log.
-demo: $(RUNTIME_STAMP)
+demo: current
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)/example-project/.pi/memory
 	@cp -rp examples/memory-dir $(DEMO_MDIR)
 	@printf 'memory_dirs = ["%s"]\nlog_file = "%s"\n' \
@@ -72,7 +71,7 @@ INSTALLED := $(PREFIX)/share/bash-completion/completions/memstaged \
 	$(PREFIX)/share/zsh/site-functions/_memstaged \
 	$(PREFIX)/share/fish/vendor_completions.d/memstaged.fish \
 	$(PREFIX)/share/man/man1/memstaged.1
-install: $(RUNTIME_STAMP)
+install: current
 	@if [ -z "$(FORCE)" ] && { [ -e $(LINK) ] || [ -L $(LINK) ]; } \
 		&& [ "$$(readlink $(LINK))" != "$(CURDIR)/$(BIN)/memstaged" ]; then \
 		echo "make install: $(LINK) is $$(readlink $(LINK) || echo 'a file'), not this clone's" \
@@ -89,7 +88,17 @@ install: $(RUNTIME_STAMP)
 	install -D -m 0644 memstaged/data/completions/fish/memstaged.fish \
 		$(PREFIX)/share/fish/vendor_completions.d/memstaged.fish
 	install -D -m 0644 memstaged/data/man/memstaged.1 $(PREFIX)/share/man/man1/memstaged.1
-	@echo "memstaged is $(LINK) (is $(PREFIX)/bin on your PATH?)"
+	@echo "memstaged is $(LINK)"
+	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) \
+		echo "$(PREFIX)/bin is not on this shell's PATH. In this shell, run:"; \
+		echo "    export PATH=\"$(PREFIX)/bin:\$$PATH\""; \
+		if [ "$(PREFIX)" = "$(HOME)/.local" ]; then \
+			echo "Debian's ~/.profile adds ~/.local/bin at login once it exists:" \
+				"log in again for every shell to have it."; \
+		else \
+			echo "and add that line to ~/.profile for the shells of your next login."; \
+		fi ;; \
+	esac
 
 # The link only while it is this clone's (another installation's stays), and the files above.
 uninstall:
@@ -105,7 +114,14 @@ uninstall:
 completions: $(STAMP)
 	$(BIN)/python -m memstaged.cli.generate
 
-test: setup
+# The release: a wheel and an sdist in dist/ (the wheel built from the sdist, as pip builds one),
+# checked as PyPI checks an upload. Their version is git's (pyproject.toml): tag, then make dist.
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
+test: sysdeps setup
 	$(BIN)/pytest -m "not slow"
 
 # The tests that start no process: tests/system/ holds every one that does (memstaged and daemons
@@ -114,7 +130,7 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest tests --ignore=tests/system -m "not slow" --no-processes
 
-test-slow: setup
+test-slow: sysdeps setup
 	$(BIN)/pytest -m slow
 
 lint: setup
@@ -123,8 +139,8 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/vulture memstaged vulture_whitelist.py
 
-bench: setup
+bench: sysdeps setup
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from memstaged import __version__
 from memstaged.files import fsio
 
 DATA: Final = Path(__file__).parents[1] / "data"
@@ -28,8 +27,10 @@ FILES: Final = {
     "fish": "completions/fish/memstaged.fish",
     "man": "man/memstaged.1",
 }
-#: The man page's date: the release's, not the day it was generated (reproducible files).
-RELEASE_DATE: Final = "2026-12-01"
+#: The man page's version and date: the release's, not the build's or the day it was generated
+#: (reproducible files; ``--version`` names the build).
+RELEASE: Final = "0.2.0"
+RELEASE_DATE: Final = "2026-12-04"
 
 
 def _parser() -> Any:
@@ -72,7 +73,7 @@ def render() -> dict[str, str]:
         _drop_hidden(parser)
         page = Manpage(parser, format="single-commands-section")
         page.date = RELEASE_DATE
-        page.source = f"memstaged {__version__}"
+        page.source = f"memstaged {RELEASE}"
         page.manual = "memstaged manual"
         page.description = "validate, repair or quarantine agent-memory staging files"
         for heading, content in sections(about).items():

@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from memstaged import __version__
 from memstaged.cli.option_types import settle_seconds
 from memstaged.errors import BusyError, LogUnwritable, MemstagedError, Terminated, UsageError
 
@@ -113,6 +112,17 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
+class _Version(argparse._VersionAction):
+    """``--version``: ``memstaged VERSION``, the installed distribution's version (see
+    ``memstaged.__version__``), looked up only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        import memstaged
+
+        self.version = f"memstaged {memstaged.__version__}"
+        super().__call__(parser, *args)
+
+
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options shared by the daemon and ``--once`` (and the commands that pick memory dirs)."""
     parser.add_argument(
@@ -151,7 +161,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "staging/ subdirectory; anything else is refused. 'memstaged help COMMAND' (or "
         "'memstaged COMMAND --help') says more about each command.",
     )
-    parser.add_argument("--version", action="version", version=f"memstaged {__version__}")
+    parser.add_argument("--version", action=_Version)
     parser.add_argument(
         "--once",
         action="store_true",

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from memstaged import __version__
 from memstaged.core import digests
 from memstaged.core.decide import Decision
 from memstaged.files import fsio
@@ -130,12 +129,12 @@ def _module_files(base: str, names: bytes | None) -> list[str]:
 
 
 def _engine_hash() -> str:
-    """What the engine is: ``__version__`` (0.1.0 across upgrades so far, so not enough alone)
-    and the bytes of every file of :func:`engine_files`, by name. Computed once per process,
-    on first use."""
+    """What the engine is: the bytes of every file of :func:`engine_files`, by name (not the
+    version: a build that changes other code keeps the cache). Computed once per process, on
+    first use."""
     global _engine_digest  # noqa: PLW0603 - computed once per process, on first use
     if _engine_digest is None:
-        digest = digests.sha256(__version__.encode())
+        digest = digests.sha256()
         package = os.path.dirname(os.path.dirname(__file__))
         for relative in engine_files(package):
             digest.update(b"\0" + os.fsencode(relative) + b"\0")

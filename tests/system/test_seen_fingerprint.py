@@ -1,9 +1,9 @@
 """The seen cache is dropped whenever the code of the decision changes (docs/design.md).
 
 The cache keeps ``valid`` and ``foreign`` decisions across runs and upgrades, keyed by a
-fingerprint of the engine; ``__version__`` stays 0.1.0 across upgrades, so only the code's bytes
-tell. A copy of the package is edited, one module at a time, and run from a fresh interpreter,
-as an upgrade would be.
+fingerprint of the engine: the code's bytes, not the version (each build has its own). A copy
+of the package is edited, one module at a time, and run from a fresh interpreter, as an upgrade
+would be.
 """
 
 from __future__ import annotations
