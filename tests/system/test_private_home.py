@@ -91,7 +91,8 @@ def test_the_run_fails_when_a_test_writes_into_the_real_home(
     suite.mkdir()
     (suite / "conftest.py").write_bytes((TESTS / "conftest.py").read_bytes())
     (suite / "test_inner.py").write_text(_INNER_TEST)
-    (suite / "pytest.ini").write_text("[pytest]\n")
+    # The conftest imports the support package, found as this suite finds it.
+    (suite / "pytest.ini").write_text(f"[pytest]\npythonpath = {TESTS}\n")
     real_home = tmp_path / "real-home"
     (real_home / ".local" / "state" / "memstaged").mkdir(parents=True)
     real_log = real_home / ".local" / "state" / "memstaged" / "decisions.jsonl"
