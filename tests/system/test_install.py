@@ -367,7 +367,13 @@ def _make(
     Debian package is checked, nothing is built again."""
     built = ["-o", ".venv/.installed-runtime", "-o", "builddeps", "-o", "current"]
     return subprocess.run(
-        ["make", *built, *target, *([f"PREFIX={prefix}"] if prefix is not None else [])],
+        [
+            "make",
+            "--no-print-directory",
+            *built,
+            *target,
+            *([f"PREFIX={prefix}"] if prefix is not None else []),
+        ],
         cwd=work,
         env=env,
         capture_output=True,
