@@ -1,4 +1,5 @@
-"""The README's and docs/inspection.md's shell commands, run as written on the demo's data.
+"""The shell commands of the README, docs/install.md and docs/inspection.md, run as written on
+the demo's data.
 
 Issue 13 ("The README, as written, must work"): a new user runs the README's blocks in order.
 This test does the same: ``make demo`` in a temporary copy of the repository (with this venv, so
@@ -25,7 +26,7 @@ from typing import Final
 import pytest
 
 REPO: Final = Path(__file__).resolve().parents[2]
-DOCS: Final = ("README.md", "docs/inspection.md")
+DOCS: Final = ("README.md", "docs/install.md", "docs/inspection.md")
 #: First word of a command -> why it is not run here.
 SKIPPED: Final = {
     "make": "runs the build or test suite itself (make demo is what made the data)",
@@ -102,7 +103,7 @@ def _env(work: Path) -> dict[str, str]:
 
 
 def test_every_documented_command_works_on_the_demo(demo: Path) -> None:
-    """Issue 13: each command of the README's and docs/inspection.md's shell blocks runs on the
+    """Issue 13: each command of the documents' shell blocks (:data:`DOCS`) runs on the
     demo's data and exits with one of its documented outcomes, without a traceback; the README's
     recover example really recovers a candidate."""
     script = ["set -u", "cd " + shlex.quote(str(demo)), "exec </dev/null"]

@@ -697,9 +697,10 @@ def test_an_unprivileged_user_runs_make_install_without_sudo() -> None:
 
 
 def test_the_readme_names_the_packages_make_checks_for() -> None:
-    """Issue 31 item 3: the README's table of Debian packages says exactly what
+    """Issue 31 item 3: the table of Debian packages (docs/install.md) says exactly what
     ``packaging/debian-deps`` checks for and installs: the build packages (``make install``,
-    ``make demo``) and, for ``make test``, those and the tests' tools."""
+    ``make demo``) and, for ``make test``, those and the tests' tools; the README's Install line
+    installs pipx and the build packages."""
 
     def listed(which: str) -> list[str]:
         return subprocess.run(
@@ -710,15 +711,16 @@ def test_the_readme_names_the_packages_make_checks_for() -> None:
             check=True,
         ).stdout.split()
 
-    readme = (REPO / "README.md").read_text()
+    table = (REPO / "docs" / "install.md").read_text()
     build = re.search(
-        r"^\| `make demo`, `make install`.*?the build packages: `([^`]+)`", readme, re.M
+        r"^\| `make demo`, `make install`.*?the build packages: `([^`]+)`", table, re.M
     )
-    test = re.search(r"^\| `make test`, .*? those, and `([^`]+)`", readme, re.M)
+    test = re.search(r"^\| `make test`, .*? those, and `([^`]+)`", table, re.M)
     assert build is not None and test is not None
     assert build.group(1).split() == listed("build")
     assert build.group(1).split() + test.group(1).split() == listed("test")
-    assert f"sudo apt-get install pipx {build.group(1)}" in readme  # the Install section's line
+    for doc in ("README.md", "docs/install.md"):  # the Install sections' line
+        assert f"sudo apt-get install pipx {build.group(1)}" in (REPO / doc).read_text(), doc
 
 
 # -- the build ----------------------------------------------------------------------------------
