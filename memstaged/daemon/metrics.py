@@ -175,7 +175,7 @@ def collect(daemon: Daemon, tally: Tally, started: float) -> list[Family]:
     for decision in Decision:
         if decision in STAYS:
             seen.add(held[decision.value], decision=decision.value)
-    repairs = Family("memstaged_repairs", "counter", "Repairs applied, by rule (R1 to R5)")
+    repairs = Family("memstaged_repairs", "counter", "Repairs applied, by rule (R1 to R6)")
     for rule, count in sorted(tally.repairs.items()):
         repairs.add(count, rule=rule)
     state = control_socket.live(daemon, started)
