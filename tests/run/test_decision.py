@@ -19,15 +19,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from support.documents import lesson, repairable_doc, staging_doc, write
 from support.helpers import memory_dir_of
 
+from memstaged.core.decide import Decision
+from memstaged.core.repair import Repair
 from memstaged.files import transaction
 from memstaged.files.locks import CANONICAL_LOCK
 from memstaged.files.memdir import Options
+from memstaged.files.plan import Action, Plan, Settled
 from memstaged.log import writer
 from memstaged.run import pipeline as pipeline_module
+from memstaged.run.decision import DecisionEvent, abandoned, name_settled
 from memstaged.run.pipeline import Pipeline
 
 #: A file old enough to be settled.
@@ -794,3 +799,66 @@ def test_names_taken_in_deadletter(memory_dir: Path, log: _Log) -> None:
             ("4", "quarantined <mdir>/staging/bad.json: schemaVersion: must be the number 1"),
         ],
     )
+
+
+def _r6_event() -> DecisionEvent:
+    wrote = {"unwrapped": "candidate", "original": "deadletter/originals/w.json.ab.orig"}
+    return DecisionEvent(
+        path="/m/staging/w.json",
+        memory_dir="/m",
+        decision=Decision.REPAIRED,
+        session_id=None,
+        sha256="ab",
+        size=1,
+        reasons=("r",),
+        repairs=(Repair("R6", "candidates.preferences[0]", wrote),),
+        deadletter=("deadletter/originals/w.json.ab.orig",),
+    )
+
+
+def test_name_settled_makes_a_new_event() -> None:
+    """``name_settled`` returns a new event naming the files really written, an R6 repair
+    rebuilt; the event and the repair it was given (the verdict's) stay as they were."""
+    event = _r6_event()
+    before = msgspec.json.encode(event)
+    plan = Plan(key="w.json", action=Action.REWRITE, original="w.json.ab.orig")
+    named = name_settled(event, plan, Settled("w.json", (), "w.json.ab.2.orig"))
+    assert msgspec.json.encode(event) == before
+    assert named.deadletter == ("deadletter/originals/w.json.ab.2.orig",)
+    assert named.repairs[0].wrote == {
+        "unwrapped": "candidate",
+        "original": "deadletter/originals/w.json.ab.2.orig",
+    }
+    assert named.fields()["repairs"] == [
+        {"rule": "R6", "where": "candidates.preferences[0]", "wrote": named.repairs[0].wrote}
+    ]
+    with pytest.raises(AttributeError):
+        named.decision = Decision.VALID  # type: ignore[misc]
+
+
+def test_abandoned_and_fields() -> None:
+    """An abandoned plan's event says what it became and what was ``planned`` (if announced),
+    without repairs or dead-letter files; its fields are those of the dict it replaced: in
+    order, lists, ``session_id`` null once decided, defaults left out."""
+    event = _r6_event()
+    gone = abandoned(event, Decision.SKIPPED, "vanished", announced=True)
+    assert gone.fields() == {
+        "path": "/m/staging/w.json",
+        "memory_dir": "/m",
+        "decision": "skipped",
+        "session_id": None,
+        "sha256": "ab",
+        "size": 1,
+        "reasons": ["r", "vanished"],
+        "planned": "repaired",
+    }
+    assert list(gone.fields()) == list(_line_keys(gone))
+    unannounced = abandoned(event, Decision.DEFERRED, "held", announced=False)
+    assert "planned" not in unannounced.fields()
+    bare = DecisionEvent(path="p", memory_dir="m", decision=Decision.SKIPPED, reasons=())
+    assert bare.fields() == {"path": "p", "memory_dir": "m", "decision": "skipped", "reasons": []}
+
+
+def _line_keys(event: DecisionEvent) -> list[str]:
+    """The keys of the event's JSON line as msgspec writes the Struct itself."""
+    return list(json.loads(msgspec.json.encode(event)))
