@@ -11,6 +11,7 @@ __getattr__
 # msgspec / dataclass fields, filled in by keyword and read by encoding (JSON output, asdict).
 deferred_since  # memstaged/cli/commands/stats.py Stuck
 last_seen  # memstaged/cli/commands/stats.py Stuck
+duration_ms  # memstaged/run/decision.py DecisionEvent
 # argparse-manpage's Manpage reads ``manual`` when it renders the page.
 _.manual
 # watchdog's inotify callbacks, called by watchdog's emitter.

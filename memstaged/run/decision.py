@@ -1,10 +1,11 @@
 """What deciding a file came to: its ``decision`` log event (SPEC 7) and its :class:`Outcome`.
 
-The pipeline builds each event here, :func:`describe` from the verdict when the file is decided
-and :func:`name_settled` when the transaction announces the plan with the dead-letter names it
-really uses (the file layer knows nothing of this schema), and hands each file's
-:class:`Outcome` back to its drivers: ``--once``, the daemon, its scheduler and the seen cache,
-none of which needs the pipeline that made it.
+A :class:`DecisionEvent` is a value: the pipeline builds it here, :func:`describe` from the verdict
+when the file is decided, and every later change makes a new one (:func:`name_settled` when the
+transaction announces the plan with the dead-letter names it really uses, the file layer knowing
+nothing of this schema; :func:`abandoned` when a plan is not carried out). The pipeline hands each
+file's :class:`Outcome` back to its drivers: ``--once``, the daemon, its scheduler and the seen
+cache, none of which needs the pipeline that made it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,72 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from memstaged.core import digests
 from memstaged.core.decide import Decision, Verdict
 from memstaged.core.records import ORIGINALS_DIR
+from memstaged.core.repair import Repair
 from memstaged.files.fsio import Identity
 from memstaged.files.memdir import DEADLETTER, MemoryDir
 from memstaged.files.plan import Plan, Settled
+
+__all__ = [
+    "Batch",
+    "DecisionEvent",
+    "Outcome",
+    "abandoned",
+    "describe",
+    "name_settled",
+]
+
+
+class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One decision's ``decision`` log event (SPEC 7), its fields in the order they are logged
+    (the logger adds ``event``, ``level`` and ``timestamp`` after them).
+
+    A field at its default is not logged: ``dry_run`` only in a dry run, what a verdict says
+    (``session_id`` to ``deadletter``) only once the bytes were decided, ``planned`` only for a
+    decision announced and then not carried out. Never changed: a change is a new event
+    (``msgspec.structs.replace``).
+    """
+
+    path: str
+    memory_dir: str
+    dry_run: bool = False
+    #: The traceback of an internal error that left the file as it is (deferred).
+    traceback: str | None = None
+    decision: Decision
+    #: Logged (``null`` when the file names none) once the bytes were decided, else not at all.
+    session_id: str | UnsetType | None = UNSET
+    sha256: str | None = None
+    size: int | None = None
+    #: Validation errors, or why deferred or skipped: logged even when there are none.
+    reasons: tuple[str, ...]
+    #: For ``quarantined``: the reasons a repair would have fixed, the last ones.
+    repairable: tuple[str, ...] = ()
+    repairs: tuple[Repair, ...] = ()
+    #: An R4 repair put candidates in ``deadletter/``: a query for quarantines finds them
+    #: (``journalctl MEMSTAGED_DECISION=quarantined + MEMSTAGED_PARTLY_QUARANTINED=true``).
+    partly_quarantined: bool = False
+    #: The SHA-256 of the version memstaged puts in place: its look at it is told from a decision.
+    rewrite_sha256: str | None = None
+    #: The files written under ``deadletter/``, as they are really called once announced.
+    deadletter: tuple[str, ...] = ()
+    #: memstaged's look at its own rewrite (SPEC 1): not a decision again.
+    own_rewrite: bool = False
+    duration_ms: float | None = None
+    #: The decision announced (and logged) before it was not carried out.
+    planned: Decision | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The event as the logger's keyword arguments: JSON values (lists, a repair as a dict)
+        in the order of the fields, those at their default left out."""
+        fields: dict[str, Any] = msgspec.to_builtins(self)
+        for key, value in fields.items():
+            if isinstance(value, tuple):  # to_builtins keeps tuples: a list, as it always was
+                fields[key] = list(value)
+        return fields
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -50,49 +110,74 @@ class Batch:
         return bool(self.outcomes)
 
 
-def describe(event: dict[str, Any], verdict: Verdict) -> None:
-    """Put what a verdict says into the decision's log event (SPEC 7)."""
-    event.update(
-        decision=verdict.decision.value,
+def describe(verdict: Verdict, *, path: str, memory_dir: str, dry_run: bool) -> DecisionEvent:
+    """The log event of a file decided (SPEC 7): what its verdict says."""
+    new_bytes = verdict.new_bytes
+    records = tuple(r.name for r in verdict.deadletter)
+    return DecisionEvent(
+        path=path,
+        memory_dir=memory_dir,
+        dry_run=dry_run,
+        decision=verdict.decision,
         session_id=verdict.session_id,
         sha256=verdict.sha256,
         size=verdict.size,
-        reasons=list(verdict.reasons),
+        reasons=verdict.reasons,
+        repairable=verdict.repairable,
+        repairs=verdict.repairs,
+        partly_quarantined=any(r.rule == "R4" for r in verdict.repairs),
+        rewrite_sha256=None if new_bytes is None else digests.sha256(new_bytes).hexdigest(),
+        deadletter=_deadletter(records, verdict.original),
     )
-    if verdict.repairable:  # reasons that a repair would fix: the last ones (SPEC 7)
-        event["repairable"] = list(verdict.repairable)
-    if verdict.repairs:
-        event["repairs"] = [msgspec.to_builtins(r) for r in verdict.repairs]
-        if any(r.rule == "R4" for r in verdict.repairs):
-            # Candidates went to deadletter/: a query for quarantines finds them:
-            # journalctl MEMSTAGED_DECISION=quarantined + MEMSTAGED_PARTLY_QUARANTINED=true
-            event["partly_quarantined"] = True
-    if verdict.new_bytes is not None:
-        # Names the version memstaged puts in place: its look at it is told from a decision.
-        event["rewrite_sha256"] = digests.sha256(verdict.new_bytes).hexdigest()
-    names = [f"{DEADLETTER}/{r.name}" for r in verdict.deadletter]
-    if verdict.original is not None:
-        names.append(f"{DEADLETTER}/{ORIGINALS_DIR}/{verdict.original}")
-    if names:
-        event["deadletter"] = names
 
 
-def name_settled(event: dict[str, Any], plan: Plan, settled: Settled) -> None:
-    """The log names the dead-letter files as they are really called (SPEC 7).
+def name_settled(event: DecisionEvent, plan: Plan, settled: Settled) -> DecisionEvent:
+    """The event naming the dead-letter files as they are really called (SPEC 7).
 
     The names planned may be taken (SPEC 4: nothing under ``deadletter/`` is trusted); an R6
     repair then names the file that really holds the original (SPEC 3, R6).
     """
-    names = [f"{DEADLETTER}/{r}" for r in settled.records]
-    if settled.original is not None:
-        names.append(f"{DEADLETTER}/{ORIGINALS_DIR}/{settled.original}")
+    names = _deadletter(settled.records, settled.original)
     if names:
-        event["deadletter"] = names
+        event = msgspec.structs.replace(event, deadletter=names)
     if plan.original is None or settled.original in (None, plan.original):
-        return
+        return event
     before = f"{DEADLETTER}/{ORIGINALS_DIR}/{plan.original}"
     after = f"{DEADLETTER}/{ORIGINALS_DIR}/{settled.original}"
-    for repair in event.get("repairs", ()):
-        wrote = repair.get("wrote")
-        if isinstance(wrote, dict) and wrote.get("original") == before:
-            wrote["original"] = after
+    repairs = tuple(_original_renamed(r, before, after) for r in event.repairs)
+    return msgspec.structs.replace(event, repairs=repairs)
+
+
+def abandoned(
+    event: DecisionEvent, decision: Decision, reason: str, *, announced: bool
+) -> DecisionEvent:
+    """The event of a planned decision that was not carried out: what it became, and why.
+
+    Nothing of the plan was done, so it names no repairs and no dead-letter files; an announced
+    one (whose decision is in the log already) says what was ``planned`` (SPEC 5: logged before,
+    never carried out unlogged).
+    """
+    return msgspec.structs.replace(
+        event,
+        decision=decision,
+        reasons=(*event.reasons, reason),
+        repairs=(),
+        deadletter=(),
+        planned=event.decision if announced else None,
+    )
+
+
+def _deadletter(records: tuple[str, ...], original: str | None) -> tuple[str, ...]:
+    """The dead-letter files' names as the log gives them: the records', then the original's."""
+    names = tuple(f"{DEADLETTER}/{r}" for r in records)
+    if original is None:
+        return names
+    return (*names, f"{DEADLETTER}/{ORIGINALS_DIR}/{original}")
+
+
+def _original_renamed(repair: Repair, before: str, after: str) -> Repair:
+    """An R6 repair naming the original ``after`` where it named it ``before``."""
+    wrote = repair.wrote
+    if isinstance(wrote, dict) and wrote.get("original") == before:
+        return msgspec.structs.replace(repair, wrote={**wrote, "original": after})
+    return repair

@@ -44,7 +44,14 @@ from memstaged.files.plan import Plan, Result, Settled, Status, identity_hash, p
 from memstaged.files.version import FirstSeen, Skip, Version, read_version
 from memstaged.run import memory_budget
 from memstaged.run.decider_pool import FD_RESERVE, Deciders, Failure, ReadAhead, workers_wanted
-from memstaged.run.decision import Batch, Outcome, describe, name_settled
+from memstaged.run.decision import (
+    Batch,
+    DecisionEvent,
+    Outcome,
+    abandoned,
+    describe,
+    name_settled,
+)
 
 __all__ = [
     "BATCH",
@@ -77,10 +84,11 @@ class _Pending:
 
     __slots__ = ("event", "plan", "started", "version")
 
-    def __init__(self, plan: Plan, version: Version, event: dict[str, Any], started: float) -> None:
+    def __init__(self, plan: Plan, version: Version, event: DecisionEvent, started: float) -> None:
         self.plan = plan
         self.version = version
-        #: The decision's log event, logged when the transaction announces the plan.
+        #: The decision's log event: logged, and replaced by the one logged, when the transaction
+        #: announces the plan.
         self.event = event
         self.started = started
 
@@ -269,7 +277,7 @@ class Pipeline:
             for read, _verdict in itertools.islice(ahead, most):
                 _release(read)
                 ahead.done(read)
-                batch.outcomes[read.name] = self._io_error(self._event(mdir, read.name), err)
+                batch.outcomes[read.name] = self._io_error(mdir, read.name, err)
             return batch
         pending: list[_Pending] = []
         holding: list[_Read] = []  # the files of the pending plans, as read ahead
@@ -304,21 +312,14 @@ class Pipeline:
 
     def _unopened(self, mdir: MemoryDir, name: str, err: OSError) -> Outcome:
         """The outcome of a file whose memory dir or ``staging/`` cannot be opened."""
-        event = self._event(mdir, name)
         if fsio.is_link(err, None, mdir.path) or (
             err.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(mdir.staging)
         ):
             where = "staging/" if os.path.islink(mdir.staging) else "the memory dir"
             return self._final(
-                event, Decision.SKIPPED, f"{where} is a symbolic link: never followed"
+                mdir, name, Decision.SKIPPED, f"{where} is a symbolic link: never followed"
             )
-        return self._io_error(event, err)
-
-    def _event(self, mdir: MemoryDir, name: str) -> dict[str, Any]:
-        event: dict[str, Any] = {"path": os.path.join(mdir.staging, name), "memory_dir": mdir.path}
-        if self.options.dry_run:
-            event["dry_run"] = True
-        return event
+        return self._io_error(mdir, name, err)
 
     def _read_and_decide(
         self,
@@ -335,15 +336,15 @@ class Pipeline:
         ``ahead``: the file as :meth:`_read_ahead` read it; ``verdict``: a decider's verdict
         of it (None: decide it here).
         """
-        event = self._event(mdir, name)
         if not is_staging_name(name):
             return self._final(
-                event, Decision.SKIPPED, "not a staging file name", started=started
+                mdir, name, Decision.SKIPPED, "not a staging file name", started=started
             ), None
         if blocked is not None:
             if ahead is not None:
                 _release(ahead)  # read ahead while the lock was free: left as it is
-            outcome = self._final(event, Decision.DEFERRED, str(LockHeld(blocked)), started=started)
+            reason = str(LockHeld(blocked))
+            outcome = self._final(mdir, name, Decision.DEFERRED, reason, started=started)
             return msgspec.structs.replace(outcome, blocked_by_lock=True), None
         version: Version | None = None
         try:
@@ -357,20 +358,19 @@ class Pipeline:
             # is known no longer (a lock or an I/O error above keeps it for the next look).
             rewrite = self._rewrites.pop((mdir.path, name), None)
             if isinstance(read, Skip):
-                outcome = self._final(event, Decision(read.decision), read.reason, started=started)
+                decision = Decision(read.decision)
+                outcome = self._final(mdir, name, decision, read.reason, started=started)
                 return msgspec.structs.replace(outcome, identity=read.identity), None
             version = read
-            outcome, item = self._decide(mdir, version, event, started, rewrite, ahead, verdict)
+            outcome, item = self._decide(mdir, version, started, rewrite, ahead, verdict)
             if item is not None:
                 version = None  # the transaction owns it now
             return outcome, item
         except OSError as err:
-            return self._io_error(event, err, started), None
+            return self._io_error(mdir, name, err, started), None
         except Exception as err:  # noqa: BLE001 - a bug must not stop the daemon; it is logged
-            event["traceback"] = traceback.format_exc()
-            return self._failed(
-                event, f"internal error, file left as it is: {err!r}", started
-            ), None
+            message = f"internal error, file left as it is: {err!r}"
+            return self._failed(mdir, name, message, started, traceback.format_exc()), None
         finally:
             if version is not None:
                 version.close()
@@ -379,7 +379,6 @@ class Pipeline:
         self,
         mdir: MemoryDir,
         version: Version,
-        event: dict[str, Any],
         started: float,
         rewrite: str | None = None,
         ahead: _Read | None = None,
@@ -390,20 +389,23 @@ class Pipeline:
         else:
             ctx, changed_at = self._context(mdir, version)
         if isinstance(decided, Failure):  # a bug in a decider process: as one raised here
-            event["traceback"] = decided.traceback
             message = f"internal error, file left as it is: {decided.error}"
-            return self._failed(event, message, started), None
+            return self._failed(mdir, version.name, message, started, decided.traceback), None
         if decided is None:
             verdict = self._verdict(version, ctx)
         else:  # its records may be rendered ahead: rendered again here only for another name
             verdict = decided
             decided_again(verdict.deadletter, lambda: self._verdict(version, ctx).deadletter)
-        describe(event, verdict)
+        event = describe(
+            verdict,
+            path=os.path.join(mdir.staging, version.name),
+            memory_dir=mdir.path,
+            dry_run=self.options.dry_run,
+        )
         if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
             # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
             # as what it is, and is not a second decision of the file.
-            event["own_rewrite"] = True
-            self._finish_event(event, started)
+            self._finish_event(msgspec.structs.replace(event, own_rewrite=True), started)
             return Outcome(Decision.VALID, version.identity, own_rewrite=True), None
         if verdict.decision is Decision.DEFERRED:
             retry = changed_at + self.options.settle
@@ -458,8 +460,8 @@ class Pipeline:
             with self._durable_log():  # raises LogUnwritable: nothing of the plans is done
                 for names in settled:
                     item = by_name[names.key]
-                    name_settled(item.event, item.plan, names)
-                    self._finish_event(item.event, item.started)
+                    event = name_settled(item.event, item.plan, names)
+                    item.event = self._finish_event(event, item.started)
                     announced.add(names.key)
 
         outcomes: dict[str, Outcome] = {}
@@ -518,10 +520,10 @@ class Pipeline:
         if result.conflict is not None:
             self.log.warning("conflict_parked", path=name, kept_as=result.conflict)
         if result.status is Status.DONE:
-            rewrite = item.event.get("rewrite_sha256")
+            rewrite = item.event.rewrite_sha256
             if rewrite is not None:
-                self._remember_rewrite(item.event["memory_dir"], name, rewrite)
-            return Outcome(Decision(item.event["decision"]), result.identity)
+                self._remember_rewrite(item.event.memory_dir, name, rewrite)
+            return Outcome(item.event.decision, result.identity)
         if result.status is Status.GONE:
             return self._after(
                 item, announced, Decision.SKIPPED, "vanished before the decision was applied"
@@ -559,13 +561,7 @@ class Pipeline:
         A plan that was announced has its decision in the log already; this second event says
         that it was not carried out, and why (SPEC 5: logged before, never carried out unlogged).
         """
-        event = dict(item.event)
-        event.pop("deadletter", None)
-        event.pop("repairs", None)
-        if item.plan.key in announced:
-            event["planned"] = event["decision"]
-        event["decision"] = decision.value
-        event["reasons"] = [*event.get("reasons", []), reason]
+        event = abandoned(item.event, decision, reason, announced=item.plan.key in announced)
         self._finish_event(event, item.started, error=error)
         return Outcome(decision, item.version.identity, error=error, **extra)
 
@@ -576,37 +572,71 @@ class Pipeline:
 
     # -- logging --------------------------------------------------------------------------------
 
+    def _event(
+        self,
+        mdir: MemoryDir,
+        name: str,
+        decision: Decision,
+        reason: str,
+        trace: str | None = None,
+    ) -> DecisionEvent:
+        """The log event of a decision no verdict made (a skip, a wait, an error): its reason,
+        and an internal error's traceback."""
+        return DecisionEvent(
+            path=os.path.join(mdir.staging, name),
+            memory_dir=mdir.path,
+            dry_run=self.options.dry_run,
+            traceback=trace,
+            decision=decision,
+            reasons=(reason,),
+        )
+
     def _final(
-        self, event: dict[str, Any], decision: Decision, reason: str, *, started: float = 0.0
+        self,
+        mdir: MemoryDir,
+        name: str,
+        decision: Decision,
+        reason: str,
+        *,
+        started: float = 0.0,
     ) -> Outcome:
-        event["decision"] = decision.value
-        event["reasons"] = [*event.get("reasons", []), reason]
-        self._finish_event(event, started)
+        self._finish_event(self._event(mdir, name, decision, reason), started)
         return Outcome(decision)
 
-    def _io_error(self, event: dict[str, Any], err: OSError, started: float = 0.0) -> Outcome:
-        return self._failed(event, f"I/O error, will retry: {_reason(err)}", started)
+    def _io_error(self, mdir: MemoryDir, name: str, err: OSError, started: float = 0.0) -> Outcome:
+        return self._failed(mdir, name, f"I/O error, will retry: {_reason(err)}", started)
 
-    def _failed(self, event: dict[str, Any], reason: str, started: float) -> Outcome:
-        event["decision"] = Decision.DEFERRED.value
-        event["reasons"] = [*event.get("reasons", []), reason]
+    def _failed(
+        self,
+        mdir: MemoryDir,
+        name: str,
+        reason: str,
+        started: float,
+        trace: str | None = None,
+    ) -> Outcome:
+        event = self._event(mdir, name, Decision.DEFERRED, reason, trace)
         self._finish_event(event, started, error=True)
         return Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle, error=True)
 
-    def _finish_event(self, event: dict[str, Any], started: float, *, error: bool = False) -> None:
+    def _finish_event(
+        self, event: DecisionEvent, started: float, *, error: bool = False
+    ) -> DecisionEvent:
+        """Log the event with its duration since ``started`` (none if 0); returns it as logged."""
         if started:
-            event["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
+            duration = round((time.perf_counter() - started) * 1000, 3)
+            event = msgspec.structs.replace(event, duration_ms=duration)
         self._emit(event, error=error)
+        return event
 
-    def _emit(self, event: dict[str, Any], *, error: bool = False) -> None:
+    def _emit(self, event: DecisionEvent, *, error: bool = False) -> None:
         """The event at its level: ``error`` for an error that stopped a decision, ``warning``
         for a quarantine, ``info`` for the rest."""
         if error:
-            self.log.error("decision", **event)
-        elif event.get("decision") == Decision.QUARANTINED.value:
-            self.log.warning("decision", **event)
+            self.log.error("decision", **event.fields())
+        elif event.decision is Decision.QUARANTINED:
+            self.log.warning("decision", **event.fields())
         else:
-            self.log.info("decision", **event)
+            self.log.info("decision", **event.fields())
 
     def _decided_at(self, epoch_ms: int) -> str:
         """``format_epoch_ms``, kept for the millisecond: a backlog decides ~10 files in one."""
@@ -660,12 +690,12 @@ class Pipeline:
             return []
         if stat.S_ISLNK(st.st_mode):
             self._emit(
-                {
-                    "path": path,
-                    "memory_dir": mdir.path,
-                    "decision": Decision.SKIPPED.value,
-                    "reasons": ["staging/ is a symbolic link: never followed"],
-                }
+                DecisionEvent(
+                    path=path,
+                    memory_dir=mdir.path,
+                    decision=Decision.SKIPPED,
+                    reasons=("staging/ is a symbolic link: never followed",),
+                )
             )
             return []
         if listing is not None:
