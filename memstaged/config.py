@@ -20,7 +20,7 @@ import msgspec
 from memstaged.core.foreign import default_project_root, normalize
 from memstaged.durations import parse_seconds
 from memstaged.errors import ConfigError, NotPrivate
-from memstaged.files import fsio
+from memstaged.files import private_dirs, safe_open
 from memstaged.files.memdir import MemoryDir, Options, physical_path
 
 DEFAULT_MEMORY_DIR: Final = "./.pi/memory/project"
@@ -291,7 +291,7 @@ def physical_state_dir(env: Mapping[str, str]) -> Path:
     link on the way is later made to point to."""
     given = default_state_dir(env)
     try:
-        return Path(fsio.walk_to(given))
+        return Path(private_dirs.walk_to(given))
     except OSError:
         return given  # a way that leads nowhere: own_state_dir says why
 
@@ -309,8 +309,8 @@ def own_state_dir(settings: Settings, *, create: bool = True) -> Path | None:
     if settings.state_dir is None:
         return None
     try:
-        fsio.check_ancestors(settings.state_path or settings.state_dir)
-        exists = fsio.private_dir(settings.state_dir, create=create)
+        private_dirs.check_ancestors(settings.state_path or settings.state_dir)
+        exists = private_dirs.private_dir(settings.state_dir, create=create)
     except NotPrivate as err:
         raise ConfigError(f"state dir: {err.strerror}") from None
     except OSError as err:
@@ -462,7 +462,7 @@ def _parse_toml(path: Path) -> dict[str, Any]:
 
     try:
         # Links are followed, as the user named this path (dotfile managers link configs).
-        data = fsio.read_private(path, MAX_CONFIG_SIZE, follow=True)
+        data = safe_open.read_private(path, MAX_CONFIG_SIZE, follow=True)
         return tomllib.loads(data.decode("utf-8"))
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None

@@ -22,7 +22,7 @@ from typing import Final, NamedTuple
 from memstaged import config
 from memstaged.daemon.sd_notify import Notifier
 from memstaged.errors import ConfigError
-from memstaged.files import fsio
+from memstaged.files import atomic_write, fsio, safe_open
 
 __all__ = [  # Notifier is re-exported: it lived here before memstaged.daemon.sd_notify
     "UNIT_NAME",
@@ -338,7 +338,7 @@ def unit_state() -> UnitState:
 def _write_atomically(target: Path, text: str) -> None:
     """Replace ``target`` (mode 0644) in one rename: a manager never reads half a unit."""
     try:
-        fsio.replace_file(target, text.encode(), mode=0o644, parents=True)
+        atomic_write.replace_file(target, text.encode(), mode=0o644, parents=True)
     except OSError as err:
         raise ConfigError(f"cannot write {target}: {err.strerror}") from None
 
@@ -393,7 +393,7 @@ def check_sandbox(unit: str, dropin: str, executable: str) -> None:
 
 def _read_if_there(path: Path) -> str | None:
     try:  # a unit file may be a link (a dotfile manager's): the user's own path, followed
-        return fsio.read_private(path, _MAX_UNIT, follow=True).decode("utf-8")
+        return safe_open.read_private(path, _MAX_UNIT, follow=True).decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as err:
@@ -432,7 +432,9 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
     if sandbox:
         trees = writable_trees(env)
         state = config.default_state_dir(env)
-        from memstaged.files.fsio import private_dirs  # the state dir and any parent it makes: 0700
+        from memstaged.files.private_dirs import (
+            private_dirs,  # the state dir, parents it makes: 0700
+        )
 
         try:  # it must exist at start: the sandbox makes its parent read-only
             private_dirs(state)

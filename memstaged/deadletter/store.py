@@ -41,7 +41,7 @@ from memstaged.errors import (
     TransactionStopped,
     UsageError,
 )
-from memstaged.files import fsio, transaction
+from memstaged.files import fsio, safe_open, transaction
 from memstaged.files.fsio import Identity
 from memstaged.files.locks import LockInfo, log_stale_locks, memstaged_role, read_lock
 from memstaged.files.memdir import DEADLETTER, MemoryDir
@@ -297,8 +297,8 @@ def read_record(
     # Opened without a stat first: open_regular refuses links and other non-regular files
     # (ELOOP, EINVAL, ENXIO for a socket), and only those need the lstat for their mtime.
     try:
-        with fsio.open_regular(dir_fd, name) as (fd, fst):
-            data = fsio.read_fd(fd, fst.st_size, MAX_RECORD_SIZE)
+        with safe_open.open_regular(dir_fd, name) as (fd, fst):
+            data = safe_open.read_fd(fd, fst.st_size, MAX_RECORD_SIZE)
             identity = Identity.of(fst)
     except FileNotFoundError:
         return None
@@ -365,7 +365,7 @@ def read_original(mdir: MemoryDir, name: str, limit: int) -> tuple[bytes, int] |
         if or_fd is None:
             return None
         try:
-            with fsio.open_regular(or_fd, name) as (fd, st):
+            with safe_open.open_regular(or_fd, name) as (fd, st):
                 want = st.st_size if limit <= 0 else min(limit, st.st_size)
                 chunks, got = [], 0
                 while got < want:
