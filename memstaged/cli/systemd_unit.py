@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from memstaged import config
+from memstaged import config, config_file
 from memstaged.daemon.sd_notify import Notifier
 from memstaged.errors import ConfigError
 from memstaged.files import atomic_write, fsio, safe_open
@@ -121,7 +121,9 @@ def writable_trees(env: Mapping[str, str]) -> list[str]:
     metrics file's directory. Everything else is read-only to the service."""
     settings = config.load(env=env)
     home = env.get("HOME") or str(Path.home())
-    file_config = config.read_config(Path(settings.config_path)) if settings.config_path else None
+    file_config = (
+        config_file.read_config(Path(settings.config_path)) if settings.config_path else None
+    )
     env_dirs = env.get(config.ENV_PREFIX + "MEMORY_DIRS")
     patterns = env_dirs.split(os.pathsep) if env_dirs else []
     patterns = patterns or (list(file_config.memory_dirs) if file_config else [])
@@ -228,7 +230,9 @@ def why_it_cannot_start(env: Mapping[str, str]) -> CannotStart | None:
     """
     try:
         settings = config.load(env=env)  # every config error the daemon would exit 2 for
-        file_dirs = config.read_config(Path(settings.config_path)) if settings.config_path else None
+        file_dirs = (
+            config_file.read_config(Path(settings.config_path)) if settings.config_path else None
+        )
     except ConfigError as err:
         return CannotStart(str(err), "fix it")
     # load() falls back to ./.pi/memory/project of *this* process's directory; the service's
