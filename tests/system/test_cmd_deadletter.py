@@ -31,6 +31,7 @@ from memstaged.cli.commands import deadletter_read as recorded
 from memstaged.cli.main import main
 from memstaged.core.decide import Context, Decision, decide
 from memstaged.core.foreign import normalize
+from memstaged.deadletter import changes
 from memstaged.deadletter import recover as recover_module
 from memstaged.deadletter import store as deadletter
 from memstaged.files import atomic_write, fsio, temp_names
@@ -598,8 +599,8 @@ class _Time:
         self.now = 0.0
         self.pauses = 0
         self.hook: Any = None
-        monkeypatch.setattr(deadletter, "_monotonic", lambda: self.now)
-        monkeypatch.setattr(deadletter, "_sleep", self.sleep)
+        monkeypatch.setattr(changes, "_monotonic", lambda: self.now)
+        monkeypatch.setattr(changes, "_sleep", self.sleep)
 
     def sleep(self, seconds: float) -> None:
         self.pauses += 1
