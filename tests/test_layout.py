@@ -20,7 +20,17 @@ import memstaged
 
 PACKAGE: Final = Path(memstaged.__file__).parent
 #: The wings, lowest first: a module may import its own wing and those before it.
-WINGS: Final = ("core", "files", "log", "config", "run", "deadletter", "daemon", "cli")
+WINGS: Final = (
+    "core",
+    "files",
+    "log",
+    "config_file",
+    "config",
+    "run",
+    "deadletter",
+    "daemon",
+    "cli",
+)
 #: Modules anyone may import: they import nothing of memstaged's but each other.
 LEAVES: Final = frozenset({"memstaged", "errors", "safe_text", "durations", "patience"})
 #: What only ``files/`` may call: each creates, renames, links, removes or changes the mode of

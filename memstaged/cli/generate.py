@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from memstaged.files import fsio
+from memstaged.files import atomic_write
 
 DATA: Final = Path(__file__).parents[1] / "data"
 #: Where each file goes under ``data/`` (the data files of pyproject.toml name the same).
@@ -90,7 +90,7 @@ def render() -> dict[str, str]:
 def main() -> int:
     for key, text in render().items():
         path = DATA / FILES[key]
-        fsio.replace_file(path, text.encode(), mode=0o644, parents=True)
+        atomic_write.replace_file(path, text.encode(), mode=0o644, parents=True)
         sys.stdout.write(f"wrote {path}\n")
     return 0
 

@@ -1,28 +1,28 @@
 """systemd integration: the user unit (``memstaged service install/uninstall``).
 
-The notifications (readiness, status, watchdog) live in :mod:`memstaged.daemon.sd_notify`;
-``Notifier`` is re-exported here for the callers that import it from this module.
+memstaged's own files, which ``uninstall`` lists and ``--purge`` removes, are
+:mod:`memstaged.cli.own_files`'s. The notifications (readiness, status, watchdog) live in
+:mod:`memstaged.daemon.sd_notify`; ``Notifier`` is re-exported here for the callers that
+import it from this module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import shutil
-import stat
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final
 
-from memstaged import config
+from memstaged import config, config_file
 from memstaged.daemon.sd_notify import Notifier
 from memstaged.errors import ConfigError
-from memstaged.files import fsio
+from memstaged.files import atomic_write, fsio, safe_open
 
 __all__ = [  # Notifier is re-exported: it lived here before memstaged.daemon.sd_notify
     "UNIT_NAME",
@@ -121,7 +121,9 @@ def writable_trees(env: Mapping[str, str]) -> list[str]:
     metrics file's directory. Everything else is read-only to the service."""
     settings = config.load(env=env)
     home = env.get("HOME") or str(Path.home())
-    file_config = config.read_config(Path(settings.config_path)) if settings.config_path else None
+    file_config = (
+        config_file.read_config(Path(settings.config_path)) if settings.config_path else None
+    )
     env_dirs = env.get(config.ENV_PREFIX + "MEMORY_DIRS")
     patterns = env_dirs.split(os.pathsep) if env_dirs else []
     patterns = patterns or (list(file_config.memory_dirs) if file_config else [])
@@ -228,7 +230,9 @@ def why_it_cannot_start(env: Mapping[str, str]) -> CannotStart | None:
     """
     try:
         settings = config.load(env=env)  # every config error the daemon would exit 2 for
-        file_dirs = config.read_config(Path(settings.config_path)) if settings.config_path else None
+        file_dirs = (
+            config_file.read_config(Path(settings.config_path)) if settings.config_path else None
+        )
     except ConfigError as err:
         return CannotStart(str(err), "fix it")
     # load() falls back to ./.pi/memory/project of *this* process's directory; the service's
@@ -338,7 +342,7 @@ def unit_state() -> UnitState:
 def _write_atomically(target: Path, text: str) -> None:
     """Replace ``target`` (mode 0644) in one rename: a manager never reads half a unit."""
     try:
-        fsio.replace_file(target, text.encode(), mode=0o644, parents=True)
+        atomic_write.replace_file(target, text.encode(), mode=0o644, parents=True)
     except OSError as err:
         raise ConfigError(f"cannot write {target}: {err.strerror}") from None
 
@@ -393,7 +397,7 @@ def check_sandbox(unit: str, dropin: str, executable: str) -> None:
 
 def _read_if_there(path: Path) -> str | None:
     try:  # a unit file may be a link (a dotfile manager's): the user's own path, followed
-        return fsio.read_private(path, _MAX_UNIT, follow=True).decode("utf-8")
+        return safe_open.read_private(path, _MAX_UNIT, follow=True).decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as err:
@@ -432,7 +436,9 @@ def install(*, enable: bool, sandbox: bool = False, restart: bool = False) -> In
     if sandbox:
         trees = writable_trees(env)
         state = config.default_state_dir(env)
-        from memstaged.files.fsio import private_dirs  # the state dir and any parent it makes: 0700
+        from memstaged.files.private_dirs import (
+            private_dirs,  # the state dir, parents it makes: 0700
+        )
 
         try:  # it must exist at start: the sandbox makes its parent read-only
             private_dirs(state)
@@ -502,97 +508,15 @@ class Uninstalled:
     listening: tuple[Path, ...] = ()
 
 
-class Own(NamedTuple):
-    """One of memstaged's own files or directories, as ``uninstall`` finds it."""
-
-    what: str
-    path: Path
-    #: How ``--purge`` removes it: a ``tree`` (unless a memory dir is inside), a regular
-    #: ``file`` only, or a ``socket`` only while no process listens on it.
-    kind: str = "tree"
-
-
-#: What a control socket no daemon listens on is, in uninstall's list.
-STALE_SOCKET: Final = "control socket of a daemon that is gone"
-
-
-def own_files(env: Mapping[str, str]) -> list[Own]:
-    """memstaged's own config and state, the decision log and the metrics file where they
-    are configured outside the state dir, the completions, and the control sockets no daemon
-    listens on any more, those that exist.
-
-    The metrics file is listed only as a regular file (memstaged writes it by a rename), never
-    a link or anything else at its path; a control socket only while no process listens on it
-    (a daemon killed by the watchdog or SIGKILL leaves its own behind)."""
-    from memstaged.cli.commands.completion import targets
-    from memstaged.daemon.control_socket import left_sockets
-    from memstaged.log.reader import rotated_files
-
-    state = config.default_state_dir(env)
-    found = [
-        Own("config", config.default_config_path(env).parent),
-        Own("state (the decision log, the seen cache)", state),
-    ]
-    try:
-        settings: config.Settings | None = config.load(env=env)
-    except ConfigError:
-        settings = None
-    log_file = None if settings is None else settings.log_file
-    if log_file is not None and not log_file.is_relative_to(state):
-        found.append(Own("decision log", log_file))
-        with contextlib.suppress(ConfigError):  # a log dir that cannot be listed: none found
-            found += [Own("decision log", p) for p in rotated_files(log_file)]  # NAME.1 .. NAME.N
-    found += [
-        Own(f"{t.what} completion" if t.what != "man" else "man page", t.path) for t in targets(env)
-    ]
-    found = [own for own in found if own.path.exists() or own.path.is_symlink()]
-    metrics = None if settings is None else settings.metrics_file
-    if metrics is not None and not metrics.is_relative_to(state) and _regular(metrics):
-        found.append(Own("metrics file", metrics, "file"))
-    found += [Own(STALE_SOCKET, path, "socket") for path in left_sockets(env)[0]]
-    return found
-
-
-def _regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)
-    except OSError:
-        return False
-
-
-def _memory_dirs(env: Mapping[str, str]) -> tuple[list[Path], str | None]:
-    """The configured memory dirs (globs expanded now), or why they cannot be known."""
-    try:
-        return [Path(m.path) for m in config.load(env=env).memory_dirs()], None
-    except ConfigError as err:
-        return [], str(err)
-
-
-def _remove(own: Own, keep: list[Path]) -> str | None:
-    """Remove one of memstaged's own (:class:`Own`); None once it is gone, else why it stays:
-    a tree with one of ``keep`` (the memory dirs) inside, a metrics file that is no longer a
-    regular file, a socket a daemon listens on now."""
-    from memstaged.daemon.control_socket import remove_unheard
-
-    if own.kind == "socket":
-        return None if remove_unheard(own.path) else "a daemon listens on it now"
-    if own.kind == "file":
-        return None if fsio.remove_regular(own.path) else "no longer a regular file"
-    is_tree = own.path.is_dir() and not own.path.is_symlink()
-    if is_tree and any(k == own.path or k.is_relative_to(own.path) for k in keep):
-        return "a memory dir is inside"
-    fsio.remove(own.path, tree=True)
-    return None
-
-
 def uninstall(*, purge: bool = False) -> Uninstalled:
     """Stop and disable the unit if it is known, remove it, reload; with ``purge`` also remove
-    memstaged's own files (:func:`own_files`: config, state, metrics file, stale control
-    sockets, and the runtime dir ``$XDG_RUNTIME_DIR/memstaged`` once empty). A memory dir's
-    contents, its ``deadletter/`` included, are never removed: they are the writers' data and
-    the only copy of what was quarantined.
+    memstaged's own files (:mod:`memstaged.cli.own_files`: config, state, metrics file, stale
+    control sockets, and the runtime dir ``$XDG_RUNTIME_DIR/memstaged`` once empty). A memory
+    dir's contents, its ``deadletter/`` included, are never removed: they are the writers' data
+    and the only copy of what was quarantined.
     """
-    from memstaged.daemon.control_socket import left_sockets, runtime_dir
+    from memstaged.cli import own_files
+    from memstaged.daemon.control_socket import left_sockets
 
     target = unit_dir() / UNIT_NAME
     before = unit_state()
@@ -610,29 +534,16 @@ def uninstall(*, purge: bool = False) -> Uninstalled:
     systemctl("reset-failed", UNIT_NAME)  # forget a failed state; fails when there is none
     after = unit_state()
     env = manager_environment() or dict(os.environ)
-    memory_dirs, unlisted = _memory_dirs(env)
+    memory_dirs, unlisted = own_files.memory_dirs(env)
     deadletters = tuple(d for d in (m / "deadletter" for m in memory_dirs) if d.is_dir())
-    own = own_files(env)
+    own = own_files.own_files(env)
     listening = tuple(left_sockets(env)[1])
     if not purge:
         kept = tuple((what, path) for what, path, _ in own)
         return Uninstalled(
             target, before, after, had_unit, (), kept, deadletters, unlisted, listening
         )
-    removed: list[Path] = []
-    kept_purged: list[tuple[str, Path]] = []
-    for item in own:
-        try:
-            why = _remove(item, memory_dirs)
-        except OSError as err:
-            raise ConfigError(f"cannot remove {item.path}: {err.strerror}") from None
-        if why is None:
-            removed.append(item.path)
-        else:
-            kept_purged.append((f"{item.what}: {why}", item.path))
-    sockets = runtime_dir(env)  # memstaged's own, 0700; empty once no daemon runs
-    if sockets is not None and fsio.remove_empty_dir(sockets):
-        removed.append(sockets)
+    removed, kept_purged = own_files.purge(own, memory_dirs, env)
     return Uninstalled(
         target,
         before,

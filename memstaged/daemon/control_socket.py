@@ -36,7 +36,7 @@ import msgspec
 
 from memstaged.daemon.control_clients import BACKLOG, CLIENT_PATIENCE, REQUEST, TOUCH, Clients
 from memstaged.errors import Unanswered
-from memstaged.files import fsio
+from memstaged.files import fsio, private_dirs
 from memstaged.patience import poll
 
 if TYPE_CHECKING:
@@ -114,13 +114,13 @@ def socket_path(pid: int, env: Mapping[str, str] | None = None) -> Path | None:
 def daemon_pids(env: Mapping[str, str] | None = None) -> list[int]:
     """The daemons of this user that have a control socket and are alive (a socket left by a
     killed one names a pid that is gone). None from a runtime dir that is not the user's own
-    and private (:func:`memstaged.files.fsio.open_private_dir`): another user may have named
-    them."""
+    and private (:func:`memstaged.files.private_dirs.open_private_dir`): another user may have
+    named them."""
     base = runtime_dir(env)
     if base is None:
         return []
     try:
-        fd = fsio.open_private_dir(base, create=False)
+        fd = private_dirs.open_private_dir(base, create=False)
     except OSError:
         return []
     try:
@@ -157,13 +157,13 @@ def _listening(name: str) -> bool:
 def left_sockets(env: Mapping[str, str] | None = None) -> tuple[list[Path], list[Path]]:
     """The control sockets in the runtime dir that no process listens on (left by a killed
     daemon), and those a daemon listens on. None from a runtime dir that is not the user's own
-    and private (:func:`memstaged.files.fsio.open_private_dir`): another user may have put
-    them there."""
+    and private (:func:`memstaged.files.private_dirs.open_private_dir`): another user may have
+    put them there."""
     base = runtime_dir(env)
     if base is None:
         return [], []
     try:
-        fd = fsio.open_private_dir(base, create=False)
+        fd = private_dirs.open_private_dir(base, create=False)
     except OSError:
         return [], []
     unheard: list[Path] = []
@@ -202,10 +202,10 @@ def _short_name(path: Path) -> Iterator[str]:
     named through ``/proc/self/fd``, so a deep ``$XDG_RUNTIME_DIR`` (a test's) works too.
 
     The directory is the user's own and private, checked on the descriptor the name goes
-    through (:func:`memstaged.files.fsio.open_private_dir`): in a runtime dir that others share (a
-    ``su`` session, a wrong ``XDG_RUNTIME_DIR``), a socket another user put there is neither
-    bound over nor asked; ``NotPrivate`` (an ``OSError``) says why."""
-    fd = fsio.open_private_dir(path.parent, create=False)
+    through (:func:`memstaged.files.private_dirs.open_private_dir`): in a runtime dir that
+    others share (a ``su`` session, a wrong ``XDG_RUNTIME_DIR``), a socket another user put
+    there is neither bound over nor asked; ``NotPrivate`` (an ``OSError``) says why."""
+    fd = private_dirs.open_private_dir(path.parent, create=False)
     try:
         yield f"/proc/self/fd/{fd}/{path.name}"
     finally:
@@ -332,7 +332,7 @@ class Control:
         #: The last ticket answered, and when the loop may make its next answer.
         self.answered = 0
         self.next_answer = daemon.clock()
-        fsio.private_dir(path.parent)  # made 0700, or refused if it is not the user's own
+        private_dirs.private_dir(path.parent)  # made 0700, or refused if it is not the user's own
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             with _short_name(path) as name:

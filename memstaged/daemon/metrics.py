@@ -41,7 +41,7 @@ from memstaged import __version__
 from memstaged.core.decide import Decision
 from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
-from memstaged.files import fsio
+from memstaged.files import atomic_write, safe_open
 from memstaged.log import rotated_file
 from memstaged.run.seen_cache import STAYS
 
@@ -290,7 +290,7 @@ def process_families() -> list[Family]:
 
     out: list[Family] = []
     try:
-        fields = fsio.read_small("/proc/self/stat").rsplit(b")", 1)[1].split()
+        fields = safe_open.read_small("/proc/self/stat").rsplit(b")", 1)[1].split()
     except OSError:
         return out  # no /proc: the daemon's own metrics are still written
     ticks = os.sysconf("SC_CLK_TCK")
@@ -355,7 +355,7 @@ def process_families() -> list[Family]:
 
 def _boot_time() -> float | None:
     try:
-        for line in fsio.read_small("/proc/stat").splitlines():
+        for line in safe_open.read_small("/proc/stat").splitlines():
             if line.startswith(b"btime "):
                 return float(line.split()[1])
     except OSError:
@@ -371,7 +371,7 @@ def render(daemon: Daemon, tally: Tally, started: float) -> bytes:
 def write(path: Path, data: bytes, mode: int) -> None:
     """Replace ``path`` with ``data`` (``mode`` exactly, whatever the umask; temp file and
     rename: a reader sees one or the other). Raises :class:`OSError`."""
-    fsio.replace_file(path, data, sync=False, mode=mode)
+    atomic_write.replace_file(path, data, sync=False, mode=mode)
 
 
 class Metrics:

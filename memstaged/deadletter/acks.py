@@ -32,7 +32,7 @@ from memstaged import safe_text
 from memstaged.core import digests
 from memstaged.deadletter.store import is_record_name
 from memstaged.errors import BusyError, ConfigError
-from memstaged.files import fsio
+from memstaged.files import atomic_write, fsio, private_dirs, safe_open
 from memstaged.files.locks import flock_holder
 from memstaged.files.memdir import DEADLETTER, MemoryDir
 
@@ -64,7 +64,7 @@ def load(state_dir: Path | None, memory_dir: str) -> set[str]:
     if state_dir is None:
         return set()
     try:
-        with fsio.state_subdir(state_dir, ACKED_DIR, create=False) as fd:
+        with private_dirs.state_subdir(state_dir, ACKED_DIR, create=False) as fd:
             return _load_at(fd, memory_dir)
     except OSError:
         return set()  # none, or not a directory of the user's own
@@ -72,7 +72,7 @@ def load(state_dir: Path | None, memory_dir: str) -> set[str]:
 
 def _load_at(acked_fd: int, memory_dir: str) -> set[str]:
     try:
-        data = fsio.read_private(file_name(memory_dir), _MAX_SIZE, dir_fd=acked_fd)
+        data = safe_open.read_private(file_name(memory_dir), _MAX_SIZE, dir_fd=acked_fd)
     except OSError:
         return set()  # none, or not a file memstaged wrote (a FIFO, a link, too large)
     try:
@@ -129,7 +129,7 @@ def mark(state_dir: Path, mdir: MemoryDir, chosen: Iterable[str] | None) -> Mark
 def _locked(state_dir: Path) -> Iterator[int]:
     """The descriptor of ``acked/`` (made 0700 if missing, refused when it or the state dir is
     not the user's own and private), with an exclusive ``flock`` on it for the block."""
-    with fsio.state_subdir(state_dir, ACKED_DIR, create=True) as fd:
+    with private_dirs.state_subdir(state_dir, ACKED_DIR, create=True) as fd:
         if not fsio.flock_within(fd, LOCK_PATIENCE):
             directory = state_dir / ACKED_DIR
             pid = flock_holder(os.fstat(fd))
@@ -150,7 +150,7 @@ def _save(acked_fd: int, memory_dir: str, seen: Iterable[str]) -> None:
     """
     names = sorted(n for n in set(seen) if _encodable(n))
     data = msgspec.json.encode(_MarksFile(_label(memory_dir), names))
-    fsio.replace_at(acked_fd, file_name(memory_dir), data)
+    atomic_write.replace_at(acked_fd, file_name(memory_dir), data)
 
 
 def _label(memory_dir: str) -> str:

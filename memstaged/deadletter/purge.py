@@ -1,7 +1,7 @@
 """``deadletter purge``: deleting dead-letter records and the originals no record needs.
 
 Planned without the lock (:func:`plan_purge` on a listing), carried out as ``UNLINK``
-:class:`~memstaged.files.plan.Plan` values through :func:`memstaged.deadletter.store.transacting`,
+:class:`~memstaged.files.plan.Plan` values through :func:`memstaged.deadletter.changes.transacting`,
 in short transactions, each deleting only files that are still the very files that were read.
 :func:`drop_originals` is also how ``deadletter recover`` deletes the originals of the records
 it recovered: under the lock, before it commits, it looks at the records present then
@@ -19,17 +19,14 @@ from typing import Any, Final
 import msgspec
 
 from memstaged.core.records import ORIGINALS_DIR
+from memstaged.deadletter.changes import Waiter, announcer, held_records, transacting
 from memstaged.deadletter.store import (
     Original,
     RecordFile,
-    Waiter,
-    announcer,
-    held_records,
     is_record_name,
     list_originals,
     list_records,
     read_record,
-    transacting,
 )
 from memstaged.errors import BusyError, ConfigError
 from memstaged.files import fsio

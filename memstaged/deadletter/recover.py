@@ -23,16 +23,10 @@ from typing import Any, Final
 import msgspec
 
 from memstaged.deadletter import recover_plan
+from memstaged.deadletter.changes import Waiter, announcer, held_records, transacting
 from memstaged.deadletter.purge import drop_originals
 from memstaged.deadletter.recover_plan import Found, Group, index_staging
-from memstaged.deadletter.store import (
-    RecordFile,
-    Waiter,
-    announcer,
-    held_records,
-    list_records,
-    transacting,
-)
+from memstaged.deadletter.store import RecordFile, list_records
 from memstaged.errors import BusyError, ConfigError
 from memstaged.files import fsio
 from memstaged.files.fsio import Identity

@@ -17,7 +17,7 @@ import os
 from typing import Final, NamedTuple
 
 from memstaged.core.records import ORIGINALS_DIR, DeadLetter
-from memstaged.files import fsio
+from memstaged.files import fsio, safe_open
 from memstaged.files.memdir import DEADLETTER
 
 #: How many other names are tried for a dead-letter file whose name is taken.
@@ -88,8 +88,8 @@ def _holds(dir_fd: int, name: str, body: bytes) -> bool | None:
     if st is None:
         return None
     try:
-        with fsio.open_regular(dir_fd, name) as (fd, fst):
-            return fst.st_size == len(body) and fsio.read_fd_at(fd, len(body) + 1) == body
+        with safe_open.open_regular(dir_fd, name) as (fd, fst):
+            return fst.st_size == len(body) and safe_open.read_fd_at(fd, len(body) + 1) == body
     except OSError:
         return False  # a link, a FIFO, unreadable: not ours to trust
 
@@ -103,11 +103,11 @@ def _holds_written(dir_fd: int, name: str, written: Written) -> bool | None:
     if st is None:
         return None
     try:
-        with fsio.open_regular(dir_fd, name) as (fd, fst):
+        with safe_open.open_regular(dir_fd, name) as (fd, fst):
             if fst.st_size != written.size:
                 return False
-            with fsio.open_regular(dir_fd, written.tmp) as (tmp_fd, _tst):
-                return fsio.hash_fd(fd) == fsio.hash_fd(tmp_fd)
+            with safe_open.open_regular(dir_fd, written.tmp) as (tmp_fd, _tst):
+                return safe_open.hash_fd(fd) == safe_open.hash_fd(tmp_fd)
     except OSError:
         return False  # a link, a FIFO, unreadable: not ours to trust
 
@@ -118,10 +118,10 @@ def _same_quarantine(dir_fd: int, name: str, record: DeadLetter, original: str, 
     ``size`` is the size of the record as it is now rendered.
     """
     try:
-        with fsio.open_regular(dir_fd, name) as (fd, fst):
+        with safe_open.open_regular(dir_fd, name) as (fd, fst):
             if fst.st_size > 4 * size + 65536:
                 return False
-            old = json.loads(fsio.read_fd_at(fd, fst.st_size + 1))
+            old = json.loads(safe_open.read_fd_at(fd, fst.st_size + 1))
     except (OSError, ValueError):
         return False
     if not isinstance(old, dict) or not isinstance(old.get("memstaged"), dict):

@@ -28,8 +28,9 @@ import msgspec
 
 from memstaged.core.timestamps import format_epoch_ms
 from memstaged.errors import BusyError, ConfigError, LockHeld, NotPrivate
-from memstaged.files import fsio
-from memstaged.files.fsio import crash_point, put_complete, write_all
+from memstaged.files import private_dirs, safe_open
+from memstaged.files.atomic_write import put_complete, write_all
+from memstaged.files.fsio import crash_point
 from memstaged.files.memdir import MemoryDir
 from memstaged.files.temp_names import temp_name
 
@@ -184,7 +185,7 @@ def service_unit(pid: int) -> str | None:
     systemd's own on a legacy host). ``None`` when that is no service (a terminal's session
     or scope, a user manager itself) or cannot be read."""
     try:
-        text = fsio.read_small(f"/proc/{pid}/cgroup").decode("utf-8", "replace")
+        text = safe_open.read_small(f"/proc/{pid}/cgroup").decode("utf-8", "replace")
     except OSError:
         return None
     unified = legacy = ""
@@ -366,12 +367,13 @@ def instance_lock_path(state_dir: Path, dir_id: tuple[int, int]) -> Path:
 def _open_lock_file(state_dir: Path, path: Path) -> int:
     """The lock file ``path``, opened (made 0600 if missing) in ``<state dir>/instances``,
     which is made 0700 if missing; the state dir and it are both checked to be the user's own
-    and private, on the descriptors the file is opened through (:func:`fsio.open_private_dir`).
+    and private, on the descriptors the file is opened through
+    (:func:`~memstaged.files.private_dirs.open_private_dir`).
     Raises :class:`ConfigError`: without it, no memory dir can be worked on."""
     try:
-        state_fd = fsio.open_private_dir(state_dir)
+        state_fd = private_dirs.open_private_dir(state_dir)
         try:
-            dir_fd = fsio.open_private_dir(INSTANCES, state_fd)
+            dir_fd = private_dirs.open_private_dir(INSTANCES, state_fd)
         finally:
             os.close(state_fd)
         try:

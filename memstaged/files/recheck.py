@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from memstaged.files import fsio
+from memstaged.files import fsio, safe_open
 from memstaged.files.fsio import Identity
 from memstaged.files.memdir import DEADLETTER
 from memstaged.files.plan import Held
@@ -43,7 +43,7 @@ def is_held(dir_fd: int, held: Held) -> str | None:
 def made_durable(staging_fd: int, held: Held) -> str | None:
     """fsync a staging file a change depends on (``staging/`` follows); why not, else ``None``."""
     try:
-        with fsio.open_regular(staging_fd, held.name) as (fd, st):
+        with safe_open.open_regular(staging_fd, held.name) as (fd, st):
             if held.identity is not None and Identity.of(st) != held.identity:
                 return "changed"
             os.fsync(fd)

@@ -17,7 +17,7 @@ import msgspec
 
 from memstaged.core.decide import Context, decide
 from memstaged.core.records import ORIGINALS_DIR
-from memstaged.files import fsio, temp_names
+from memstaged.files import fsio, safe_open, temp_names
 from memstaged.files.locks import lock_to_obey
 from memstaged.files.memdir import DEADLETTER, STAGING
 from memstaged.files.staging_swap import park
@@ -121,9 +121,9 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
 def _snapshot(dir_fd: int, name: str, limit: int) -> tuple[str, bytes | None] | None:
     """sha256 and (unless larger than the size limit) the bytes of a regular file."""
     try:
-        with fsio.open_regular(dir_fd, name) as (fd, _st):
-            sha, size = fsio.hash_fd(fd)
-            return sha, fsio.read_fd(fd, size, limit) if size <= limit else None
+        with safe_open.open_regular(dir_fd, name) as (fd, _st):
+            sha, size = safe_open.hash_fd(fd)
+            return sha, safe_open.read_fd(fd, size, limit) if size <= limit else None
     except FileNotFoundError:
         return None
 
@@ -178,8 +178,8 @@ def _in_originals(mem_fd: int, sha: str) -> bool:
                 if suffix not in name:
                     continue
                 try:
-                    with fsio.open_regular(or_fd, name) as (fd, _st):
-                        if fsio.hash_fd(fd)[0] == sha:
+                    with safe_open.open_regular(or_fd, name) as (fd, _st):
+                        if safe_open.hash_fd(fd)[0] == sha:
                             return True
                 except OSError:
                     continue

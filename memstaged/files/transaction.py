@@ -65,7 +65,7 @@ from typing import Final
 from memstaged.core.records import DeadLetter
 from memstaged.core.ticks import tick
 from memstaged.errors import Blocked, LockHeld, NotObeyed, TransactionStopped
-from memstaged.files import fsio, recheck, staging_swap
+from memstaged.files import atomic_write, fsio, recheck, staging_swap
 from memstaged.files.deadletter_names import (
     File,
     Store,
@@ -303,7 +303,7 @@ class Transaction:
         if size > max_copy:
             work.unmovable = f"larger than max_quarantine_copy ({max_copy} bytes)"
             return
-        tmp, _sha, _size = fsio.copy_to_temp(version.fd, or_fd, "orig", work.key, most=size)
+        tmp, _sha, _size = atomic_write.copy_to_temp(version.fd, or_fd, "orig", work.key, most=size)
         self.ours.add((or_fd, tmp))
         fsio.crash_point("copy-written")
         work.copied = tmp
@@ -323,7 +323,7 @@ class Transaction:
             assert work.plan.data is not None
             self._look()
             try:
-                work.tmp, lock_fd = fsio.write_held_temp(
+                work.tmp, lock_fd = atomic_write.write_held_temp(
                     self.staging_fd,
                     work.plan.data,
                     PARTIAL,
@@ -372,7 +372,7 @@ class Transaction:
                     assert data is not None
                     if ahead:
                         self._look()
-                    work.original_tmp = fsio.write_temp(
+                    work.original_tmp = atomic_write.write_temp(
                         or_fd, data, "rec", work.original, sync=not ahead
                     )
                     self.ours.add((or_fd, work.original_tmp))
@@ -391,7 +391,7 @@ class Transaction:
             if ahead:
                 self._look()
             body = _render(record, work.original)
-            tmp = fsio.write_temp(dl_fd, body, "rec", record.name, sync=not ahead)
+            tmp = atomic_write.write_temp(dl_fd, body, "rec", record.name, sync=not ahead)
             self.ours.add((dl_fd, tmp))
             written.append(Written(tmp, len(body)))
             del body
@@ -526,7 +526,9 @@ class Transaction:
         # Named ``part`` until it is durable: recovery deletes ``part`` temps rather than
         # keeping them as versions.
         role = PARTIAL if batch else "new"
-        tmp = fsio.write_temp(self.staging_fd, work.plan.data, role, work.key, sync=not batch)
+        tmp = atomic_write.write_temp(
+            self.staging_fd, work.plan.data, role, work.key, sync=not batch
+        )
         self.ours.add((self.staging_fd, tmp))
         fsio.crash_point("temp-written")
         return tmp

@@ -21,7 +21,7 @@ from typing import Final
 
 import msgspec
 
-from memstaged.files import fsio
+from memstaged.files import fsio, safe_open
 from memstaged.files.fsio import Identity
 
 #: The reason of a file that is gone before it could be read (``skipped``).
@@ -90,7 +90,7 @@ class Version:
             return False
         if self.data is None:
             return True  # never read (too large): the identity is all there is
-        return fsio.read_fd_at(self.fd, len(self.data) + 1) == self.data
+        return safe_open.read_fd_at(self.fd, len(self.data) + 1) == self.data
 
 
 class Skip(msgspec.Struct, frozen=True):
@@ -154,7 +154,7 @@ def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
     if reason is not None:
         return Skip("skipped", reason, Identity.of(seen))
     try:
-        fd, st = fsio.open_regular_fd(staging_fd, name)
+        fd, st = safe_open.open_regular_fd(staging_fd, name)
     except OSError as err:
         if err.errno == errno.ENOENT:
             return Skip("skipped", VANISHED)
@@ -168,7 +168,7 @@ def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
         os.close(fd)
         return Skip("deferred", "open for writing by another process: still being written")
     try:
-        data = None if st.st_size > limit else fsio.read_fd(fd, st.st_size, limit)
+        data = None if st.st_size > limit else safe_open.read_fd(fd, st.st_size, limit)
         if data is None:
             st = os.fstat(fd)  # it may have grown past the limit while being read
     except BaseException:

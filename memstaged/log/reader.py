@@ -26,7 +26,7 @@ import msgspec
 
 from memstaged.core.foreign import normalize
 from memstaged.errors import ConfigError, UsageError
-from memstaged.files import fsio
+from memstaged.files import safe_open
 
 Event = dict[str, Any]
 
@@ -216,7 +216,7 @@ def open_log(path: Path) -> IO[bytes]:
     from memstaged.log.rotated_file import not_a_log_file
 
     try:
-        fd = fsio.open_nonblocking(path)
+        fd = safe_open.open_nonblocking(path)
     except FileNotFoundError:
         raise
     except OSError as err:

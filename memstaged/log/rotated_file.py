@@ -20,8 +20,8 @@ from typing import Any, Final
 
 from memstaged import safe_text
 from memstaged.errors import ConfigError, LogUnwritable, MemstagedError
-from memstaged.files import fsio
-from memstaged.files.fsio import private_dirs
+from memstaged.files import fsio, safe_open
+from memstaged.files.private_dirs import private_dirs
 
 #: After a rotation failed (a rename refused), how long (seconds) the file grows before a retry.
 _ROTATE_RETRY: Final = 1.0
@@ -154,7 +154,7 @@ class FileSink:
 
     def _open(self) -> tuple[int, tuple[int, int]]:
         """Open (or create) the file the path names now; refuse anything but a regular file."""
-        fd, st = fsio.open_append(self._name, not_a_log_file)  # read-write: see _append
+        fd, st = safe_open.open_append(self._name, not_a_log_file)  # read-write: see _append
         if st.st_size == 0:
             self._dir_changed = True  # created now, perhaps: its name is made durable too
         return fd, (st.st_dev, st.st_ino)

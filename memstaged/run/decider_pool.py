@@ -31,26 +31,24 @@ run.
 
 The pool is started on first use and stopped by :meth:`Deciders.close`; its workers ignore
 SIGINT (a terminal's ^C is the parent's to handle) and take SIGTERM's default action, so a
-service manager that signals the whole group ends them at once.
+service manager that signals the whole group ends them at once. What a worker does, in its own
+process, is :mod:`memstaged.run.decider_worker`'s.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import queue
 import resource
 import signal
 import struct
 import threading
-import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
-import msgspec
-
 from memstaged.errors import ConfigError
+from memstaged.run.decider_worker import CANNOT_SERVE, Failure, serve
 from memstaged.run.memory_budget import Ledger, estimate
 
 if TYPE_CHECKING:  # multiprocessing is imported when a pool starts: start-up stays lean
@@ -108,19 +106,8 @@ ANSWER_SECONDS_PER_MIB: Final = 20.0
 #: A send to a worker that makes no progress for this long (the worker stopped reading) gives
 #: the pool up.
 STALL_SECONDS: Final = 10.0
-#: A worker's exit status when it cannot serve (a thread or memory refused as it starts).
-_CANNOT_SERVE: Final = 3
-#: Above any descriptor a forked worker can have inherited (memstaged raises its soft limit).
-_MAX_FD: Final = 1 << 20
 
 T = TypeVar("T")
-
-
-class Failure(msgspec.Struct, frozen=True):
-    """A worker's ``decide`` raised: what the pipeline logs for a bug (``failed``)."""
-
-    error: str  # repr() of the exception
-    traceback: str
 
 
 def workers_wanted(env: dict[str, str] | None = None) -> int:
@@ -144,108 +131,9 @@ def workers_wanted(env: dict[str, str] | None = None) -> int:
     return value
 
 
-def _start_worker() -> None:
-    """In each worker: a ^C is the parent's to act on; SIGTERM ends the worker at once."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure | None]:
-    """In a worker: each job's verdict, pickled; what went wrong; or None when the verdict
-    cannot be pickled (a document nested deeper than the pickler's recursion allows: deciding
-    has no depth limit, pickling has). Never raises for one file."""
-    from memstaged.core.decide import decide
-    from memstaged.core.records import rendered_ahead
-
-    out: list[bytes | Failure | None] = []
-    for data, ctx in jobs:
-        try:
-            verdict = decide(data, ctx)
-            # The records' bytes travel rather than the parsed file they are rendered from.
-            ahead = rendered_ahead(verdict.deadletter)
-            if ahead is not None and ahead:
-                verdict = msgspec.structs.replace(verdict, deadletter=ahead)
-        except Exception as err:  # noqa: BLE001 - a bug is logged for its file, as in process
-            out.append(Failure(repr(err), traceback.format_exc()))
-            continue
-        try:
-            out.append(pickle.dumps(verdict, pickle.HIGHEST_PROTOCOL))
-        except RecursionError:
-            out.append(None)  # decided again by the caller, in process
-    return out
-
-
 def answer_seconds(nbytes: int) -> float:
     """How long the verdicts of a chunk of ``nbytes`` of files are waited for."""
     return ANSWER_SECONDS + ANSWER_SECONDS_PER_MIB * nbytes / (1 << 20)
-
-
-def _serve(conn: Connection, forked: bool) -> None:
-    """A worker's life: decide each chunk received, send the results back, in order.
-
-    One thread receives and another sends while the main thread decides: the parent's sends
-    never wait for a worker that is itself waiting to send (the deadlock of two full pipes), and
-    a worker keeps deciding while the parent is busy with a commit and reads nothing (a chunk's
-    results, with their records rendered, fill a socket's buffer in two or three chunks). What
-    waits to be sent is bounded by what the parent sent ahead (:data:`AHEAD_FILES`). The parent
-    hangs up to end the worker. A worker that cannot start its threads (a limit on processes,
-    threads or memory) ends at once with :data:`_CANNOT_SERVE` and prints nothing: the parent
-    says, once, why it decides in process.
-    """
-    try:
-        chunks, results, sender = _begin(conn, forked)
-    except (RuntimeError, MemoryError, OSError):  # "can't start new thread", and its kin
-        os._exit(_CANNOT_SERVE)
-    try:
-        while (chunk := chunks.get()) is not None:
-            results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
-        results.put(None)
-        sender.join()
-    finally:
-        os._exit(0)  # the parent sees an end of file, and decides what is left in process
-
-
-def _begin(
-    conn: Connection, forked: bool
-) -> tuple[queue.SimpleQueue[bytes | None], queue.SimpleQueue[bytes | None], threading.Thread]:
-    """A worker's start: its descriptors, signals and threads; the queues of chunks received
-    and results to send, and the thread that sends them.
-
-    A forked worker first closes every descriptor it inherited but its own socket: a staging
-    file's descriptor would keep its read lease (and a writer waiting) after the parent let it
-    go, and another worker's socket would keep that worker from ever seeing the parent hang up.
-    """
-    if forked:
-        keep = conn.fileno()
-        os.closerange(3, keep)
-        os.closerange(keep + 1, _MAX_FD)
-    _start_worker()
-    from memstaged.core import digests
-
-    digests.for_backlog()  # a worker decides backlogs (one from a fork server has the built-in)
-    chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-    results: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-
-    def receive() -> None:
-        try:
-            while True:
-                chunks.put(conn.recv_bytes())
-        except (EOFError, OSError):
-            chunks.put(None)
-
-    def send() -> None:
-        try:
-            while (result := results.get()) is not None:
-                conn.send_bytes(result)
-        except OSError:
-            pass  # the parent hung up (it stopped, or gave up on the pool): nothing to answer
-        os._exit(0)  # no atexit, no flushing of the parent's inherited buffers
-
-    threading.Thread(target=receive, daemon=True).start()
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    return chunks, results, sender
 
 
 def _set_timeout(conn: Connection, seconds: float, *, reads: bool) -> None:
@@ -359,7 +247,7 @@ class Deciders:
             ours, theirs = context.Pipe(duplex=True)
             self._conns.append(ours)
             try:
-                proc = context.Process(target=_serve, args=(theirs, forked), daemon=True)
+                proc = context.Process(target=serve, args=(theirs, forked), daemon=True)
                 proc.start()
             finally:
                 theirs.close()  # so that the worker's death is an end of file here
@@ -389,7 +277,7 @@ class Deciders:
         """A worker's socket failed (it ended): give the pool up, saying why it ended."""
         proc = self._procs[worker]
         self.close()
-        if proc.exitcode == _CANNOT_SERVE:
+        if proc.exitcode == CANNOT_SERVE:
             why = "a decider could not start its threads (a limit on processes, threads or memory)"
         else:
             why = f"a decider ended unexpectedly (exit status {proc.exitcode}; {err!r})"

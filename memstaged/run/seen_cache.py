@@ -31,7 +31,7 @@ import msgspec
 
 from memstaged.core import digests
 from memstaged.core.decide import Decision
-from memstaged.files import fsio
+from memstaged.files import atomic_write, fsio, private_dirs, safe_open
 
 if TYPE_CHECKING:
     from memstaged.config import Settings
@@ -107,7 +107,7 @@ def engine_files(package: str) -> list[str]:
         if relative in found or not exists(relative):
             continue
         found.add(relative)
-        text = fsio.read_small(os.path.join(package, relative), _MAX_SOURCE)
+        text = safe_open.read_small(os.path.join(package, relative), _MAX_SOURCE)
         for match in _IMPORT.finditer(text):
             module, names, imported = match.groups()
             todo.extend(_module_files((module or imported or b"").decode(), names))
@@ -138,7 +138,7 @@ def _engine_hash() -> str:
         package = os.path.dirname(os.path.dirname(__file__))
         for relative in engine_files(package):
             digest.update(b"\0" + os.fsencode(relative) + b"\0")
-            digest.update(fsio.read_small(os.path.join(package, relative), _MAX_SOURCE))
+            digest.update(safe_open.read_small(os.path.join(package, relative), _MAX_SOURCE))
         _engine_digest = digest.hexdigest()[:16]
     return _engine_digest
 
@@ -163,7 +163,7 @@ class SeenCache:
 
     def __init__(self, path: Path | None, fingerprint: str) -> None:
         #: ``state_dir/seen/<hash>.msgpack``; opened relative to the checked descriptor of
-        #: ``seen/`` (:func:`memstaged.files.fsio.state_subdir`), never by this path.
+        #: ``seen/`` (:func:`memstaged.files.private_dirs.state_subdir`), never by this path.
         self.path = path
         self.fingerprint = fingerprint
         self.entries: dict[str, tuple[Key, str]] = {}
@@ -180,8 +180,8 @@ class SeenCache:
         name = digests.sha256(os.fsencode(memory_dir)).hexdigest()[:24] + ".msgpack"
         cache = cls(state_dir / SEEN_DIR / name, fingerprint)
         try:
-            with fsio.state_subdir(state_dir, SEEN_DIR, create=False) as fd:
-                raw = fsio.read_private(name, _MAX_SIZE, dir_fd=fd)
+            with private_dirs.state_subdir(state_dir, SEEN_DIR, create=False) as fd:
+                raw = safe_open.read_private(name, _MAX_SIZE, dir_fd=fd)
             with _gc_paused():
                 stored = _decoder.decode(raw)
         except (OSError, msgspec.DecodeError):
@@ -258,8 +258,8 @@ class SeenCache:
             return
         data = _encode(self.fingerprint, self.entries)
         try:
-            with fsio.state_subdir(self.path.parent.parent, SEEN_DIR, create=True) as fd:
-                fsio.replace_at(fd, self.path.name, data, sync=False)
+            with private_dirs.state_subdir(self.path.parent.parent, SEEN_DIR, create=True) as fd:
+                atomic_write.replace_at(fd, self.path.name, data, sync=False)
         except OSError:
             return
         self.dirty = False

@@ -31,9 +31,10 @@ from memstaged.cli.commands import deadletter_read as recorded
 from memstaged.cli.main import main
 from memstaged.core.decide import Context, Decision, decide
 from memstaged.core.foreign import normalize
+from memstaged.deadletter import changes
 from memstaged.deadletter import recover as recover_module
 from memstaged.deadletter import store as deadletter
-from memstaged.files import fsio, temp_names
+from memstaged.files import atomic_write, fsio, temp_names
 from memstaged.files import recheck as holding
 from memstaged.files.locks import InstanceLock
 from memstaged.files.memdir import MemoryDir
@@ -359,7 +360,7 @@ def test_nothing_is_lost_when_the_staging_write_fails(
     def disk_full(*_args: Any, **_kwargs: Any) -> NoReturn:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(fsio, "write_held_temp", disk_full)
+    monkeypatch.setattr(atomic_write, "write_held_temp", disk_full)
     code, out, _ = _dl(capsys, store, "recover", "--all", "--json")
     assert code == 1
     outcomes = json_lines(out)
@@ -598,8 +599,8 @@ class _Time:
         self.now = 0.0
         self.pauses = 0
         self.hook: Any = None
-        monkeypatch.setattr(deadletter, "_monotonic", lambda: self.now)
-        monkeypatch.setattr(deadletter, "_sleep", self.sleep)
+        monkeypatch.setattr(changes, "_monotonic", lambda: self.now)
+        monkeypatch.setattr(changes, "_sleep", self.sleep)
 
     def sleep(self, seconds: float) -> None:
         self.pauses += 1

@@ -250,7 +250,7 @@ def test_a_file_is_read_with_one_read_call_and_its_bytes_are_whole(
     """Issue 14 item 3 (calls per decision): a staging file is read by one ``read`` (the end is
     known from a short read once ``fstat``'s size is in, not from a second read returning
     nothing), and the bytes read are exactly the file's, small or larger than a chunk."""
-    from memstaged.files import fsio
+    from memstaged.files import safe_open
     from memstaged.files.version import Version, read_version
 
     staging = memory_dir / "staging"
@@ -274,7 +274,7 @@ def test_a_file_is_read_with_one_read_call_and_its_bytes_are_whole(
             with version:
                 assert version.data == data
                 assert len(reads) == 1, name
-                assert fsio.read_fd_at(version.fd, len(data) + 1) == data
+                assert safe_open.read_fd_at(version.fd, len(data) + 1) == data
     finally:
         os.close(staging_fd)
 
@@ -282,13 +282,13 @@ def test_a_file_is_read_with_one_read_call_and_its_bytes_are_whole(
 def test_read_fd_reads_on_when_the_file_is_longer_than_fstat_said(tmp_path: Path) -> None:
     """A file that grew after ``fstat`` (a writer appending) is read to its end, not cut at
     the size ``fstat`` gave: the short-read shortcut only ends a read once that size is in."""
-    from memstaged.files import fsio
+    from memstaged.files import safe_open
 
     path = tmp_path / "f"
     path.write_bytes(b"x" * 100_000)
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert fsio.read_fd(fd, 10, 1 << 20) == b"x" * 100_000
+        assert safe_open.read_fd(fd, 10, 1 << 20) == b"x" * 100_000
     finally:
         os.close(fd)
 

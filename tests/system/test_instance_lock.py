@@ -34,8 +34,8 @@ from support.helpers import (
 )
 from support.waiting import wait_for
 
-from memstaged.files.fsio import private_dirs
 from memstaged.files.locks import InstanceLock, instance_holder, instance_lock_path, runs_memstaged
+from memstaged.files.private_dirs import private_dirs
 
 
 def _tree(root: Path) -> dict[str, tuple[int, bytes | None]]:

@@ -35,7 +35,7 @@ from memstaged import config
 from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
 from memstaged.errors import NotPrivate
-from memstaged.files import fsio
+from memstaged.files import private_dirs
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -78,9 +78,9 @@ def _made_by(path: Path, uid: int, mode: int = 0o755) -> Path:
 def test_a_missing_directory_is_made_private_with_its_parents(tmp_path: Path) -> None:
     """Issue 29 item 11: what does not exist yet is made 0700, parents included, and passes."""
     target = tmp_path / "a" / "b" / "memstaged"
-    assert fsio.private_dir(target, create=False) is False
+    assert private_dirs.private_dir(target, create=False) is False
     assert not target.exists()
-    assert fsio.private_dir(target) is True
+    assert private_dirs.private_dir(target) is True
     for path in (tmp_path / "a", tmp_path / "a" / "b", target):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
 
@@ -95,7 +95,7 @@ def test_the_users_own_directory_others_may_only_read_is_made_private(
     target = tmp_path / "memstaged"
     target.mkdir()
     os.chmod(target, mode)
-    assert fsio.private_dir(target)
+    assert private_dirs.private_dir(target)
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
 
 
@@ -107,7 +107,7 @@ def test_a_directory_others_may_write_is_refused_in_one_line(tmp_path: Path, mod
     target.mkdir()
     os.chmod(target, mode)
     with pytest.raises(NotPrivate) as refused:
-        fsio.private_dir(target)
+        private_dirs.private_dir(target)
     me = pwd.getpwuid(os.geteuid()).pw_name
     assert refused.value.strerror == (
         f"{REFUSED} {target} (owner {me}, mode {mode:04o}): it must be {me}'s own, mode 0700"
@@ -121,11 +121,11 @@ def test_a_link_and_another_users_directory_are_refused(tmp_path: Path) -> None:
     real.mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(real)
     with pytest.raises(NotPrivate, match=f"{REFUSED} {tmp_path / 'link'}: a symbolic link"):
-        fsio.private_dir(tmp_path / "link")
+        private_dirs.private_dir(tmp_path / "link")
     uid = _nobody()
     theirs = _made_by(tmp_path / "theirs", uid, 0o700)
     with pytest.raises(NotPrivate, match=r"\(owner nobody, mode 0700\)"):
-        fsio.private_dir(theirs)
+        private_dirs.private_dir(theirs)
 
 
 # -- the runtime dir: a socket another user put there is not asked -------------------------------

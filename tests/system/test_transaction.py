@@ -30,8 +30,8 @@ from support.helpers import PYTHON, REPO, doc, make_memory_dir, memory_dir_of, p
 
 from memstaged.core.decide import Decision
 from memstaged.core.records import Origin, original_name, whole_file_record
+from memstaged.deadletter.changes import Waiter
 from memstaged.deadletter.purge import purge
-from memstaged.deadletter.store import Waiter
 from memstaged.files import fsio, temp_names, temp_recovery
 from memstaged.files.fsio import Identity
 from memstaged.files.locks import CANONICAL_LOCK

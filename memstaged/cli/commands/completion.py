@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from memstaged.errors import ConfigError, UsageError
-from memstaged.files import fsio
+from memstaged.files import atomic_write
 
 #: Each shell's script inside the package (the keys of ``memstaged.cli.generate.FILES``).
 SCRIPTS: Final = {
@@ -102,7 +102,7 @@ def targets(env: Mapping[str, str]) -> list[Target]:
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` (0644) in one rename, so a shell starting meanwhile reads a whole script."""
     try:
-        fsio.replace_file(path, text.encode(), mode=0o644, parents=True)
+        atomic_write.replace_file(path, text.encode(), mode=0o644, parents=True)
     except OSError as err:
         raise ConfigError(f"cannot write {path}: {err.strerror}") from None
 

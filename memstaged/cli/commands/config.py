@@ -27,7 +27,7 @@ from memstaged.cli.commands._common import add_json_option, add_memory_dir_optio
 from memstaged.cli.commands._output import guard_output, print_json
 from memstaged.config import SettingOrigin, Settings
 from memstaged.errors import MemstagedError, UsageError
-from memstaged.files import fsio
+from memstaged.files import safe_open
 
 
 def register(sub: Any) -> None:
@@ -114,7 +114,7 @@ def _send_reload(pid: int) -> None:
     """SIGHUP to ``pid``, once it is seen to be memstaged: a stale or mistyped PID must not
     hang up another program (SIGHUP ends most)."""
     try:
-        words = fsio.read_small(f"/proc/{pid}/cmdline").split(b"\0")
+        words = safe_open.read_small(f"/proc/{pid}/cmdline").split(b"\0")
     except FileNotFoundError:
         raise UsageError(f"--reload {pid}: no such process") from None
     except OSError as err:

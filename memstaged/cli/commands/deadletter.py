@@ -36,7 +36,8 @@ from memstaged.cli.option_types import count, record_id, wait_seconds
 from memstaged.config import own_state_dir
 from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
-from memstaged.deadletter.store import DEFAULT_WAIT, resolve_ids
+from memstaged.deadletter.changes import DEFAULT_WAIT
+from memstaged.deadletter.store import resolve_ids
 from memstaged.errors import ConfigError, UsageError
 from memstaged.files.locks import instance_holder
 

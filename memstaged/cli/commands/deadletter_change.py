@@ -36,16 +36,10 @@ from memstaged.cli.commands._output import (
 )
 from memstaged.cli.commands.deadletter_read import records_of
 from memstaged.config import Alias, Settings
+from memstaged.deadletter.changes import DEFAULT_WAIT, Waiter
 from memstaged.deadletter.purge import plan_purge, purge
 from memstaged.deadletter.recover import RecoverAction, Report, preview, recover
-from memstaged.deadletter.store import (
-    DEFAULT_WAIT,
-    RecordFile,
-    Waiter,
-    list_originals,
-    list_records,
-    resolve_ids,
-)
+from memstaged.deadletter.store import RecordFile, list_originals, list_records, resolve_ids
 from memstaged.errors import UsageError
 from memstaged.files.memdir import MemoryDir
 

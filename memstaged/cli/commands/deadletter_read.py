@@ -33,14 +33,7 @@ from memstaged.cli.commands._output import (
 )
 from memstaged.core.js.ecma import encode_json, pretty
 from memstaged.deadletter.recover import RecordOutcome, RecoverAction, preview
-from memstaged.deadletter.store import (
-    RecordFile,
-    hexdump,
-    list_records,
-    read_original,
-    resolve_ids,
-    text_or_none,
-)
+from memstaged.deadletter.store import RecordFile, list_records, read_original, resolve_ids
 from memstaged.errors import ConfigError
 from memstaged.files.memdir import MemoryDir
 
@@ -310,3 +303,27 @@ def _show_text(
         body = info["text"] if "text" in info else hexdump(original[0])
         lines.extend(safe_text.text(line) for line in body.splitlines())
     out.write("\n".join(lines) + "\n")
+
+
+def text_or_none(data: bytes) -> str | None:
+    """The bytes as text when they are UTF-8 without control characters other than whitespace."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if any((ord(c) < 32 and c not in "\t\n\r\f") or c == "\x7f" for c in text):
+        return None
+    return text
+
+
+def hexdump(data: bytes, width: int = 16) -> str:
+    """``hexdump -C`` style: offset, bytes in hex, printable ASCII."""
+    lines = []
+    for offset in range(0, len(data), width):
+        chunk = data[offset : offset + width]
+        hexes = " ".join(f"{b:02x}" for b in chunk)
+        half = width // 2 * 3
+        hexes = hexes[:half] + " " + hexes[half:] if len(chunk) > width // 2 else hexes
+        ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{offset:08x}  {hexes:<{width * 3}}  |{ascii_}|")
+    return "\n".join(lines)

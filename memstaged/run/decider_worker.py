@@ -1,0 +1,141 @@
+"""A decider process's life: chunks of files in, their verdicts out, until the parent hangs up.
+
+This is what runs in each worker of :class:`memstaged.run.decider_pool.Deciders`, started by
+``fork`` (or by a fork server, in the daemon) with one end of a socket pair: it closes every
+descriptor it inherited but its own socket, ignores SIGINT (a terminal's ^C is the parent's)
+and takes SIGTERM's default action, then decides each chunk it receives with
+:func:`memstaged.core.decide.decide` and sends the verdicts back in the order received. A bug
+in deciding one file is that file's :class:`Failure`, never the worker's end. It prints
+nothing and runs no ``atexit``: a worker that cannot serve exits with :data:`CANNOT_SERVE`, and
+the parent says, once, why it decides in process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import threading
+import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from memstaged.core.decide import Context
+
+#: A worker's exit status when it cannot serve (a thread or memory refused as it starts).
+CANNOT_SERVE: Final = 3
+#: Above any descriptor a forked worker can have inherited (memstaged raises its soft limit).
+_MAX_FD: Final = 1 << 20
+
+
+class Failure(msgspec.Struct, frozen=True):
+    """A worker's ``decide`` raised: what the pipeline logs for a bug (``failed``)."""
+
+    error: str  # repr() of the exception
+    traceback: str
+
+
+def _start_worker() -> None:
+    """In each worker: a ^C is the parent's to act on; SIGTERM ends the worker at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure | None]:
+    """In a worker: each job's verdict, pickled; what went wrong; or None when the verdict
+    cannot be pickled (a document nested deeper than the pickler's recursion allows: deciding
+    has no depth limit, pickling has). Never raises for one file."""
+    from memstaged.core.decide import decide
+    from memstaged.core.records import rendered_ahead
+
+    out: list[bytes | Failure | None] = []
+    for data, ctx in jobs:
+        try:
+            verdict = decide(data, ctx)
+            # The records' bytes travel rather than the parsed file they are rendered from.
+            ahead = rendered_ahead(verdict.deadletter)
+            if ahead is not None and ahead:
+                verdict = msgspec.structs.replace(verdict, deadletter=ahead)
+        except Exception as err:  # noqa: BLE001 - a bug is logged for its file, as in process
+            out.append(Failure(repr(err), traceback.format_exc()))
+            continue
+        try:
+            out.append(pickle.dumps(verdict, pickle.HIGHEST_PROTOCOL))
+        except RecursionError:
+            out.append(None)  # decided again by the caller, in process
+    return out
+
+
+def serve(conn: Connection, forked: bool) -> None:
+    """A worker's life: decide each chunk received, send the results back, in order.
+
+    One thread receives and another sends while the main thread decides: the parent's sends
+    never wait for a worker that is itself waiting to send (the deadlock of two full pipes), and
+    a worker keeps deciding while the parent is busy with a commit and reads nothing (a chunk's
+    results, with their records rendered, fill a socket's buffer in two or three chunks). What
+    waits to be sent is bounded by what the parent sent ahead
+    (:data:`memstaged.run.decider_pool.AHEAD_FILES`). The parent
+    hangs up to end the worker. A worker that cannot start its threads (a limit on processes,
+    threads or memory) ends at once with :data:`CANNOT_SERVE` and prints nothing: the parent
+    says, once, why it decides in process.
+    """
+    try:
+        chunks, results, sender = _begin(conn, forked)
+    except (RuntimeError, MemoryError, OSError):  # "can't start new thread", and its kin
+        os._exit(CANNOT_SERVE)
+    try:
+        while (chunk := chunks.get()) is not None:
+            results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
+        results.put(None)
+        sender.join()
+    finally:
+        os._exit(0)  # the parent sees an end of file, and decides what is left in process
+
+
+def _begin(
+    conn: Connection, forked: bool
+) -> tuple[queue.SimpleQueue[bytes | None], queue.SimpleQueue[bytes | None], threading.Thread]:
+    """A worker's start: its descriptors, signals and threads; the queues of chunks received
+    and results to send, and the thread that sends them.
+
+    A forked worker first closes every descriptor it inherited but its own socket: a staging
+    file's descriptor would keep its read lease (and a writer waiting) after the parent let it
+    go, and another worker's socket would keep that worker from ever seeing the parent hang up.
+    """
+    if forked:
+        keep = conn.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _MAX_FD)
+    _start_worker()
+    from memstaged.core import digests
+
+    digests.for_backlog()  # a worker decides backlogs (one from a fork server has the built-in)
+    chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    results: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def receive() -> None:
+        try:
+            while True:
+                chunks.put(conn.recv_bytes())
+        except (EOFError, OSError):
+            chunks.put(None)
+
+    def send() -> None:
+        try:
+            while (result := results.get()) is not None:
+                conn.send_bytes(result)
+        except OSError:
+            pass  # the parent hung up (it stopped, or gave up on the pool): nothing to answer
+        os._exit(0)  # no atexit, no flushing of the parent's inherited buffers
+
+    threading.Thread(target=receive, daemon=True).start()
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return chunks, results, sender
