@@ -29,6 +29,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def deadletter_command(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, *argv: str
+) -> tuple[int, str, str]:
+    """``memstaged deadletter ACTION --memory-dir MEMORY_DIR REST...`` in this process."""
+    action, *rest = argv
+    return run(capsys, "deadletter", action, "--memory-dir", str(memory_dir), *rest)
+
+
 def status_json(
     capsys: pytest.CaptureFixture[str], memory_dir: Path, *argv: str
 ) -> tuple[int, Any]:
@@ -95,6 +103,11 @@ def record_files(memory_dir: Path) -> dict[str, bytes]:
     """Every dead-letter record: name -> bytes."""
     dl = memory_dir / "deadletter"
     return {p.name: p.read_bytes() for p in sorted(dl.glob("*.json"))} if dl.exists() else {}
+
+
+def record_ids(memory_dir: Path, contains: str) -> list[str]:
+    """The IDs of the dead-letter records whose names contain ``contains``."""
+    return [n[: -len(".json")] for n in record_files(memory_dir) if contains in n]
 
 
 def original_files(memory_dir: Path) -> dict[str, bytes]:
