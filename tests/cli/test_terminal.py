@@ -7,9 +7,11 @@ with ``tmux capture-pane``) are in ``tests/system/test_terminal_panes.py``.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from support.commands import (
     record_files,
     run,
 )
-from support.documents import staging_doc, write
+from support.documents import one_of_each, staging_doc, write
 
 from memstaged.cli.main import main
 from memstaged.log.format import journal_fields
@@ -254,3 +256,55 @@ def test_status_json_is_compact_for_every_memory_dir(
     for line in lines:
         assert '": ' not in line and '", "' not in line, line
         json.loads(line)
+
+
+class _Terminal(io.StringIO):
+    """stdout as a terminal (for colour decisions), captured."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _on_terminal(monkeypatch: pytest.MonkeyPatch) -> _Terminal:
+    """Called in the test's body: pytest's capture puts its own stdout back between phases."""
+    fake = _Terminal()
+    monkeypatch.setattr(sys, "stdout", fake)
+    monkeypatch.setenv("MEMSTAGED_PAGER", "")  # no pager: the output is read here
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    return fake
+
+
+def test_no_color_means_no_escape_sequences_at_all(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+) -> None:
+    """Issue 13: on a terminal, decisions are coloured; with NO_COLOR (or --color=never) no
+    escape sequence at all, bold and italic included (rich still gave them); --color=always
+    colours a pipe."""
+    terminal = _on_terminal(monkeypatch)
+    one_of_each(project, memory_dir)
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    mdir = ["--memory-dir", str(memory_dir)]
+    for argv in (["log"], ["status", *mdir], ["stats"], ["deadletter", "list", *mdir]):
+        terminal.seek(0)
+        terminal.truncate()
+        main(argv)
+        assert "\x1b[" in terminal.getvalue(), argv
+        monkeypatch.setenv("NO_COLOR", "1")
+        terminal.seek(0)
+        terminal.truncate()
+        main(argv)
+        assert "\x1b" not in terminal.getvalue(), argv
+        monkeypatch.delenv("NO_COLOR")
+        terminal.seek(0)
+        terminal.truncate()
+        main([*argv, "--color=never"])
+        assert "\x1b" not in terminal.getvalue(), argv
+    pipe = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", pipe)
+    main(["log", "--color=always"])
+    assert "\x1b[" in pipe.getvalue()

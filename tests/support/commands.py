@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -126,6 +127,23 @@ def redated(events: Sequence[dict[str, Any]], timestamp: str) -> list[dict[str, 
 
 def write_log(path: Path, events: Sequence[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+
+
+def dated_decisions(log_file: Path, stamps: Sequence[float]) -> None:
+    """A decision log of one ``valid`` decision per time stamp, of ``/m/staging/f<i>.json``."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("w") as fh:
+        for i, stamp in enumerate(stamps):
+            when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + ".000001Z"
+            event = {
+                "timestamp": when,
+                "level": "info",
+                "event": "decision",
+                "decision": "valid",
+                "path": f"/m/staging/f{i}.json",
+                "memory_dir": "/m",
+            }
+            fh.write(json.dumps(event) + "\n")
 
 
 def logged(log_file: Path) -> list[dict[str, Any]]:

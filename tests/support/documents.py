@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Final
 
 EVIDENCE = {"discussion_note_ids": [1, 2]}
+#: A settled mtime: a staging file dated then is never deferred for its settle interval (SPEC 5).
+OLD: Final = 1_700_000_000
 
 
 #: A value of :func:`lesson`'s changes (and of :mod:`support.engine`'s builders) that removes
@@ -107,3 +110,41 @@ def backlog(project: Path, memory_dir: Path, n: int) -> dict[str, str]:
             expected[name] = "quarantined"
         os.utime(staging / name, (1_700_000_000, 1_700_000_000))
     return expected
+
+
+def settled(*paths: Path) -> None:
+    """Date files back to :data:`OLD`, so that none is deferred for its settle interval."""
+    for path in paths:
+        os.utime(path, (OLD, OLD))
+
+
+def one_of_each(project: Path, memory_dir: Path) -> dict[str, Path]:
+    """One settled file per decision in ``staging/``: valid.json, fix.json (repairable: a lesson
+    without triggers), bad.json (a trigger of an unknown type) and far.json (another project's);
+    decision -> path."""
+    staging = memory_dir / "staging"
+    bad = staging_doc(project, "bad", candidates={"lessons": [lesson(triggers=[{"type": "x"}])]})
+    files = {
+        "valid": staging / "valid.json",
+        "repaired": staging / "fix.json",
+        "quarantined": staging / "bad.json",
+        "foreign": staging / "far.json",
+    }
+    no_triggers = staging_doc(project, "fix")
+    del no_triggers["candidates"]["lessons"][0]["triggers"]
+    write(files["valid"], staging_doc(project, "ok"))
+    write(files["repaired"], no_triggers)
+    write(files["quarantined"], bad)
+    write(files["foreign"], staging_doc("/elsewhere", "far"))
+    settled(*files.values())
+    return files
+
+
+def half_written_ahead(memory_dir: Path) -> None:
+    """A half-written ``staging/half.json`` dated a day ahead: it settles counting from when
+    memstaged first sees it (SPEC 5), not from its write, which a busy machine may have made
+    seconds before."""
+    path = memory_dir / "staging" / "half.json"
+    write(path, b'{"schemaVersion": 1, "sess')
+    ahead = time.time() + 86_400
+    os.utime(path, (ahead, ahead))

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from support.daemon_process import WAIT, DaemonProcess, glob_config, many_projects
 from support.documents import lesson, staging_doc, write
+from support.helpers import REPO, memstaged_cmd, memstaged_env
 from support.notify_socket import NotifySocket
 
 from memstaged.daemon.memory_dirs import FD_RESERVE
@@ -815,3 +816,23 @@ def test_dry_run_daemon_writes_no_seen_cache(
     daemon.wait_decided("a.json", "b.json", "f.json")
     assert daemon.stop() == 0
     assert _seen_files(tmp_path) == []
+
+
+# -- a memory dir that is not one ------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("plain_output")
+def test_the_daemon_refuses_it_too(tmp_path: Path, project: Path) -> None:
+    """Issue 13 item 2: the daemon (a real process) exits 2 with one line for a project root,
+    instead of running on it."""
+    result = subprocess.run(
+        memstaged_cmd("--memory-dir", str(project)),
+        env=memstaged_env(tmp_path),
+        capture_output=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert result.returncode == 2
+    assert len(result.stderr.decode().strip().splitlines()) == 1
+    assert b"is not a memory dir" in result.stderr

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.helpers import (
+    REPO,
     daemon,
     holding,
     instance_lock_held,
@@ -351,3 +352,26 @@ def test_only_a_memstaged_command_line_is_memstaged(argv: list[str], memstaged: 
     """Issue 29 item 10: what names a lock's holder as memstaged is its command line running
     memstaged (the script, by itself or by its interpreter, or ``-m memstaged``)."""
     assert runs_memstaged([os.fsencode(a) for a in argv] + [b""]) is memstaged
+
+
+@pytest.mark.usefixtures("plain_output")
+def test_the_busy_error_is_one_unwrapped_line(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 13: ``--once`` on a memory dir a daemon works on says so on one line, whatever the
+    width (rich wrapped it at 80 columns into a pipe), and exits 1."""
+    env = memstaged_env(tmp_path, COLUMNS="30")
+    log = Path(env["MEMSTAGED_LOG_FILE"])
+    with daemon([memory_dir], env):
+        assert wait_for(lambda: any(e.get("event") == "ready" for e in read_events(log)), 30)
+        result = subprocess.run(
+            memstaged_cmd("--once", "--memory-dir", str(memory_dir)),
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+            cwd=REPO,
+        )
+    assert result.returncode == 1
+    lines = [ln for ln in result.stderr.decode().splitlines() if "already decides" in ln]
+    assert len(lines) == 1 and str(memory_dir) in lines[0]

@@ -28,7 +28,8 @@ import msgspec
 import pytest
 from support.commands import one_line_error, prepare, record_files, run, staging_files
 from support.daemon_process import DaemonProcess
-from support.helpers import daemon, memory_dir_of, memstaged_cmd, memstaged_env, read_events
+from support.documents import one_of_each
+from support.helpers import REPO, daemon, memory_dir_of, memstaged_cmd, memstaged_env, read_events
 from support.waiting import wait_for
 
 from memstaged import config
@@ -356,3 +357,35 @@ def test_the_users_own_state_dir_others_may_write_is_refused_by_the_daemon(
         (tmp_path / "daemon.err").read_text()
     )
     assert list(state.iterdir()) == []
+
+
+# -- what memstaged creates is 0700 ----------------------------------------------------------------
+
+
+def test_every_directory_memstaged_creates_is_0700(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 10 item 17 (SPEC 6): with ``$XDG_STATE_HOME`` not there yet, each directory
+    memstaged creates for its state (the parents too) is 0700, whatever the umask."""
+    one_of_each(project, memory_dir)
+    state = tmp_path / "new" / "state"
+    env = memstaged_env(tmp_path, XDG_STATE_HOME=str(state))
+    env.pop("MEMSTAGED_LOG_FILE")
+    result = subprocess.run(
+        [
+            "sh",
+            "-c",
+            'umask 022; exec "$@"',
+            "sh",
+            *memstaged_cmd("--once", "--memory-dir", str(memory_dir)),
+        ],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    created = [tmp_path / "new", state, state / "memstaged", state / "memstaged" / "seen"]
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in created}
+    assert modes == {k: 0o700 for k in modes}

@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from support.commands import (
+    dated_decisions,
     json_lines,
     logged,
     one_line_error,
@@ -163,3 +165,27 @@ def test_no_log_yet(capsys: pytest.CaptureFixture[str], log_file: Path) -> None:
     assert code == 0
     assert out == ""
     assert "no decision log" in one_line_error(err)
+
+
+def test_lines_reverse_and_journalctl_words_for_days(
+    capsys: pytest.CaptureFixture[str], log_file: Path
+) -> None:
+    """Issue 13: one line per event; ``-n``, ``--reverse`` and ``--since today/yesterday``
+    (local midnight, as journalctl takes them), ``--until today``."""
+    now = time.time()
+    lt = time.localtime(now)
+    midnight = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, 0, 0, 0, 0, 0, -1))
+    dated_decisions(log_file, [midnight - 40 * 3600, midnight - 12 * 3600, now])
+
+    def names(out: str) -> list[str]:  # time, decision, project label, file name (issue 22)
+        return [line.split()[4] for line in out.splitlines()]
+
+    assert names(run(capsys, "log")[1]) == ["f0.json", "f1.json", "f2.json"]
+    assert names(run(capsys, "log", "--reverse")[1]) == ["f2.json", "f1.json", "f0.json"]
+    assert names(run(capsys, "log", "-n", "2")[1]) == ["f1.json", "f2.json"]
+    assert names(run(capsys, "log", "-n", "2", "--reverse")[1]) == ["f2.json", "f1.json"]
+    assert names(run(capsys, "log", "--since", "today")[1]) == ["f2.json"]
+    assert names(run(capsys, "log", "--since", "yesterday")[1]) == ["f1.json", "f2.json"]
+    assert names(run(capsys, "log", "--until", "today")[1]) == ["f0.json", "f1.json"]
+    code, _, err = run(capsys, "log", "--follow", "--reverse")
+    assert code == 2 and "exclude" in one_line_error(err)

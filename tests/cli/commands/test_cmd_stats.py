@@ -19,7 +19,7 @@ from support.commands import (
     run,
     write_log,
 )
-from support.documents import lesson, staging_doc, write
+from support.documents import lesson, one_of_each, staging_doc, write
 
 from memstaged.cli.commands import _common
 from memstaged.cli.commands.stats import compute, error_key
@@ -211,3 +211,22 @@ def test_error_key_and_compute_are_pure() -> None:
     assert (result.waits.deferrals, result.waits.files, result.waits.waiting) == (1, 1, 0)
     [stuck] = result.stuck
     assert (stuck.deferrals, stuck.exists, stuck.for_seconds) == (1, False, 3600.0)
+
+
+def test_dry_run_decisions_are_marked_and_never_counted(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 13 item 6 (SPEC 7): after ``--once --dry-run``, ``log`` shows every decision
+    marked ``(dry run)`` and ``stats`` counts none of them as decisions (it counts them apart);
+    after a real run, they count."""
+    one_of_each(project, memory_dir)
+    assert run(capsys, "--once", "--dry-run", "--memory-dir", str(memory_dir))[0] == 0
+    _, out, _ = run(capsys, "log", "--decision", "quarantined")
+    assert "quarantined (dry run)" in out
+    _, out, _ = run(capsys, "stats", "--json")
+    stats = json.loads(out)
+    assert stats["total"] == 0 and stats["decisions"]["quarantined"] == 0
+    assert stats["dry_run"] == 4
+    assert run(capsys, "--once", "--memory-dir", str(memory_dir))[0] == 0
+    stats = json.loads(run(capsys, "stats", "--json")[1])
+    assert stats["decisions"]["quarantined"] == 1 and stats["total"] == 4
