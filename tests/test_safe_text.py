@@ -3,7 +3,12 @@ repairs of a decision said in one line."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from support.shown_names import unquote
+
+from memstaged import safe_text
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -22,3 +27,23 @@ def test_repairs_are_named_by_rule_r5_last_escaped() -> None:
         "R3 at produced_at\\x1b[2J; R5 at a, b, c (+1 more)"
     )
     assert safe_text.repairs([{"rule": ["R1"], "where": "x"}]) == "['R1'] at x"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"caf\xe9.json",
+        b'"quoted".json',
+        b"back\\slash.json",
+        "rtl\u202eexe.json".encode(),
+        b"ok.json",
+    ],
+)
+def test_shown_names_are_reversible(raw: bytes) -> None:
+    """SPEC 6 "escaped reversibly": what display.name shows gives the bytes back, and a name
+    that needs nothing is shown as it is."""
+    shown = safe_text.name(os.fsdecode(raw))
+    assert shown.isprintable()
+    assert os.fsencode(unquote(shown)) == raw
+    if raw == b"ok.json":
+        assert shown == "ok.json"

@@ -308,3 +308,42 @@ def test_no_color_means_no_escape_sequences_at_all(
     monkeypatch.setattr(sys, "stdout", pipe)
     main(["log", "--color=always"])
     assert "\x1b[" in pipe.getvalue()
+
+
+#: JSON keeps these raw in a string; a terminal may act on them (U+009B is a one-character CSI).
+_TERMINAL_ACTS_ON = "\x7f\u009b\u0085\u202e\u2028\u2066"
+
+
+def test_json_output_holds_no_character_a_terminal_acts_on(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """SPEC 6 (control characters never passed raw to a terminal), issue 13: ``--json`` output
+    goes to terminals too. A name and contents with DEL, C1 controls (CSI), bidi overrides and
+    U+2028 come out of ``log --json``, ``check --json`` and ``deadletter list --json`` as
+    ``\\uXXXX`` escapes: none of them raw, and each line reads back to the very same values."""
+    mdir = memory_dir
+    name = f"x{_TERMINAL_ACTS_ON}.json"
+    doc = staging_doc(project, f"s{_TERMINAL_ACTS_ON}")
+    doc["candidates"]["lessons"][0]["triggers"] = [{"type": "x" + _TERMINAL_ACTS_ON}]
+    path = mdir / "staging" / name
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    outputs = {}
+    for argv in (
+        ["check", "--json", str(path)],
+        ["--once", "--memory-dir", str(mdir)],
+        ["log", "--json"],
+        ["deadletter", "list", "--json", "--memory-dir", str(mdir)],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code in (0, 4), (argv, err)
+        outputs[argv[0]] = out
+    for command in ("check", "log", "deadletter"):
+        out = outputs[command]
+        assert out.strip(), command
+        assert not set(out) & set(_TERMINAL_ACTS_ON), (command, out)
+        values = [json.loads(line) for line in out.splitlines()]
+        shown = json.dumps(values, ensure_ascii=False)
+        assert f"s{_TERMINAL_ACTS_ON}" in shown, command  # the session id, exactly
+    [decision] = [v for v in map(json.loads, outputs["log"].splitlines()) if v.get("decision")]
+    assert decision["path"] == str(path) and decision["decision"] == "quarantined"

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.shown_names import unquote
 
 from memstaged.log import writer
 from memstaged.log.format import MESSAGE_IDS, journal_fields
@@ -349,3 +350,28 @@ def test_a_log_path_that_is_not_a_regular_file_is_refused(tmp_path: Path, kind: 
     ) as raised:
         FileSink(path, 100, 1)
     assert raised.value.errno in (errno.EINVAL, errno.ENXIO, errno.EISDIR)
+
+
+# -- control characters never reach a terminal -----------------------------------------------------
+
+
+def test_console_and_journal_message_escape_control_characters() -> None:
+    """Issue 10 item 16: the readable line (console on a TTY, journal MESSAGE) of a decision
+    about a name with ESC and a newline, and a reason quoting content, holds no raw control
+    character: it cannot fake a log line, clear the screen or set the title."""
+    from memstaged.log.format import message
+    from memstaged.log.writer import _readable_renderer
+
+    event = {
+        "event": "decision",
+        "decision": "quarantined",
+        "path": os.fsdecode(b"/m/staging/a\x1b]0;pwned\x07\nFAKE LINE\xff.json"),
+        "reasons": ["not JSON: bad \x1b[2J byte"],
+        "timestamp": "2026-12-01T10:00:00.000000Z",
+        "level": "warning",
+    }
+    for text in (message(event), _readable_renderer(colors=False)(event).rstrip("\n")):
+        assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text), repr(text)
+        assert "\\x1b]0;pwned\\x07\\nFAKE LINE\\xff.json" in text
+    shown = message(event).removeprefix("quarantined ").rsplit(": not JSON", 1)[0]
+    assert os.fsencode(unquote(shown)) == b"/m/staging/a\x1b]0;pwned\x07\nFAKE LINE\xff.json"

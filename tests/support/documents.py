@@ -70,6 +70,42 @@ def repairable_doc(project_root: Path | str) -> dict[str, Any]:
     return staging_doc(project_root, candidates={"lessons": [lesson(triggers=[])]})
 
 
+def empty_candidates(project_root: Path | str, count: int) -> bytes:
+    """A small file (3 bytes per candidate) whose every preference is ``{}``: one dead-letter
+    record per candidate."""
+    doc = staging_doc(project_root, "many", candidates={"preferences": [{}] * count})
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def malformed(root: Path | str, session: Any = "s", padding: int = 0) -> bytes:
+    """JSON that SPEC 2 refuses (``schemaVersion`` the string ``"1"``), of one lesson marked
+    ``cid-h``: quarantined; ``padding`` characters make it larger."""
+    doc = staging_doc(root, session, candidates={"lessons": [lesson("cid-h")]}, schemaVersion="1")
+    if padding:
+        doc["padding"] = "x" * padding
+    return json.dumps(doc).encode()
+
+
+def repairable(root: Path | str, session: Any = "s", padding: int = 0) -> bytes:
+    """A staging file R1 repairs: its one lesson (``cid-h``) has no triggers."""
+    doc = staging_doc(root, session, candidates={"lessons": [lesson("cid-h", triggers=[])]})
+    if padding:
+        doc["padding"] = "x" * padding
+    return json.dumps(doc).encode()
+
+
+def unparseable(root: Path | str, filler: str) -> bytes:
+    """Not JSON at all (quarantined once settled), naming ``root``, its size fixed by ``filler``."""
+    return ('{"project_root": "' + str(root) + '", "x": "' + filler + '"').encode()
+
+
+def put(path: Path, data: bytes, mtime: float = OLD) -> bytes:
+    """Write ``data`` at ``path``, dated ``mtime`` (settled by default); returns ``data``."""
+    path.write_bytes(data)
+    os.utime(path, (mtime, mtime))
+    return data
+
+
 def write(path: Path, doc: Any) -> bytes:
     data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     path.write_bytes(data)

@@ -39,7 +39,7 @@ from memstaged.core.records import ORIGINALS_DIR
 from memstaged.errors import NotJSON
 from memstaged.files.memdir import MemoryDir
 from memstaged.files.temp_names import TEMP_PREFIX
-from support.documents import lesson
+from support.documents import lesson, malformed
 
 PYTHON: Final = sys.executable
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -57,6 +57,40 @@ def make_memory_dir(base: Path, project: str = "example-project") -> Path:
     mdir = base / project / ".pi" / "memory" / "project"
     (mdir / "staging").mkdir(parents=True)
     return mdir
+
+
+def special_entries(mdir: Path, outside: Path) -> dict[str, str]:
+    """Create in ``staging/`` every kind of entry SPEC 6 says is never touched (links to a file
+    outside, to a directory, dangling, a loop; a FIFO, a socket, a directory named ``*.json``);
+    name -> the reason a ``skipped`` decision gives."""
+    staging = mdir / "staging"
+    target = outside / "outside.json"
+    target.write_bytes(malformed(project_root_of(mdir)))
+    (outside / "dir").mkdir()
+    os.symlink(target, staging / "link-outside.json")
+    os.symlink(outside / "dir", staging / "link-dir.json")
+    os.symlink(outside / "missing.json", staging / "link-dangling.json")
+    os.symlink("loop-b.json", staging / "loop-a.json")
+    os.symlink("loop-a.json", staging / "loop-b.json")
+    os.mkfifo(staging / "fifo.json")
+    os.mknod(staging / "socket.json", stat.S_IFSOCK | 0o600)
+    (staging / "directory.json").mkdir()
+    return {
+        "link-outside.json": "symbolic link",
+        "link-dir.json": "symbolic link",
+        "link-dangling.json": "symbolic link",
+        "loop-a.json": "symbolic link",
+        "loop-b.json": "symbolic link",
+        "fifo.json": "not a regular file",
+        "socket.json": "not a regular file",
+        "directory.json": "a directory",
+    }
+
+
+def deadletter_records(mdir: Path) -> list[dict[str, Any]]:
+    """Every dead-letter record of ``mdir``, parsed (by ``parse_json``, not ``json.loads``: a
+    record of a 10^6-deep file is that deep too), in name order."""
+    return [parse_json(p.read_bytes()).value for p in sorted((mdir / "deadletter").glob("*.json"))]
 
 
 def project_root_of(mdir: Path) -> str:

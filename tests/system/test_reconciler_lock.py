@@ -8,9 +8,11 @@ meanwhile, and inotify counting what appears in ``deadletter/`` once it holds it
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from support.documents import staging_doc, write
@@ -107,3 +109,25 @@ def _check_stopped_under_the_lock(watch: Inotify, stderr: bytes, code: int | Non
     assert any(mask & IN_DELETE for _, _, mask in watch.log)
     assert b"Traceback" not in stderr
     assert code == 1, stderr.decode(errors="replace")
+
+
+def test_a_stale_own_lock_is_cleared_at_start_even_with_nothing_to_decide(
+    tmp_path: Path,
+) -> None:
+    """Issue 10 item 12: memstaged's own ``canonical-writer.lock`` left by a killed run is removed
+    as the next one starts, not only once a file is decided there."""
+    mdir = make_memory_dir(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = mdir / "canonical-writer.lock"
+    lock.write_text(
+        json.dumps(
+            {"pid": dead.pid, "started_at": "2026-01-01T00:00:00.000Z", "owner": "memstaged"}
+        )
+    )
+    env = memstaged_env(tmp_path / "work")
+    done = run_once(mdir, env)
+    assert done.returncode == 0, done.stderr
+    assert not lock.exists()
+    log = Path(env["MEMSTAGED_LOG_FILE"]).read_text()
+    assert '"lock_seen"' in log and "removed" in log

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import errno
+import functools
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -23,7 +25,9 @@ from support.commands import (
     staging_files,
     status_json,
 )
-from support.documents import EVIDENCE, write
+from support.daemon_fakes import RecordingLogger
+from support.documents import EVIDENCE, put, unparseable, write
+from support.helpers import make_memory_dir, memory_dir_of
 
 from memstaged import config
 from memstaged.cli.commands import _common
@@ -36,7 +40,8 @@ from memstaged.deadletter import store as deadletter
 from memstaged.files import fsio
 from memstaged.files import recheck as holding
 from memstaged.files.locks import InstanceLock
-from memstaged.files.memdir import MemoryDir
+from memstaged.files.memdir import MemoryDir, Options
+from memstaged.run.pipeline import Pipeline
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -624,3 +629,31 @@ def test_ack_needs_ids_or_all_and_a_wrong_id_is_one_line(
         assert (code, out) == (2, "")
         one_line_error(err)
     assert status_json(capsys, memory_dir)[1]["deadletter_unseen"] == 5
+
+
+def test_a_requarantine_refreshes_the_age_that_purge_counts(
+    tmp_path: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10 item 4: the same bytes quarantined again an hour later are not purged by
+    ``purge --older-than 5s`` run right after: their only copy survives."""
+    mdir = make_memory_dir(tmp_path)
+    root = str(mdir.parents[2])
+    data = unparseable(root, "same bytes")
+    staging = mdir / "staging" / "bad.json"
+    now = time.time()
+    for clock in (now - 3600, now):
+        put(staging, data)
+        Pipeline(
+            Options(settle=0), RecordingLogger(), clock=functools.partial(float, clock)
+        ).process(memory_dir_of(mdir), "bad.json")
+        assert not staging.exists()
+    records = sorted((mdir / "deadletter").glob("*.json"))
+    assert len(records) == 1  # not a second set
+    code = main(["deadletter", "purge", "--older-than", "5s", "--yes", "--memory-dir", str(mdir)])
+    assert code == 0
+    assert sorted((mdir / "deadletter").glob("*.json")) == records
+    assert data in _every_byte_string_in(mdir / "deadletter")
+
+
+def _every_byte_string_in(mdir: Path) -> set[bytes]:
+    return {p.read_bytes() for p in mdir.rglob("*") if p.is_file() and not p.is_symlink()}
