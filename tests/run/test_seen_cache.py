@@ -1,4 +1,8 @@
-"""TODO"""
+"""The seen cache (:mod:`memstaged.run.seen_cache`): what ``--once`` and the daemon remember of
+the files they decided, kept across runs.
+
+That it is dropped whenever the code of the decision changes is in
+``tests/system/test_seen_fingerprint.py`` (an edited copy of the package, run anew)."""
 
 from __future__ import annotations
 
