@@ -11,6 +11,8 @@ import pytest
 from support.commands import one_line_error, run
 from support.documents import staging_doc, write
 
+from memstaged.cli.main import _named_command, main
+
 pytestmark = pytest.mark.usefixtures("plain_output")
 
 
@@ -151,3 +153,42 @@ def test_argparse_errors_are_one_line_and_not_doubled(capsys: pytest.CaptureFixt
     line = one_line_error(err)
     assert line.startswith("memstaged log: argument -n/--lines")
     assert "memstaged: memstaged" not in line
+
+
+# -- argv to a command -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--once", "--memory-dir", "status"], ""),  # a memory dir called "status"
+        (["--memory-dir", "d", "status"], "status"),
+        (["--mem", "d", "check", "f"], "check"),  # an abbreviation argparse accepts
+        (["--config=c", "log", "-n", "3"], "log"),
+        (["-v", "--once"], ""),
+        (["stat"], None),  # no such command: argparse says so, with every choice listed
+        (["--help"], None),
+        (["--", "status"], None),
+        (["--dry", "status"], None),  # an abbreviation left to argparse
+    ],
+)
+def test_only_the_named_subcommand_is_built(argv: list[str], named: str | None) -> None:
+    """Issue 14 start-up: the subcommand a command line names is found without argparse, so
+    only its module is imported; anything unclear (help, ``--``, a typo) builds them all."""
+    assert _named_command(argv) == named
+
+
+def test_a_mistyped_command_still_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """Building one subcommand's parser does not change what a typo gets: one line naming
+    every choice, exit 2."""
+    assert main(["stat"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    for name in ("check", "service", "log", "stats", "status", "deadletter"):
+        assert f"'{name}'" in err
+
+
+def test_verbose_is_for_once_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--verbose`` without ``--once`` is a usage error in one line, exit 2."""
+    assert main(["--verbose"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

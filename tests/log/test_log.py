@@ -15,8 +15,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.documents import backlog, decisions, read_log
 from support.shown_names import unquote
 
+from memstaged.cli.main import main
 from memstaged.log import writer
 from memstaged.log.format import MESSAGE_IDS, journal_fields
 from memstaged.log.rotated_file import FileSink
@@ -375,3 +377,52 @@ def test_console_and_journal_message_escape_control_characters() -> None:
         assert "\\x1b]0;pwned\\x07\\nFAKE LINE\\xff.json" in text
     shown = message(event).removeprefix("quarantined ").rsplit(": not JSON", 1)[0]
     assert os.fsencode(unquote(shown)) == b"/m/staging/a\x1b]0;pwned\x07\nFAKE LINE\xff.json"
+
+
+# -- what --once logs where ------------------------------------------------------------------------
+
+
+def test_off_a_terminal_each_event_is_written_once_and_only_to_the_log_file(
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 14, the decision log: with stderr not a terminal, ``--once`` writes every event
+    to the log file with one ``write`` each, and nothing to stderr (it used to write the same
+    JSON there too); the summary line is the only output, on stdout."""
+    expected = backlog(project, memory_dir, 3)  # valid, repaired, quarantined
+    writes: dict[int, int] = {}
+    real_write = os.write
+
+    def counting_write(fd: int, data: bytes) -> int:
+        writes[fd] = writes.get(fd, 0) + 1
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", counting_write)
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    fd = next(s for s in writer._FANOUT.sinks if isinstance(s, FileSink))._fd
+    monkeypatch.undo()
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.count("\n") == 1 and "valid=1 repaired=1 quarantined=1" in out
+    assert decisions(log_file) == expected
+    assert writes[fd] == len(read_log(log_file))  # one write per event, every event there
+    assert 2 not in writes
+
+
+def test_verbose_prints_every_decision_readably_and_the_file_stays_complete(
+    project: Path, memory_dir: Path, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 14, the decision log: ``--once --verbose`` off a terminal prints one readable line
+    per decision on stderr (not JSON: the file has that), and the log file still has every
+    event."""
+    expected = backlog(project, memory_dir, 3)  # valid, repaired, quarantined
+    assert main(["--once", "--verbose", "--memory-dir", str(memory_dir)]) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    for name, decision in expected.items():
+        assert any(f"{decision} " in line and name in line for line in lines), err
+    assert not any(line.lstrip().startswith("{") for line in err.splitlines()), err
+    assert len(decisions(log_file)) == 3

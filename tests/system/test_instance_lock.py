@@ -36,7 +36,7 @@ from support.helpers import (
 from support.waiting import wait_for
 
 from memstaged.files.fsio import private_dirs
-from memstaged.files.locks import InstanceLock, instance_holder, instance_lock_path, runs_memstaged
+from memstaged.files.locks import InstanceLock, instance_holder, instance_lock_path
 
 
 def _tree(root: Path) -> dict[str, tuple[int, bytes | None]]:
@@ -330,28 +330,6 @@ def test_a_holder_that_is_not_memstaged_is_not_named(tmp_path: Path) -> None:
         result = _status(mdir, env)
         assert result["memstaged_pid"] is None, result
         assert result["critical"] == ["a process that is not memstaged holds its instance lock"]
-
-
-@pytest.mark.parametrize(
-    ("argv", "memstaged"),
-    [
-        (["/usr/bin/python3", "/home/u/.local/bin/memstaged", "--once"], True),
-        (["/usr/bin/python3", "-I", "/usr/bin/memstaged"], True),
-        (["/usr/bin/python3", "-X", "dev", "/usr/bin/memstaged"], True),
-        (["python3", "-m", "memstaged", "status"], True),
-        (["python3", "-mmemstaged"], True),
-        (["memstaged", "--memory-dir", "x"], True),
-        (["flock", "-x", "/home/u/p/.pi/memory/project", "cat"], False),
-        (["python3", "-c", "import memstaged", "memstaged"], False),
-        (["python3", "-m", "pytest", "tests/memstaged"], False),
-        (["sleep", "memstaged"], False),
-        ([], False),
-    ],
-)
-def test_only_a_memstaged_command_line_is_memstaged(argv: list[str], memstaged: bool) -> None:
-    """Issue 29 item 10: what names a lock's holder as memstaged is its command line running
-    memstaged (the script, by itself or by its interpreter, or ``-m memstaged``)."""
-    assert runs_memstaged([os.fsencode(a) for a in argv] + [b""]) is memstaged
 
 
 @pytest.mark.usefixtures("plain_output")

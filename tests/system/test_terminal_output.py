@@ -9,15 +9,22 @@ this process are in ``tests/cli/test_terminal.py``; in a tmux pane, in
 
 from __future__ import annotations
 
+import os
+import pty
+import select
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from support.commands import dated_decisions
 from support.documents import (
+    backlog,
     half_written_ahead,
     lesson,
     one_of_each,
+    read_log,
     settled,
     staging_doc,
     write,
@@ -126,3 +133,50 @@ def test_the_settle_wait_is_one_line_on_a_terminal_too(tmp_path: Path, memory_di
     [line] = [ln for ln in shown.split(b"\n") if b"waiting up to" in ln]
     assert len(line) > 80
     assert str(memory_dir).encode() in line and b"settle interval (3s): half.json" in line
+
+
+def test_on_a_terminal_every_decision_is_a_readable_line(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 14 / SPEC 7: with stderr a terminal (a pty), ``--once`` shows each decision as a
+    readable line (structlog's console rendering of the escaped message), never the JSON."""
+    named = {decision: name for name, decision in backlog(project, memory_dir, 3).items()}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTAGED_")}
+    env.update(
+        XDG_CONFIG_HOME=str(tmp_path / "cfg"),
+        XDG_STATE_HOME=str(tmp_path / "state"),
+        MEMSTAGED_LOG_FILE=str(tmp_path / "decisions.jsonl"),
+        NO_COLOR="1",
+    )
+    for key in ("JOURNAL_STREAM", "INVOCATION_ID"):
+        env.pop(key, None)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 30)
+            if not ready:
+                break
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+        assert proc.wait(timeout=30) == 0
+    text = seen.decode(errors="replace")
+    assert "repaired" in text and named["repaired"] in text, text
+    assert "quarantined" in text and named["quarantined"] in text, text
+    assert '{"' not in text, text
+    assert len(read_log(tmp_path / "decisions.jsonl")) >= 3
