@@ -16,15 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.commands import (
-    json_lines,
-    logged,
-    one_line_error,
-    original_files,
-    prepare,
-    record_files,
-    run,
-)
+from support.commands import json_lines, one_line_error, original_files, prepare, record_files, run
+from support.decision_log import read_events
 from support.documents import one_of_each, staging_doc, write
 
 from memstaged.cli.main import main
@@ -44,7 +37,7 @@ def test_lifecycle_lines_name_their_memory_dir_and_full_gives_paths(
     prepare(project, memory_dir, log_file)
     code, _, _ = run(capsys, "deadletter", "recover", "--all", "--memory-dir", str(memory_dir))
     assert code in (0, 1)
-    lifecycle = [e for e in logged(log_file) if e["event"].startswith("deadletter_")]
+    lifecycle = [e for e in read_events(log_file) if e["event"].startswith("deadletter_")]
     assert lifecycle
     code, out, _ = run(capsys, "log")
     assert code == 0
@@ -189,7 +182,7 @@ def test_purge_by_id_and_session_lists_first(
     assert "deleted 1 record and 1 original" in out
     assert sorted(record_files(memory_dir)) == sorted(n for n in before[0] if "mixed" in n)
     assert [n for n in original_files(memory_dir)] == [orig[len("originals/") :]]
-    [event] = [e for e in logged(log_file) if e["event"] == "deadletter_purged"]
+    [event] = [e for e in read_events(log_file) if e["event"] == "deadletter_purged"]
     assert event["ids"] == [broken[:-4]]
     assert event["records"] == [broken + ".json"]
 

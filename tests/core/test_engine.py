@@ -16,20 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.documents import DELETE, lesson
+from support.documents import DELETE, decision, lesson, preference
 from support.engine import (
     FILE_NAME,
     PROJECT,
     category_items,
     context,
     decide_doc,
-    decision,
     decoded,
     encode,
     expected_after_repairs,
     is_safe_name,
     patched,
-    preference,
     records,
     staging,
     wheres,

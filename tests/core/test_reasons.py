@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import pytest
 from support.commands import json_lines, record_files, run
+from support.decision_log import read_events
 from support.helpers import REPO
 
 pytestmark = pytest.mark.usefixtures("plain_output")
@@ -27,10 +28,6 @@ TRIGGER: Final = (
 MISSING: Final = ["candidates.decisions: is missing", "candidates.domain: is missing"]
 
 
-def _events(log_file: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
-
-
 @pytest.fixture
 def bad_trigger(
     capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path
@@ -40,7 +37,7 @@ def bad_trigger(
     shutil.copy(DEMO / "session-bad-trigger.json", memory_dir / "staging")
     code, _, _ = run(capsys, "--once", "--memory-dir", str(memory_dir), "--settle", "0")
     assert code == 0
-    (event,) = [e for e in _events(log_file) if e.get("decision") == "quarantined"]
+    (event,) = [e for e in read_events(log_file) if e.get("decision") == "quarantined"]
     return event
 
 
@@ -154,7 +151,7 @@ def test_stats_counts_the_errors_that_quarantined_apart_from_those_repaired(
             log_file.write_text(
                 "".join(
                     json.dumps(_old_event(e) if e.get("repairable") == MISSING else e) + "\n"
-                    for e in _events(log_file)
+                    for e in read_events(log_file)
                 )
             )
         code, out, _ = run(capsys, "stats", "--json")

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from support.commands import run
 from support.daemon_fakes import RecordingLogger
-from support.documents import empty_candidates, lesson, put, read_log, staging_doc
+from support.decision_log import read_events
+from support.documents import empty_candidates, lesson, put, staging_doc
 from support.helpers import make_memory_dir, memory_dir_of
 
 from memstaged.core import decide as triage
@@ -208,5 +209,5 @@ def test_records_point_at_the_original_that_took_another_name_under_the_lock(
     records = [json.loads(p.read_bytes()) for p in deadletter.glob("*.json")]
     assert len(records) == 30
     assert {r["memstaged"]["original"] for r in records} == {f"originals/{kept[0].name}"}
-    logged = [e for e in read_log(log_file) if e.get("decision") == "quarantined"]
+    logged = [e for e in read_events(log_file) if e.get("decision") == "quarantined"]
     assert f"deadletter/originals/{kept[0].name}" in logged[-1]["deadletter"]

@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from support.documents import backlog, decisions, read_log
+from support.decision_log import decisions, read_events
+from support.documents import backlog
 from support.shown_names import unquote
 
 from memstaged.cli.main import main
@@ -408,7 +409,7 @@ def test_off_a_terminal_each_event_is_written_once_and_only_to_the_log_file(
     assert err == ""
     assert out.count("\n") == 1 and "valid=1 repaired=1 quarantined=1" in out
     assert decisions(log_file) == expected
-    assert writes[fd] == len(read_log(log_file))  # one write per event, every event there
+    assert writes[fd] == len(read_events(log_file))  # one write per event, every event there
     assert 2 not in writes
 
 

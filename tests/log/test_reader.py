@@ -7,10 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.commands import (
-    logged,
-    write_log,
-)
+from support.commands import write_log
+from support.decision_log import read_events
 
 from memstaged.log.format import journal_fields
 from memstaged.log.reader import FileSource, event_from_journal, ordered
@@ -22,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("plain_output")
 def test_journal_fields_round_trip(log_file: Path) -> None:
     """Every logged event, turned into journal fields the way log/writer.py sends them and back,
     is the same event: the journal source and the file source agree without a journald."""
-    events = logged(log_file)
+    events = read_events(log_file)
     assert events
     for event in events:
         fields: dict[str, Any] = journal_fields(dict(event))

@@ -9,16 +9,8 @@ from pathlib import Path
 
 import pytest
 from support.commands import one_line_error, run
-from support.documents import (
-    backlog,
-    decisions,
-    half_written_ahead,
-    lesson,
-    one_of_each,
-    read_log,
-    staging_doc,
-    write,
-)
+from support.decision_log import decisions, read_events
+from support.documents import backlog, half_written_ahead, lesson, one_of_each, staging_doc, write
 from support.helpers import (
     files_under,
 )
@@ -130,7 +122,7 @@ def test_dry_run_writes_nothing_but_logs_decisions(
     logged = decisions(log_file)
     assert logged["garbage.json"] == "quarantined"
     assert logged["no-triggers.json"] == "repaired"
-    assert all(e.get("dry_run") for e in read_log(log_file) if e["event"] == "decision")
+    assert all(e.get("dry_run") for e in read_events(log_file) if e["event"] == "decision")
 
 
 def test_settle_defers_a_fresh_unparseable_file_then_decides_it(
@@ -145,7 +137,7 @@ def test_settle_defers_a_fresh_unparseable_file_then_decides_it(
     ahead = time.time() + 86_400
     os.utime(path, (ahead, ahead))
     assert main(["--once", "--settle", "0.3", "--memory-dir", str(memory_dir)]) == 0
-    kinds = [e["decision"] for e in read_log(log_file) if e["event"] == "decision"]
+    kinds = [e["decision"] for e in read_events(log_file) if e["event"] == "decision"]
     assert kinds == ["deferred", "quarantined"]
     assert not (memory_dir / "staging" / "fresh.json").exists()
 
@@ -315,7 +307,7 @@ def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
 
     assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 0
 
-    events = [e for e in read_log(log_file) if e.get("event") == "decision"]
+    events = [e for e in read_events(log_file) if e.get("event") == "decision"]
     decided = [e for e in events if not e.get("own_rewrite")]
     assert sorted(Path(e["path"]).name for e in decided) == sorted(expected)
     looks = [Path(e["path"]).name for e in events if e.get("own_rewrite")]

@@ -20,11 +20,10 @@ from typing import Any
 
 import pytest
 from support.daemon_fakes import RecordingLogger, decide_one
-from support.documents import OLD, lesson, malformed, put, repairable, unparseable
+from support.documents import OLD, lesson, malformed, put, repairable, staging_doc, unparseable
 from support.helpers import (
     Input,
     deadletter_records,
-    doc,
     expected_verdict,
     make_memory_dir,
     memory_dir_of,
@@ -143,7 +142,7 @@ def test_empty_deep_and_badly_encoded_files_are_quarantined(tmp_path: Path) -> N
     v1 quarantined it, and a deep file was quarantined as too deep, where it is now JSON)."""
     mdir = make_memory_dir(tmp_path)
     root = project_root_of(mdir)
-    body = json.dumps(doc("s", root, {"lessons": [lesson("cid-e")]}))
+    body = json.dumps(staging_doc(root, "s", candidates={"lessons": [lesson("cid-e")]}))
     latin1 = body.replace("keep", "k\xe9ep").encode("latin-1")
     put(mdir / "staging" / "latin1.json", latin1)
     outcome, event, _log = decide_one(mdir, "latin1.json")

@@ -17,7 +17,7 @@ from typing import Any, Final
 import pytest
 
 from memstaged.cli.main import main
-from support.documents import EVIDENCE, lesson, read_log, staging_doc, write
+from support.documents import EVIDENCE, lesson, staging_doc, write
 
 BAD_TRIGGER: Final = [{"type": "bogus"}]
 
@@ -144,10 +144,6 @@ def dated_decisions(log_file: Path, stamps: Sequence[float]) -> None:
                 "memory_dir": "/m",
             }
             fh.write(json.dumps(event) + "\n")
-
-
-def logged(log_file: Path) -> list[dict[str, Any]]:
-    return read_log(log_file)
 
 
 def set_old(path: Path, seconds_ago: float = 3600.0) -> None:

@@ -1,9 +1,12 @@
-"""Staging documents as the tests build and write them, and the decision log read back.
+"""Staging documents as the tests build and write them: the tests' one document builder.
 
-:func:`staging_doc` is a valid staging file of a project (contract v2: all four categories),
-changed with keyword overrides (:func:`repairable_doc`: one R1 repairs); :func:`backlog` stages
-many; :func:`write` puts a document (or raw bytes) at a path; :func:`read_log` and
-:func:`decisions` read a decision log file back.
+:func:`lesson`, :func:`preference` and :func:`decision` are valid candidates (a ``cid`` marks
+one, keyword changes alter it, :data:`DELETE` removes a key); :func:`staging_doc` is a valid
+staging file of a project (contract v2: all four categories), changed with keyword overrides;
+:func:`malformed`, :func:`repairable` and :func:`unparseable` are such files' bytes for each
+outcome, :func:`backlog` and :func:`one_of_each` stage several, :func:`write` and :func:`put`
+put a document (or raw bytes) at a path. The engine's tests build on them
+(:mod:`support.engine`); the decision log is read back by :mod:`support.decision_log`.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ def changed(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 
 def lesson(cid: str = "", **changes: Any) -> dict[str, Any]:
-    """A valid lesson candidate (the tests' one builder); ``cid`` marks its summary and
-    detail, so that a test tells its candidates apart in records and rewrites."""
+    """A valid lesson candidate; ``cid`` marks its summary and detail, so that a test tells its
+    candidates apart in records and rewrites."""
     mark = f"{cid} " if cid else ""
     base: dict[str, Any] = {
         "summary": f"{mark}Run mypy before committing",
@@ -40,6 +43,27 @@ def lesson(cid: str = "", **changes: Any) -> dict[str, Any]:
         "scope_suggestion": "project",
         "triggers": [{"type": "command", "pattern": "git commit"}],
         "source_evidence": EVIDENCE,
+    }
+    return changed(base, changes)
+
+
+def preference(cid: str = "", **changes: Any) -> dict[str, Any]:
+    """A valid preference candidate; ``cid`` marks its text, as :func:`lesson`'s does."""
+    mark = f"{cid} " if cid else ""
+    base: dict[str, Any] = {
+        "text": f"{mark}Prefer small commits",
+        "source_evidence": {"lesson_candidate_marker_ids": ["m-1"]},
+    }
+    return changed(base, changes)
+
+
+def decision(cid: str = "", **changes: Any) -> dict[str, Any]:
+    """A valid decision (or domain) candidate; ``cid`` marks its summary and detail."""
+    mark = f"{cid} " if cid else ""
+    base: dict[str, Any] = {
+        "summary": f"{mark}Use msgspec",
+        "detail": f"{mark}It decodes straight from bytes.",
+        "source_evidence": {"discussion_note_ids": [3, 4.5]},
     }
     return changed(base, changes)
 
@@ -110,22 +134,6 @@ def write(path: Path, doc: Any) -> bytes:
     data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     path.write_bytes(data)
     return data
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def decisions(path: Path) -> dict[str, str]:
-    """File name -> last decision logged for it (memstaged's look at its own rewrite, logged
-    ``own_rewrite``, is no decision: SPEC 7)."""
-    out: dict[str, str] = {}
-    for event in read_log(path):
-        if event.get("event") == "decision" and not event.get("own_rewrite"):
-            out[Path(event["path"]).name] = event["decision"]
-    return out
 
 
 def backlog(project: Path, memory_dir: Path, n: int) -> dict[str, str]:

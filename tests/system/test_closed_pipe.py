@@ -19,6 +19,7 @@ from support.helpers import (
     REPO,
     memstaged_cmd,
     memstaged_env,
+    run_once,
 )
 
 pytestmark = pytest.mark.usefixtures("plain_output")
@@ -87,15 +88,8 @@ def test_a_verdict_survives_a_reader_that_left(
     )
     for path in (memory_dir / "staging").iterdir():
         settled(path)
-    run_once = subprocess.run(
-        memstaged_cmd("--once", "--project-root", str(project), "--memory-dir", str(memory_dir)),
-        env=env,
-        capture_output=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-    )
-    assert run_once.returncode == 0, run_once.stderr
+    once = run_once(memory_dir, env, "--project-root", str(project), timeout=60)
+    assert once.returncode == 0, once.stderr
     assert _into_closed_pipe(["status", "--memory-dir", str(memory_dir)], env) == 1
     recover = ["deadletter", "recover", "--all", "--memory-dir", str(memory_dir)]
     assert _into_closed_pipe(recover, env) == 1  # a lesson without source_evidence stays

@@ -22,7 +22,7 @@ from support.commands import (
     record_ids,
     staging_files,
 )
-from support.helpers import LockHolder, memstaged_cmd, memstaged_env
+from support.helpers import LockHolder, memstaged_cmd, memstaged_env, run_once
 
 from memstaged.cli.commands import _common
 from memstaged.deadletter import store as deadletter
@@ -64,12 +64,7 @@ def test_a_recovery_killed_inside_applys_transaction_loses_and_doubles_nothing(
     for wanted in texts:  # nothing lost, nothing staged twice, whatever the step
         assert in_staging.count(wanted) + in_records.count(wanted) >= 1, wanted
         assert in_staging.count(wanted) <= 1, wanted
-    once = subprocess.run(
-        memstaged_cmd("--once", "--memory-dir", mdir, "--settle", "0"),
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    once = run_once(mdir, env, "--settle", "0", timeout=60)
     assert once.returncode == 0
     assert not [n for n in os.listdir(store / "staging") if n.startswith(temp_names.TEMP_PREFIX)]
     again = subprocess.run(

@@ -16,7 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.documents import read_log, staging_doc, write
+from support.decision_log import read_events
+from support.documents import staging_doc, write
 
 #: Modules no production path of these commands may load off a terminal: structlog's package
 #: (its ``__init__`` pulls in ``structlog.dev``, rich's tracebacks, asyncio and ssl), rich, the
@@ -114,5 +115,5 @@ def test_the_daemon_logs_without_importing_structlog_off_a_terminal(tmp_path: Pa
     )
     assert set(json.loads(proc.stdout)) <= {"watchdog"}  # the daemon's observer, nothing else
     assert proc.stderr == ""
-    [event] = read_log(path)
+    [event] = read_events(path)
     assert (event["event"], event["decision"], event["level"]) == ("decision", "valid", "info")

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.decision_log import read_events
 from support.documents import put, repairable
 from support.helpers import (
     OLD_MTIME,
@@ -744,5 +745,5 @@ def test_a_repair_killed_right_after_the_exchange_is_in_the_log(tmp_path: Path) 
     killed = run_once(mdir, env, "--settle", "0")
     assert killed.returncode == -9
     assert (mdir / "staging" / "fix.json").read_bytes() != repairable(root, "x")  # repaired
-    events = [json.loads(line) for line in Path(env["MEMSTAGED_LOG_FILE"]).read_text().splitlines()]
+    events = read_events(Path(env["MEMSTAGED_LOG_FILE"]))
     assert [e["decision"] for e in events if e.get("event") == "decision"] == ["repaired"]

@@ -18,8 +18,9 @@ from typing import Any, Final
 import pytest
 from support.commands import json_lines, run
 from support.daemon_fakes import Rig, settings
-from support.documents import lesson, read_log, staging_doc, write
-from support.helpers import REPO, daemon, memstaged_cmd, memstaged_env, read_events, run_once
+from support.decision_log import read_events
+from support.documents import lesson, staging_doc, write
+from support.helpers import REPO, daemon, memstaged_cmd, memstaged_env, run_once
 from support.waiting import wait_for
 
 from memstaged.daemon.watcher import Kind, Signal
@@ -43,21 +44,23 @@ def test_the_daemon_logs_the_look_at_its_rewrite_and_a_later_once_decides_nothin
     log = tmp_path / "decisions.jsonl"
     shutil.copy(DEMO / "session-valid.json", memory_dir / "staging")
     with daemon([memory_dir], env, "--settle", "0"):
-        assert wait_for(lambda: len(_decisions(read_events(log))) >= 1, 30)
+        assert wait_for(lambda: len(_decisions(read_events(log, strict=False))) >= 1, 30)
         shutil.copy(DEMO / "session-no-triggers.json", memory_dir / "staging")
-        assert wait_for(lambda: any(e.get("own_rewrite") for e in read_events(log)), 30)
-    decided = _decisions(read_events(log))
+        assert wait_for(
+            lambda: any(e.get("own_rewrite") for e in read_events(log, strict=False)), 30
+        )
+    decided = _decisions(read_events(log, strict=False))
     repaired = [e for e in decided if e["decision"] == "repaired"]
     looks = [e for e in decided if e.get("own_rewrite")]
     assert len(repaired) == len(looks) == 1
     assert looks[0]["decision"] == "valid"
     assert looks[0]["sha256"] == repaired[0]["rewrite_sha256"]
-    before = len(read_events(log))
+    before = len(read_events(log, strict=False))
 
     done = run_once(memory_dir, env, "--settle", "0")
     assert done.returncode == 0, done.stderr
     assert b"valid=2 " in done.stdout and b"total=2 unchanged=2" in done.stdout
-    assert _decisions(read_events(log)[before:]) == []
+    assert _decisions(read_events(log, strict=False)[before:]) == []
 
     done = run_once(memory_dir, env, "--settle", "0")  # and again: still nothing to decide
     assert b"total=2 unchanged=2" in done.stdout
@@ -81,12 +84,12 @@ def test_a_second_once_on_the_demo_decides_nothing_again(
     code, out, _ = run(capsys, "--once", "--memory-dir", str(memory_dir), "--settle", "0")
     assert code == 0
     assert "valid=1 repaired=3 quarantined=3 foreign=1 deferred=0 skipped=0 total=8" in out
-    first = _decisions(read_log(log_file))
+    first = _decisions(read_events(log_file))
     assert sum(1 for e in first if e.get("own_rewrite")) == 3
     code, out, _ = run(capsys, "--once", "--memory-dir", str(memory_dir), "--settle", "0")
     assert code == 0
     assert "total=5 unchanged=5" in out
-    assert _decisions(read_log(log_file)) == first
+    assert _decisions(read_events(log_file)) == first
     code, out, _ = run(capsys, "log", "--decision", "valid")
     assert len(out.splitlines()) == 1  # session-valid.json: the looks are no decisions
     code, out, _ = run(capsys, "log", "--path", "session-bom.json")

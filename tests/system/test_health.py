@@ -27,7 +27,7 @@ from support.commands import prepare, run, status_json
 from support.daemon_process import DaemonProcess, glob_config, many_projects
 from support.documents import staging_doc, write
 from support.failing_fs import Broken
-from support.helpers import memstaged_cmd, memstaged_env, mounted, without_dac_override
+from support.helpers import memstaged_cmd, memstaged_env, mounted, run_once, without_dac_override
 from support.metrics import sample, samples
 from support.terminal import pty_run
 from support.waiting import wait_until
@@ -155,8 +155,7 @@ def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
         dirs.append(mdir)
     env = memstaged_env(tmp_path, MEMSTAGED_LOG_FILE=str(log_file), NO_COLOR="1")
     write(dirs[7] / "staging" / "bad.json", b"not json")
-    once = memstaged_cmd("--once", "--memory-dir", str(dirs[7]), "--settle", "0")
-    assert subprocess.run(once, env=env, capture_output=True, check=False).returncode == 0
+    assert run_once(dirs[7], env, "--settle", "0").returncode == 0
     pattern = str(tmp_path / "src" / "*" / ".pi" / "memory" / "project")
 
     code, shown = pty_run(memstaged_cmd("status", "--memory-dir", pattern), env)

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.decision_log import read_events
 from support.helpers import (
-    REPO,
     daemon,
     holding,
     instance_lock_held,
@@ -30,7 +30,6 @@ from support.helpers import (
     memory_dir_of,
     memstaged_cmd,
     memstaged_env,
-    read_events,
     run_once,
 )
 from support.waiting import wait_for
@@ -296,7 +295,7 @@ def test_another_users_flock_on_the_memory_dir_stops_no_memstaged(tmp_path: Path
         with daemon([mdir], env, "--settle", "0.5", stderr=tmp_path / "daemon.err") as proc:
             assert wait_for(
                 lambda: (
-                    any(e.get("event") == "ready" for e in read_events(log))
+                    any(e.get("event") == "ready" for e in read_events(log, strict=False))
                     or proc.poll() is not None
                 ),
                 120,
@@ -341,15 +340,10 @@ def test_the_busy_error_is_one_unwrapped_line(
     env = memstaged_env(tmp_path, COLUMNS="30")
     log = Path(env["MEMSTAGED_LOG_FILE"])
     with daemon([memory_dir], env):
-        assert wait_for(lambda: any(e.get("event") == "ready" for e in read_events(log)), 30)
-        result = subprocess.run(
-            memstaged_cmd("--once", "--memory-dir", str(memory_dir)),
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-            cwd=REPO,
+        assert wait_for(
+            lambda: any(e.get("event") == "ready" for e in read_events(log, strict=False)), 30
         )
+        result = run_once(memory_dir, env, timeout=60)
     assert result.returncode == 1
     lines = [ln for ln in result.stderr.decode().splitlines() if "already decides" in ln]
     assert len(lines) == 1 and str(memory_dir) in lines[0]

@@ -19,21 +19,17 @@ from pathlib import Path
 
 import pytest
 from support.commands import dated_decisions
+from support.decision_log import read_events
 from support.documents import (
     backlog,
     half_written_ahead,
     lesson,
     one_of_each,
-    read_log,
     settled,
     staging_doc,
     write,
 )
-from support.helpers import (
-    memstaged_cmd,
-    memstaged_env,
-    read_events,
-)
+from support.helpers import memstaged_cmd, memstaged_env
 from support.terminal import pty_run
 
 pytestmark = pytest.mark.usefixtures("plain_output")
@@ -72,7 +68,7 @@ def test_on_an_80_column_terminal_each_event_and_record_is_one_line(
     env = memstaged_env(tmp_path)
     code, _ = pty_run(memstaged_cmd("--once", "--memory-dir", str(memory_dir)), env)
     assert code == 0
-    events = read_events(Path(env["MEMSTAGED_LOG_FILE"]))
+    events = read_events(Path(env["MEMSTAGED_LOG_FILE"]), strict=False)
     code, shown = pty_run(memstaged_cmd("log", "--no-pager", "--color", "never"), env)
     assert code == 0
     lines = [ln for ln in shown.decode().split("\r\n") if ln.strip()]
@@ -179,4 +175,4 @@ def test_on_a_terminal_every_decision_is_a_readable_line(
     assert "repaired" in text and named["repaired"] in text, text
     assert "quarantined" in text and named["quarantined"] in text, text
     assert '{"' not in text, text
-    assert len(read_log(tmp_path / "decisions.jsonl")) >= 3
+    assert len(read_events(tmp_path / "decisions.jsonl")) >= 3

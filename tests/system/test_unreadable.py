@@ -9,12 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import as_nobody
+from support.decision_log import read_events
 from support.documents import malformed, put, repairable
 from support.helpers import (
     REPO,
@@ -22,7 +22,7 @@ from support.helpers import (
     memstaged_cmd,
     memstaged_env,
     project_root_of,
-    read_events,
+    run_once,
     without_dac_override,
 )
 from support.waiting import wait_for
@@ -49,14 +49,18 @@ def test_the_daemon_says_when_staging_cannot_be_read(
         cwd=REPO,
     )
     try:
-        assert wait_for(lambda: any(e.get("event") == "ready" for e in read_events(log)), 30)
+        assert wait_for(
+            lambda: any(e.get("event") == "ready" for e in read_events(log, strict=False)), 30
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
         (memory_dir / "staging").chmod(0o700)
     assert code == 0
-    events = [e.get("event") for e in read_events(log)]
-    [unreadable] = [e for e in read_events(log) if e.get("event") == "staging_unreadable"]
+    events = [e.get("event") for e in read_events(log, strict=False)]
+    [unreadable] = [
+        e for e in read_events(log, strict=False) if e.get("event") == "staging_unreadable"
+    ]
     assert events.index("staging_unreadable") < events.index("ready")
     assert unreadable["level"] == "error"
     assert unreadable["path"] == str(memory_dir / "staging")
@@ -72,12 +76,7 @@ def test_an_unreadable_staging_dir_is_an_error_not_a_silent_success(tmp_path: Pa
     env = memstaged_env(tmp_path / "work")
     (mdir / "staging").chmod(0)
     try:
-        done = subprocess.run(
-            [*prefix, sys.executable, "-m", "memstaged", "--once", "--memory-dir", str(mdir)],
-            env=env,
-            capture_output=True,
-            check=False,
-        )
+        done = run_once(mdir, env, prefix=prefix)
     finally:
         (mdir / "staging").chmod(0o700)
     assert done.returncode == 1, done.stderr
@@ -96,7 +95,7 @@ def test_a_file_memstaged_may_not_read(tmp_path: Path) -> None:
         assert (mdir / "staging" / "secret.json").read_bytes() == secret
         events = [
             e
-            for e in read_events(base / "decisions.jsonl")
+            for e in read_events(base / "decisions.jsonl", strict=False)
             if e.get("event") == "decision" and not e.get("own_rewrite")
         ]
         by_name = {Path(e["path"]).name: e for e in events}
@@ -154,7 +153,11 @@ def test_check_status_and_once_agree_on_a_file_memstaged_may_not_read() -> None:
         assert any("secret.json" in a for a in report["attention"]), report
         once = _as_nobody(base, env, "--once", "--settle", "0", "--memory-dir", str(mdir))
         assert once.returncode == 1, once.stderr
-        [event] = [e for e in read_events(base / "decisions.jsonl") if e.get("event") == "decision"]
+        [event] = [
+            e
+            for e in read_events(base / "decisions.jsonl", strict=False)
+            if e.get("event") == "decision"
+        ]
         assert event["decision"] == "deferred"
         assert entry["reason"] == event["reasons"][0]
         assert (mdir / "staging" / "secret.json").read_bytes() == secret

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from support.commands import BAD_TRIGGER, json_lines, one_line_error, run
-from support.documents import decisions, lesson, one_of_each, read_log, settled, staging_doc, write
+from support.decision_log import decisions, read_events
+from support.documents import lesson, one_of_each, settled, staging_doc, write
 from support.helpers import REPO
 
 from memstaged.cli.main import main
@@ -191,7 +192,9 @@ def test_check_decides_exactly_as_once(
     code_once, _, _ = run(capsys, *once_argv, "--config", str(config))
     assert code_once == 0
     logged = {
-        Path(e["path"]).name: e["decision"] for e in read_log(log_file) if e["event"] == "decision"
+        Path(e["path"]).name: e["decision"]
+        for e in read_events(log_file)
+        if e["event"] == "decision"
     }
     _, out, _ = run(
         capsys,

@@ -15,7 +15,6 @@ import pytest
 from support.commands import (
     deadletter_command,
     json_lines,
-    logged,
     one_line_error,
     original_files,
     prepare,
@@ -26,6 +25,7 @@ from support.commands import (
     status_json,
 )
 from support.daemon_fakes import RecordingLogger
+from support.decision_log import read_events
 from support.documents import EVIDENCE, put, unparseable, write
 from support.helpers import make_memory_dir, memory_dir_of
 
@@ -210,11 +210,11 @@ def test_recover_end_to_end(
     assert main(["--once", "--memory-dir", str(store), "--settle", "0"]) == 0
     last = {
         Path(e["path"]).name: e["decision"]
-        for e in logged(log_file)
+        for e in read_events(log_file)
         if e.get("event") == "decision"
     }
     assert last["mixed.recovered-1.json"] == "valid"
-    events = [e["event"] for e in logged(log_file)]
+    events = [e["event"] for e in read_events(log_file)]
     assert "deadletter_recovered" in events
     assert "deadletter_recovery" in events
 
@@ -265,7 +265,7 @@ def test_records_go_only_after_the_staging_file_is_durable(
     def unlink(dir_fd: int, held: Any) -> tuple[bool, str | None]:
         recovered = store / "staging" / "mixed.recovered-1.json"
         assert _valid(recovered.read_bytes(), project)
-        assert "deadletter_recovering" in [e["event"] for e in logged(log_file)]
+        assert "deadletter_recovering" in [e["event"] for e in read_events(log_file)]
         steps.append("delete record")
         return real_unlink(dir_fd, held)
 
@@ -565,7 +565,7 @@ def test_purge_lists_without_yes_and_deletes_with_it(
     assert "deleted 5 records and 2 originals" in out
     assert record_files(store) == {}
     assert original_files(store) == {}
-    assert "deadletter_purged" in [e["event"] for e in logged(log_file)]
+    assert "deadletter_purged" in [e["event"] for e in read_events(log_file)]
 
 
 def test_action_is_required(capsys: pytest.CaptureFixture[str], store: Path) -> None:

@@ -12,13 +12,13 @@ import pytest
 from support.commands import (
     dated_decisions,
     json_lines,
-    logged,
     one_line_error,
     prepare,
     redated,
     run,
     write_log,
 )
+from support.decision_log import read_events
 from support.documents import staging_doc, write
 
 from memstaged.cli.main import main
@@ -46,7 +46,7 @@ def test_json_prints_every_event_as_logged(
     """--json gives back exactly the events of the log file, in order, keys in one fixed order."""
     code, out, _ = run(capsys, "log", "--json")
     assert code == 0
-    assert json_lines(out) == [ordered(e) for e in logged(prepared)]
+    assert json_lines(out) == [ordered(e) for e in read_events(prepared)]
     assert list(json_lines(out)[0])[:3] == ["timestamp", "level", "event"]
 
 
@@ -92,7 +92,7 @@ def test_path_session_and_memory_dir_filters(
 
 def test_time_window_and_rotated_files(capsys: pytest.CaptureFixture[str], prepared: Path) -> None:
     """Rotated files are read oldest first; --since/--until take durations or ISO times."""
-    events = logged(prepared)
+    events = read_events(prepared)
     old = redated([e for e in events if e.get("decision") == "valid"], THREE_DAYS_AGO)
     write_log(prepared.with_name(prepared.name + ".2"), old)
     write_log(prepared.with_name(prepared.name + ".1"), [])
@@ -141,7 +141,7 @@ def test_reasons_in_full(capsys: pytest.CaptureFixture[str], prepared: Path) -> 
 def test_lines_keeps_the_last_n(capsys: pytest.CaptureFixture[str], prepared: Path) -> None:
     """-n N prints only the last N matching events."""
     _, out, _ = run(capsys, "log", "--json", "-n", "2")
-    assert json_lines(out) == [ordered(e) for e in logged(prepared)[-2:]]
+    assert json_lines(out) == [ordered(e) for e in read_events(prepared)[-2:]]
 
 
 def test_broken_lines_are_skipped_and_counted(
@@ -149,7 +149,7 @@ def test_broken_lines_are_skipped_and_counted(
 ) -> None:
     """A line that is not a JSON event is skipped with a note on stderr, never a traceback; a
     last line without its newline (still being written) is not read yet."""
-    events = logged(prepared)
+    events = read_events(prepared)
     with prepared.open("ab") as fh:
         fh.write(b"garbage\n[1, 2]\n")
         fh.write(b'{"event": "decision", "decision": "valid", "pa')

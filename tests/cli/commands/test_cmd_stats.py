@@ -12,13 +12,13 @@ import pytest
 from support.commands import (
     BAD_TRIGGER,
     json_lines,
-    logged,
     one_line_error,
     prepare,
     redated,
     run,
     write_log,
 )
+from support.decision_log import read_events
 from support.documents import lesson, one_of_each, staging_doc, write
 
 from memstaged.cli.commands import _common
@@ -61,7 +61,7 @@ def test_counts_per_decision_memory_dir_and_day(
     assert result["total"] == 5
     assert result["not_counted"] == 1
     assert result["memory_dirs"] == {str(memory_dir): result["decisions"]}
-    today = _local_day(logged(log_file)[0]["timestamp"])
+    today = _local_day(read_events(log_file)[0]["timestamp"])
     assert result["periods"] == {today: result["decisions"]}
     errors = {e["error"]: e["count"] for e in result["top_errors"]}
     # mixed.json's lessons[1] lacks triggers, which R1 would have added: not why it went
@@ -88,7 +88,7 @@ def test_window_and_hours(
     # would be one decision: issue 21 item 3).
     old = [
         {**e, "sha256": "0" * 64} if "sha256" in e else e
-        for e in redated(logged(log_file), OLD_DAY)
+        for e in redated(read_events(log_file), OLD_DAY)
     ]
     write_log(log_file.with_name(log_file.name + ".1"), old)
     everything = _stats(capsys)
