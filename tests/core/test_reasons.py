@@ -17,11 +17,10 @@ from typing import Any, Final
 import pytest
 from support.commands import json_lines, record_files, run
 from support.decision_log import read_events
-from support.helpers import REPO
+from support.helpers import DEMO
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
-DEMO: Final = REPO / "examples" / "memory-dir" / "staging"
 TRIGGER: Final = (
     "candidates.lessons[0].triggers[0].type: must be one of path, filename, topic, tool, command"
 )

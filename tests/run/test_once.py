@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 from support.commands import one_line_error, run
-from support.decision_log import decisions, read_events
+from support.decision_log import decision_events, decisions, read_events
 from support.documents import backlog, half_written_ahead, lesson, one_of_each, staging_doc, write
 from support.helpers import (
+    DEMO,
     files_under,
 )
 
@@ -373,3 +375,26 @@ def test_a_long_settle_wait_says_what_it_waits_for(
     waiting = [line for line in err.splitlines() if "waiting up to" in line]
     assert len(waiting) == 1
     assert "half.json" in waiting[0] and "settle interval (3s)" in waiting[0]
+
+
+def test_a_second_once_on_the_demo_decides_nothing_again(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 21 item 3, the demo: ``--once`` repairs three files and looks at each rewrite
+    (logged ``own_rewrite``, not counted); a second run reads none of them again (it said
+    ``unchanged=2`` and logged three ``valid`` decisions)."""
+    for path in DEMO.iterdir():
+        shutil.copy(path, memory_dir / "staging")
+    code, out, _ = run(capsys, "--once", "--memory-dir", str(memory_dir), "--settle", "0")
+    assert code == 0
+    assert "valid=1 repaired=3 quarantined=3 foreign=1 deferred=0 skipped=0 total=8" in out
+    first = decision_events(read_events(log_file))
+    assert sum(1 for e in first if e.get("own_rewrite")) == 3
+    code, out, _ = run(capsys, "--once", "--memory-dir", str(memory_dir), "--settle", "0")
+    assert code == 0
+    assert "total=5 unchanged=5" in out
+    assert decision_events(read_events(log_file)) == first
+    code, out, _ = run(capsys, "log", "--decision", "valid")
+    assert len(out.splitlines()) == 1  # session-valid.json: the looks are no decisions
+    code, out, _ = run(capsys, "log", "--path", "session-bom.json")
+    assert "memstaged's own rewrite, looked at again: valid (not a new decision)" in out

@@ -44,6 +44,8 @@ from support.documents import lesson, malformed, preference, staging_doc
 
 PYTHON: Final = sys.executable
 REPO: Final = Path(__file__).resolve().parents[2]
+#: The demo's staging files (``make demo``): one of each decision, as the README shows them.
+DEMO: Final = REPO / "examples" / "memory-dir" / "staging"
 #: Staging files are dated well in the past so that no unparseable one is deferred (SPEC 5).
 OLD_MTIME: Final = 1_700_000_000
 BOM: Final = b"\xef\xbb\xbf"

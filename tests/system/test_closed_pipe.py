@@ -16,6 +16,7 @@ from support.documents import (
     settled,
 )
 from support.helpers import (
+    DEMO,
     REPO,
     memstaged_cmd,
     memstaged_env,
@@ -83,9 +84,7 @@ def test_a_verdict_survives_a_reader_that_left(
     files = one_of_each(project, memory_dir)
     env = memstaged_env(tmp_path)
     assert _into_closed_pipe(["check", str(files["quarantined"]), str(files["valid"])], env) == 4
-    shutil.copytree(
-        REPO / "examples" / "memory-dir" / "staging", memory_dir / "staging", dirs_exist_ok=True
-    )
+    shutil.copytree(DEMO, memory_dir / "staging", dirs_exist_ok=True)
     for path in (memory_dir / "staging").iterdir():
         settled(path)
     once = run_once(memory_dir, env, "--project-root", str(project), timeout=60)

@@ -13,7 +13,7 @@ import pytest
 from support.commands import BAD_TRIGGER, json_lines, one_line_error, run
 from support.decision_log import decisions, read_events
 from support.documents import lesson, one_of_each, settled, staging_doc, write
-from support.helpers import REPO
+from support.helpers import DEMO
 
 from memstaged.cli.main import main
 from memstaged.core.decide import Context, Decision, decide
@@ -216,7 +216,7 @@ def test_check_hints_at_project_root_when_every_file_is_foreign(
 ) -> None:
     """Issue 13 item 5: on the shipped examples (whose project is not where the clone is) every
     file is foreign, and check says to pass --project-root; with it, the files are decided."""
-    examples = sorted((REPO / "examples" / "memory-dir" / "staging").iterdir())
+    examples = sorted(DEMO.iterdir())
     code, _, err = run(capsys, "check", *map(str, examples))
     assert code == 4  # foreign, and one that is not even JSON
     assert "--project-root" in one_line_error(err)

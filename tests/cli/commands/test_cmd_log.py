@@ -19,7 +19,7 @@ from support.commands import (
     write_log,
 )
 from support.decision_log import read_events
-from support.documents import staging_doc, write
+from support.documents import lesson, staging_doc, write
 
 from memstaged.cli.main import main
 from memstaged.log.reader import ordered
@@ -189,3 +189,33 @@ def test_lines_reverse_and_journalctl_words_for_days(
     assert names(run(capsys, "log", "--until", "today")[1]) == ["f0.json", "f1.json"]
     code, _, err = run(capsys, "log", "--follow", "--reverse")
     assert code == 2 and "exclude" in one_line_error(err)
+
+
+def test_a_query_for_quarantines_finds_the_candidates_r4_dead_lettered(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+) -> None:
+    """Issue 21 item 5: with split_invalid_candidates, a file with one bad lesson is repaired
+    and its bad lesson dead-lettered; ``log --decision quarantined`` finds it."""
+    bad = lesson(triggers=[{"type": "regex", "value": "x"}])
+    write(
+        memory_dir / "staging" / "split.json",
+        staging_doc(project, "split", candidates={"lessons": [lesson(), bad]}),
+    )
+    write(memory_dir / "staging" / "ok.json", staging_doc(project, "ok"))
+    config = tmp_path / "config.toml"
+    config.write_text("split_invalid_candidates = true\n")
+    code, _, _ = run(capsys, "--once", "--config", str(config), "--memory-dir", str(memory_dir))
+    assert code == 0
+    code, out, _ = run(capsys, "log", "--json", "--decision", "quarantined")
+    assert code == 0
+    [found] = json_lines(out)
+    assert found["path"].endswith("split.json")
+    assert found["decision"] == "repaired"
+    assert found["partly_quarantined"] is True
+    assert any(d.endswith("-lessons-1.json") for d in found["deadletter"])
+    code, out, _ = run(capsys, "log", "--decision", "quarantined")
+    assert "split.json" in out

@@ -230,3 +230,30 @@ def test_dry_run_decisions_are_marked_and_never_counted(
     assert run(capsys, "--once", "--memory-dir", str(memory_dir))[0] == 0
     stats = json.loads(run(capsys, "stats", "--json")[1])
     assert stats["decisions"]["quarantined"] == 1 and stats["total"] == 4
+
+
+def test_deferrals_are_waits_shown_apart_with_the_oldest(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 21 item 4: a file deferred by two runs (the reconciler's lock is held) is not two
+    decisions: ``stats`` totals the decisions alone and shows the waits apart, with the file
+    still waiting and how long it has waited."""
+    write(memory_dir / "staging" / "wait.json", staging_doc(project, "wait"))
+    lock = memory_dir / "canonical-writer.lock"
+    lock.write_text(json.dumps({"pid": os.getpid(), "owner": "reconciler"}))
+    for _ in range(2):
+        code, _, _ = run(capsys, "--once", "--memory-dir", str(memory_dir))
+        assert code == 1
+    code, out, _ = run(capsys, "stats", "--json")
+    stats = json.loads(out)
+    assert "deferred" not in stats["decisions"]
+    assert stats["total"] == 0
+    assert stats["waits"]["deferrals"] == 2
+    assert stats["waits"]["files"] == 1
+    assert stats["waits"]["waiting"] == 1
+    assert stats["waits"]["oldest_path"] == str(memory_dir / "staging" / "wait.json")
+    assert stats["waits"]["oldest_seconds"] >= 0
+    code, out, _ = run(capsys, "stats")
+    assert "# waits: deferred, not decisions" in out
+    assert "deferrals\t2" in out
+    assert "oldest still waiting\t" in out and "wait.json" in out
