@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 import pytest
 import structlog
+from support.cli_values import cli_world, one_event_log, with_a_record
 from support.commands import prepare
 from support.daemon_process import WAIT, DaemonProcess
 
@@ -232,6 +233,27 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict[str, str]:
+    """Paths a command may be given (:func:`support.cli_values.cli_world`): a memory dir with one
+    settled file of each kind, configs good and bad, a FIFO."""
+    return cli_world(tmp_path)
+
+
+@pytest.fixture
+def one_event(log_file: Path) -> Path:
+    """A decision log with one event, so ``log`` has something to show."""
+    return one_event_log(log_file)
+
+
+@pytest.fixture
+def numeric_world(
+    world: dict[str, str], one_event: Path, capsys: pytest.CaptureFixture[str]
+) -> dict[str, str]:
+    """The world with ``bad.json`` quarantined, so ``deadletter show`` has a record to show."""
+    return with_a_record(world, capsys)
 
 
 @pytest.fixture
