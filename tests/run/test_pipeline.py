@@ -377,3 +377,29 @@ def test_a_too_large_file_replaced_while_it_was_being_moved_is_put_back(
     assert outcome.decision is Decision.DEFERRED
     assert newest in _staged(mdir)
     assert not list((mdir / "deadletter").glob("*.json"))
+
+
+# -- what the pipeline hands back ------------------------------------------------------------------
+
+
+def test_a_repair_reports_the_identity_of_its_own_rewrite(tmp_path: Path) -> None:
+    """After a repair the pipeline hands back the identity of exactly the rewrite it put in
+    place (so a daemon rescan does not decide it again), not the version it read, and not
+    whatever a writer may have renamed in since."""
+    mdir = make_memory_dir(tmp_path)
+    path = mdir / "staging" / "s.json"
+    path.write_bytes(
+        json.dumps(
+            staging_doc(
+                project_root_of(mdir), "s", candidates={"lessons": [lesson("c", triggers=[])]}
+            )
+        ).encode()
+    )
+    before = os.lstat(path)
+    pipeline = Pipeline(Options(settle=0), RecordingLogger())
+    outcome = pipeline.process(memory_dir_of(mdir), "s.json")
+    assert outcome.decision is Decision.REPAIRED
+    after = os.lstat(path)
+    assert outcome.identity is not None
+    assert outcome.identity.ino == after.st_ino != before.st_ino
+    assert (outcome.identity.size, outcome.identity.mtime_ns) == (after.st_size, after.st_mtime_ns)

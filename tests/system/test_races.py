@@ -628,29 +628,6 @@ def test_a_second_memstaged_exits_1_and_a_killed_daemon_blocks_nobody(tmp_path: 
     assert list((mdir / "deadletter").glob("late-*.json"))
 
 
-def test_a_repair_reports_the_identity_of_its_own_rewrite(tmp_path: Path) -> None:
-    """After a repair the pipeline hands back the identity of exactly the rewrite it put in
-    place (so a daemon rescan does not decide it again), not the version it read, and not
-    whatever a writer may have renamed in since."""
-    mdir = make_memory_dir(tmp_path)
-    path = mdir / "staging" / "s.json"
-    path.write_bytes(
-        json.dumps(
-            staging_doc(
-                project_root_of(mdir), "s", candidates={"lessons": [lesson("c", triggers=[])]}
-            )
-        ).encode()
-    )
-    before = os.lstat(path)
-    pipeline = Pipeline(Options(settle=0), RecordingLogger())
-    outcome = pipeline.process(memory_dir_of(mdir), "s.json")
-    assert outcome.decision is Decision.REPAIRED
-    after = os.lstat(path)
-    assert outcome.identity is not None
-    assert outcome.identity.ino == after.st_ino != before.st_ino
-    assert (outcome.identity.size, outcome.identity.mtime_ns) == (after.st_size, after.st_mtime_ns)
-
-
 def test_a_memstaged_lock_whose_pid_was_reused_is_stale(tmp_path: Path) -> None:
     """After a power cut and a reboot, memstaged's own lock may name a pid that now belongs to
     another, live process: one that started after the lock was taken is not its holder, so the
