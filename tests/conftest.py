@@ -22,6 +22,8 @@ from typing import Any, NoReturn
 
 import pytest
 import structlog
+from support.cli_values import cli_world, one_event_log, with_a_record
+from support.commands import prepare
 from support.daemon_process import WAIT, DaemonProcess
 
 from memstaged.log import writer
@@ -202,6 +204,14 @@ def memory_dir(project: Path) -> Path:
 
 
 @pytest.fixture
+def store(project: Path, memory_dir: Path, log_file: Path) -> Path:
+    """A dead-letter store a real ``--once`` wrote (:func:`support.commands.prepare`: mixed.json
+    and broken.json quarantined); returns the memory dir."""
+    prepare(project, memory_dir, log_file)
+    return memory_dir
+
+
+@pytest.fixture
 def log_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Points the decision log at a temp file (and away from the user's state dir)."""
     path = tmp_path / "state" / "decisions.jsonl"
@@ -209,6 +219,41 @@ def log_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     return path
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home of the test's own (the temp dir itself, also the working directory), and no
+    ``MEMSTAGED_*`` variable but those a test sets (the ``config`` command tests)."""
+    for name in list(os.environ):
+        if name.startswith("MEMSTAGED_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict[str, str]:
+    """Paths a command may be given (:func:`support.cli_values.cli_world`): a memory dir with one
+    settled file of each kind, configs good and bad, a FIFO."""
+    return cli_world(tmp_path)
+
+
+@pytest.fixture
+def one_event(log_file: Path) -> Path:
+    """A decision log with one event, so ``log`` has something to show."""
+    return one_event_log(log_file)
+
+
+@pytest.fixture
+def numeric_world(
+    world: dict[str, str], one_event: Path, capsys: pytest.CaptureFixture[str]
+) -> dict[str, str]:
+    """The world with ``bad.json`` quarantined, so ``deadletter show`` has a record to show."""
+    return with_a_record(world, capsys)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from harness import (
 def measure_hostile_dates(c: Corpora, plan: Plan) -> list[Row]:
     """15. Time per byte of ``Date.parse`` on hostile 8 MB texts (issue 19 item 5): memstaged's
     parser in process, best of 3, against Node's own ``Date.parse`` of the same text, best of 5.
-    Memory is not measured here: ``tests/system/test_bounds_hostile.py`` asserts it."""
+    Memory is not measured here: ``tests/system/test_bounds.py`` asserts it."""
     from memstaged.core.js.date_parse import parse
 
     err.print("[bold]15 hostile dates[/]")

@@ -7,23 +7,18 @@ with ``tmux capture-pane``) are in ``tests/system/test_terminal_panes.py``.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.commands import (
-    json_lines,
-    logged,
-    one_line_error,
-    original_files,
-    prepare,
-    record_files,
-    run,
-)
-from support.documents import staging_doc, write
+from support.commands import json_lines, one_line_error, original_files, prepare, record_files, run
+from support.decision_log import read_events
+from support.documents import one_of_each, staging_doc, write
 
 from memstaged.cli.main import main
 from memstaged.log.format import journal_fields
@@ -42,7 +37,7 @@ def test_lifecycle_lines_name_their_memory_dir_and_full_gives_paths(
     prepare(project, memory_dir, log_file)
     code, _, _ = run(capsys, "deadletter", "recover", "--all", "--memory-dir", str(memory_dir))
     assert code in (0, 1)
-    lifecycle = [e for e in logged(log_file) if e["event"].startswith("deadletter_")]
+    lifecycle = [e for e in read_events(log_file) if e["event"].startswith("deadletter_")]
     assert lifecycle
     code, out, _ = run(capsys, "log")
     assert code == 0
@@ -187,7 +182,7 @@ def test_purge_by_id_and_session_lists_first(
     assert "deleted 1 record and 1 original" in out
     assert sorted(record_files(memory_dir)) == sorted(n for n in before[0] if "mixed" in n)
     assert [n for n in original_files(memory_dir)] == [orig[len("originals/") :]]
-    [event] = [e for e in logged(log_file) if e["event"] == "deadletter_purged"]
+    [event] = [e for e in read_events(log_file) if e["event"] == "deadletter_purged"]
     assert event["ids"] == [broken[:-4]]
     assert event["records"] == [broken + ".json"]
 
@@ -254,3 +249,94 @@ def test_status_json_is_compact_for_every_memory_dir(
     for line in lines:
         assert '": ' not in line and '", "' not in line, line
         json.loads(line)
+
+
+class _Terminal(io.StringIO):
+    """stdout as a terminal (for colour decisions), captured."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _on_terminal(monkeypatch: pytest.MonkeyPatch) -> _Terminal:
+    """Called in the test's body: pytest's capture puts its own stdout back between phases."""
+    fake = _Terminal()
+    monkeypatch.setattr(sys, "stdout", fake)
+    monkeypatch.setenv("MEMSTAGED_PAGER", "")  # no pager: the output is read here
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    return fake
+
+
+def test_no_color_means_no_escape_sequences_at_all(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+) -> None:
+    """Issue 13: on a terminal, decisions are coloured; with NO_COLOR (or --color=never) no
+    escape sequence at all, bold and italic included (rich still gave them); --color=always
+    colours a pipe."""
+    terminal = _on_terminal(monkeypatch)
+    one_of_each(project, memory_dir)
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    mdir = ["--memory-dir", str(memory_dir)]
+    for argv in (["log"], ["status", *mdir], ["stats"], ["deadletter", "list", *mdir]):
+        terminal.seek(0)
+        terminal.truncate()
+        main(argv)
+        assert "\x1b[" in terminal.getvalue(), argv
+        monkeypatch.setenv("NO_COLOR", "1")
+        terminal.seek(0)
+        terminal.truncate()
+        main(argv)
+        assert "\x1b" not in terminal.getvalue(), argv
+        monkeypatch.delenv("NO_COLOR")
+        terminal.seek(0)
+        terminal.truncate()
+        main([*argv, "--color=never"])
+        assert "\x1b" not in terminal.getvalue(), argv
+    pipe = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", pipe)
+    main(["log", "--color=always"])
+    assert "\x1b[" in pipe.getvalue()
+
+
+#: JSON keeps these raw in a string; a terminal may act on them (U+009B is a one-character CSI).
+_TERMINAL_ACTS_ON = "\x7f\u009b\u0085\u202e\u2028\u2066"
+
+
+def test_json_output_holds_no_character_a_terminal_acts_on(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """SPEC 6 (control characters never passed raw to a terminal), issue 13: ``--json`` output
+    goes to terminals too. A name and contents with DEL, C1 controls (CSI), bidi overrides and
+    U+2028 come out of ``log --json``, ``check --json`` and ``deadletter list --json`` as
+    ``\\uXXXX`` escapes: none of them raw, and each line reads back to the very same values."""
+    mdir = memory_dir
+    name = f"x{_TERMINAL_ACTS_ON}.json"
+    doc = staging_doc(project, f"s{_TERMINAL_ACTS_ON}")
+    doc["candidates"]["lessons"][0]["triggers"] = [{"type": "x" + _TERMINAL_ACTS_ON}]
+    path = mdir / "staging" / name
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    outputs = {}
+    for argv in (
+        ["check", "--json", str(path)],
+        ["--once", "--memory-dir", str(mdir)],
+        ["log", "--json"],
+        ["deadletter", "list", "--json", "--memory-dir", str(mdir)],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code in (0, 4), (argv, err)
+        outputs[argv[0]] = out
+    for command in ("check", "log", "deadletter"):
+        out = outputs[command]
+        assert out.strip(), command
+        assert not set(out) & set(_TERMINAL_ACTS_ON), (command, out)
+        values = [json.loads(line) for line in out.splitlines()]
+        shown = json.dumps(values, ensure_ascii=False)
+        assert f"s{_TERMINAL_ACTS_ON}" in shown, command  # the session id, exactly
+    [decision] = [v for v in map(json.loads, outputs["log"].splitlines()) if v.get("decision")]
+    assert decision["path"] == str(path) and decision["decision"] == "quarantined"

@@ -1,4 +1,5 @@
-"""The triage engine against SPEC 2-4: validity, repairs R1-R4, dead-letter records, foreign.
+"""The triage engine against SPEC 2-4: validity, repairs R1-R6, dead-letter records, foreign;
+and the changes of contract v2 (issue 11 item 2, issue 10 items 9 and 15) at the end.
 
 Every test builds bytes in memory and calls the pure :func:`memstaged.core.decide.decide`; nothing
 touches the file system except the symbolic-link cases of SPEC 2.4, which only create links.
@@ -15,26 +16,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.documents import DELETE, lesson
+from support.documents import DELETE, decision, lesson, preference
 from support.engine import (
     FILE_NAME,
     PROJECT,
     category_items,
     context,
     decide_doc,
-    decision,
     decoded,
     encode,
     expected_after_repairs,
     is_safe_name,
     patched,
-    preference,
     records,
     staging,
     wheres,
 )
 
-from memstaged.core.decide import BOM, Decision, Verdict, decide, decide_too_large
+from memstaged.core.decide import BOM, MAX_REASONS, Decision, Verdict, decide, decide_too_large
+from memstaged.core.js.ecma import parse_json
+from memstaged.core.records import EMBED_LIMIT, original_name
 from memstaged.core.repair import derive_topic, keyword_topic
 from memstaged.core.schema import CATEGORIES
 from memstaged.core.timestamps import EPOCH
@@ -1185,3 +1186,244 @@ def test_decision_does_not_depend_on_caller_stack() -> None:
     doc = patched(staging(), (T0, DELETE))
     data = encode(doc).replace(b"{", b'{"deep":' + b"[" * 700 + b"]" * 700 + b",", 1)
     assert _at_stack_depth(0, data) is _at_stack_depth(400, data)
+
+
+# --- SPEC 3 v2: R5 adds absent categories, R6 unwraps re-queued wrappers ----------------------
+
+
+@pytest.mark.parametrize("absent", [["domain"], ["decisions", "domain"], ["lessons"]])
+def test_r5_adds_absent_categories(absent: list[str]) -> None:
+    """R5 (issue 11 item 2): a file missing category arrays is not valid (the reconciler of
+    2026-06-10 rejects it); each absent one is added as [], nothing else changes, and the
+    rewrite is valid when decided again."""
+    doc = patched(staging(), *((("candidates", c), DELETE) for c in absent))
+    verdict = decide_doc(doc)
+    assert verdict.decision is REPAIRED, verdict.reasons
+    assert [(r.rule, r.where, r.wrote) for r in verdict.repairs] == [
+        ("R5", f"candidates.{c}", []) for c in absent
+    ]
+    after = decoded(verdict.new_bytes)
+    assert after == patched(doc, *((("candidates", c), []) for c in absent))
+    assert decide(verdict.new_bytes or b"", context()).decision is VALID
+
+
+def test_r5_does_not_repair_a_category_that_is_not_an_array() -> None:
+    """R5: a present category that is not an array is not repaired."""
+    verdict = decide_doc(patched(staging(), (("candidates", "domain"), None)))
+    assert verdict.decision is QUARANTINED
+    assert "candidates.domain: must be an array" in verdict.reasons
+
+
+def _wrapper(candidate: Any, **extra: Any) -> dict[str, Any]:
+    return {"candidate": candidate, "original_staging_file": {"schemaVersion": 1}, **extra}
+
+
+def test_r6_unwraps_requeued_wrappers_and_names_the_original() -> None:
+    """R6 (issue 11 item 2): wrappers put back by the agent's /memory recover are replaced by
+    their candidate, the wrapper's finite reconcile_attempts carried over; the verdict is
+    ``repaired`` with no records and ``original`` set, so the original bytes are dead-lettered
+    before the rewrite, and each R6 repair names where they go."""
+    doc = staging()
+    doc["candidates"]["preferences"] = [
+        _wrapper(preference(), reconcile_attempts=2),
+        _wrapper(preference(text="second", reconcile_attempts=7), reconcile_attempts="x"),
+        preference(text="plain"),
+    ]
+    data = encode(doc)
+    verdict = decide(data, context())
+    assert verdict.decision is REPAIRED, verdict.reasons
+    assert verdict.deadletter == ()
+    sha = verdict.sha256
+    assert verdict.original == original_name("sess-1.json", sha)
+    r6 = [r for r in verdict.repairs if r.rule == "R6"]
+    assert [r.where for r in r6] == ["candidates.preferences[0]", "candidates.preferences[1]"]
+    assert all(r.wrote["original"] == f"deadletter/originals/{verdict.original}" for r in r6)
+    after = decoded(verdict.new_bytes)
+    assert after["candidates"]["preferences"] == [
+        {**preference(), "reconcile_attempts": 2},
+        preference(text="second", reconcile_attempts=7),
+        preference(text="plain"),
+    ]
+    assert decide(verdict.new_bytes or b"", context()).decision is VALID
+
+
+@pytest.mark.parametrize(
+    "element",
+    [
+        pytest.param(_wrapper(preference(), extra=1), id="extra-key"),
+        pytest.param({"candidate": preference()}, id="no-original"),
+        pytest.param(_wrapper("text"), id="candidate-not-object"),
+    ],
+)
+def test_r6_only_for_exact_wrappers(element: Any) -> None:
+    """R6: only an object with exactly candidate, original_staging_file (and reconcile_attempts)
+    whose candidate is an object is unwrapped; anything else stays and is quarantined."""
+    doc = patched(staging(), (("candidates", "preferences"), [element]))
+    verdict = decide_doc(doc)
+    assert verdict.decision is QUARANTINED
+    assert not [r for r in verdict.repairs if r.rule == "R6"]
+
+
+def test_r6_undoes_the_agents_recover_of_memstageds_own_record() -> None:
+    """R6 then R1: a lesson quarantined by memstaged, re-queued as the agent's /memory recover
+    does it (spreading record.candidate), comes back as the lesson with derived triggers."""
+    bad = patched(staging(session_id=""), (("candidates", "lessons", 0, "triggers"), DELETE))
+    [record] = [r for r in records(decide_doc(bad)) if r["category"] == "lessons"]
+    requeued = staging()
+    requeued["candidates"]["lessons"] = [{**record["candidate"]}]
+    verdict = decide_doc(requeued)
+    assert verdict.decision is REPAIRED, verdict.reasons
+    assert [r.rule for r in verdict.repairs] == ["R6", "R1"]
+    [lesson_after] = decoded(verdict.new_bytes)["candidates"]["lessons"]
+    assert lesson_after == {**bad["candidates"]["lessons"][0], "triggers": lesson_after["triggers"]}
+
+
+# --- SPEC 3.1 v2: blank context keys ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("context_keys", "expected"),
+    [
+        pytest.param({"topic": "  ", "project": "alpha"}, "alpha", id="blank-topic-passed-over"),
+        pytest.param({"topic": 3, "name": "\u3000\n", "repo": " b  c "}, "b c", id="non-string"),
+        pytest.param(
+            {"project_root": "/home/ana/src/example-project/"}, "example-project", id="spec"
+        ),
+        pytest.param({"project_root": "/", "cwd": "/w/tool"}, "tool", id="root-has-no-basename"),
+        pytest.param({"project_root": "/x/  ", "root": "/r/y//"}, "y", id="blank-basename"),
+        pytest.param({"project_root": "///"}, "project", id="falls-to-scope"),
+    ],
+)
+def test_topic_passes_over_blank_context_keys(context_keys: dict[str, Any], expected: str) -> None:
+    """SPEC 3.1 v2 (issue 11 item 2): a context key whose value is blank is passed over and the
+    next one tried (v1 stopped at the first string); basenames are Node's."""
+    assert derive_topic(context_keys, lesson()) == expected
+
+
+# --- SPEC 2 v2: bytes read as Node reads them -------------------------------------------------
+
+
+def test_invalid_utf8_valid_file_is_left_untouched() -> None:
+    """SPEC 2 v2 (issue 11 item 2): a stray non-UTF-8 byte inside a string reads as U+FFFD;
+    the file is valid, decided on the decoded text, and not touched."""
+    data = encode(staging()).replace(b"Prefer small", b"Prefer \xff small")
+    verdict = decide(data, context())
+    assert verdict.decision is VALID, verdict.reasons
+    assert verdict.new_bytes is None and verdict.deadletter == ()
+
+
+def test_invalid_utf8_foreign_file_is_foreign() -> None:
+    """Issue 11: memstaged moved another project's file with a stray byte out of staging/;
+    read as Node reads it, it is foreign, whatever else is wrong with it."""
+    doc = staging(project_root="/elsewhere", session_id="")
+    data = encode(doc).replace(b"Prefer small", b"Prefer \xc0 small")
+    assert decide(data, context()).decision is FOREIGN
+
+
+def test_bom_and_invalid_utf8_rewrites_utf8() -> None:
+    """R2 on a file with invalid bytes: the rewrite is the decoded text as UTF-8 (U+FFFD in
+    place), which Node reads as the same value, and is then valid."""
+    data = encode(staging()).replace(b"Prefer small", b"Prefer \xe2\x82 small")
+    verdict = decide(BOM + data, context())
+    assert verdict.decision is REPAIRED
+    assert verdict.new_bytes == data.decode("utf-8", "replace").encode("utf-8")
+    assert decide(verdict.new_bytes, context()).decision is VALID
+
+
+# --- any depth (issue 10 item 15) -------------------------------------------------------------
+
+
+def test_million_levels_valid_file_is_valid() -> None:
+    """Issue 10 item 15: a valid file holding an unknown key nested 1,000,000 levels deep
+    (2 MB, within the 8 MiB limit) is valid, as Node finds it; no RecursionError."""
+    data = encode(staging()).replace(
+        b'"extractor"', b'"deep":' + b"[" * 10**6 + b"]" * 10**6 + b',"extractor"', 1
+    )
+    verdict = decide(data, context())
+    assert verdict.decision is VALID, verdict.reasons
+
+
+def test_million_levels_repaired_file_keeps_its_depth() -> None:
+    """Issue 10 item 15: the same depth in a file that needs R1 is repaired; the rewrite is
+    encoded without recursion and holds the same deep value."""
+    doc = patched(staging(), (("candidates", "lessons", 0, "triggers"), DELETE))
+    data = encode(doc).replace(
+        b'"extractor"', b'"deep":' + b"[" * 10**6 + b"]" * 10**6 + b',"extractor"', 1
+    )
+    verdict = decide(data, context())
+    assert verdict.decision is REPAIRED, verdict.reasons
+    assert verdict.new_bytes is not None
+    assert b"[" * 10**6 + b"]" * 10**6 in verdict.new_bytes
+    assert decide(verdict.new_bytes, context()).decision is VALID
+
+
+def test_million_levels_is_never_a_depth_quarantine() -> None:
+    """Issue 10 item 15: a million nested arrays is JSON; it is quarantined only because it is
+    not an object, never for its depth."""
+    verdict = decide(b"[" * 10**6 + b"]" * 10**6, context())
+    assert verdict.decision is QUARANTINED
+    assert verdict.reasons == ("the file is not a JSON object",)
+
+
+# --- SPEC 4 v2: records and reasons, bounded (issue 10 item 9) --------------------------------
+
+
+def test_record_errors_are_its_own_and_the_files() -> None:
+    """SPEC 4 v2: a record's errors are its own candidate's and the file-level ones only."""
+    doc = staging(session_id="")
+    doc["candidates"]["preferences"] = [preference(text=""), preference()]
+    by_index = {
+        r["memstaged"]["source_file"] + str(i): r for i, r in enumerate(records(decide_doc(doc)))
+    }
+    errors = [r["memstaged"]["errors"] for r in by_index.values()]
+    assert ["session_id: must be a non-empty string"] in errors  # a valid candidate's record
+    assert [
+        "session_id: must be a non-empty string",
+        "candidates.preferences[0].text: must be a non-empty string",
+    ] in errors
+
+
+def test_records_reference_the_original_when_embedding_would_be_too_large() -> None:
+    """SPEC 4 v2: when every record embedding the whole file would pass max(16 x size, 64 MiB),
+    ``original_staging_file`` names the original and its hash instead; below it, the file is
+    embedded as parsed."""
+    small = staging(session_id="")
+    [first, *_] = records(decide_doc(small))
+    assert first["candidate"]["original_staging_file"] == small
+    big = staging(session_id="", padding="x" * (200 * 1024))
+    big["candidates"]["preferences"] = [{}] * 400  # 400 records x 200 KB > 64 MiB
+    verdict = decide_doc(big)
+    assert len(encode(big)) * 403 > EMBED_LIMIT
+    body = parse_json(verdict.deadletter[5].body).value
+    assert body["candidate"]["original_staging_file"] == {
+        "memstaged_original": verdict.original,
+        "sha256": verdict.sha256,
+    }
+    assert body["candidate"]["candidate"] == {}
+
+
+def test_records_are_rendered_on_demand() -> None:
+    """Issue 10 item 9: a record keeps no bytes; each read of ``body`` renders the same bytes."""
+    verdict = decide_doc(staging(session_id=""))
+    record = verdict.deadletter[0]
+    assert not hasattr(record, "__dict__") and "body" not in type(record).__slots__
+    assert record.body == record.body
+
+
+def test_reasons_are_bounded() -> None:
+    """The log's reasons list at most MAX_REASONS errors and says how many more."""
+    doc = staging(session_id="")
+    doc["candidates"]["preferences"] = [{}] * 500
+    verdict = decide_doc(doc)
+    assert len(verdict.reasons) == MAX_REASONS + 1
+    assert verdict.reasons[-1].startswith("... and ")
+
+
+def test_too_large_record_is_as_spec_says() -> None:
+    """SPEC 6: a file over the size limit gets one record, candidate null, session
+    malformed-<name>, reason ``file too large``."""
+    verdict = decide_too_large(context(), "ab" * 32, 9 << 20, 8 << 20)
+    [record] = records(verdict)
+    assert record["candidate"] is None
+    assert record["session_id"] == "malformed-sess-1"
+    assert record["memstaged"]["errors"] == ["file too large"]

@@ -13,18 +13,16 @@ from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from support.documents import DELETE, lesson
+from support.documents import DELETE, decision, lesson, preference
 from support.engine import (
     PROJECT,
     category_items,
     context,
-    decision,
     decoded,
     encode,
     expected_after_repairs,
     is_safe_name,
     patched,
-    preference,
     records,
     staging,
 )

@@ -16,19 +16,15 @@ from typing import Any, Final
 
 import pytest
 from support.commands import json_lines, record_files, run
-from support.helpers import REPO
+from support.decision_log import read_events
+from support.helpers import DEMO
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
-DEMO: Final = REPO / "examples" / "memory-dir" / "staging"
 TRIGGER: Final = (
     "candidates.lessons[0].triggers[0].type: must be one of path, filename, topic, tool, command"
 )
 MISSING: Final = ["candidates.decisions: is missing", "candidates.domain: is missing"]
-
-
-def _events(log_file: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture
@@ -40,7 +36,7 @@ def bad_trigger(
     shutil.copy(DEMO / "session-bad-trigger.json", memory_dir / "staging")
     code, _, _ = run(capsys, "--once", "--memory-dir", str(memory_dir), "--settle", "0")
     assert code == 0
-    (event,) = [e for e in _events(log_file) if e.get("decision") == "quarantined"]
+    (event,) = [e for e in read_events(log_file) if e.get("decision") == "quarantined"]
     return event
 
 
@@ -154,7 +150,7 @@ def test_stats_counts_the_errors_that_quarantined_apart_from_those_repaired(
             log_file.write_text(
                 "".join(
                     json.dumps(_old_event(e) if e.get("repairable") == MISSING else e) + "\n"
-                    for e in _events(log_file)
+                    for e in read_events(log_file)
                 )
             )
         code, out, _ = run(capsys, "stats", "--json")

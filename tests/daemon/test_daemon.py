@@ -988,3 +988,24 @@ def test_a_decision_that_cannot_be_carried_out_backs_off(memory_dir: Path) -> No
     assert set(tries) == {"deferred"}
     assert len(tries) <= 20, f"{len(tries)} tries in 10 minutes"
     assert path.read_bytes() == b"{"
+
+
+def test_status_counts_a_repair_and_the_look_at_its_rewrite_once(
+    project: Path, memory_dir: Path
+) -> None:
+    """Issue 21 item 3, ``STATUS=``: a repaired file and the daemon's look at its rewrite are
+    one decision."""
+    rig = Rig(settings(memory_dir))
+    rig.daemon.start()
+    rig.daemon.work()
+    doc = staging_doc(project)
+    del doc["candidates"]["lessons"][0]["triggers"]
+    write(memory_dir / "staging" / "r.json", doc)
+    rig.send(Signal(Kind.COMPLETE, str(memory_dir), "r.json"))
+    rig.send(Signal(Kind.COMPLETE, str(memory_dir), "r.json"))  # the rewrite, seen
+    assert rig.log.decisions("r.json") == ["repaired", "valid"]
+    rig.after(1)
+    status = [m[0] for m in rig.notes.messages if m[0].startswith("STATUS=")][-1]
+    assert (
+        status == "STATUS=watching 1 memory dirs; 1 decided, 0 quarantined, 1 repaired, 0 waiting"
+    )

@@ -10,6 +10,7 @@ quarantining the same bytes again must add nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -17,7 +18,16 @@ from typing import Any
 
 import pytest
 from support.commands import run
-from support.documents import lesson, staging_doc
+from support.daemon_fakes import RecordingLogger
+from support.decision_log import read_events
+from support.documents import empty_candidates, lesson, put, staging_doc
+from support.helpers import make_memory_dir, memory_dir_of
+
+from memstaged.core import decide as triage
+from memstaged.core.decide import Context, Decision
+from memstaged.files import fsio
+from memstaged.files.memdir import Options
+from memstaged.run.pipeline import Pipeline
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -116,3 +126,88 @@ def test_two_names_that_sanitize_alike_in_two_runs(
         assert code == 0, err
     _check(memory_dir, data)
     assert _count(memory_dir) == (4, 2)
+
+
+# -- what is at a name is trusted only under the lock ----------------------------------------------
+
+
+@pytest.mark.parametrize("plant", ["dangling-link", "empty-file", "other-bytes"])
+def test_something_already_at_a_deadletter_name_is_not_trusted(tmp_path: Path, plant: str) -> None:
+    """Issue 10 item 3: a dangling link, an empty file or other bytes at the original's name (and at
+    the record's): the original's bytes are written under another name, the staging file is removed
+    only then, and the log names files that really hold them."""
+    mdir = make_memory_dir(tmp_path)
+    root = str(mdir.parents[2])
+    data = b'{"schemaVersion": 1, "candidates": {"lessons": [{}]}, "project_root": "' + (
+        root.encode() + b'"}'
+    )
+    put(mdir / "staging" / "bad.json", data)
+    ctx = Context(project_root=root, file_name="bad.json")
+    verdict = triage.decide(data, ctx)
+    assert verdict.decision is Decision.QUARANTINED and verdict.original is not None
+    originals = mdir / "deadletter" / "originals"
+    originals.mkdir(parents=True)
+    planted = [originals / verdict.original, mdir / "deadletter" / verdict.deadletter[0].name]
+    for path in planted:
+        if plant == "dangling-link":
+            path.symlink_to(tmp_path / "nowhere")
+        else:
+            path.write_bytes(b"" if plant == "empty-file" else b"someone else's bytes")
+    log = RecordingLogger()
+    outcome = Pipeline(Options(settle=0), log, durable_log=contextlib.nullcontext).process(
+        memory_dir_of(mdir), "bad.json"
+    )
+    assert outcome.decision is Decision.QUARANTINED
+    assert not (mdir / "staging" / "bad.json").exists()
+    event = next(e for e in log.events if e["event"] == "decision")
+    named = [mdir / p for p in event["deadletter"]]
+    kept = [p for p in named if p.parent == originals]
+    assert len(kept) == 1 and kept[0].read_bytes() == data and not kept[0].is_symlink()
+    for path in named:
+        assert path.is_file() and not path.is_symlink() and path not in planted
+    assert not (tmp_path / "nowhere").exists()
+    record = json.loads(next(p for p in named if p.parent != originals).read_bytes())
+    assert record["memstaged"]["original"] == f"originals/{kept[0].name}"
+
+
+@pytest.mark.usefixtures("plain_output")
+def test_records_point_at_the_original_that_took_another_name_under_the_lock(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+) -> None:
+    """issue 10 (defect 2), SPEC 4: the records are written before the lock, pointing at the
+    name their original should get; what is at a name is only trusted under the lock. If other
+    bytes take that name in between (here: at the crash point right after the temps are made
+    durable), the original goes under another name, and every record, and the logged decision,
+    must name that one: the records are written again. Nothing else is touched, no temp is
+    left."""
+    data = empty_candidates(project, 30)
+    (memory_dir / "staging" / "many.json").write_bytes(data)
+    originals = memory_dir / "deadletter" / "originals"
+    real_crash_point = fsio.crash_point
+    squatted: list[Path] = []
+
+    def squat(step: str) -> None:
+        if step == "temps-synced" and not squatted:
+            temp = next(p for p in originals.iterdir() if p.name.startswith(".memstaged~"))
+            target = originals / temp.name.split("~")[2]  # the name it was written for
+            target.write_bytes(b"someone else's bytes")
+            squatted.append(target)
+        real_crash_point(step)
+
+    monkeypatch.setattr(fsio, "crash_point", squat)
+    code, _, err = run(capsys, "--once", "--memory-dir", str(memory_dir))
+    assert code == 0, err
+    assert squatted and squatted[0].read_bytes() == b"someone else's bytes"
+    kept = [p for p in originals.iterdir() if p.read_bytes() == data]
+    assert len(kept) == 1 and kept[0] != squatted[0]
+    deadletter = memory_dir / "deadletter"
+    assert not [p for p in deadletter.rglob(".memstaged~*")]
+    records = [json.loads(p.read_bytes()) for p in deadletter.glob("*.json")]
+    assert len(records) == 30
+    assert {r["memstaged"]["original"] for r in records} == {f"originals/{kept[0].name}"}
+    logged = [e for e in read_events(log_file) if e.get("decision") == "quarantined"]
+    assert f"deadletter/originals/{kept[0].name}" in logged[-1]["deadletter"]

@@ -15,7 +15,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.decision_log import decisions, read_events
+from support.documents import backlog
+from support.shown_names import unquote
 
+from memstaged.cli.main import main
 from memstaged.log import writer
 from memstaged.log.format import MESSAGE_IDS, journal_fields
 from memstaged.log.rotated_file import FileSink
@@ -349,3 +353,77 @@ def test_a_log_path_that_is_not_a_regular_file_is_refused(tmp_path: Path, kind: 
     ) as raised:
         FileSink(path, 100, 1)
     assert raised.value.errno in (errno.EINVAL, errno.ENXIO, errno.EISDIR)
+
+
+# -- control characters never reach a terminal -----------------------------------------------------
+
+
+def test_console_and_journal_message_escape_control_characters() -> None:
+    """Issue 10 item 16: the readable line (console on a TTY, journal MESSAGE) of a decision
+    about a name with ESC and a newline, and a reason quoting content, holds no raw control
+    character: it cannot fake a log line, clear the screen or set the title."""
+    from memstaged.log.format import message
+    from memstaged.log.writer import _readable_renderer
+
+    event = {
+        "event": "decision",
+        "decision": "quarantined",
+        "path": os.fsdecode(b"/m/staging/a\x1b]0;pwned\x07\nFAKE LINE\xff.json"),
+        "reasons": ["not JSON: bad \x1b[2J byte"],
+        "timestamp": "2026-12-01T10:00:00.000000Z",
+        "level": "warning",
+    }
+    for text in (message(event), _readable_renderer(colors=False)(event).rstrip("\n")):
+        assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in text), repr(text)
+        assert "\\x1b]0;pwned\\x07\\nFAKE LINE\\xff.json" in text
+    shown = message(event).removeprefix("quarantined ").rsplit(": not JSON", 1)[0]
+    assert os.fsencode(unquote(shown)) == b"/m/staging/a\x1b]0;pwned\x07\nFAKE LINE\xff.json"
+
+
+# -- what --once logs where ------------------------------------------------------------------------
+
+
+def test_off_a_terminal_each_event_is_written_once_and_only_to_the_log_file(
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 14, the decision log: with stderr not a terminal, ``--once`` writes every event
+    to the log file with one ``write`` each, and nothing to stderr (it used to write the same
+    JSON there too); the summary line is the only output, on stdout."""
+    expected = backlog(project, memory_dir, 3)  # valid, repaired, quarantined
+    writes: dict[int, int] = {}
+    real_write = os.write
+
+    def counting_write(fd: int, data: bytes) -> int:
+        writes[fd] = writes.get(fd, 0) + 1
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", counting_write)
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    fd = next(s for s in writer._FANOUT.sinks if isinstance(s, FileSink))._fd
+    monkeypatch.undo()
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.count("\n") == 1 and "valid=1 repaired=1 quarantined=1" in out
+    assert decisions(log_file) == expected
+    assert writes[fd] == len(read_events(log_file))  # one write per event, every event there
+    assert 2 not in writes
+
+
+def test_verbose_prints_every_decision_readably_and_the_file_stays_complete(
+    project: Path, memory_dir: Path, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 14, the decision log: ``--once --verbose`` off a terminal prints one readable line
+    per decision on stderr (not JSON: the file has that), and the log file still has every
+    event."""
+    expected = backlog(project, memory_dir, 3)  # valid, repaired, quarantined
+    assert main(["--once", "--verbose", "--memory-dir", str(memory_dir)]) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    for name, decision in expected.items():
+        assert any(f"{decision} " in line and name in line for line in lines), err
+    assert not any(line.lstrip().startswith("{") for line in err.splitlines()), err
+    assert len(decisions(log_file)) == 3

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
-from support.documents import backlog, decisions, lesson, read_log, staging_doc, write
+from support.commands import one_line_error, run
+from support.decision_log import decision_events, decisions, read_events
+from support.documents import backlog, half_written_ahead, lesson, one_of_each, staging_doc, write
 from support.helpers import (
+    DEMO,
     files_under,
 )
 
 from memstaged.cli.main import main
 from memstaged.core.decide import Context, Decision, decide
+
+pytestmark = pytest.mark.usefixtures("plain_output")
 
 
 def _populate(project: Path, memory_dir: Path) -> dict[str, bytes]:
@@ -118,7 +124,7 @@ def test_dry_run_writes_nothing_but_logs_decisions(
     logged = decisions(log_file)
     assert logged["garbage.json"] == "quarantined"
     assert logged["no-triggers.json"] == "repaired"
-    assert all(e.get("dry_run") for e in read_log(log_file) if e["event"] == "decision")
+    assert all(e.get("dry_run") for e in read_events(log_file) if e["event"] == "decision")
 
 
 def test_settle_defers_a_fresh_unparseable_file_then_decides_it(
@@ -133,7 +139,7 @@ def test_settle_defers_a_fresh_unparseable_file_then_decides_it(
     ahead = time.time() + 86_400
     os.utime(path, (ahead, ahead))
     assert main(["--once", "--settle", "0.3", "--memory-dir", str(memory_dir)]) == 0
-    kinds = [e["decision"] for e in read_log(log_file) if e["event"] == "decision"]
+    kinds = [e["decision"] for e in read_events(log_file) if e["event"] == "decision"]
     assert kinds == ["deferred", "quarantined"]
     assert not (memory_dir / "staging" / "fresh.json").exists()
 
@@ -303,7 +309,7 @@ def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
 
     assert main(["--once", "--config", str(config), "--memory-dir", str(memory_dir)]) == 0
 
-    events = [e for e in read_log(log_file) if e.get("event") == "decision"]
+    events = [e for e in read_events(log_file) if e.get("event") == "decision"]
     decided = [e for e in events if not e.get("own_rewrite")]
     assert sorted(Path(e["path"]).name for e in decided) == sorted(expected)
     looks = [Path(e["path"]).name for e in events if e.get("own_rewrite")]
@@ -316,3 +322,79 @@ def test_a_backlog_of_many_batches_is_decided_as_one_by_one(
         assert decide((staging / name).read_bytes(), ctx).decision is Decision.VALID, name
     assert big in {p.read_bytes() for p in (memory_dir / "deadletter" / "originals").iterdir()}
     assert not (memory_dir / "canonical-writer.lock").exists()
+
+
+def test_the_project_root_mistake_says_where_the_memory_dir_is(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 13 item 2: the likely mistake, a project root, gets the memory dir it meant."""
+    _, _, err = run(capsys, "--once", "--memory-dir", str(project))
+    assert f"did you mean {memory_dir}?" in one_line_error(err)
+
+
+def test_a_glob_match_that_is_not_a_memory_dir_is_just_not_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, log_file: Path
+) -> None:
+    """Issue 13 item 2: of ``*/.pi/memory/project``, a match without ``staging/`` is skipped
+    without an error and left untouched; the real memory dirs are decided."""
+    real = tmp_path / "a" / ".pi" / "memory" / "project"
+    (real / "staging").mkdir(parents=True)
+    write(real / "staging" / "x.json", staging_doc(tmp_path / "a"))
+    fake = tmp_path / "b" / ".pi" / "memory" / "project"
+    fake.mkdir(parents=True)
+    code, out, _ = run(capsys, "--once", "--memory-dir", f"{tmp_path}/*/.pi/memory/project")
+    assert code == 0
+    assert str(real) in out and str(fake) not in out
+    assert list(fake.iterdir()) == []
+
+
+def test_dry_run_writes_no_seen_cache(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 13 item 2: ``--dry-run`` writes nothing anywhere: not in the memory dir and no seen
+    cache in the state dir (only the decision log, where its decisions are marked)."""
+    one_of_each(project, memory_dir)
+    before = {p: p.read_bytes() for p in memory_dir.rglob("*") if p.is_file()}
+    assert run(capsys, "--once", "--dry-run", "--memory-dir", str(memory_dir))[0] == 0
+    after = {p: p.read_bytes() for p in memory_dir.rglob("*") if p.is_file()}
+    assert {p: b for p, b in after.items() if p.name != ".memstaged.lock"} == before
+    assert not (log_file.parent / "memstaged" / "seen").exists()
+    assert not (log_file.parent / "seen").exists()
+
+
+def test_a_long_settle_wait_says_what_it_waits_for(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 13: ``--once`` waiting for a file still being written says so on stderr, naming
+    the file and the settle interval, instead of a silent pause. The file is dated ahead, so
+    that it settles from when ``--once`` first sees it: a run that starts late on a busy machine
+    still has the whole interval to wait (issue 19 item 8)."""
+    half_written_ahead(memory_dir)
+    code, _, err = run(capsys, "--once", "--settle", "3", "--memory-dir", str(memory_dir))
+    assert code == 0
+    waiting = [line for line in err.splitlines() if "waiting up to" in line]
+    assert len(waiting) == 1
+    assert "half.json" in waiting[0] and "settle interval (3s)" in waiting[0]
+
+
+def test_a_second_once_on_the_demo_decides_nothing_again(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 21 item 3, the demo: ``--once`` repairs three files and looks at each rewrite
+    (logged ``own_rewrite``, not counted); a second run reads none of them again (it said
+    ``unchanged=2`` and logged three ``valid`` decisions)."""
+    for path in DEMO.iterdir():
+        shutil.copy(path, memory_dir / "staging")
+    code, out, _ = run(capsys, "--once", "--memory-dir", str(memory_dir), "--settle", "0")
+    assert code == 0
+    assert "valid=1 repaired=3 quarantined=3 foreign=1 deferred=0 skipped=0 total=8" in out
+    first = decision_events(read_events(log_file))
+    assert sum(1 for e in first if e.get("own_rewrite")) == 3
+    code, out, _ = run(capsys, "--once", "--memory-dir", str(memory_dir), "--settle", "0")
+    assert code == 0
+    assert "total=5 unchanged=5" in out
+    assert decision_events(read_events(log_file)) == first
+    code, out, _ = run(capsys, "log", "--decision", "valid")
+    assert len(out.splitlines()) == 1  # session-valid.json: the looks are no decisions
+    code, out, _ = run(capsys, "log", "--path", "session-bom.json")
+    assert "memstaged's own rewrite, looked at again: valid (not a new decision)" in out

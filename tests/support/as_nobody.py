@@ -45,11 +45,27 @@ def ids() -> tuple[int, int]:
         pytest.skip("needs root to run memstaged as another user; this test runs as non-root")
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv is not installed: cannot drop privileges for this test")
+    return owner_ids()
+
+
+def owner_ids() -> tuple[int, int]:
+    """``nobody``'s uid and gid, to give it a file or directory (nothing is run as ``nobody``);
+    a skip unless this test may (root) and there is such a user."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
     try:
         user = pwd.getpwnam("nobody")
     except KeyError:
-        pytest.skip("there is no user nobody to run memstaged as")
+        pytest.skip("there is no user nobody")
     return user.pw_uid, user.pw_gid
+
+
+def made_by(path: Path, uid: int, mode: int = 0o755) -> Path:
+    """``path`` made by another user first (a directory owned by ``uid``, with ``mode``)."""
+    path.mkdir()
+    os.chown(path, uid, uid)
+    os.chmod(path, mode)
+    return path
 
 
 def _drop() -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -16,7 +17,7 @@ from typing import Any, Final
 import pytest
 
 from memstaged.cli.main import main
-from support.documents import EVIDENCE, lesson, read_log, staging_doc, write
+from support.documents import EVIDENCE, lesson, staging_doc, write
 
 BAD_TRIGGER: Final = [{"type": "bogus"}]
 
@@ -27,6 +28,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def deadletter_command(
+    capsys: pytest.CaptureFixture[str], memory_dir: Path, *argv: str
+) -> tuple[int, str, str]:
+    """``memstaged deadletter ACTION --memory-dir MEMORY_DIR REST...`` in this process."""
+    action, *rest = argv
+    return run(capsys, "deadletter", action, "--memory-dir", str(memory_dir), *rest)
 
 
 def status_json(
@@ -97,6 +106,11 @@ def record_files(memory_dir: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(dl.glob("*.json"))} if dl.exists() else {}
 
 
+def record_ids(memory_dir: Path, contains: str) -> list[str]:
+    """The IDs of the dead-letter records whose names contain ``contains``."""
+    return [n[: -len(".json")] for n in record_files(memory_dir) if contains in n]
+
+
 def original_files(memory_dir: Path) -> dict[str, bytes]:
     orig = memory_dir / "deadletter" / "originals"
     return {p.name: p.read_bytes() for p in sorted(orig.iterdir())} if orig.exists() else {}
@@ -115,8 +129,21 @@ def write_log(path: Path, events: Sequence[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
 
 
-def logged(log_file: Path) -> list[dict[str, Any]]:
-    return read_log(log_file)
+def dated_decisions(log_file: Path, stamps: Sequence[float]) -> None:
+    """A decision log of one ``valid`` decision per time stamp, of ``/m/staging/f<i>.json``."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("w") as fh:
+        for i, stamp in enumerate(stamps):
+            when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + ".000001Z"
+            event = {
+                "timestamp": when,
+                "level": "info",
+                "event": "decision",
+                "decision": "valid",
+                "path": f"/m/staging/f{i}.json",
+                "memory_dir": "/m",
+            }
+            fh.write(json.dumps(event) + "\n")
 
 
 def set_old(path: Path, seconds_ago: float = 3600.0) -> None:

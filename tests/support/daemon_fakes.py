@@ -5,7 +5,7 @@ The daemon under test is real, and so is its pipeline on real files in a temp di
 things that would make a test wait or depend on timing are replaced: the watchdog observer (tests
 hand the daemon synthetic signals), the monotonic clock, sd_notify and the structlog logger.
 :class:`RecordingLogger` also serves the tests that drive :class:`memstaged.run.pipeline.Pipeline`
-directly (test_hostile.py, test_races.py).
+directly (:func:`decide_one`: tests/run/test_pipeline.py, test_races.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,30 @@ from memstaged.config import Settings
 from memstaged.daemon.loop import Daemon
 from memstaged.daemon.sd_notify import Notifier
 from memstaged.daemon.watcher import Kind, Signal
-from memstaged.files.memdir import MemoryDir
+from memstaged.files.memdir import MemoryDir, Options
+from memstaged.run.decision import Outcome
+from memstaged.run.pipeline import Pipeline
+from support.helpers import memory_dir_of
+
+
+def decide_one(
+    mdir: Path, name: str, **options: Any
+) -> tuple[Outcome, dict[str, Any], RecordingLogger]:
+    """Decide ``staging/<name>`` of ``mdir`` in this process, through the pipeline (settle 0 and
+    the memory dir's ``options``); the outcome, its (last) decision event, and the logger.
+
+    A change is logged before it is carried out (SPEC 5); one that then could not be carried
+    out gets a second event, saying what it became and what was ``planned``.
+    """
+    log = RecordingLogger()
+    pipeline = Pipeline(Options(settle=0, **options), log)
+    outcome = pipeline.process(memory_dir_of(mdir), name)
+    events = [e for e in log.events if e["event"] == "decision"]
+    assert len(events) in (1, 2), log.events
+    if len(events) == 2:
+        assert events[1]["planned"] == events[0]["decision"], events
+    assert events[-1]["decision"] == outcome.decision.value
+    return outcome, events[-1], log
 
 
 class FakeClock:

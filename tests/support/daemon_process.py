@@ -7,19 +7,19 @@ Also: many projects under one glob of memory dirs, and the config naming them.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import resource
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from support.decision_log import DecisionLog
 from support.helpers import carried_out
+from support.waiting import wait_until
 
 FINAL = {"valid", "repaired", "quarantined", "foreign", "skipped"}
 #: The guard of every wait for an event (seconds). Only a failure guard: a wait returns as soon
@@ -75,66 +75,22 @@ class DaemonProcess:
                 stderr=err,
                 preexec_fn=limit_descriptors if nofile is not None else None,  # noqa: PLW1509
             )
-        self._events: list[dict[str, Any]] = []
-        self._offset = 0
-        self._ino: int | None = None
+        self._log = DecisionLog(self.log_file)
 
     def events(self) -> list[dict[str, Any]]:
-        """Every event logged so far (read incrementally, across a rotation of the log: a
-        decision of 120,000 reasons is a line of megabytes)."""
-        try:
-            ino = self.log_file.stat().st_ino
-        except FileNotFoundError:
-            return self._events
-        if self._ino is not None and ino != self._ino:
-            self._read_rotated()
-            self._offset = 0
-        self._ino = ino
-        self._read_from(self.log_file)
-        return self._events
-
-    def _read_rotated(self) -> None:
-        """The rest of the file being read, now ``<log>.N``, then every newer one, oldest first.
-
-        A test that was not scheduled for a while on a busy machine may find the log rotated
-        more than once since its last read (a decision of 120,000 repairs is megabytes): it
-        used to look at ``<log>.1`` only, and lost the events in between (issue 19 item 8).
-        """
-        newer: list[Path] = []
-        for n in itertools.count(1):
-            rotated = self.log_file.with_name(f"{self.log_file.name}.{n}")
-            try:
-                if rotated.stat().st_ino == self._ino:
-                    self._read_from(rotated)
-                    break
-            except FileNotFoundError:
-                raise AssertionError(f"{self.log_file} rotated past its backups unread") from None
-            newer.append(rotated)
-        for path in reversed(newer):
-            self._offset = 0
-            self._read_from(path)
-
-    def _read_from(self, path: Path) -> None:
-        with path.open("rb") as fh:
-            fh.seek(self._offset)
-            chunk = fh.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        self._events += [json.loads(line) for line in complete.splitlines() if line.strip()]
+        """Every event logged so far (read incrementally, across rotations of the log: a
+        decision of 120,000 reasons is a line of megabytes, and a test not scheduled for a
+        while on a busy machine may find the log rotated more than once since its last read:
+        issue 19 item 8)."""
+        return self._log.update()
 
     def wait_for(
         self, predicate: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = WAIT
     ) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            events = self.events()
-            if predicate(events):
-                return events
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited ({self.proc.returncode}) before {what}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            time.sleep(0.02)
+        """Wait until ``predicate`` holds of the events logged; returns them. The daemon exiting
+        first ends the wait at once."""
+        wait_until(lambda: predicate(self.events()), what, timeout=timeout, alive=self.proc)
+        return self.events()
 
     def wait_ready(self, timeout: float = WAIT) -> None:
         self.wait_for(lambda ev: any(e["event"] == "ready" for e in ev), "ready", timeout)
@@ -208,6 +164,7 @@ class DaemonProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._log.close()
 
 
 def many_projects(src: Path, count: int) -> list[Path]:

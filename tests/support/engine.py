@@ -20,7 +20,7 @@ from memstaged.core.js.ecma import parse_json
 from memstaged.core.repair import Repair
 from memstaged.core.schema import CATEGORIES
 from memstaged.core.timestamps import canonical, repairable
-from support.documents import DELETE, changed, lesson
+from support.documents import DELETE, changed, decision, lesson, preference, staging_doc
 
 PROJECT: Final = "/home/ana/src/example-project"
 FILE_NAME: Final = "sess-1.json"
@@ -31,41 +31,22 @@ VALID_AT: Final = "2026-01-01T00:00:00Z"
 Path = tuple[str | int, ...]
 
 
-def preference(**changes: Any) -> dict[str, Any]:
-    """A valid preference candidate."""
-    base: dict[str, Any] = {
-        "text": "Prefer small commits",
-        "source_evidence": {"lesson_candidate_marker_ids": ["m-1"]},
-    }
-    return changed(base, changes)
-
-
-def decision(**changes: Any) -> dict[str, Any]:
-    """A valid decision (or domain) candidate."""
-    base: dict[str, Any] = {
-        "summary": "Use msgspec",
-        "detail": "It decodes straight from bytes.",
-        "source_evidence": {"discussion_note_ids": [3, 4.5]},
-    }
-    return changed(base, changes)
-
-
 def staging(**changes: Any) -> dict[str, Any]:
-    """A valid staging file with one candidate of each category and a few unknown keys."""
-    base: dict[str, Any] = {
-        "schemaVersion": 1,
-        "session_id": "sess-1",
-        "project_root": PROJECT,
-        "produced_at": VALID_AT,
-        "extractor": {"name": "pi", "version": [1, 2]},
-        "candidates": {
+    """A valid staging file of :data:`PROJECT` with one candidate of each category and a few
+    unknown keys (:func:`support.documents.staging_doc`'s, changed with ``changes``)."""
+    base = staging_doc(
+        PROJECT,
+        "sess-1",
+        produced_at=VALID_AT,
+        extractor={"name": "pi", "version": [1, 2]},
+        candidates={
             "lessons": [lesson()],
             "preferences": [preference()],
             "decisions": [decision()],
             "domain": [decision(summary="Staging files are JSON")],
             "unknown_category": [{"anything": True}],
         },
-    }
+    )
     return changed(base, changes)
 
 

@@ -39,11 +39,13 @@ from memstaged.core.records import ORIGINALS_DIR
 from memstaged.errors import NotJSON
 from memstaged.files.memdir import MemoryDir
 from memstaged.files.temp_names import TEMP_PREFIX
-from support.documents import lesson
+from support.decision_log import DecisionLog
+from support.documents import lesson, malformed, preference, staging_doc
 
 PYTHON: Final = sys.executable
 REPO: Final = Path(__file__).resolve().parents[2]
-EVIDENCE: Final = {"discussion_note_ids": [1, 2], "source": "reliability-test"}
+#: The demo's staging files (``make demo``): one of each decision, as the README shows them.
+DEMO: Final = REPO / "examples" / "memory-dir" / "staging"
 #: Staging files are dated well in the past so that no unparseable one is deferred (SPEC 5).
 OLD_MTIME: Final = 1_700_000_000
 BOM: Final = b"\xef\xbb\xbf"
@@ -57,6 +59,40 @@ def make_memory_dir(base: Path, project: str = "example-project") -> Path:
     mdir = base / project / ".pi" / "memory" / "project"
     (mdir / "staging").mkdir(parents=True)
     return mdir
+
+
+def special_entries(mdir: Path, outside: Path) -> dict[str, str]:
+    """Create in ``staging/`` every kind of entry SPEC 6 says is never touched (links to a file
+    outside, to a directory, dangling, a loop; a FIFO, a socket, a directory named ``*.json``);
+    name -> the reason a ``skipped`` decision gives."""
+    staging = mdir / "staging"
+    target = outside / "outside.json"
+    target.write_bytes(malformed(project_root_of(mdir)))
+    (outside / "dir").mkdir()
+    os.symlink(target, staging / "link-outside.json")
+    os.symlink(outside / "dir", staging / "link-dir.json")
+    os.symlink(outside / "missing.json", staging / "link-dangling.json")
+    os.symlink("loop-b.json", staging / "loop-a.json")
+    os.symlink("loop-a.json", staging / "loop-b.json")
+    os.mkfifo(staging / "fifo.json")
+    os.mknod(staging / "socket.json", stat.S_IFSOCK | 0o600)
+    (staging / "directory.json").mkdir()
+    return {
+        "link-outside.json": "symbolic link",
+        "link-dir.json": "symbolic link",
+        "link-dangling.json": "symbolic link",
+        "loop-a.json": "symbolic link",
+        "loop-b.json": "symbolic link",
+        "fifo.json": "not a regular file",
+        "socket.json": "not a regular file",
+        "directory.json": "a directory",
+    }
+
+
+def deadletter_records(mdir: Path) -> list[dict[str, Any]]:
+    """Every dead-letter record of ``mdir``, parsed (by ``parse_json``, not ``json.loads``: a
+    record of a 10^6-deep file is that deep too), in name order."""
+    return [parse_json(p.read_bytes()).value for p in sorted((mdir / "deadletter").glob("*.json"))]
 
 
 def project_root_of(mdir: Path) -> str:
@@ -135,11 +171,17 @@ def write_config(path: Path, **values: object) -> Path:
 
 
 def run_once(
-    mdir: Path, env: dict[str, str], *args: str, timeout: float = 120
+    mdir: Path | str,
+    env: dict[str, str],
+    *args: str,
+    timeout: float = 120,
+    prefix: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[bytes]:
-    """``python -m memstaged --once --memory-dir mdir`` to completion (or SIGKILL by a hook)."""
+    """``python -m memstaged --once --memory-dir mdir ARGS`` to completion (or SIGKILL by a hook),
+    its output captured: the tests' one way to run ``--once`` as a process of its own. ``mdir``
+    may be a glob; ``prefix`` is a command it runs under (``setpriv``, to obey permissions)."""
     return subprocess.run(
-        memstaged_cmd("--once", "--memory-dir", str(mdir), *args),
+        [*prefix, *memstaged_cmd("--once", "--memory-dir", str(mdir), *args)],
         env=env,
         capture_output=True,
         timeout=timeout,
@@ -176,21 +218,6 @@ def daemon(
                 proc.wait()
         if err_fh is not None:
             err_fh.close()
-
-
-def read_events(log: Path) -> list[dict[str, Any]]:
-    """Every event of a JSON-lines decision log (a torn last line after a SIGKILL is skipped)."""
-    try:
-        data = log.read_bytes()
-    except FileNotFoundError:
-        return []  # not yet written, or rotated out meanwhile
-    out = []
-    for line in data.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def carried_out(event: dict[str, Any]) -> bool:
@@ -254,29 +281,6 @@ def mounted(target: Path, *args: str) -> Iterator[None]:
 
 
 # -- corpora --------------------------------------------------------------------------------------
-
-
-def preference(cid: str) -> dict[str, Any]:
-    return {"text": f"{cid} prefer small commits", "source_evidence": EVIDENCE}
-
-
-def decision(cid: str) -> dict[str, Any]:
-    return {"summary": f"{cid} use msgspec", "detail": f"{cid}: fast", "source_evidence": EVIDENCE}
-
-
-def doc(session: str, root: str, candidates: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """A staging file; each category absent from ``candidates`` is ``[]`` (contract v2, 2.1)."""
-    if isinstance(candidates, dict):
-        candidates = {c: [] for c in ("lessons", "preferences", "decisions", "domain")} | candidates
-    out: dict[str, Any] = {
-        "schemaVersion": 1,
-        "session_id": session,
-        "project_root": root,
-        "produced_at": "2026-11-29T18:04:11.250Z",
-        "candidates": candidates,
-    }
-    out.update(extra)
-    return out
 
 
 def candidate_id(candidate: Any) -> str | None:
@@ -459,7 +463,7 @@ def corpus_file(
     padding = {"notes": "x" * big} if big else {}
     name = f"s-{tag}.json"
     kind = rng.choice(kinds)
-    body = doc(tag, root, {"lessons": lessons, "preferences": prefs}, **padding)
+    body = staging_doc(root, tag, candidates={"lessons": lessons, "preferences": prefs}, **padding)
     data: bytes
     if kind == "valid":
         data = _dumps(body)
@@ -645,85 +649,6 @@ def _read_version(path: str, *, follow: bool) -> tuple[FileKey, bytes] | None:
         return file_key(st), fh.read()
 
 
-class DecisionLog:
-    """The decision events of a JSON-lines log and of its rotated files, each line read once.
-
-    Files are known by inode and held open, so that an inode is not reused while it is known
-    (a backup beyond ``log_backups`` is deleted by the rotation), and each is read on from where
-    the last :meth:`update` stopped. A rotation renames files and keeps their inodes: the file
-    that was the current log is read on as ``<log>.1``, and a new current log is read from its
-    start. A line counts once it ends with its newline (a torn last line after a SIGKILL is
-    looked at again next time), and lines that are not JSON are skipped, as
-    :func:`read_events` skips them.
-    """
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-        self._files: dict[tuple[int, int], list[int]] = {}  # (dev, ino) -> [fd, offset]
-        #: Base name of a decided path -> the decisions logged for it.
-        self.logged: dict[str, set[str]] = {}
-        #: Every ``deadletter/...`` file a decision names.
-        self.named: set[str] = set()
-
-    def update(self) -> None:
-        """Read what was appended (and rotated) since the last call."""
-        rotated = sorted(self.log.parent.glob(f"{self.log.name}.[0-9]*"))
-        for path in [*rotated, self.log]:
-            entry = self._open(path)
-            if entry is None:
-                continue
-            fd, offset = entry
-            size = os.fstat(fd).st_size
-            if size < offset:  # truncated (memstaged never does): read it again
-                offset = 0
-            data = bytearray()
-            while offset + len(data) < size:
-                chunk = os.pread(fd, size - offset - len(data), offset + len(data))
-                if not chunk:
-                    break
-                data += chunk
-            complete = data.rfind(b"\n") + 1
-            for line in bytes(data[:complete]).splitlines():
-                self._take(line)
-            entry[1] = offset + complete
-
-    def _open(self, path: Path) -> list[int] | None:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        entry = self._files.get((st.st_dev, st.st_ino))
-        if entry is not None:
-            return entry
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        st = os.fstat(fd)  # the path may have been replaced between the stat and the open
-        entry = self._files.get((st.st_dev, st.st_ino))
-        if entry is not None:
-            os.close(fd)
-            return entry
-        entry = self._files[(st.st_dev, st.st_ino)] = [fd, 0]
-        return entry
-
-    def _take(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if not isinstance(event, dict) or event.get("event") != "decision":
-            return
-        name = os.path.basename(str(event.get("path", "")))
-        self.logged.setdefault(name, set()).add(str(event.get("decision")))
-        self.named.update(str(d) for d in event.get("deadletter") or ())
-
-    def close(self) -> None:
-        for fd, _offset in self._files.values():
-            os.close(fd)
-        self._files.clear()
-
-
 @dataclass
 class _Expected:
     item: Input
@@ -746,7 +671,7 @@ class Invariant:
         self._staging = os.path.join(mdir, "staging")
         self._deadletter = os.path.join(mdir, "deadletter")
         self._originals = os.path.join(self._deadletter, ORIGINALS_DIR)
-        self._log = DecisionLog(log) if log is not None else None
+        self._log = DecisionLog(log, strict=False, keep_events=False) if log is not None else None
         self._inputs: dict[str, _Expected] = {}
         #: staging name -> (key, holds the input's bytes, holds its repair's bytes)
         self._seen_staging: dict[str, tuple[FileKey, bool, bool]] = {}

@@ -26,6 +26,8 @@ from typing import Final
 
 import pytest
 
+from support.waiting import wait_until
+
 COLUMNS: Final = 80
 ROWS: Final = 24
 #: The failure guard of :meth:`Terminal.wait_for`: far above what any screen here needs.
@@ -60,16 +62,18 @@ class Terminal:
         return self.tmux("capture-pane", "-p", "-J", "-t", "t")
 
     def wait_for(self, pattern: str, flags: int = re.MULTILINE) -> re.Match[str]:
-        """The first match of ``pattern`` on the screen, as soon as it shows."""
-        deadline = time.monotonic() + GUARD_SECONDS
-        while True:
-            shown = self.screen()
-            found = re.search(pattern, shown, flags)
-            if found is not None:
-                return found
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{pattern!r} never showed; the screen:\n{shown}")
-            time.sleep(0.05)  # a poll of the screen, not a wait for the outcome
+        """The first match of ``pattern`` on the screen, as soon as it shows (the screen is
+        polled: a look, not a wait for the outcome)."""
+        found: list[re.Match[str]] = []
+
+        def shows() -> bool:
+            match = re.search(pattern, self.screen(), flags)
+            found[:] = [match] if match is not None else []
+            return bool(found)
+
+        what = f"{pattern!r} on the screen"
+        wait_until(shows, what, timeout=GUARD_SECONDS, interval=0.05, said=self.screen)
+        return found[0]
 
     def run(self, command: str, marker: str) -> str:
         """Type ``command`` and Enter, then wait until ``marker`` (a pattern the command's

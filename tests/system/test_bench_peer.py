@@ -87,22 +87,6 @@ def test_a_different_repair_is_reported(tmp_path: Path) -> None:
     assert any(line.startswith("dead-lettered") for line in found)
 
 
-def test_strace_summary_is_read_per_call() -> None:
-    """issue 14 item 3: the syscall counts come from strace -c's calls column, with or without
-    an errors column, and the total line is not a system call."""
-    text = (
-        "% time     seconds  usecs/call     calls    errors syscall\n"
-        "------ ----------- ----------- --------- --------- ----------------\n"
-        " 40.00    0.000400           2       200        10 newfstatat\n"
-        " 30.00    0.000300           1       300           openat\n"
-        "------ ----------- ----------- --------- --------- ----------------\n"
-        "100.00    0.001000           2       500        10 total\n"
-    )
-    assert costs.parse_strace_summary(text) == {"newfstatat": 200, "openat": 300}
-    base = costs.parse_strace_summary(text.replace("200", "100", 1))
-    assert costs.per_file(costs.parse_strace_summary(text), base, 50) == {"newfstatat": 2.0}
-
-
 def test_importtime_names_what_a_command_imports(tmp_path: Path) -> None:
     """issue 14 item 2: ``-X importtime`` is parsed into modules with their cumulative time, and
     a module imported by another is one level deeper."""

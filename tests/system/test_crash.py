@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.decision_log import read_events
+from support.documents import put, repairable
 from support.helpers import (
     OLD_MTIME,
     Input,
@@ -728,3 +730,20 @@ def test_sigkill_the_daemon_under_writers_that_keep_size_and_mtime(tmp_path: Pat
     final = run_once(mdir, env, "--config", str(config))
     assert final.returncode == 0, final.stderr[-2000:]
     assert not _newest_survive(mdir, newest, root)
+
+
+# -- a repair killed right after its exchange ------------------------------------------------------
+
+
+def test_a_repair_killed_right_after_the_exchange_is_in_the_log(tmp_path: Path) -> None:
+    """Issue 10 item 5: SIGKILL between the rewrite being in place and the end of the run: the
+    ``repaired`` decision is in the log already (it is logged, and synced, before any change)."""
+    mdir = make_memory_dir(tmp_path)
+    root = str(mdir.parents[2])
+    put(mdir / "staging" / "fix.json", repairable(root, "x"))
+    env = memstaged_env(tmp_path / "work", MEMSTAGED_CRASH_AT="replaced:1")
+    killed = run_once(mdir, env, "--settle", "0")
+    assert killed.returncode == -9
+    assert (mdir / "staging" / "fix.json").read_bytes() != repairable(root, "x")  # repaired
+    events = read_events(Path(env["MEMSTAGED_LOG_FILE"]))
+    assert [e["decision"] for e in events if e.get("event") == "decision"] == ["repaired"]

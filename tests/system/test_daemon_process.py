@@ -21,8 +21,21 @@ from typing import Any
 
 import pytest
 from support.daemon_process import WAIT, DaemonProcess, glob_config, many_projects
-from support.documents import lesson, staging_doc, write
+from support.decision_log import read_events
+from support.documents import lesson, malformed, put, repairable, staging_doc, write
+from support.helpers import (
+    REPO,
+    daemon,
+    fd_count,
+    make_memory_dir,
+    memstaged_cmd,
+    memstaged_env,
+    project_root_of,
+    special_entries,
+    temps_in,
+)
 from support.notify_socket import NotifySocket
+from support.waiting import wait_for
 
 from memstaged.daemon.memory_dirs import FD_RESERVE
 from memstaged.deadletter import acks
@@ -815,3 +828,101 @@ def test_dry_run_daemon_writes_no_seen_cache(
     daemon.wait_decided("a.json", "b.json", "f.json")
     assert daemon.stop() == 0
     assert _seen_files(tmp_path) == []
+
+
+# -- a memory dir that is not one ------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("plain_output")
+def test_the_daemon_refuses_it_too(tmp_path: Path, project: Path) -> None:
+    """Issue 13 item 2: the daemon (a real process) exits 2 with one line for a project root,
+    instead of running on it."""
+    result = subprocess.run(
+        memstaged_cmd("--memory-dir", str(project)),
+        env=memstaged_env(tmp_path),
+        capture_output=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert result.returncode == 2
+    assert len(result.stderr.decode().strip().splitlines()) == 1
+    assert b"is not a memory dir" in result.stderr
+
+
+# -- hostile input ---------------------------------------------------------------------------------
+
+
+def test_the_daemon_survives_all_of_it(tmp_path: Path) -> None:
+    """One daemon over memory dirs full of hostile input (links, FIFOs, sockets, directories,
+    empty/deep/non-UTF-8/UTF-16 files, hostile session ids and names, a ``deadletter/`` that is a
+    link, a full disk when mounting is permitted): every entry gets the decision SPEC gives it
+    with a reason in the log, no error escapes, the file descriptors do not pile up, and a
+    file dropped afterwards is still decided."""
+    a = make_memory_dir(tmp_path / "a")
+    root = project_root_of(a)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    skipped = special_entries(a, outside)
+    quarantined = {
+        "empty.json": b"",
+        "deep.json": b"[" * 10**6 + b"]" * 10**6,
+        "latin1.json": b'{"schemaVersion": "\xe9"}',
+        "utf16.json": json.dumps({"a": 1}).encode("utf-16"),
+        "traversal.json": malformed(root, "../../../x"),
+        "long-session.json": malformed(root, "s" * 100_000),
+        ("é" * 125 + ".json"): malformed(root),
+    }
+    for name, data in quarantined.items():
+        put(a / "staging" / name, data)
+    c = make_memory_dir(tmp_path / "c")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, c / "deadletter")
+    stuck = put(c / "staging" / "stuck.json", malformed(project_root_of(c)))
+    env = memstaged_env(tmp_path)
+    log = tmp_path / "decisions.jsonl"
+    with daemon([a, c], env, "--settle", "0", stderr=tmp_path / "daemon.err") as proc:
+        assert wait_for(
+            lambda: any(e.get("event") == "ready" for e in read_events(log, strict=False)), 60
+        )
+        fds = fd_count(proc.pid)
+        late = put(a / "staging" / "late.json", repairable(root))
+
+        def decided(name: str, mdir: Path = a) -> list[dict[str, Any]]:
+            path = str(mdir / "staging" / name)
+            return [
+                e
+                for e in read_events(log, strict=False)
+                if e.get("event") == "decision" and e.get("path") == path
+            ]
+
+        assert wait_for(lambda: any(e["decision"] == "repaired" for e in decided("late.json")), 30)
+        assert wait_for(lambda: len(decided("stuck.json", c)) >= 2, 30)  # retried, not given up
+        assert proc.poll() is None, "the daemon died"
+        assert fd_count(proc.pid) <= fds + 4
+        for name, reason in skipped.items():
+            events = decided(name)
+            assert events and events[0]["decision"] == "skipped", (name, events)
+            assert reason in events[0]["reasons"][0]
+        for name in quarantined:
+            events = decided(name)
+            assert events and events[-1]["decision"] == "quarantined", (name, events)
+            assert events[-1]["reasons"], name
+        for event in decided("stuck.json", c):
+            assert event["decision"] == "deferred"
+            assert "deadletter/ is a symbolic link" in event["reasons"][-1]
+        errors = [
+            e
+            for e in read_events(log, strict=False)
+            if e.get("level") == "error" and e.get("path") != str(c / "staging" / "stuck.json")
+        ]
+        assert not errors, errors
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert (c / "staging" / "stuck.json").read_bytes() == stuck
+    assert list(elsewhere.iterdir()) == []
+    assert (a / "staging" / "late.json").read_bytes() != late
+    assert (outside / "outside.json").exists()
+    assert not temps_in(a) and not temps_in(c)
+    assert "Traceback" not in (tmp_path / "daemon.err").read_text(errors="replace")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from support.decision_log import read_events
 from support.documents import staging_doc
 
 
@@ -34,7 +35,7 @@ def _once(tmp_path: Path, memory_dir: Path, *extra: str) -> list[dict[str, Any]]
         check=False,
     )
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    events = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
+    events = read_events(log_file)
     return [e for e in events if e.get("event") == "decision" and not e.get("own_rewrite")]
 
 

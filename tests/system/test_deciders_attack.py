@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support.decision_log import read_events
 from support.documents import staging_doc
 from support.helpers import (
     OLD_MTIME,
@@ -188,7 +189,7 @@ def test_a_stopped_worker_is_killed_and_its_files_are_decided_in_process(tmp_pat
         assert "killed" in _said(err)[0]
         assert _state(stopped) is None
     assert check_final(mdir, inputs) == []
-    events = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    events = read_events(tmp_path / "decisions.jsonl")
     assert [e["event"] for e in events].count("deciders_stopped") == 1
     assert sum(e["event"] == "decision" for e in events) >= FILES
 

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.decision_log import read_events
 from support.documents import staging_doc
-from support.helpers import memstaged_env, read_events, reap
+from support.helpers import memstaged_env, reap
 
 
 def _events(tmp_path: Path) -> list[dict[str, Any]]:
-    return read_events(tmp_path / "decisions.jsonl")
+    return read_events(tmp_path / "decisions.jsonl", strict=False)
 
 
 def _projects_with_a_linked_one(tmp_path: Path) -> tuple[Path, Path]:

@@ -20,24 +20,20 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from support.commands import json_lines, one_line_error, prepare, run
-from support.daemon_fakes import RecordingLogger, Rig, settings
+from support.commands import prepare, run, status_json
 from support.daemon_process import DaemonProcess, glob_config, many_projects
 from support.documents import staging_doc, write
 from support.failing_fs import Broken
-from support.helpers import memstaged_cmd, memstaged_env, mounted, without_dac_override
+from support.helpers import memstaged_cmd, memstaged_env, mounted, run_once, without_dac_override
+from support.metrics import sample, samples
 from support.terminal import pty_run
 from support.waiting import wait_until
 
-from memstaged import config
-from memstaged.cli.commands.status import SUMMARY_COLUMNS, TERMINAL_COLUMNS
-from memstaged.daemon import control_clients, control_socket, metrics
-from memstaged.daemon.watcher import Kind, Signal
+from memstaged.cli.commands.status import TERMINAL_COLUMNS
+from memstaged.daemon import control_clients, control_socket
 from memstaged.deadletter import acks
 
 pytestmark = pytest.mark.usefixtures("plain_output")
@@ -93,7 +89,7 @@ def test_check_is_ok_then_warns_for_unseen_records_until_they_are_acked(
     )
     assert (code, err) == (0, "")
     assert out == f"{memory_dir}: 1 record marked seen, 4 not yet seen\n"
-    code, result = _status_json(capsys, memory_dir)
+    code, result = status_json(capsys, memory_dir)
     assert (code, result["deadletter_unseen"], result["deadletter_records"]) == (1, 4, 5)
     code, out, _ = run(capsys, "deadletter", "ack", "--all", "--memory-dir", str(memory_dir))
     assert out == f"{memory_dir}: 4 records marked seen, 0 not yet seen\n"
@@ -111,19 +107,6 @@ def test_check_is_ok_then_warns_for_unseen_records_until_they_are_acked(
     code, text, perf = _check(capsys, "--memory-dir", str(memory_dir))
     assert code == 1
     assert "unseen=1;0;;0" in perf
-
-
-def test_ack_needs_ids_or_all_and_a_wrong_id_is_one_line(
-    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
-) -> None:
-    """Issue 21 item 6: `deadletter ack` with neither IDs nor --all (or both), or with an ID
-    no record has, is a usage error (exit 2, one line) and marks nothing."""
-    prepare(project, memory_dir, log_file)
-    for argv in ([], ["--all", "x"], ["no-such-record"]):
-        code, out, err = run(capsys, "deadletter", "ack", *argv, "--memory-dir", str(memory_dir))
-        assert (code, out) == (2, "")
-        one_line_error(err)
-    assert _status_json(capsys, memory_dir)[1]["deadletter_unseen"] == 5
 
 
 def test_check_is_unknown_for_a_bad_configuration_and_critical_for_an_unwritable_log(
@@ -157,33 +140,6 @@ def test_check_is_unknown_for_a_bad_configuration_and_critical_for_an_unwritable
     assert f"{gone}: the memory dir does not exist" in text
 
 
-def test_many_memory_dirs_are_one_line_each_and_the_detail_with_verbose(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, log_file: Path
-) -> None:
-    """Issue 21 item 6: `status` on many memory dirs prints one line per memory dir (1,000 must
-    stay readable); -v, or a single memory dir, gives each one's detail."""
-    dirs = []
-    for i in range(30):
-        mdir = tmp_path / f"p{i:02d}" / ".pi" / "memory" / "project"
-        (mdir / "staging").mkdir(parents=True)
-        dirs.append(mdir)
-    write(dirs[3] / "staging" / "bad.json", b"not json")
-    assert run(capsys, "--once", "--memory-dir", str(dirs[3]), "--settle", "0")[0] == 0
-    pattern = str(tmp_path / "p*" / ".pi" / "memory" / "project")
-    code, out, _ = run(capsys, "status", "--memory-dir", pattern)
-    assert code == 1
-    lines = out.splitlines()
-    assert lines[0] == "# 30 memory dirs"
-    assert lines[1].split("\t") == list(SUMMARY_COLUMNS)
-    rows = [line.split("\t") for line in lines[2:32]]
-    assert [r[0] for r in rows] == [str(d) for d in dirs]
-    assert rows[3][4:6] == ["1", "1"] and rows[3][-1] == "attention"
-    assert all(r[-1] == "ok" for i, r in enumerate(rows) if i != 3)
-    assert lines[32:] == ["1 of 30 memory dirs needs attention: memstaged status -v"]
-    code, out, _ = run(capsys, "status", "-v", "--memory-dir", pattern)
-    assert out.count("needs attention\t") == 30  # a table per memory dir
-
-
 def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
     tmp_path: Path, log_file: Path
 ) -> None:
@@ -199,8 +155,7 @@ def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
         dirs.append(mdir)
     env = memstaged_env(tmp_path, MEMSTAGED_LOG_FILE=str(log_file), NO_COLOR="1")
     write(dirs[7] / "staging" / "bad.json", b"not json")
-    once = memstaged_cmd("--once", "--memory-dir", str(dirs[7]), "--settle", "0")
-    assert subprocess.run(once, env=env, capture_output=True, check=False).returncode == 0
+    assert run_once(dirs[7], env, "--settle", "0").returncode == 0
     pattern = str(tmp_path / "src" / "*" / ".pi" / "memory" / "project")
 
     code, shown = pty_run(memstaged_cmd("status", "--memory-dir", pattern), env)
@@ -224,13 +179,6 @@ def test_a_thousand_memory_dirs_are_a_thousand_lines_within_80_columns(
     assert table[0] == "# 1000 memory dirs"
     assert [line.split("\t")[0] for line in table[2:1002]] == [str(d) for d in dirs]
     assert table[1002:] == ["1 of 1000 memory dirs needs attention: memstaged status -v"]
-
-
-def _status_json(capsys: pytest.CaptureFixture[str], memory_dir: Path) -> tuple[int, Any]:
-    code, out, err = run(capsys, "status", "--json", "--memory-dir", str(memory_dir))
-    assert code in (0, 1), err
-    [result] = json_lines(out)
-    return code, result
 
 
 # -- the daemon's control socket (a real daemon) -------------------------------------------------
@@ -308,7 +256,7 @@ def test_status_shows_the_daemons_live_queue_and_waits(
         lambda ev: any(e["event"] == "decision" and e["decision"] == "deferred" for e in ev),
         "half.json deferred",
     )
-    code, result = _status_json(capsys, memory_dir)
+    code, result = status_json(capsys, memory_dir)
     assert result["daemon_answered"] is True
     assert result["watched"] is True
     assert result["waiting"] == 1
@@ -527,23 +475,6 @@ def test_a_full_listen_queue_is_waited_on_not_reported_as_a_dead_daemon(
 # -- metrics ------------------------------------------------------------------------------------
 
 
-def _metrics(path: Path) -> dict[str, Any]:
-    """Every sample of the metrics file, by name and labels, parsed by prometheus_client."""
-    samples: dict[str, Any] = {}
-    for family in text_string_to_metric_families(path.read_text()):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
-
-
-def _sample(path: Path, name: str) -> float | None:
-    try:
-        return _metrics(path).get(name)
-    except FileNotFoundError:
-        return None
-
-
 def test_metrics_file_is_written_by_the_daemon_and_follows_ack(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
@@ -572,12 +503,12 @@ def test_metrics_file_is_written_by_the_daemon_and_follows_ack(
     daemon.wait_decided("fixme.json", "broken.json")
     wait_until(
         lambda: (
-            _sample(prom, "memstaged_quarantined_candidates_total") == 1
-            and _sample(prom, "memstaged_decisions_total{decision=repaired}") == 1
+            sample(prom, "memstaged_quarantined_candidates_total") == 1
+            and sample(prom, "memstaged_decisions_total{decision=repaired}") == 1
         ),
         "the decisions in the metrics file",
     )
-    found = _metrics(prom)
+    found = samples(prom)
     assert found["memstaged_decisions_total{decision=quarantined}"] == 1
     assert found["memstaged_repairs_total{rule=R1}"] >= 1
     assert found["memstaged_deadletter_records"] == 1
@@ -597,7 +528,7 @@ def test_metrics_file_is_written_by_the_daemon_and_follows_ack(
     code, _, _ = run(capsys, "deadletter", "ack", "--all", "--memory-dir", str(memory_dir))
     assert code == 0
     wait_until(
-        lambda: _sample(prom, "memstaged_deadletter_unseen_records") == 0,
+        lambda: sample(prom, "memstaged_deadletter_unseen_records") == 0,
         "the unseen count after ack",
     )
     assert daemon.stop() == 0
@@ -621,8 +552,8 @@ def test_metrics_file_gives_the_waiting_file_and_when_its_wait_began(
         lambda ev: any(e["event"] == "decision" and e["decision"] == "deferred" for e in ev),
         "half.json deferred",
     )
-    wait_until(lambda: _sample(prom, "memstaged_waiting_files") == 1, "one waiting file")
-    found = _metrics(prom)
+    wait_until(lambda: sample(prom, "memstaged_waiting_files") == 1, "one waiting file")
+    found = samples(prom)
     assert found["memstaged_oldest_wait_timestamp_seconds"] == pytest.approx(
         half.stat().st_mtime, abs=0.001
     )
@@ -645,18 +576,18 @@ def test_metrics_say_while_the_log_cannot_be_written_and_when_it_can_again(
         cfg = tmp_path / "memstaged.toml"
         cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
         daemon = spawn("--config", str(cfg), log_file=broken.log)
-        wait_until(lambda: _sample(prom, "memstaged_log_write_failing") == 0, "the first metrics")
-        assert _metrics(prom)["memstaged_log_write_failures_total"] == 0
+        wait_until(lambda: sample(prom, "memstaged_log_write_failing") == 0, "the first metrics")
+        assert samples(prom)["memstaged_log_write_failures_total"] == 0
 
         broken.break_it()
         fixme = staging_doc(project, "fix")
         del fixme["candidates"]["lessons"][0]["triggers"]
         data = write(memory_dir / "staging" / "fixme.json", fixme)
         wait_until(
-            lambda: _sample(prom, "memstaged_log_write_failing") == 1,
+            lambda: sample(prom, "memstaged_log_write_failing") == 1,
             "the metrics to say that the log cannot be written",
         )
-        found = _metrics(prom)
+        found = samples(prom)
         assert found["memstaged_log_write_failures_total"] >= 1
         assert found.get("memstaged_decisions_total{decision=repaired}") == 0
         assert (memory_dir / "staging" / "fixme.json").read_bytes() == data  # nothing done
@@ -664,13 +595,13 @@ def test_metrics_say_while_the_log_cannot_be_written_and_when_it_can_again(
         broken.mend()
         wait_until(
             lambda: (
-                _sample(prom, "memstaged_log_write_failing") == 0
-                and _sample(prom, "memstaged_decisions_total{decision=repaired}") == 1
+                sample(prom, "memstaged_log_write_failing") == 0
+                and sample(prom, "memstaged_decisions_total{decision=repaired}") == 1
             ),
             "the metrics to say that the log works again",
             timeout=90,  # the daemon's back-off after a few failures: seconds
         )
-        assert _metrics(prom)["memstaged_log_write_failures_total"] >= 1  # a counter stays
+        assert samples(prom)["memstaged_log_write_failures_total"] >= 1  # a counter stays
         assert (memory_dir / "staging" / "fixme.json").read_bytes() != data  # repaired now
         assert daemon.stop() == 0
 
@@ -690,10 +621,10 @@ def test_metrics_count_a_staging_dir_that_cannot_be_watched(
     cfg.write_text(f'memory_dirs = ["{memory_dir}"]\nmetrics_file = "{prom}"\nsettle = 0\n')
     daemon = spawn("--config", str(cfg), prefix=without_dac_override())
     wait_until(
-        lambda: _sample(prom, "memstaged_memory_dirs_not_watched") == 1,
+        lambda: sample(prom, "memstaged_memory_dirs_not_watched") == 1,
         "the metrics to say a memory dir is not watched",
     )
-    found = _metrics(prom)
+    found = samples(prom)
     assert found["memstaged_watch_failures_total"] >= 1
     assert [e["memory_dir"] for e in daemon.events() if e["event"] == "watch_failed"] == [
         str(memory_dir)
@@ -702,76 +633,12 @@ def test_metrics_count_a_staging_dir_that_cannot_be_watched(
     staging.rmdir()
     staging.mkdir()  # its memory dir's watch sees it come back, readable
     wait_until(
-        lambda: _sample(prom, "memstaged_memory_dirs_not_watched") == 0,
+        lambda: sample(prom, "memstaged_memory_dirs_not_watched") == 0,
         "the metrics to say the memory dir is watched again",
     )
-    assert _metrics(prom)["memstaged_watch_failures_total"] >= 1
-    assert _metrics(prom)["memstaged_memory_dirs_watched"] == 1
+    assert samples(prom)["memstaged_watch_failures_total"] >= 1
+    assert samples(prom)["memstaged_memory_dirs_watched"] == 1
     assert daemon.stop() == 0
-
-
-def test_metrics_are_written_only_after_a_change_and_at_most_every_few_seconds(
-    tmp_path: Path, memory_dir: Path
-) -> None:
-    """Issue 21 item 7: idle, the metrics file sets no deadline (no wake-up); after an event it
-    is written at once, then not again before MIN_INTERVAL (a deadline says when), and a
-    failure to write it is logged once, not per attempt."""
-    prom = tmp_path / "m.prom"
-    base = settings(memory_dir)
-    rig = Rig(msgspec.structs.replace(base, metrics_file=prom))
-    daemon = rig.daemon
-    tally = metrics.Tally(RecordingLogger())
-    hook = metrics.Metrics(daemon, tally, rig.clock, started=1.0)
-    daemon.hooks.append(hook)
-    daemon.start()
-    daemon.work()
-    idle = daemon.next_rescan - rig.clock()
-    daemon.keepalive()  # the first write: the daemon started
-    assert prom.exists()
-    first = prom.read_bytes()
-    assert hook.deadline() is None
-    assert daemon.timeout() == idle  # idle: the metrics add no wake-up
-
-    tally.info("memory_dir_added", memory_dir=str(memory_dir))
-    write(memory_dir / "staging" / "a.json", b"not json")
-    rig.send(Signal(Kind.COMPLETE, str(memory_dir), "a.json"))
-    daemon.keepalive()
-    assert prom.read_bytes() == first  # within MIN_INTERVAL of the last write
-    assert hook.deadline() == rig.clock() + metrics.MIN_INTERVAL
-    rig.clock.advance(metrics.MIN_INTERVAL)
-    daemon.keepalive()
-    found = _metrics(prom)
-    assert found["memstaged_deferrals_total"] == 1  # a wait, apart from the decisions (SPEC 7)
-    assert "memstaged_decisions_total{decision=deferred}" not in found
-    assert hook.deadline() is None
-
-    prom.unlink()
-    prom.mkdir()  # the path cannot be replaced by a file any more
-    for _ in range(3):
-        tally.info("rescan")
-        rig.clock.advance(metrics.MIN_INTERVAL)
-        daemon.keepalive()
-    assert [e["event"] for e in rig.log.events if e["event"].startswith("metrics_")] == [
-        "metrics_failed"
-    ]
-    daemon.shutdown()
-
-
-def test_config_show_and_check_cover_metrics_file(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, log_file: Path
-) -> None:
-    """Issue 21 item 7: `config show` lists metrics_file with its origin; `config check`
-    refuses a wrong type for it naming the key."""
-    cfg = tmp_path / "c.toml"
-    cfg.write_text('metrics_file = "/var/lib/node_exporter/memstaged.prom"\n')
-    code, out, _ = run(capsys, "config", "show", "--config", str(cfg))
-    assert code == 0
-    assert f'file:{cfg}\tmetrics_file="/var/lib/node_exporter/memstaged.prom"' in out.splitlines()
-    cfg.write_text("metrics_file = 5\n")
-    code, _, err = run(capsys, "config", "check", "--config", str(cfg))
-    assert code == 2
-    assert "key 'metrics_file'" in one_line_error(err)
-    assert config.load(config=None, env={"HOME": str(tmp_path)}).metrics_file is None
 
 
 def test_a_memory_dir_whose_name_is_not_utf8_is_answered_for(
@@ -789,7 +656,7 @@ def test_a_memory_dir_whose_name_is_not_utf8_is_answered_for(
     _daemon_env(tmp_path, monkeypatch, daemon)
     code, text, _ = _check(capsys, "--memory-dir", str(memory_dir), "--require-daemon")
     assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir, nothing needs attention")
-    code, result = _status_json(capsys, memory_dir)
+    code, result = status_json(capsys, memory_dir)
     assert (result["daemon_answered"], result["watched"]) == (True, True)
     assert daemon.proc.poll() is None
     assert daemon.stop() == 0

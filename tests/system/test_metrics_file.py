@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import as_nobody
 from support.daemon_process import DaemonProcess
 from support.documents import staging_doc, write
+from support.metrics import samples
 from support.notify_socket import NotifySocket
 from support.waiting import wait_until
 
@@ -70,16 +71,6 @@ def _reload(daemon: DaemonProcess, config: Path, memory_dir: Path, prom: Path, m
     daemon.wait_for(
         lambda ev: any(e["event"] == "reload" and e.get("ok") for e in ev), f"the reload to {mode}"
     )
-
-
-def _metrics(path: Path) -> dict[str, float]:
-    """Every sample of the metrics file, by name and labels, parsed by prometheus_client."""
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(path.read_text()):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
 
 
 def _decisions_total(found: dict[str, float]) -> dict[str, float]:
@@ -296,7 +287,7 @@ def test_decided_agrees_across_stop_status_and_metrics_and_counters_restart_from
         assert [e["decided"] for e in _events(first, "stop")] == [5]
         assert _status_decided(notify) == 5
         assert notify.statuses()[-1] == "stopping"
-        found = _metrics(prom)  # the last write, at the clean stop
+        found = samples(prom)  # the last write, at the clean stop
         assert _decisions_total(found) == {
             "valid": 2,
             "repaired": 1,
@@ -329,7 +320,7 @@ def test_decided_agrees_across_stop_status_and_metrics_and_counters_restart_from
         assert _events(second, "decision") == []
         assert [e["decided"] for e in _events(second, "stop")] == [0]
         assert _status_decided(notify) == 0
-        found = _metrics(prom)
+        found = samples(prom)
         assert _decisions_total(found) == dict.fromkeys(DECISIONS, 0)
         assert found["memstaged_deferrals_total"] == 0
         assert found["memstaged_seen_files{decision=valid}"] == 3

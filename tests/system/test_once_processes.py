@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from support import as_nobody
-from support.documents import backlog, decisions, read_log, staging_doc, write
+from support.decision_log import decisions, read_events
+from support.documents import backlog, staging_doc, write
 from support.helpers import (
     files_under,
     make_memory_dir,
@@ -59,7 +60,7 @@ def test_unreadable_staging_file_is_deferred_and_kept() -> None:
         )
         assert result.returncode == 1, result.stderr
         assert (staging / "secret.json").read_bytes() == data
-        assert decisions(log) == {"secret.json": "deferred"}, (read_log(log), result.stderr)
+        assert decisions(log) == {"secret.json": "deferred"}, (read_events(log), result.stderr)
         assert "permission denied" in log.read_text()
         assert "Traceback" not in result.stderr
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.daemon_process import WAIT, DaemonProcess, glob_config, many_projects
+from support.decision_log import read_events
 from support.documents import staging_doc
 from support.systemd_env import unavailable_reason, user_systemd
 from support.waiting import wait_until
@@ -126,7 +127,7 @@ def test_memstaged_typed_beside_the_service_names_the_service(tmp_path: Path) ->
         starts = sd.journalctl("-o", "json", "MEMSTAGED_EVENT=start").stdout.splitlines()
         assert [json.loads(line)["MEMSTAGED_PID"] for line in starts] == [main_pid]
         log = Path(sd.env["XDG_STATE_HOME"]) / "memstaged" / "decisions.jsonl"
-        events = [json.loads(line) for line in log.read_text().splitlines()]
+        events = read_events(log)
         assert _lifecycle(events) == [("start", int(main_pid)), ("ready", int(main_pid))]
         assert not [e for e in events if e["event"] == "memory_dir_busy"]
         assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.documents import read_log, staging_doc, write
+from support.decision_log import read_events
+from support.documents import staging_doc, write
 
 from memstaged.cli.main import main
 
@@ -43,7 +44,7 @@ def test_a_decision_is_logged_in_the_tests_own_home_even_after_monkeypatch_undo(
     assert main(["--once", "--memory-dir", str(mdir)]) == 0
     capsys.readouterr()
     log = tmp_path / "home" / ".local" / "state" / "memstaged" / "decisions.jsonl"
-    assert [e["decision"] for e in read_log(log) if e["event"] == "decision"] == ["valid"]
+    assert [e["decision"] for e in read_events(log) if e["event"] == "decision"] == ["valid"]
     write(mdir / "staging" / "b.json", b"{nope")
     os.utime(mdir / "staging" / "b.json", (1_700_000_000, 1_700_000_000))
     done = subprocess.run(
@@ -53,7 +54,7 @@ def test_a_decision_is_logged_in_the_tests_own_home_even_after_monkeypatch_undo(
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert [e["decision"] for e in read_log(log) if e["event"] == "decision"] == [
+    assert [e["decision"] for e in read_events(log) if e["event"] == "decision"] == [
         "valid",
         "quarantined",
     ]

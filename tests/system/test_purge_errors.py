@@ -10,11 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.documents import lesson
+from support.documents import lesson, staging_doc
 from support.helpers import (
     PYTHON,
     REPO,
-    doc,
     make_memory_dir,
     memstaged_env,
     project_root_of,
@@ -45,7 +44,9 @@ def test_an_io_error_in_the_middle_of_a_purge_exits_1_and_says_what_was_deleted(
     mdir = make_memory_dir(tmp_path)
     root = project_root_of(mdir)
     for n in range(2):
-        body = doc(f"s{n}", root, {"lessons": [lesson(f"cid-{n}")]}, schemaVersion="1")
+        body = staging_doc(
+            root, f"s{n}", candidates={"lessons": [lesson(f"cid-{n}")]}, schemaVersion="1"
+        )
         (mdir / "staging" / f"bad{n}.json").write_bytes(json.dumps(body).encode())
     env = memstaged_env(tmp_path)
     assert run_once(mdir, env, "--settle", "0").returncode == 0

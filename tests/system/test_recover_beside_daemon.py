@@ -34,14 +34,12 @@ from typing import Any, Final
 
 import pytest
 from support.commands import BAD_TRIGGER
-from support.documents import lesson
+from support.decision_log import read_events
+from support.documents import decision, lesson, preference, staging_doc
 from support.helpers import (
     candidate_id,
-    decision,
     memstaged_env,
-    preference,
     project_root_of,
-    read_events,
     record_candidate_id,
     start_daemon,
     start_deadletter,
@@ -129,7 +127,7 @@ class Rig:
         events of a round that straddled a rotation were missed (the slow rounds then waited
         in vain for a decision that was in ``decisions.jsonl.1``)."""
         rotated = sorted(self.log.parent.glob(f"{self.log.name}.[0-9]*"), reverse=True)
-        return [e for path in [*rotated, self.log] for e in read_events(path)]
+        return [e for path in [*rotated, self.log] for e in read_events(path, strict=False)]
 
     def _count(self, event: str) -> int:
         return sum(e.get("event") == event for e in self._events())
@@ -202,15 +200,7 @@ class Writer(threading.Thread):
             }
             self.good |= {f"{cid}-p", f"{cid}-d"}
             self.bad.add(f"{cid}-l")
-        body = {
-            "schemaVersion": 1,
-            "session_id": f"{self.prefix}-{i}",
-            "project_root": self.root,
-            "produced_at": "2026-11-29T18:04:11.250Z",
-            "candidates": {
-                k: candidates.get(k, []) for k in ("lessons", "preferences", "decisions", "domain")
-            },
-        }
+        body = staging_doc(self.root, f"{self.prefix}-{i}", candidates=candidates)
         name = f"{self.prefix}-{i:04}.json"
         tmp = self.staging / f".{name}.tmp"
         tmp.write_text(json.dumps(body))
@@ -430,7 +420,7 @@ def test_a_daemon_starting_leaves_a_live_recoverys_temp_alone(
         assert len(recovered) == 1
         body = json.loads((staging / recovered[0]).read_bytes())
         assert [c["text"].split()[0] for c in body["candidates"]["preferences"]] == ["cid-tmp-0-p"]
-        events = read_events(rig.log)
+        events = read_events(rig.log, strict=False)
         named = [e.get("staging_file") for e in events if e.get("event") == "deadletter_recovering"]
         assert f"staging/{recovered[0]}" in named
         assert not [e for e in events if e.get("event") == "deadletter_recover_failed"]

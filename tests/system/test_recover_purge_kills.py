@@ -40,12 +40,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import pytest
+from support.decision_log import DecisionLog
 from support.helpers import (
     REPO,
-    DecisionLog,
     candidate_id,
     memstaged_env,
     record_candidate_id,
@@ -62,22 +62,6 @@ _RECORD: Final = re.compile(
 )
 #: What a step may SIGKILL; a command that is not running at that moment is left alone.
 VICTIMS: Final = ("daemon", "writer", "recover", "purge")
-
-
-class Events(DecisionLog):
-    """Every event of the decision log and of its rotated files, each line read once."""
-
-    def __init__(self, log: Path) -> None:
-        super().__init__(log)
-        self.events: list[dict[str, Any]] = []
-
-    def _take(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if isinstance(event, dict):
-            self.events.append(event)
 
 
 @dataclass
@@ -119,7 +103,7 @@ class Ledger:
         self.staging = mdir / "staging"
         self.dl = mdir / "deadletter"
         self.journal = journal
-        self.log = Events(log)
+        self.log = DecisionLog(log, strict=False)
         self.versions: list[Version] = []
         self._journal_at = 0
         self.seen = Seen()

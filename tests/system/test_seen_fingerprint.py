@@ -16,7 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.documents import decisions, staging_doc, write
+from support.decision_log import decisions
+from support.documents import staging_doc, write
 from support.helpers import PYTHON, make_memory_dir, memstaged_env, project_root_of
 
 import memstaged

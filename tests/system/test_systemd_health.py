@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from support.documents import staging_doc
+from support.metrics import samples
 from support.systemd_env import UserSystemd, unavailable_reason, user_systemd
 from support.waiting import wait_until
 
@@ -55,19 +55,8 @@ def _demo(tmp_path: Path) -> tuple[Path, Path]:
     return project, mdir
 
 
-def _metrics(path: Path) -> dict[str, float]:
-    """Every sample of the metrics file, keyed ``name{label=value,...}``, as parsed by
-    prometheus_client's own parser (what node_exporter's textfile collector accepts)."""
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(path.read_text(encoding="utf-8")):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return found
-
-
 def _decisions(path: Path) -> dict[str, float]:
-    found = _metrics(path) if path.exists() else {}
+    found = samples(path) if path.exists() else {}
     return {d: found.get(f"memstaged_decisions_total{{decision={d}}}", -1) for d in DEMO_DECISIONS}
 
 
@@ -142,7 +131,7 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
             what=f"the demo's decisions in {prom}",
         )
         assert stat.S_IMODE(prom.stat().st_mode) == 0o644
-        found = _metrics(prom)
+        found = samples(prom)
         assert found["memstaged_deadletter_unseen_records"] == 5
         assert found["memstaged_memory_dirs_watched"] == 1
         assert found["memstaged_log_write_failing"] == 0
@@ -164,7 +153,7 @@ def test_status_check_ack_and_metrics_work_under_the_real_service(
         assert acked.returncode == 0, acked.stderr
         assert _check(sd) == (0, OK)
         wait_until(  # ack told the daemon over the socket: the file is written again
-            lambda: _metrics(prom)["memstaged_deadletter_unseen_records"] == 0,
+            lambda: samples(prom)["memstaged_deadletter_unseen_records"] == 0,
             timeout=20,
             what="the unseen count to be 0 in the metrics file after ack",
         )
@@ -238,7 +227,7 @@ def test_a_metrics_file_set_by_a_reload_outside_the_sandbox_is_refused_until_rei
         wait_until(prom.exists, timeout=20, what=f"{prom} after the reinstall")
         # The restarted daemon decided nothing anew (issue 31 item 4: its counters start from
         # 0); what the earlier one decided valid, new.json included, is in the seen cache.
-        assert _metrics(prom)["memstaged_seen_files{decision=valid}"] >= 1
+        assert samples(prom)["memstaged_seen_files{decision=valid}"] >= 1
         assert sd.run(str(MEMSTAGED), "service", "uninstall").returncode == 0
 
 

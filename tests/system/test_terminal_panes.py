@@ -13,7 +13,6 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
@@ -22,6 +21,7 @@ import pytest
 from support.commands import prepare, record_files
 from support.documents import staging_doc, write
 from support.helpers import memstaged_cmd
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -63,13 +63,20 @@ class Pane:
 
     def wait(self, ready: Callable[[list[str]], bool]) -> list[str]:
         """The screen once ``ready`` says it shows what the test waits for."""
-        deadline = time.monotonic() + GUARD
-        while True:
-            shown = self.screen()
-            if ready(shown):
-                return shown
-            assert time.monotonic() < deadline, "\n".join(shown)
-            time.sleep(0.05)
+        shown: list[str] = []
+
+        def shows() -> bool:
+            shown[:] = self.screen()
+            return ready(shown)
+
+        wait_until(
+            shows,
+            "the screen the test waits for",
+            timeout=GUARD,
+            interval=0.05,
+            said=lambda: "\n".join(shown),
+        )
+        return shown
 
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", *keys)

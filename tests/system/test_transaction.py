@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 from support.daemon_fakes import RecordingLogger
-from support.documents import lesson
-from support.helpers import PYTHON, REPO, doc, make_memory_dir, memory_dir_of, project_root_of
+from support.documents import lesson, staging_doc
+from support.helpers import PYTHON, REPO, make_memory_dir, memory_dir_of, project_root_of
 
 from memstaged.core.decide import Decision
 from memstaged.core.records import Origin, original_name, whole_file_record
@@ -46,7 +46,7 @@ _OLD: int = 1_600_000_000
 
 
 def _bytes(mdir: Path, session: str = "s1") -> bytes:
-    body = doc(session, project_root_of(mdir), {"lessons": [lesson("cid-1")]})
+    body = staging_doc(project_root_of(mdir), session, candidates={"lessons": [lesson("cid-1")]})
     return json.dumps(body).encode()
 
 

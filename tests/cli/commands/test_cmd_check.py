@@ -11,9 +11,14 @@ from pathlib import Path
 
 import pytest
 from support.commands import BAD_TRIGGER, json_lines, one_line_error, run
-from support.documents import decisions, lesson, staging_doc, write
+from support.decision_log import decisions, read_events
+from support.documents import lesson, one_of_each, settled, staging_doc, write
+from support.helpers import DEMO
 
+from memstaged.cli.main import main
 from memstaged.core.decide import Context, Decision, decide
+
+pytestmark = pytest.mark.usefixtures("plain_output")
 
 
 @pytest.fixture
@@ -151,3 +156,84 @@ def test_check_and_once_agree_on_a_file_dated_in_the_future(
     code, _, _ = run(capsys, "--once", "--settle", "0", "--memory-dir", str(memory_dir))
     assert code == 0
     assert decisions(log_file) == {"ahead.json": "quarantined"}
+
+
+def test_check_decides_exactly_as_once(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    project: Path,
+    memory_dir: Path,
+    log_file: Path,
+) -> None:
+    """Issue 13 item 5: on the same files and settings (a config with a small size limit),
+    ``check`` gives each file the decision ``--once --dry-run`` logs for it: a file over the
+    limit is quarantined for its size (check called a 9 MB file valid), a FIFO and a link are
+    skipped (check hung on the FIFO), a fresh unparseable file is deferred."""
+    files = one_of_each(project, memory_dir)
+    staging = memory_dir / "staging"
+    big = staging / "big.json"
+    write(big, staging_doc(project, "big", padding="x" * 5000))
+    os.mkfifo(staging / "fifo.json")
+    os.symlink(files["valid"], staging / "link.json")
+    write(staging / "fresh.json", b'{"half')
+    settled(big)
+    config = tmp_path / "c.toml"
+    config.write_text("max_file_size = 4096\nsettle = 600\n")
+    names = sorted(p.name for p in staging.iterdir())
+    code, out, _ = run(
+        capsys, "check", "--json", "--config", str(config), *(str(staging / n) for n in names)
+    )
+    checked = {Path(e["path"]).name: e["decision"] for e in map(json.loads, out.splitlines())}
+    assert checked["big.json"] == "quarantined"
+    assert checked["fifo.json"] == checked["link.json"] == "skipped"
+    assert checked["fresh.json"] == "deferred"
+    once_argv = ["--once", "--dry-run", "--settle", "0", "--memory-dir", str(memory_dir)]
+    # --once waits for the fresh file to settle: compare it with a zero settle on both sides
+    code_once, _, _ = run(capsys, *once_argv, "--config", str(config))
+    assert code_once == 0
+    logged = {
+        Path(e["path"]).name: e["decision"]
+        for e in read_events(log_file)
+        if e["event"] == "decision"
+    }
+    _, out, _ = run(
+        capsys,
+        "check",
+        "--json",
+        "--settle",
+        "0",
+        "--config",
+        str(config),
+        *(str(staging / n) for n in names),
+    )
+    checked = {Path(e["path"]).name: e["decision"] for e in map(json.loads, out.splitlines())}
+    assert checked == logged
+    assert code == 6  # the worst: skipped
+
+
+def test_check_hints_at_project_root_when_every_file_is_foreign(
+    capsys: pytest.CaptureFixture[str], log_file: Path
+) -> None:
+    """Issue 13 item 5: on the shipped examples (whose project is not where the clone is) every
+    file is foreign, and check says to pass --project-root; with it, the files are decided."""
+    examples = sorted(DEMO.iterdir())
+    code, _, err = run(capsys, "check", *map(str, examples))
+    assert code == 4  # foreign, and one that is not even JSON
+    assert "--project-root" in one_line_error(err)
+    code, out, err = run(
+        capsys, "check", "--project-root", "/x/example-project", *map(str, examples)
+    )
+    assert err == ""
+    assert code == 4 and ": valid" in out and ": repaired" in out
+
+
+def test_check_help_says_it_decides_as_once_and_gives_the_exit_codes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 13 item 5: ``check --help`` says it decides as --once would, with the codes."""
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = capsys.readouterr().out
+    assert "decides exactly as --once" in text
+    for line in ("0  valid", "3  repairable", "4  would be quarantined", "5  foreign"):
+        assert line in text

@@ -12,14 +12,14 @@ import pytest
 from support.commands import (
     BAD_TRIGGER,
     json_lines,
-    logged,
     one_line_error,
     prepare,
     redated,
     run,
     write_log,
 )
-from support.documents import lesson, staging_doc, write
+from support.decision_log import read_events
+from support.documents import lesson, one_of_each, staging_doc, write
 
 from memstaged.cli.commands import _common
 from memstaged.cli.commands.stats import compute, error_key
@@ -61,7 +61,7 @@ def test_counts_per_decision_memory_dir_and_day(
     assert result["total"] == 5
     assert result["not_counted"] == 1
     assert result["memory_dirs"] == {str(memory_dir): result["decisions"]}
-    today = _local_day(logged(log_file)[0]["timestamp"])
+    today = _local_day(read_events(log_file)[0]["timestamp"])
     assert result["periods"] == {today: result["decisions"]}
     errors = {e["error"]: e["count"] for e in result["top_errors"]}
     # mixed.json's lessons[1] lacks triggers, which R1 would have added: not why it went
@@ -88,7 +88,7 @@ def test_window_and_hours(
     # would be one decision: issue 21 item 3).
     old = [
         {**e, "sha256": "0" * 64} if "sha256" in e else e
-        for e in redated(logged(log_file), OLD_DAY)
+        for e in redated(read_events(log_file), OLD_DAY)
     ]
     write_log(log_file.with_name(log_file.name + ".1"), old)
     everything = _stats(capsys)
@@ -211,3 +211,49 @@ def test_error_key_and_compute_are_pure() -> None:
     assert (result.waits.deferrals, result.waits.files, result.waits.waiting) == (1, 1, 0)
     [stuck] = result.stuck
     assert (stuck.deferrals, stuck.exists, stuck.for_seconds) == (1, False, 3600.0)
+
+
+def test_dry_run_decisions_are_marked_and_never_counted(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 13 item 6 (SPEC 7): after ``--once --dry-run``, ``log`` shows every decision
+    marked ``(dry run)`` and ``stats`` counts none of them as decisions (it counts them apart);
+    after a real run, they count."""
+    one_of_each(project, memory_dir)
+    assert run(capsys, "--once", "--dry-run", "--memory-dir", str(memory_dir))[0] == 0
+    _, out, _ = run(capsys, "log", "--decision", "quarantined")
+    assert "quarantined (dry run)" in out
+    _, out, _ = run(capsys, "stats", "--json")
+    stats = json.loads(out)
+    assert stats["total"] == 0 and stats["decisions"]["quarantined"] == 0
+    assert stats["dry_run"] == 4
+    assert run(capsys, "--once", "--memory-dir", str(memory_dir))[0] == 0
+    stats = json.loads(run(capsys, "stats", "--json")[1])
+    assert stats["decisions"]["quarantined"] == 1 and stats["total"] == 4
+
+
+def test_deferrals_are_waits_shown_apart_with_the_oldest(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 21 item 4: a file deferred by two runs (the reconciler's lock is held) is not two
+    decisions: ``stats`` totals the decisions alone and shows the waits apart, with the file
+    still waiting and how long it has waited."""
+    write(memory_dir / "staging" / "wait.json", staging_doc(project, "wait"))
+    lock = memory_dir / "canonical-writer.lock"
+    lock.write_text(json.dumps({"pid": os.getpid(), "owner": "reconciler"}))
+    for _ in range(2):
+        code, _, _ = run(capsys, "--once", "--memory-dir", str(memory_dir))
+        assert code == 1
+    code, out, _ = run(capsys, "stats", "--json")
+    stats = json.loads(out)
+    assert "deferred" not in stats["decisions"]
+    assert stats["total"] == 0
+    assert stats["waits"]["deferrals"] == 2
+    assert stats["waits"]["files"] == 1
+    assert stats["waits"]["waiting"] == 1
+    assert stats["waits"]["oldest_path"] == str(memory_dir / "staging" / "wait.json")
+    assert stats["waits"]["oldest_seconds"] >= 0
+    code, out, _ = run(capsys, "stats")
+    assert "# waits: deferred, not decisions" in out
+    assert "deferrals\t2" in out
+    assert "oldest still waiting\t" in out and "wait.json" in out

@@ -18,6 +18,8 @@ from support.commands import (
 )
 from support.documents import lesson, staging_doc, write
 
+from memstaged.cli.commands.status import SUMMARY_COLUMNS
+
 pytestmark = pytest.mark.usefixtures("plain_output")
 
 
@@ -199,3 +201,30 @@ def test_check_has_a_short_first_line_and_the_detail_after_it(
         1,
         "2 of 3 memory dirs need attention: memstaged status -v",
     )
+
+
+def test_many_memory_dirs_are_one_line_each_and_the_detail_with_verbose(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, log_file: Path
+) -> None:
+    """Issue 21 item 6: `status` on many memory dirs prints one line per memory dir (1,000 must
+    stay readable); -v, or a single memory dir, gives each one's detail."""
+    dirs = []
+    for i in range(30):
+        mdir = tmp_path / f"p{i:02d}" / ".pi" / "memory" / "project"
+        (mdir / "staging").mkdir(parents=True)
+        dirs.append(mdir)
+    write(dirs[3] / "staging" / "bad.json", b"not json")
+    assert run(capsys, "--once", "--memory-dir", str(dirs[3]), "--settle", "0")[0] == 0
+    pattern = str(tmp_path / "p*" / ".pi" / "memory" / "project")
+    code, out, _ = run(capsys, "status", "--memory-dir", pattern)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == "# 30 memory dirs"
+    assert lines[1].split("\t") == list(SUMMARY_COLUMNS)
+    rows = [line.split("\t") for line in lines[2:32]]
+    assert [r[0] for r in rows] == [str(d) for d in dirs]
+    assert rows[3][4:6] == ["1", "1"] and rows[3][-1] == "attention"
+    assert all(r[-1] == "ok" for i, r in enumerate(rows) if i != 3)
+    assert lines[32:] == ["1 of 30 memory dirs needs attention: memstaged status -v"]
+    code, out, _ = run(capsys, "status", "-v", "--memory-dir", pattern)
+    assert out.count("needs attention\t") == 30  # a table per memory dir

@@ -5,7 +5,8 @@ that is not; a refusal is one line.
 
 Another user is the real ``nobody``: a directory it owns is made with ``os.chown`` (as root),
 under /tmp, which it reaches; the daemon is a real process, stopped with a real SIGSTOP, asked by
-a real ``memstaged status`` through a real socket.
+a real ``memstaged status`` through a real socket. The check itself
+(``private_dirs.private_dir``) is in ``tests/files/test_private_dirs.py``.
 """
 
 from __future__ import annotations
@@ -26,30 +27,21 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support import as_nobody
 from support.commands import one_line_error, prepare, record_files, run, staging_files
 from support.daemon_process import DaemonProcess
-from support.helpers import daemon, memory_dir_of, memstaged_cmd, memstaged_env, read_events
+from support.decision_log import read_events
+from support.documents import one_of_each
+from support.helpers import REPO, daemon, memory_dir_of, memstaged_cmd, memstaged_env
 from support.waiting import wait_for
 
 from memstaged import config
 from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
-from memstaged.errors import NotPrivate
-from memstaged.files import private_dirs
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
 REFUSED = "bad ownership or modes for directory"
-
-
-def _nobody() -> int:
-    """The uid of ``nobody``; skips unless this test may give it a directory (root)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give a directory to another user")
-    try:
-        return pwd.getpwnam("nobody").pw_uid
-    except KeyError:
-        pytest.skip("there is no user nobody")
 
 
 @contextlib.contextmanager
@@ -62,70 +54,6 @@ def _shared_dir() -> Iterator[Path]:
         yield base
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _made_by(path: Path, uid: int, mode: int = 0o755) -> Path:
-    """``path`` made by another user first (owned by ``uid``, with ``mode``)."""
-    path.mkdir()
-    os.chown(path, uid, uid)
-    os.chmod(path, mode)
-    return path
-
-
-# -- the checker --------------------------------------------------------------------------------
-
-
-def test_a_missing_directory_is_made_private_with_its_parents(tmp_path: Path) -> None:
-    """Issue 29 item 11: what does not exist yet is made 0700, parents included, and passes."""
-    target = tmp_path / "a" / "b" / "memstaged"
-    assert private_dirs.private_dir(target, create=False) is False
-    assert not target.exists()
-    assert private_dirs.private_dir(target) is True
-    for path in (tmp_path / "a", tmp_path / "a" / "b", target):
-        assert stat.S_IMODE(path.stat().st_mode) == 0o700
-
-
-@pytest.mark.parametrize("mode", [0o755, 0o750, 0o701, 0o705])
-def test_the_users_own_directory_others_may_only_read_is_made_private(
-    tmp_path: Path, mode: int
-) -> None:
-    """Issue 29 item 11: the user's own directory that group or others may read or enter, but
-    not write (a state dir an earlier version left 0755), is made 0700 and used: no one else
-    can have put anything in it."""
-    target = tmp_path / "memstaged"
-    target.mkdir()
-    os.chmod(target, mode)
-    assert private_dirs.private_dir(target)
-    assert stat.S_IMODE(target.stat().st_mode) == 0o700
-
-
-@pytest.mark.parametrize("mode", [0o775, 0o770, 0o703, 0o777])
-def test_a_directory_others_may_write_is_refused_in_one_line(tmp_path: Path, mode: int) -> None:
-    """Issue 29 item 11: the user's own directory that group or others may write into is
-    refused, naming the directory, its owner and its mode (as ssh's "bad ownership or modes")."""
-    target = tmp_path / "memstaged"
-    target.mkdir()
-    os.chmod(target, mode)
-    with pytest.raises(NotPrivate) as refused:
-        private_dirs.private_dir(target)
-    me = pwd.getpwuid(os.geteuid()).pw_name
-    assert refused.value.strerror == (
-        f"{REFUSED} {target} (owner {me}, mode {mode:04o}): it must be {me}'s own, mode 0700"
-    )
-
-
-def test_a_link_and_another_users_directory_are_refused(tmp_path: Path) -> None:
-    """Issue 29 item 11: a symbolic link to a private directory, and a private directory of
-    another user, are refused."""
-    real = tmp_path / "real"
-    real.mkdir(mode=0o700)
-    (tmp_path / "link").symlink_to(real)
-    with pytest.raises(NotPrivate, match=f"{REFUSED} {tmp_path / 'link'}: a symbolic link"):
-        private_dirs.private_dir(tmp_path / "link")
-    uid = _nobody()
-    theirs = _made_by(tmp_path / "theirs", uid, 0o700)
-    with pytest.raises(NotPrivate, match=r"\(owner nobody, mode 0700\)"):
-        private_dirs.private_dir(theirs)
 
 
 # -- the runtime dir: a socket another user put there is not asked -------------------------------
@@ -175,9 +103,9 @@ def test_a_stopped_daemon_is_not_reported_ok_through_another_users_runtime_dir(
     user put in the daemon's place is not asked: with the daemon SIGSTOPped, ``status --check
     --require-daemon`` is CRITICAL, naming the directory, its owner and its mode. It was
     ``MEMSTAGED OK`` with the text that user wrote."""
-    uid = _nobody()
+    uid = as_nobody.owner_ids()[0]
     with _shared_dir() as runtime:
-        theirs = _made_by(runtime / control_socket.SOCKET_DIR, uid, 0o777)
+        theirs = as_nobody.made_by(runtime / control_socket.SOCKET_DIR, uid, 0o777)
         daemon = DaemonProcess(
             tmp_path, "--memory-dir", str(memory_dir), env={"XDG_RUNTIME_DIR": str(runtime)}
         )
@@ -243,7 +171,7 @@ def spoofed_state(
 ) -> tuple[Path, dict[str, bytes]]:
     """A memory dir with dead-letter records, and a state dir that ``nobody`` made first, in
     which that user marked every record seen (so that no monitor would ask about them)."""
-    uid = _nobody()
+    uid = as_nobody.owner_ids()[0]
     prepare(project, memory_dir, log_file)
     os.utime(memory_dir / "staging" / "good.json", (1, 1))
     state = config.default_state_dir(os.environ)
@@ -312,7 +240,7 @@ def test_a_state_dir_in_another_users_directory_is_refused_in_one_line(
     written into that user's directory, and read from it. Every command now refuses such a
     state dir, as ssh refuses a key below a directory others own, with one line naming the
     directory above it; nothing is changed."""
-    uid = _nobody()
+    uid = as_nobody.owner_ids()[0]
     prepare(project, memory_dir, log_file)
     state = config.default_state_dir(os.environ)
     assert stat.S_IMODE(state.stat().st_mode) == 0o700 and state.stat().st_uid == os.geteuid()
@@ -347,7 +275,8 @@ def test_the_users_own_state_dir_others_may_write_is_refused_by_the_daemon(
     with daemon([memory_dir], env, stderr=tmp_path / "daemon.err") as proc:
         assert wait_for(
             lambda: (
-                proc.poll() is not None or any(e.get("event") == "ready" for e in read_events(log))
+                proc.poll() is not None
+                or any(e.get("event") == "ready" for e in read_events(log, strict=False))
             ),
             120,
         )
@@ -356,3 +285,35 @@ def test_the_users_own_state_dir_others_may_write_is_refused_by_the_daemon(
         (tmp_path / "daemon.err").read_text()
     )
     assert list(state.iterdir()) == []
+
+
+# -- what memstaged creates is 0700 ----------------------------------------------------------------
+
+
+def test_every_directory_memstaged_creates_is_0700(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """Issue 10 item 17 (SPEC 6): with ``$XDG_STATE_HOME`` not there yet, each directory
+    memstaged creates for its state (the parents too) is 0700, whatever the umask."""
+    one_of_each(project, memory_dir)
+    state = tmp_path / "new" / "state"
+    env = memstaged_env(tmp_path, XDG_STATE_HOME=str(state))
+    env.pop("MEMSTAGED_LOG_FILE")
+    result = subprocess.run(
+        [
+            "sh",
+            "-c",
+            'umask 022; exec "$@"',
+            "sh",
+            *memstaged_cmd("--once", "--memory-dir", str(memory_dir)),
+        ],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    created = [tmp_path / "new", state, state / "memstaged", state / "memstaged" / "seen"]
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in created}
+    assert modes == {k: 0o700 for k in modes}

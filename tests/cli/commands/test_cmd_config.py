@@ -3,26 +3,14 @@ runs them: ``cli.main`` with a real config file, real ``MEMSTAGED_*`` variables 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support.commands import json_lines, one_line_error, run
 
+from memstaged import config
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A home of the test's own, and no ``MEMSTAGED_*`` variable but those a test sets."""
-    for name in list(os.environ):
-        if name.startswith("MEMSTAGED_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("plain_output")
 
 
 def _config_file(home: Path, text: str) -> Path:
@@ -153,18 +141,18 @@ def test_config_show_without_a_config_file_says_where_it_would_be(
     assert all(line.startswith("default\t") for line in lines)
 
 
-def test_config_check_reload_signals_only_a_memstaged_process(
-    home: Path, capsys: pytest.CaptureFixture[str]
+def test_config_show_and_check_cover_metrics_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, log_file: Path
 ) -> None:
-    """Issue 21 item 8 (the unit's ExecReload=): `--reload PID` hangs up nothing but a
-    memstaged: a stale or mistyped PID (here a sleeping Python) is refused with one line and
-    exit 2, and that process is still running."""
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        code, _out, err = run(capsys, "config", "check", "--reload", str(other.pid))
-        assert code == 2
-        assert one_line_error(err) == f"memstaged: --reload {other.pid}: not a memstaged process"
-        assert other.poll() is None
-    finally:
-        other.kill()
-        other.wait()
+    """Issue 21 item 7: `config show` lists metrics_file with its origin; `config check`
+    refuses a wrong type for it naming the key."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('metrics_file = "/var/lib/node_exporter/memstaged.prom"\n')
+    code, out, _ = run(capsys, "config", "show", "--config", str(cfg))
+    assert code == 0
+    assert f'file:{cfg}\tmetrics_file="/var/lib/node_exporter/memstaged.prom"' in out.splitlines()
+    cfg.write_text("metrics_file = 5\n")
+    code, _, err = run(capsys, "config", "check", "--config", str(cfg))
+    assert code == 2
+    assert "key 'metrics_file'" in one_line_error(err)
+    assert config.load(config=None, env={"HOME": str(tmp_path)}).metrics_file is None

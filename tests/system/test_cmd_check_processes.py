@@ -1,9 +1,17 @@
-"""``memstaged check`` beside a writer that appends in pieces, in a real 80-column terminal."""
+"""``memstaged check`` as a process of its own: beside a writer that appends in pieces, in a
+real 80-column terminal, and on a FIFO.
+
+The rest of ``check``, run in this process, is in ``tests/cli/commands/test_cmd_check.py``."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from support.helpers import memstaged_cmd, memstaged_env
 
 
 def test_check_on_a_file_written_in_pieces_names_settle(memory_dir: Path, tmp_path: Path) -> None:
@@ -34,3 +42,20 @@ def test_check_on_a_file_written_in_pieces_names_settle(memory_dir: Path, tmp_pa
         "  a writer that pauses longer between pieces needs a larger settle",
     ]
     assert "exit-1" in lines
+
+
+@pytest.mark.usefixtures("plain_output")
+def test_check_never_blocks_on_a_fifo(tmp_path: Path, memory_dir: Path) -> None:
+    """Issue 13 item 5: a FIFO is opened with O_NONBLOCK|O_NOFOLLOW (never read): a real
+    ``check`` process ends at once with exit 6 (skipped)."""
+    fifo = memory_dir / "staging" / "pipe.json"
+    os.mkfifo(fifo)
+    result = subprocess.run(
+        memstaged_cmd("check", str(fifo)),
+        env=memstaged_env(tmp_path),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 6
+    assert b"skipped" in result.stdout

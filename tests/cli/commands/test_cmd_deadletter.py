@@ -4,26 +4,30 @@ from __future__ import annotations
 
 import base64
 import errno
+import functools
 import json
 import os
-import subprocess
-from collections.abc import Iterator
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 from support.commands import (
+    deadletter_command,
     json_lines,
-    logged,
     one_line_error,
     original_files,
     prepare,
     record_files,
+    record_ids,
     run,
     staging_files,
+    status_json,
 )
-from support.documents import EVIDENCE, write
-from support.helpers import LockHolder, memstaged_cmd, memstaged_env
+from support.daemon_fakes import RecordingLogger
+from support.decision_log import read_events
+from support.documents import EVIDENCE, put, unparseable, write
+from support.helpers import make_memory_dir, memory_dir_of
 
 from memstaged import config
 from memstaged.cli.commands import _common
@@ -31,31 +35,15 @@ from memstaged.cli.commands import deadletter_read as recorded
 from memstaged.cli.main import main
 from memstaged.core.decide import Context, Decision, decide
 from memstaged.core.foreign import normalize
-from memstaged.deadletter import changes
 from memstaged.deadletter import recover as recover_module
 from memstaged.deadletter import store as deadletter
-from memstaged.files import atomic_write, fsio, temp_names
+from memstaged.files import atomic_write, fsio
 from memstaged.files import recheck as holding
 from memstaged.files.locks import InstanceLock
-from memstaged.files.memdir import MemoryDir
+from memstaged.files.memdir import MemoryDir, Options
+from memstaged.run.pipeline import Pipeline
 
 pytestmark = pytest.mark.usefixtures("plain_output")
-
-
-@pytest.fixture
-def store(project: Path, memory_dir: Path, log_file: Path) -> Path:
-    """mixed.json and broken.json quarantined by a real --once run; returns the memory dir."""
-    prepare(project, memory_dir, log_file)
-    return memory_dir
-
-
-def _dl(capsys: pytest.CaptureFixture[str], memory_dir: Path, *argv: str) -> tuple[int, str, str]:
-    action, *rest = argv
-    return run(capsys, "deadletter", action, "--memory-dir", str(memory_dir), *rest)
-
-
-def _ids(memory_dir: Path, contains: str) -> list[str]:
-    return [n[: -len(".json")] for n in record_files(memory_dir) if contains in n]
 
 
 def _valid(data: bytes, project: Path) -> bool:
@@ -71,7 +59,7 @@ def test_list_groups_records_by_source_file(
 ) -> None:
     """list --json gives every record with its category, summary or text, attempts, reason,
     session and source file, grouped (sorted) by the staging file it came from."""
-    code, out, _ = _dl(capsys, store, "list", "--json")
+    code, out, _ = deadletter_command(capsys, store, "list", "--json")
     assert code == 0
     rows = json_lines(out)
     names = sorted(record_files(store))
@@ -89,24 +77,24 @@ def test_list_groups_records_by_source_file(
     assert all(r["session_id"] == "mixed" for r in mixed)
     # SPEC 4 v2: a record lists its own candidate's errors and the file's, no one else's.
     assert {r["category"] for r in mixed if r["errors"]} == {"lessons"}
-    code, out, _ = _dl(capsys, store, "list", "--json", "--session", "malformed-*")
+    code, out, _ = deadletter_command(capsys, store, "list", "--json", "--session", "malformed-*")
     assert [r["id"] for r in json_lines(out)] == [broken["id"]]
 
 
 def test_list_plain_output(capsys: pytest.CaptureFixture[str], store: Path) -> None:
     """Without --json: one line per record, its full ID first, so that it can be copied into
     ``show`` (issue 13: IDs were wrapped over six lines)."""
-    code, out, _ = _dl(capsys, store, "list")
+    code, out, _ = deadletter_command(capsys, store, "list")
     assert code == 0
     lines = out.splitlines()
-    assert sorted(line.split("  ")[0] for line in lines) == sorted(_ids(store, ""))
+    assert sorted(line.split("  ")[0] for line in lines) == sorted(record_ids(store, ""))
     # Issue 31: a whole-file record shows category ``file``, not the ``lessons`` SPEC 4.3 gives
     # it (--json keeps the record's own); a candidate's record shows its category.
     categories = {line.split("  ")[0]: line.split("  ")[3] for line in lines}
-    [broken] = _ids(store, "broken")
+    [broken] = record_ids(store, "broken")
     assert categories.pop(broken) == "file"
     assert set(categories.values()) == {"lessons", "preferences", "decisions"}
-    code, out, _ = _dl(capsys, store, "show", broken)
+    code, out, _ = deadletter_command(capsys, store, "show", broken)
     assert "category: file " in out
 
 
@@ -115,8 +103,8 @@ def test_show_a_record_by_unique_prefix(
 ) -> None:
     """show takes a unique prefix of the ID and prints the record, its errors, whether recovery
     would take it, and the original's bytes (text here)."""
-    [pref] = _ids(store, "preferences")
-    code, out, _ = _dl(capsys, store, "show", pref[:-3], "--json")
+    [pref] = record_ids(store, "preferences")
+    code, out, _ = deadletter_command(capsys, store, "show", pref[:-3], "--json")
     assert code == 0
     [shown] = json_lines(out)
     assert shown["id"] == pref
@@ -127,7 +115,7 @@ def test_show_a_record_by_unique_prefix(
     original = (store / "staging").parent / "deadletter" / "originals" / shown["original"]["name"]
     assert shown["original"]["text"].encode() == original.read_bytes()
     assert shown["original"]["truncated"] is False
-    code, out, _ = _dl(capsys, store, "show", pref)
+    code, out, _ = deadletter_command(capsys, store, "show", pref)
     assert "would be recovered into staging/mixed.recovered-1.json" in out
     assert "Prefer small commits" in out
 
@@ -139,12 +127,12 @@ def test_show_a_binary_original_as_hex(
     data = b"\xff\xfe\x00garbage\x01"
     write(memory_dir / "staging" / "bin.json", data)
     assert main(["--once", "--memory-dir", str(memory_dir), "--settle", "0"]) == 0
-    code, out, _ = _dl(capsys, memory_dir, "show", "bin", "--json")
+    code, out, _ = deadletter_command(capsys, memory_dir, "show", "bin", "--json")
     assert code == 0
     [shown] = json_lines(out)
     assert base64.b64decode(shown["original"]["base64"]) == data
     assert shown["recovery"]["action"] == "left"
-    _, out, _ = _dl(capsys, memory_dir, "show", "bin")
+    _, out, _ = deadletter_command(capsys, memory_dir, "show", "bin")
     assert "00000000  ff fe 00 67 61 72 62 61  67 65 01" in out
     assert "|...garbage.|" in out
 
@@ -154,7 +142,7 @@ def test_show_needs_one_matching_id(
     capsys: pytest.CaptureFixture[str], store: Path, record_id: str, message: str
 ) -> None:
     """An ambiguous or unknown ID is a usage error: exit 2, one line."""
-    code, _, err = _dl(capsys, store, "show", record_id)
+    code, _, err = deadletter_command(capsys, store, "show", record_id)
     assert code == 2
     assert message in one_line_error(err)
 
@@ -165,7 +153,7 @@ def test_show_needs_one_matching_id(
 def test_recover_needs_a_choice(capsys: pytest.CaptureFixture[str], store: Path) -> None:
     """Nothing is recovered without --session, --id or --all (exit 2, nothing changes)."""
     before = record_files(store), staging_files(store)
-    code, _, err = _dl(capsys, store, "recover")
+    code, _, err = deadletter_command(capsys, store, "recover")
     assert code == 2
     assert "--session, --id or --all" in one_line_error(err)
     assert (record_files(store), staging_files(store)) == before
@@ -174,7 +162,7 @@ def test_recover_needs_a_choice(capsys: pytest.CaptureFixture[str], store: Path)
 def test_dry_run_changes_nothing(capsys: pytest.CaptureFixture[str], store: Path) -> None:
     """--dry-run reports what would happen and leaves the store and staging/ as they were."""
     before = record_files(store), staging_files(store), original_files(store)
-    code, out, _ = _dl(capsys, store, "recover", "--all", "--dry-run", "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--all", "--dry-run", "--json")
     assert code == 1  # some records would stay
     outcomes = json_lines(out)
     assert {o["action"] for o in outcomes if o["category"] == "preferences"} == {"recovered"}
@@ -192,7 +180,7 @@ def test_recover_end_to_end(
     triggers repaired by R1); the bad lesson and broken.json's record stay, unchanged, with the
     original they need; the new file is then decided valid by memstaged itself."""
     before = record_files(store)
-    code, out, _ = _dl(capsys, store, "recover", "--all", "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--all", "--json")
     assert code == 1
     outcomes = json_lines(out)
     recovered = [o for o in outcomes if o["action"] == "recovered"]
@@ -222,11 +210,11 @@ def test_recover_end_to_end(
     assert main(["--once", "--memory-dir", str(store), "--settle", "0"]) == 0
     last = {
         Path(e["path"]).name: e["decision"]
-        for e in logged(log_file)
+        for e in read_events(log_file)
         if e.get("event") == "decision"
     }
     assert last["mixed.recovered-1.json"] == "valid"
-    events = [e["event"] for e in logged(log_file)]
+    events = [e["event"] for e in read_events(log_file)]
     assert "deadletter_recovered" in events
     assert "deadletter_recovery" in events
 
@@ -234,15 +222,15 @@ def test_recover_end_to_end(
 def test_recover_twice_duplicates_nothing(capsys: pytest.CaptureFixture[str], store: Path) -> None:
     """A second recovery finds nothing new to write; a record put back after its candidate was
     recovered (as after a crash between the write and the delete) is removed as a duplicate."""
-    [pref] = _ids(store, "preferences")
+    [pref] = record_ids(store, "preferences")
     saved = (store / "deadletter" / f"{pref}.json").read_bytes()
-    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    assert deadletter_command(capsys, store, "recover", "--session", "mixed")[0] == 1
     staged = staging_files(store)
-    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    assert deadletter_command(capsys, store, "recover", "--session", "mixed")[0] == 1
     assert staging_files(store) == staged
 
     (store / "deadletter" / f"{pref}.json").write_bytes(saved)
-    code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--id", pref, "--json")
     assert code == 0
     [outcome] = json_lines(out)
     assert outcome["action"] == "duplicate"
@@ -277,14 +265,14 @@ def test_records_go_only_after_the_staging_file_is_durable(
     def unlink(dir_fd: int, held: Any) -> tuple[bool, str | None]:
         recovered = store / "staging" / "mixed.recovered-1.json"
         assert _valid(recovered.read_bytes(), project)
-        assert "deadletter_recovering" in [e["event"] for e in logged(log_file)]
+        assert "deadletter_recovering" in [e["event"] for e in read_events(log_file)]
         steps.append("delete record")
         return real_unlink(dir_fd, held)
 
     monkeypatch.setattr(fsio, "rename_noreplace", rename)
     monkeypatch.setattr(fsio, "fsync_dir", fsync_dir)
     monkeypatch.setattr(holding, "unlink_held", unlink)
-    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    assert deadletter_command(capsys, store, "recover", "--session", "mixed")[0] == 1
     assert steps[:6] == [
         "rename mixed.recovered-1.json",
         "fsync staging",
@@ -293,61 +281,6 @@ def test_records_go_only_after_the_staging_file_is_durable(
         "delete record",
         "fsync deadletter",
     ]
-
-
-@pytest.mark.parametrize("step", ["lock-taken:1", "created:1", "staging-synced:1", "unlinked:2"])
-def test_a_recovery_killed_inside_applys_transaction_loses_and_doubles_nothing(
-    store: Path, tmp_path: Path, step: str
-) -> None:
-    """Issue 12 (one apply path), crash ledger: `recover` SIGKILLed at a step of apply's
-    transaction (its temp written, the lock taken; its file renamed in; staging/ fsynced;
-    between two record deletions) leaves every record or its candidate in place; a memstaged
-    starting then deletes the partial temp, and the next recovery ends with each candidate in
-    exactly one staging file and no record of it left."""
-    env = memstaged_env(tmp_path, MEMSTAGED_CRASH_AT=step)
-    mdir = str(store)
-    killed = subprocess.run(
-        memstaged_cmd("deadletter", "recover", "--session", "mixed", "--memory-dir", mdir),
-        env=env,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    assert killed.returncode == -9, killed.stderr.decode()
-    env.pop("MEMSTAGED_CRASH_AT")
-    texts = ["Prefer small commits", "Use msgspec", "Pin the venv"]
-
-    def text(candidate: Any) -> str:
-        return str(candidate.get("text") or candidate.get("summary"))
-
-    # Staging files only: a temp (a dot file) is no one's version, and is deleted at next start.
-    staged = [json.loads(d) for n, d in staging_files(store).items() if not n.startswith(".")]
-    in_staging = [text(c) for d in staged for cs in d["candidates"].values() for c in cs]
-    records = [json.loads(d)["candidate"] for d in record_files(store).values()]
-    in_records = [text(r["candidate"]) for r in records if "original_staging_file" in r]
-    for wanted in texts:  # nothing lost, nothing staged twice, whatever the step
-        assert in_staging.count(wanted) + in_records.count(wanted) >= 1, wanted
-        assert in_staging.count(wanted) <= 1, wanted
-    once = subprocess.run(
-        memstaged_cmd("--once", "--memory-dir", mdir, "--settle", "0"),
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert once.returncode == 0
-    assert not [n for n in os.listdir(store / "staging") if n.startswith(temp_names.TEMP_PREFIX)]
-    again = subprocess.run(
-        memstaged_cmd("deadletter", "recover", "--session", "mixed", "--memory-dir", mdir),
-        env=env,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    assert again.returncode == 1, again.stderr.decode()  # the bad lesson stays
-    staged = [json.loads(d) for d in staging_files(store).values()]
-    prefs = [c["text"] for d in staged for c in d.get("candidates", {}).get("preferences", [])]
-    assert prefs.count("Prefer small commits") == 1
-    assert len(_ids(store, "mixed")) == 1  # only the bad lesson's record
 
 
 def test_nothing_is_lost_when_the_staging_write_fails(
@@ -361,7 +294,7 @@ def test_nothing_is_lost_when_the_staging_write_fails(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(atomic_write, "write_held_temp", disk_full)
-    code, out, _ = _dl(capsys, store, "recover", "--all", "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--all", "--json")
     assert code == 1
     outcomes = json_lines(out)
     assert {o["action"] for o in outcomes} == {"left"}
@@ -396,7 +329,7 @@ def test_a_candidate_staged_after_the_plan_is_not_written_again(
     the plan (a recovery killed after its rename, a writer) is seen under the lock: the group
     is not written, its records stay; the next recovery removes that record as a duplicate and
     writes the rest. The candidate ends in exactly one staging file."""
-    [pref] = _ids(store, "preferences")
+    [pref] = record_ids(store, "preferences")
     record = json.loads((store / "deadletter" / f"{pref}.json").read_bytes())
     envelope = {k: v for k, v in record["candidate"]["original_staging_file"].items()}
     envelope["candidates"] = {
@@ -408,7 +341,7 @@ def test_a_candidate_staged_after_the_plan_is_not_written_again(
     killed = store / "staging" / "mixed.recovered-1.json"
     _after_the_plan(monkeypatch, lambda: write(killed, envelope))
     before = record_files(store)
-    code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--session", "mixed", "--json")
     assert code == 1
     outcomes = json_lines(out)
     assert not [o for o in outcomes if o["action"] == "recovered"]
@@ -424,7 +357,7 @@ def test_a_candidate_staged_after_the_plan_is_not_written_again(
     ]
 
     monkeypatch.setattr(recover_module, "_gather", _GATHER)  # the log stays the test's
-    code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--session", "mixed", "--json")
     actions = {o["id"]: o["action"] for o in json_lines(out)}
     assert actions[pref] == "duplicate"
     assert sum(a == "recovered" for a in actions.values()) == 2
@@ -444,15 +377,15 @@ def test_a_duplicate_stays_when_its_staging_file_changes_after_the_plan(
     before the record goes). Here a writer rewrites it without the candidate between the plan
     and apply's transaction: the record stays, so the candidate is not lost; the next run
     brings it back."""
-    [pref] = _ids(store, "preferences")
+    [pref] = record_ids(store, "preferences")
     saved = (store / "deadletter" / f"{pref}.json").read_bytes()
-    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    assert deadletter_command(capsys, store, "recover", "--session", "mixed")[0] == 1
     (store / "deadletter" / f"{pref}.json").write_bytes(saved)  # as after a crash
     holder = store / "staging" / "mixed.recovered-1.json"
     doc = json.loads(holder.read_bytes())
     doc["candidates"]["preferences"] = []
     _after_the_plan(monkeypatch, lambda: write(holder, doc))
-    code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--id", pref, "--json")
     assert code == 1
     [outcome] = json_lines(out)
     assert outcome["action"] == "left"
@@ -461,7 +394,7 @@ def test_a_duplicate_stays_when_its_staging_file_changes_after_the_plan(
     assert (store / "deadletter" / f"{pref}.json").read_bytes() == saved
 
     monkeypatch.setattr(recover_module, "_gather", _GATHER)  # the log stays the test's
-    code, out, _ = _dl(capsys, store, "recover", "--id", pref, "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--id", pref, "--json")
     assert code == 0
     [outcome] = json_lines(out)
     assert outcome["action"] == "recovered"
@@ -474,16 +407,16 @@ def test_records_taken_after_the_plan_are_not_recovered_twice(
     """Issue 12 item 2: a record that another recovery (or a purge) took between the plan and
     the transaction is reported `gone`, and nothing is written for its group, whose other
     records stay for the next run; no staging file appears."""
-    [pref] = _ids(store, "preferences")
+    [pref] = record_ids(store, "preferences")
     _after_the_plan(monkeypatch, (store / "deadletter" / f"{pref}.json").unlink)
     staged = staging_files(store)
-    code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--session", "mixed", "--json")
     assert code == 1
     actions = {o["id"]: o["action"] for o in json_lines(out)}
     assert actions[pref] == "gone"
     assert "recovered" not in actions.values()
     assert staging_files(store) == staged
-    assert len(_ids(store, "mixed")) == 3
+    assert len(record_ids(store, "mixed")) == 3
 
 
 def test_recovered_names_never_overwrite(capsys: pytest.CaptureFixture[str], store: Path) -> None:
@@ -491,7 +424,7 @@ def test_recovered_names_never_overwrite(capsys: pytest.CaptureFixture[str], sto
     recovered file takes the next free number."""
     taken = store / "staging" / "mixed.recovered-1.json"
     taken.write_bytes(b"a writer's file")
-    assert _dl(capsys, store, "recover", "--session", "mixed")[0] == 1
+    assert deadletter_command(capsys, store, "recover", "--session", "mixed")[0] == 1
     assert taken.read_bytes() == b"a writer's file"
     assert (store / "staging" / "mixed.recovered-2.json").exists()
 
@@ -501,19 +434,19 @@ def test_hand_fixed_record_recovers_and_frees_its_original(
 ) -> None:
     """After an operator fixes the bad lesson in its record, recovering the session takes every
     candidate, deletes every record of mixed.json, and then its original, which nothing needs."""
-    [bad] = _ids(store, "lessons-0")
+    [bad] = record_ids(store, "lessons-0")
     path = store / "deadletter" / f"{bad}.json"
     record = json.loads(path.read_bytes())
     record["candidate"]["candidate"]["triggers"] = [{"type": "topic", "value": "tests"}]
     path.write_text(json.dumps(record))
-    code, out, _ = _dl(capsys, store, "recover", "--session", "mixed", "--json")
+    code, out, _ = deadletter_command(capsys, store, "recover", "--session", "mixed", "--json")
     assert code == 0
     lines = json_lines(out)
     assert [o["action"] for o in lines if "action" in o and o["action"] != "original_deleted"] == [
         "recovered"
     ] * 4
     assert [o for o in lines if o.get("action") == "original_deleted"]
-    assert _ids(store, "mixed") == []
+    assert record_ids(store, "mixed") == []
     assert [n for n in original_files(store) if n.startswith("mixed")] == []
     assert (
         len(
@@ -546,7 +479,7 @@ def test_records_of_the_agents_own_tools(
         },
     }
     write(dl / "agent-1.json", record)
-    code, out, _ = _dl(capsys, memory_dir, "recover", "--id", "agent", "--json")
+    code, out, _ = deadletter_command(capsys, memory_dir, "recover", "--id", "agent", "--json")
     assert code == 0
     [outcome] = json_lines(out)
     name = outcome["staging_file"]
@@ -570,7 +503,7 @@ def test_recover_waits_for_nobody_by_default(
     before = record_files(store), staging_files(store)
     lock = store / "canonical-writer.lock"
     lock.write_text(json.dumps({"pid": os.getpid(), "owner": "reconciler"}))
-    code, out, err = _dl(capsys, store, "recover", "--all")
+    code, out, err = deadletter_command(capsys, store, "recover", "--all")
     assert code == 1
     line = one_line_error(err)
     assert f"canonical-writer.lock is held by pid {os.getpid()} (owner 'reconciler')" in line
@@ -584,7 +517,7 @@ def test_recover_waits_for_nobody_by_default(
     held = InstanceLock(str(store), state_dir=config.default_state_dir(os.environ))
     held.acquire(wait=False)
     try:
-        code, out, err = _dl(capsys, store, "recover", "--all")
+        code, out, err = deadletter_command(capsys, store, "recover", "--all")
     finally:
         held.release()
     assert (code, err) == (1, "")  # two records cannot be recovered; no busy memory dir
@@ -592,101 +525,9 @@ def test_recover_waits_for_nobody_by_default(
     assert (store / "staging" / "mixed.recovered-1.json").exists()
 
 
-class _Time:
-    """The wait's clock and pause: time moves only when the command pauses (never slept)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.now = 0.0
-        self.pauses = 0
-        self.hook: Any = None
-        monkeypatch.setattr(changes, "_monotonic", lambda: self.now)
-        monkeypatch.setattr(changes, "_sleep", self.sleep)
-
-    def sleep(self, seconds: float) -> None:
-        self.pauses += 1
-        self.now += seconds
-        if self.hook is not None:
-            self.hook(self)
-
-
-@pytest.fixture
-def holder(store: Path) -> Iterator[LockHolder]:
-    held = LockHolder(store)
-    yield held
-    held.kill()
-
-
-def test_wait_has_a_limit_and_says_what_it_waits_for(
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    store: Path,
-    holder: LockHolder,
-) -> None:
-    """Issue 12 item 3: with a live reconciler stand-in holding canonical-writer.lock for good,
-    `recover --wait=5` says once what it waits for, gives up when 5 s (of its clock) have passed
-    with one clear line, and changes nothing; so does `purge --yes --wait=5`, whose summary says
-    the records were not tried rather than "deleted 0"."""
-    clock = _Time(monkeypatch)
-    before = record_files(store), staging_files(store), original_files(store)
-    code, out, err = _dl(capsys, store, "recover", "--all", "--wait=5")
-    assert code == 1
-    lines = err.splitlines()
-    assert lines == [
-        f"memstaged: waiting up to 5 s for canonical-writer.lock of {store}, held by pid "
-        f"{holder.proc.pid} (owner 'reconciler')",
-        f"memstaged: {store}: busy: canonical-writer.lock is held by pid {holder.proc.pid} "
-        "(owner 'reconciler') (waited 5 s); nothing more was changed there",
-    ]
-    assert 5 <= clock.now < 5.1
-    assert "3 not tried because 1 memory dir was busy" in out
-    assert (record_files(store), staging_files(store), original_files(store)) == before
-
-    later = _common.now() + 31 * 86_400
-    monkeypatch.setattr(_common, "now", lambda: later)
-    clock.now = 0.0
-    code, out, err = _dl(capsys, store, "purge", "--older-than", "30d", "--yes", "--wait=5")
-    assert code == 1
-    assert len(err.splitlines()) == 2
-    assert "waiting up to 5 s for canonical-writer.lock" in err
-    assert out.splitlines()[-1] == (
-        "deleted 0 records and 0 originals; 5 records not tried: the memory dir was busy "
-        "(canonical-writer.lock held; see above)"
-    )
-    assert (record_files(store), staging_files(store), original_files(store)) == before
-
-
-def test_wait_proceeds_once_the_lock_is_released(
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    store: Path,
-    holder: LockHolder,
-) -> None:
-    """Issue 12 item 3: when the reconciler stand-in lets go of canonical-writer.lock while
-    `recover --wait` (30 s by default) waits, recovery proceeds at once: the good candidates
-    are back in staging/, the message said once what it waited for, and the wait was short."""
-    clock = _Time(monkeypatch)
-
-    def release_on_third(time_: _Time) -> None:
-        if time_.pauses == 3:
-            holder.release()
-
-    clock.hook = release_on_third
-    code, out, err = _dl(capsys, store, "recover", "--all", "--wait")
-    assert code == 1  # the two records that cannot be recovered stay
-    assert err.splitlines() == [
-        f"memstaged: waiting up to 30 s for canonical-writer.lock of {store}, held by pid "
-        f"{holder.proc.pid} (owner 'reconciler')"
-    ]
-    assert clock.pauses == 3
-    assert "3 recovered, 0 removed as duplicates, 2 left in the dead-letter store" in out
-    assert "not tried" not in out
-    assert (store / "staging" / "mixed.recovered-1.json").exists()
-    assert not (store / "canonical-writer.lock").exists()
-
-
 def test_wait_rejects_a_bad_limit(capsys: pytest.CaptureFixture[str], store: Path) -> None:
     """`--wait=soon` is a usage error (exit 2, one line), not a wait for ever."""
-    code, _, err = _dl(capsys, store, "recover", "--all", "--wait=soon")
+    code, _, err = deadletter_command(capsys, store, "recover", "--all", "--wait=soon")
     assert code == 2
     assert "--wait" in one_line_error(err)
 
@@ -702,16 +543,16 @@ def test_purge_lists_without_yes_and_deletes_with_it(
 ) -> None:
     """purge --older-than is required; young records are kept; without --yes old ones are only
     listed; with --yes they go, with their originals, and the purge is logged."""
-    code, _, err = _dl(capsys, store, "purge")
+    code, _, err = deadletter_command(capsys, store, "purge")
     assert code == 2
     assert "--older-than" in one_line_error(err)
     before = record_files(store), original_files(store)
-    code, out, _ = _dl(capsys, store, "purge", "--older-than", "30d", "--json")
+    code, out, _ = deadletter_command(capsys, store, "purge", "--older-than", "30d", "--json")
     assert (code, out) == (0, "")
 
     later = _common.now() + 31 * 86_400
     monkeypatch.setattr(_common, "now", lambda: later)
-    code, out, _ = _dl(capsys, store, "purge", "--older-than", "30d", "--json")
+    code, out, _ = deadletter_command(capsys, store, "purge", "--older-than", "30d", "--json")
     assert code == 0
     listed = json_lines(out)
     assert {r["action"] for r in listed} == {"would delete"}
@@ -719,12 +560,12 @@ def test_purge_lists_without_yes_and_deletes_with_it(
     assert sum(r["kind"] == "original" for r in listed) == 2
     assert (record_files(store), original_files(store)) == before
 
-    code, out, _ = _dl(capsys, store, "purge", "--older-than", "30d", "--yes")
+    code, out, _ = deadletter_command(capsys, store, "purge", "--older-than", "30d", "--yes")
     assert code == 0
     assert "deleted 5 records and 2 originals" in out
     assert record_files(store) == {}
     assert original_files(store) == {}
-    assert "deadletter_purged" in [e["event"] for e in logged(log_file)]
+    assert "deadletter_purged" in [e["event"] for e in read_events(log_file)]
 
 
 def test_action_is_required(capsys: pytest.CaptureFixture[str], store: Path) -> None:
@@ -772,3 +613,47 @@ def test_list_reads_records_lightly_yet_shows_what_a_full_read_shows(
     light = [recorded.record_summary(r) for r in deadletter.list_records(mdir, light=True)]
     assert len(full) == len(record_files(store)) >= len(_ODD_RECORDS) + 2
     assert light == full
+
+
+# -- ack -------------------------------------------------------------------------------------------
+
+
+def test_ack_needs_ids_or_all_and_a_wrong_id_is_one_line(
+    capsys: pytest.CaptureFixture[str], project: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """Issue 21 item 6: `deadletter ack` with neither IDs nor --all (or both), or with an ID
+    no record has, is a usage error (exit 2, one line) and marks nothing."""
+    prepare(project, memory_dir, log_file)
+    for argv in ([], ["--all", "x"], ["no-such-record"]):
+        code, out, err = run(capsys, "deadletter", "ack", *argv, "--memory-dir", str(memory_dir))
+        assert (code, out) == (2, "")
+        one_line_error(err)
+    assert status_json(capsys, memory_dir)[1]["deadletter_unseen"] == 5
+
+
+def test_a_requarantine_refreshes_the_age_that_purge_counts(
+    tmp_path: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10 item 4: the same bytes quarantined again an hour later are not purged by
+    ``purge --older-than 5s`` run right after: their only copy survives."""
+    mdir = make_memory_dir(tmp_path)
+    root = str(mdir.parents[2])
+    data = unparseable(root, "same bytes")
+    staging = mdir / "staging" / "bad.json"
+    now = time.time()
+    for clock in (now - 3600, now):
+        put(staging, data)
+        Pipeline(
+            Options(settle=0), RecordingLogger(), clock=functools.partial(float, clock)
+        ).process(memory_dir_of(mdir), "bad.json")
+        assert not staging.exists()
+    records = sorted((mdir / "deadletter").glob("*.json"))
+    assert len(records) == 1  # not a second set
+    code = main(["deadletter", "purge", "--older-than", "5s", "--yes", "--memory-dir", str(mdir)])
+    assert code == 0
+    assert sorted((mdir / "deadletter").glob("*.json")) == records
+    assert data in _every_byte_string_in(mdir / "deadletter")
+
+
+def _every_byte_string_in(mdir: Path) -> set[bytes]:
+    return {p.read_bytes() for p in mdir.rglob("*") if p.is_file() and not p.is_symlink()}
