@@ -4,13 +4,15 @@ Its config and state directories, the decision log and the metrics file where th
 configured outside the state dir, the shell completions and the man page, and the control
 sockets of daemons that are gone. Never anything in a memory dir: its contents, its
 ``deadletter/`` included, are the writers' data and the only copy of what was quarantined. A
-tree with a memory dir inside is kept, a metrics file only while it is a regular file, a socket
-only while no process listens on it.
+tree with a memory dir inside is kept (a configured one, or any ``staging/`` or ``deadletter/``
+directory), a metrics file only while it is a regular file, a socket only while no process
+listens on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,7 +102,34 @@ def _remove(own: Own, keep: list[Path]) -> str | None:
     is_tree = own.path.is_dir() and not own.path.is_symlink()
     if is_tree and any(k == own.path or k.is_relative_to(own.path) for k in keep):
         return "a memory dir is inside"
+    if is_tree and (why := _holds_memory_data(own.path)) is not None:
+        return why
     fsio.remove(own.path, tree=True)
+    return None
+
+
+#: The directories a memory dir has: a tree holding one is never removed.
+_MEMORY_DIR_PARTS: Final = frozenset({"staging", "deadletter"})
+#: How many directories of a tree are looked at before it is kept as too large to be sure of.
+TREE_LOOK_LIMIT: Final = 10_000
+
+
+def _holds_memory_data(tree: Path) -> str | None:
+    """Why ``tree`` is kept though no configured memory dir is in it: it has a ``staging/`` or
+    ``deadletter/`` directory (the config may not list every memory dir: a file the strict
+    loader refuses, a glob that matches nothing today), it has more directories than
+    :data:`TREE_LOOK_LIMIT`, or part of it cannot be listed. No link is followed."""
+    looked = 0
+    unreadable: list[OSError] = []
+    for parent, dirs, _files in os.walk(tree, onerror=unreadable.append):
+        for name in dirs:
+            if name in _MEMORY_DIR_PARTS:
+                return f"{Path(parent, name)} may be a memory dir's"
+        looked += len(dirs)
+        if looked > TREE_LOOK_LIMIT:
+            return f"more than {TREE_LOOK_LIMIT} directories inside, not all looked at"
+        if unreadable:
+            return f"{unreadable[0].filename} cannot be listed: {unreadable[0].strerror}"
     return None
 
 
