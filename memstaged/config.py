@@ -362,10 +362,23 @@ def _config_file(config: str | None, env: Mapping[str, str], *, lenient: bool) -
     origin = SettingOrigin("option", "--config") if config else DEFAULT
     if explicit and not config:
         origin = SettingOrigin("env", ENV_PREFIX + "CONFIG")
-    if explicit or path.exists():
+    if explicit or _present(path):
         file_config, present, problems = read_file(path, lenient=lenient)
         return _ConfigFile(path, str(path), file_config, present, origin, problems)
     return _ConfigFile(path, None, FileConfig(), frozenset(), origin)
+
+
+def _present(path: Path) -> bool:
+    """Whether the default config file is there: a missing one (or a missing directory on the
+    way) means defaults; one that cannot be looked at (a directory without search permission)
+    is an error, not a file silently left out."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    return True
 
 
 def load(

@@ -161,3 +161,43 @@ def test_check_status_and_once_agree_on_a_file_memstaged_may_not_read() -> None:
         assert event["decision"] == "deferred"
         assert entry["reason"] == event["reasons"][0]
         assert (mdir / "staging" / "secret.json").read_bytes() == secret
+
+
+def test_a_config_dir_memstaged_may_not_enter_is_one_line_for_every_command(
+    tmp_path: Path,
+) -> None:
+    """The default config file behind a directory memstaged may not search (``chmod 000
+    ~/.config/memstaged``) gave a ``PermissionError`` traceback from every command (exit 1).
+    It is one line naming the file and the cause: a usage error (exit 2), UNKNOWN (exit 3) for
+    ``status --check``; the file is not silently left out."""
+    prefix = without_dac_override()
+    env = memstaged_env(tmp_path)
+    mdir = make_memory_dir(tmp_path)
+    config_dir = Path(env["XDG_CONFIG_HOME"]) / "memstaged"
+    config_dir.mkdir()
+    (config_dir / "config.toml").write_text("settle = 0\n")
+    config_dir.chmod(0)
+    try:
+        for args, code in (
+            (["config", "check"], 2),
+            (["config", "show"], 2),
+            (["status"], 2),
+            (["status", "--check"], 3),
+            (["--once"], 2),
+            (["deadletter", "list"], 2),
+        ):
+            result = subprocess.run(
+                [*prefix, *memstaged_cmd(*args)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+                cwd=project_root_of(mdir),
+            )
+            output = (result.stdout + result.stderr).strip().splitlines()
+            assert result.returncode == code, (args, result.stderr)
+            assert len(output) == 1, (args, output)
+            assert f"{config_dir / 'config.toml'}: cannot read: Permission denied" in output[0]
+    finally:
+        config_dir.chmod(0o700)
