@@ -16,10 +16,11 @@ from typing import Any, Final
 import msgspec
 
 from memstaged.cli.commands._output import plural
+from memstaged.cli.systemctl import systemctl
 from memstaged.core.decide import Decision
 from memstaged.deadletter import acks
 from memstaged.deadletter.store import list_originals
-from memstaged.errors import MemstagedError
+from memstaged.errors import ConfigError, MemstagedError
 from memstaged.files import fsio
 from memstaged.files.locks import instance_holder, read_lock
 from memstaged.files.memdir import DEADLETTER, MemoryDir, Options
@@ -236,13 +237,10 @@ def service(timeout: float) -> Service | None:
     found = runtime_dir(env)
     if found is not None and not env.get("XDG_RUNTIME_DIR", "").startswith("/"):
         env["XDG_RUNTIME_DIR"] = str(found.parent)
-    argv = ["systemctl", "--user", "--no-ask-password", "show", UNIT]
-    argv += [f"--property={name}" for name in _PROPERTIES]
+    properties = [f"--property={name}" for name in _PROPERTIES]
     try:
-        done = subprocess.run(
-            argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):  # no systemctl; a manager that hangs
+        done = systemctl("show", UNIT, *properties, timeout=timeout, env=env)
+    except (ConfigError, OSError, subprocess.TimeoutExpired):  # none; a manager that hangs
         return None
     if done.returncode != 0:  # no user manager to ask (no bus, no XDG_RUNTIME_DIR)
         return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from memstaged import config, config_file
+from memstaged.cli.systemctl import systemctl
 from memstaged.daemon.sd_notify import Notifier
 from memstaged.errors import ConfigError
 from memstaged.files import atomic_write, fsio, safe_open
@@ -174,19 +174,6 @@ def unit_dir() -> Path:
     """``$XDG_CONFIG_HOME/systemd/user`` (``~/.config/systemd/user``)."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "systemd" / "user"
-
-
-def systemctl(*args: str) -> subprocess.CompletedProcess[str]:
-    """``systemctl --user ARGS``; a missing systemctl is a one-line error."""
-    try:
-        return subprocess.run(
-            ["systemctl", "--user", "--no-ask-password", *args],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise ConfigError("systemctl is not installed: is this a systemd machine?") from None
 
 
 def _checked(*args: str) -> None:

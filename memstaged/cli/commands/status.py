@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any, Final
 
 import msgspec
@@ -137,7 +138,7 @@ def register(sub: Any) -> None:
         type=_timeout,
         default=control_socket.DEFAULT_TIMEOUT,
         metavar="SECONDS",
-        help="how long a daemon, and the user manager, have to answer (default "
+        help="how long the user manager and the daemons have to answer, in all (default "
         f"{control_socket.DEFAULT_TIMEOUT:g}s)",
     )
     add_json_option(parser)
@@ -198,8 +199,12 @@ def look(
     max_age: float | None,
     max_wait: float | None = None,
     require_daemon: bool = False,
+    deadline: float | None = None,
 ) -> list[DirStatus]:
-    """Every memory dir surveyed, and what the daemon holding it says of it."""
+    """Every memory dir surveyed, and what the daemon holding it says of it: the daemons are
+    asked until ``deadline`` (``time.monotonic``), ``--timeout`` from now by default."""
+    if deadline is None:
+        deadline = time.monotonic() + args.timeout
     mdirs = memory_dirs(settings, writable=False)
     state_dir = own_state_dir(settings, create=False)  # what is found there is trusted
     clock = _common.now()
@@ -216,13 +221,25 @@ def look(
         )
         for m in mdirs
     ]
-    _ask_daemons(results, args.timeout, clock, max_wait)
+    _ask_daemons(results, deadline, clock, max_wait)
     _log_file(results, settings)
     return results
 
 
+def _ask(pid: int, deadline: float) -> control_socket.Live | str:
+    """The daemon ``pid``'s answer, or why there is none, by ``deadline``: ``--timeout``
+    bounds the whole look, however many daemons there are and however each fails."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return "not asked: --timeout was used up before its turn"
+    try:
+        return control_socket.ask(pid, left)
+    except Unanswered as err:
+        return str(err)
+
+
 def _ask_daemons(
-    results: list[DirStatus], timeout: float, clock: float, max_wait: float | None
+    results: list[DirStatus], deadline: float, clock: float, max_wait: float | None
 ) -> None:
     """Ask each daemon holding a memory dir, once, and put what it says beside the survey."""
     answers: dict[int, control_socket.Live | str] = {}
@@ -231,10 +248,7 @@ def _ask_daemons(
         if pid is None or r.memstaged_kind != "daemon":
             continue
         if pid not in answers:
-            try:
-                answers[pid] = control_socket.ask(pid, timeout)
-            except Unanswered as err:
-                answers[pid] = str(err)
+            answers[pid] = _ask(pid, deadline)
         answer = answers[pid]
         if isinstance(answer, str):
             r.daemon_answered = False
@@ -267,21 +281,18 @@ def _ask_daemons(
             )
     unheld = [r for r in results if r.memstaged_pid is None]
     if unheld:
-        _not_worked_on(unheld, answers, timeout)
+        _not_worked_on(unheld, answers, deadline)
 
 
 def _not_worked_on(
-    unheld: list[DirStatus], answers: dict[int, control_socket.Live | str], timeout: float
+    unheld: list[DirStatus], answers: dict[int, control_socket.Live | str], deadline: float
 ) -> None:
     """A memory dir no memstaged holds may be one a daemon found and could not work on (it
     cannot be opened, the descriptor limit): every daemon of this user (its socket under the
     runtime dir) is asked, once, whether it is."""
     for pid in control_socket.daemon_pids():
         if pid not in answers:
-            try:
-                answers[pid] = control_socket.ask(pid, timeout)
-            except Unanswered as err:
-                answers[pid] = str(err)
+            answers[pid] = _ask(pid, deadline)
     for r in unheld:
         here = control_socket.wire(r.memory_dir)
         for pid, answer in sorted(answers.items()):
@@ -327,11 +338,18 @@ def _check(args: argparse.Namespace) -> int:
     max_wait = parse_duration(args.max_wait, "--max-wait")
     max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
     settings = resolve_settings(args, lenient=True)  # a key left out is a WARNING below
+    deadline = time.monotonic() + args.timeout  # the manager and the daemons, in all
     unit = None if args.require_daemon is False else health.service(args.timeout)
     down = unit.problem() if unit is not None and unit.enabled else None
     require = (bool(args.require_daemon) or (unit is not None and unit.enabled)) and not down
     results = look(
-        settings, args, grace=max_wait, max_age=max_age, max_wait=max_wait, require_daemon=require
+        settings,
+        args,
+        grace=max_wait,
+        max_age=max_age,
+        max_wait=max_wait,
+        require_daemon=require,
+        deadline=deadline,
     )
     text, code = check_line(
         results,

@@ -176,7 +176,7 @@ complete -c memstaged -n '_shtab_memstaged_using status' -s v -l verbose -d 'the
 complete -c memstaged -n '_shtab_memstaged_using status' -l check -d 'a monitoring plugin: a short first line, the detail on the lines after it, and the Monitoring Plugins exit codes. CRITICAL: memstaged.service is enabled but stopped or failed; a daemon is required (enabled unit, --require-daemon) and none holds a memory dir; a daemon does not answer; a memory dir cannot be watched; the decision log cannot be written. WARNING: unseen dead-letter records, a file waiting longer than --max-wait, a config key left out'
 complete -c memstaged -n '_shtab_memstaged_using status' -l max-wait -x -d 'flag a file the daemon has held longer than this without a decision (--check: WARNING; default 5m)'
 complete -c memstaged -n '_shtab_memstaged_using status' -l max-unseen -x -d '--check: WARNING when more than N dead-letter records are not marked seen (default 0)'
-complete -c memstaged -n '_shtab_memstaged_using status' -l timeout -x -d 'how long a daemon, and the user manager, have to answer (default 5s)'
+complete -c memstaged -n '_shtab_memstaged_using status' -l timeout -x -d 'how long the user manager and the daemons have to answer, in all (default 5s)'
 complete -c memstaged -n '_shtab_memstaged_using status' -l json -d 'one JSON object per line, for scripts'
 complete -c memstaged -n '_shtab_memstaged_using status' -l color -xka "auto always never" -d 'colour the output: auto (on a terminal, unless NO_COLOR is set), always, never'
 complete -c memstaged -n '_shtab_memstaged_using; and test $_shtab_memstaged_npos -eq 0' -a deadletter -d 'The dead-letter store: <memory dir>/deadletter/.'

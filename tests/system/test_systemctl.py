@@ -1,0 +1,85 @@
+"""``systemctl --user`` as memstaged asks it (:mod:`memstaged.cli.systemctl`), against stand-in
+``systemctl`` scripts of the test's own on ``PATH``: a real manager cannot be made to print
+bytes that are not UTF-8 or to print without end, which is what a broken or hostile one on
+``PATH`` may do. The real manager is asked in ``test_systemd_health.py``."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from memstaged.cli.commands import status
+from memstaged.cli.main import main
+from memstaged.cli.systemctl import OUTPUT_LIMIT, systemctl
+
+pytestmark = pytest.mark.usefixtures("plain_output")
+
+
+def _stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """A ``systemctl`` first on PATH that runs ``body`` (sh)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "systemctl"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_output_that_is_not_utf8_is_no_traceback_for_status_check(
+    tmp_path: Path,
+    memory_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A systemctl that answers with a byte that is not UTF-8 made `status --check` end in a
+    ``UnicodeDecodeError`` traceback. The answer is read with replacement: the unit is seen
+    (enabled, stopped) and the check says CRITICAL in one line."""
+    _stand_in(
+        tmp_path,
+        monkeypatch,
+        r"printf 'LoadState=loaded\nUnitFileState=enabled\nActiveState=inactive\n"
+        r"SubState=dead\nResult=success\377\n'",
+    )
+    code = main(["status", "--check", "--memory-dir", str(memory_dir)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert code == status.CRITICAL, (out, err)
+    assert out.splitlines()[0].startswith("MEMSTAGED CRITICAL - memstaged.service is enabled")
+
+
+def test_output_without_end_is_cut_and_the_process_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A systemctl that prints 50 MB was read whole (a 200 MB line took 1 GB). What is kept is
+    at most OUTPUT_LIMIT bytes; the process is killed, and its status says so."""
+    _stand_in(tmp_path, monkeypatch, "head -c 50000000 /dev/zero | tr '\\0' x")
+    done = systemctl("show", "memstaged.service", timeout=60)
+    assert len(done.stdout) <= OUTPUT_LIMIT
+    assert done.returncode != 0
+
+
+def test_a_manager_that_hangs_is_given_up_on_by_the_timeout(
+    tmp_path: Path,
+    memory_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A systemctl that never ends is killed at `--timeout`: the check goes on without the
+    manager's answer (no unit is taken to be meant to run) and says OK for a healthy dir."""
+    _stand_in(tmp_path, monkeypatch, "exec sleep 600")
+    code = main(["status", "--check", "--timeout", "1", "--memory-dir", str(memory_dir)])
+    out, _ = capsys.readouterr()
+    assert code == status.OK, out
+    assert out.startswith("MEMSTAGED OK")
+
+
+def test_a_daemon_is_not_asked_once_the_timeout_is_used_up() -> None:
+    """`--timeout` bounds the whole check: a hung manager and each hung daemon had their own
+    `--timeout`, and added up. A daemon whose turn comes after the time is used up is not asked
+    (no connection is tried: pid 1 has no memstaged socket) and the reason says why."""
+    answer = status._ask(1, time.monotonic() - 0.1)
+    assert answer == "not asked: --timeout was used up before its turn"
