@@ -22,7 +22,7 @@ from memstaged.deadletter import acks
 from memstaged.deadletter.store import list_originals
 from memstaged.errors import ConfigError, MemstagedError
 from memstaged.files import fsio
-from memstaged.files.locks import instance_holder, read_lock
+from memstaged.files.locks import instance_holder, instance_lock_blocked, read_lock
 from memstaged.files.memdir import DEADLETTER, MemoryDir, Options
 from memstaged.files.version import CANNOT_READ
 from memstaged.run.preview import StagingEntry, iter_staging
@@ -182,6 +182,8 @@ def _lock_status(
         _critical(status, "a process that is not memstaged holds its instance lock")
     elif require_daemon:
         _critical(status, "no memstaged daemon is running on it")
+    if holder is None and (blocked := instance_lock_blocked(state_dir, mdir)) is not None:
+        _critical(status, f"no memstaged can work on it: {blocked}")
 
 
 def _critical(status: DirStatus, text: str) -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import msgspec
 
+from memstaged import safe_text
 from memstaged.core.timestamps import format_epoch_ms
 from memstaged.errors import BusyError, ConfigError, LockHeld, NotPrivate
 from memstaged.files import private_dirs, safe_open
@@ -552,6 +553,26 @@ def instance_holder(
     except OSError:
         return None
     return lock_holder(st, holders)
+
+
+def instance_lock_blocked(state_dir: Path | None, mdir: MemoryDir) -> str | None:
+    """Why no memstaged can take the instance lock of ``mdir`` (for ``status``): something at
+    its path that is not a regular file, which every daemon and ``--once`` refuse to open (a
+    link, a FIFO, a directory), or a path that cannot be looked at. None when the lock is a
+    regular file or not there yet (it is made at the first run)."""
+    dir_id = mdir.identity()
+    if state_dir is None or dir_id is None:
+        return None
+    path = instance_lock_path(state_dir, dir_id)
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"its instance lock {path} cannot be looked at: {err.strerror}"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return f"its instance lock {path} is {safe_text.file_kind(st.st_mode)}, not a regular file"
 
 
 def log_stale_locks(logger: Any, seen: Sequence[StaleLock], **fields: Any) -> None:

@@ -228,3 +228,35 @@ def test_many_memory_dirs_are_one_line_each_and_the_detail_with_verbose(
     assert lines[32:] == ["1 of 30 memory dirs needs attention: memstaged status -v"]
     code, out, _ = run(capsys, "status", "-v", "--memory-dir", pattern)
     assert out.count("needs attention\t") == 30  # a table per memory dir
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "symbolic link", "directory"])
+def test_an_instance_lock_no_memstaged_can_take_is_critical(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    memory_dir: Path,
+    log_file: Path,
+    kind: str,
+) -> None:
+    """A FIFO, a link or a directory at a memory dir's instance lock made `status --check`
+    say OK, while no daemon and no `--once` can work on the dir (each refuses to open it).
+    The check says CRITICAL and names the lock; `--once` indeed refuses (exit 2)."""
+    from memstaged.files.locks import instance_lock_path
+
+    st = memory_dir.stat()
+    lock = instance_lock_path(tmp_path / "state" / "memstaged", (st.st_dev, st.st_ino))
+    lock.parent.mkdir(parents=True, mode=0o700)
+    os.chmod(lock.parent.parent, 0o700)
+    if kind == "FIFO":
+        os.mkfifo(lock, 0o600)
+    elif kind == "symbolic link":
+        (tmp_path / "elsewhere").write_text("")
+        lock.symlink_to(tmp_path / "elsewhere")
+    else:
+        lock.mkdir(mode=0o700)
+    code, out, _ = run(capsys, "status", "--check", "--memory-dir", str(memory_dir))
+    assert code == 2, out
+    assert out.startswith("MEMSTAGED CRITICAL"), out
+    assert f"its instance lock {lock} is a {kind}, not a regular file" in out
+    code, _, err = run(capsys, "--once", "--memory-dir", str(memory_dir))
+    assert code == 2, err
