@@ -8,10 +8,11 @@ Every error a user can cause ends here as one line on stderr and exit code 2 (us
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from memstaged.cli.option_types import settle_seconds
 from memstaged.errors import BusyError, LogUnwritable, MemstagedError, Terminated, UsageError
@@ -267,7 +268,98 @@ def _error_line(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run memstaged; returns the exit code."""
+    """Run memstaged; returns the exit code. Output that cannot be written (a full disk,
+    ``/dev/full``) is one line on stderr, and exit 1 where the command would have exited 0,
+    for ``--help`` and ``--version`` too (argparse drops such an error on the floor)."""
+    real = sys.stdout
+    watched = _WatchedStdout(real)
+    sys.stdout = watched
+    try:
+        code = _command(argv)
+        watched.flush()
+    except SystemExit as done:  # argparse's --help, --version and usage errors
+        if _output_lost(watched):
+            raise SystemExit(EXIT_ATTENTION) from None
+        raise done from None
+    except OSError as err:  # not one a command turned into its own message
+        if not _output_lost(watched):
+            where = f": {err.filename}" if err.filename else ""
+            _error_line(f"{err.strerror or err}{where}")
+        return EXIT_ATTENTION
+    finally:
+        sys.stdout = real
+    # never success when output was lost; a command's own failure or verdict is kept
+    return (code or EXIT_ATTENTION) if _output_lost(watched) else code
+
+
+class _WatchedStdout(io.TextIOBase):
+    """stdout, remembering the first error a write or flush met (a reader that left is not
+    one: :func:`memstaged.cli.commands._output.guard_output` ends quietly then)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__()
+        self.stream = stream
+        self.lost: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            self.lost = self.lost or err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            self.lost = self.lost or err
+            raise
+        except ValueError:  # closed
+            return
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def reconfigure(self, **options: Any) -> None:
+        reconfigure = getattr(self.stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(**options)
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return getattr(self.stream, "errors", None)
+
+
+def _output_lost(watched: _WatchedStdout) -> bool:
+    """Whether some output could not be written; said in one line, and stdout pointed at
+    ``/dev/null`` so that the interpreter's last flush does not fail again."""
+    if watched.lost is None:
+        try:
+            watched.flush()
+        except OSError:
+            pass  # kept in watched.lost (a BrokenPipeError is not kept: the reader left)
+    if watched.lost is None:
+        return False
+    from memstaged.cli.commands._output import stdout_to_devnull
+
+    sys.stdout = watched.stream
+    stdout_to_devnull()
+    _error_line(f"cannot write standard output: {watched.lost.strerror or watched.lost}")
+    return True
+
+
+def _command(argv: Sequence[str] | None) -> int:
     try:
         words = sys.argv[1:] if argv is None else list(argv)
         if words[:2] == ["deadletter", "ids"]:  # what a Tab press waits for

@@ -93,3 +93,43 @@ def test_a_verdict_survives_a_reader_that_left(
     recover = ["deadletter", "recover", "--all", "--memory-dir", str(memory_dir)]
     assert _into_closed_pipe(recover, env) == 1  # a lesson without source_evidence stays
     assert (memory_dir / "staging" / "session-one-bad-lesson.recovered-1.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["status"],
+        ["status", "--check"],
+        ["stats"],
+        ["config", "show"],
+        ["--once", "--settle", "0"],
+    ],
+    ids=" ".join,
+)
+def test_output_that_cannot_be_written_is_one_line_and_not_success(
+    tmp_path: Path, project: Path, memory_dir: Path, args: list[str]
+) -> None:
+    """stdout on a full device (``> /dev/full``) gave a traceback for status, stats, config
+    show and --once, and a silent exit 0 for --help and --version (argparse drops the error).
+    It is one line on stderr, and never exit 0: output was lost."""
+    full = Path("/dev/full")
+    if not full.exists():
+        pytest.skip("no /dev/full here: stdout cannot be made to fail with ENOSPC")
+    one_of_each(project, memory_dir)
+    env = memstaged_env(tmp_path, MEMSTAGED_MEMORY_DIRS=str(memory_dir))
+    with full.open("w") as stdout:
+        result = subprocess.run(
+            memstaged_cmd(*args),
+            env=env,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=project,
+        )
+    lines = result.stderr.splitlines()
+    assert result.returncode != 0, result.stderr
+    assert lines == ["memstaged: cannot write standard output: No space left on device"], lines

@@ -205,7 +205,7 @@ def one_line(text: str, limit: int | None = None) -> str:
 P = ParamSpec("P")
 
 
-def _stdout_to_devnull() -> None:
+def stdout_to_devnull() -> None:
     """Point stdout at /dev/null, so that no later write or final flush can fail again."""
     try:
         fsio.devnull_over(sys.stdout.fileno())
@@ -231,7 +231,7 @@ def guard_output(func: Callable[P, int]) -> Callable[P, int]:
             code = func(*args, **kwargs)
             sys.stdout.flush()
         except BrokenPipeError:
-            _stdout_to_devnull()
+            stdout_to_devnull()
             return 0
         return code
 
@@ -263,7 +263,7 @@ class _ReaderMayLeave(io.TextIOBase):
 
     def _leave(self) -> None:
         self.gone = True
-        _stdout_to_devnull()
+        stdout_to_devnull()
 
     def isatty(self) -> bool:
         return safe_text.is_terminal(self._stream)

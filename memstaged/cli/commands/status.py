@@ -362,7 +362,7 @@ def _check(args: argparse.Namespace) -> int:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except (OSError, ValueError):
-        pass  # the reader left: the exit code still says it
+        return code  # the reader left, or stdout failed (main says so): the code still says it
     return code
 
 

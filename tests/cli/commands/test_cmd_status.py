@@ -254,7 +254,9 @@ def test_an_instance_lock_no_memstaged_can_take_is_critical(
         lock.symlink_to(tmp_path / "elsewhere")
     else:
         lock.mkdir(mode=0o700)
-    code, out, _ = run(capsys, "status", "--check", "--memory-dir", str(memory_dir))
+    code, out, _ = run(
+        capsys, "status", "--check", "--no-require-daemon", "--memory-dir", str(memory_dir)
+    )
     assert code == 2, out
     assert out.startswith("MEMSTAGED CRITICAL"), out
     assert f"its instance lock {lock} is a {kind}, not a regular file" in out
