@@ -164,6 +164,10 @@ def _root_problem(key: str, value: Any) -> str | None:
     return None
 
 
+#: The most lines a lenient read says about the keys it left out.
+MAX_PROBLEMS: Final = 20
+
+
 def read_file(
     path: Path, *, lenient: bool = False
 ) -> tuple[FileConfig, frozenset[str], tuple[str, ...]]:
@@ -189,6 +193,9 @@ def read_file(
             del raw[key]
     if problems and not lenient:
         raise ConfigError(problems[0])
+    if len(problems) > MAX_PROBLEMS:  # a file of 30,000 bad keys is not 30,000 lines
+        more = len(problems) - MAX_PROBLEMS + 1
+        problems[MAX_PROBLEMS - 1 :] = [f"{path}: {more} more keys left out, not listed"]
     try:
         parsed = msgspec.convert(raw, FileConfig)  # every key was checked on its own above
     except (msgspec.ValidationError, RecursionError) as err:  # pragma: no cover - defensive

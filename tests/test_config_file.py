@@ -211,6 +211,19 @@ def test_a_lenient_load_leaves_bad_keys_out_and_says_each_once(tmp_path: Path) -
         config.load(config=cfg, env={})
 
 
+def test_a_lenient_load_says_at_most_a_bounded_number_of_lines(tmp_path: Path) -> None:
+    """A config file of 30,000 unknown keys gave `status` 30,000 warning lines. The lenient
+    load says the first keys it left out, then how many more, in MAX_PROBLEMS lines."""
+    cfg = _write(tmp_path, "".join(f"k{i} = 1\n" for i in range(30_000)))
+    warnings = config.load(config=cfg, env={}, lenient=True).warnings
+    assert len(warnings) == config_file.MAX_PROBLEMS
+    assert warnings[0] == f"{cfg}: unknown key 'k0'; left out"
+    assert (
+        warnings[-1]
+        == f"{cfg}: {30_000 - config_file.MAX_PROBLEMS + 1} more keys left out, not listed"
+    )
+
+
 @pytest.mark.parametrize(
     "text", ["settle = [\n", b"settle = 2\n\xff\n"], ids=["not-toml", "not-utf8"]
 )
