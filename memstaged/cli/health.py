@@ -72,6 +72,9 @@ class DirStatus(msgspec.Struct, kw_only=True):
     oldest_wait_seconds: float | None = None
 
 
+#: How the unseen dead-letter item of :func:`survey` reads, after its count: ``status --check``
+#: finds it by this text, to count the unseen records apart.
+UNSEEN: Final = "not yet seen: memstaged deadletter list"
 #: How ``status`` names the memstaged holding the instance lock, by its role.
 _ROLE_TEXT: Final = {
     "once": "--once run",
@@ -129,8 +132,8 @@ def survey(
         attention.append(f"cannot look into deadletter/: {getattr(err, 'strerror', None) or err}")
     if status.deadletter_unseen:
         attention.append(
-            f"{plural(status.deadletter_unseen, 'dead-letter record')} not yet seen: memstaged "
-            "deadletter list, then memstaged deadletter ack"
+            f"{plural(status.deadletter_unseen, 'dead-letter record')} {UNSEEN}, then memstaged "
+            "deadletter ack"
         )
     _lock_status(status, mdir, require_daemon, state_dir)
     return status

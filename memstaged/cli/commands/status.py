@@ -250,7 +250,7 @@ def check_line(
         (r, item)
         for r in results
         for item in r.attention
-        if item not in r.critical and (_UNSEEN not in item or (over and len(results) > 1))
+        if item not in r.critical and (health.UNSEEN not in item or (over and len(results) > 1))
     ]
     general = [service_down] if service_down else []
     general += [f"config {w}" for w in config_warnings]
@@ -301,8 +301,6 @@ def check_line(
     return "\n".join([head, *detail]), code
 
 
-#: In the unseen dead-letter item of :func:`memstaged.cli.health.survey` (counted apart).
-_UNSEEN: Final = "not yet seen: memstaged deadletter list"
 #: The summary's columns, one row per memory dir (its header line, tab-separated off a terminal,
 #: is what scripts cut on).
 SUMMARY_COLUMNS: Final = (
