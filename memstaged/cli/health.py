@@ -1,4 +1,10 @@
-"""What ``memstaged status`` reports for a memory dir, and what needs care there.
+"""What ``memstaged status`` reports for each memory dir, and what needs care there.
+
+The look at one memory dir (:func:`survey`), then at all of them (:func:`look`): what the
+daemon holding each says of it through its control socket
+(:mod:`memstaged.daemon.control_socket`), and whether the decision log can be written; and
+memstaged's user unit, as the user manager has it (:func:`service`). How the command shows it
+(a terminal, JSON, a monitoring plugin) is :mod:`memstaged.cli.commands.status`.
 
 Read-only, as :mod:`memstaged.run.preview`, on which it builds: nothing here writes, renames or
 deletes, not even a stale lock.
@@ -9,18 +15,24 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
+from memstaged import safe_text
+from memstaged.cli.commands import _common
+from memstaged.cli.commands._common import human_age, memory_dirs
 from memstaged.cli.commands._output import plural
 from memstaged.cli.systemctl import systemctl
+from memstaged.config import Settings, own_state_dir
 from memstaged.core.decide import Decision
+from memstaged.daemon import control_socket
 from memstaged.deadletter import acks
 from memstaged.deadletter.store import list_originals
-from memstaged.errors import ConfigError, MemstagedError
+from memstaged.errors import ConfigError, MemstagedError, Unanswered
 from memstaged.files import fsio
 from memstaged.files.locks import instance_holder, instance_lock_blocked, read_lock
 from memstaged.files.memdir import DEADLETTER, MemoryDir, Options
@@ -60,6 +72,9 @@ class DirStatus(msgspec.Struct, kw_only=True):
     oldest_wait_seconds: float | None = None
 
 
+#: How the unseen dead-letter item of :func:`survey` reads, after its count: ``status --check``
+#: finds it by this text, to count the unseen records apart.
+UNSEEN: Final = "not yet seen: memstaged deadletter list"
 #: How ``status`` names the memstaged holding the instance lock, by its role.
 _ROLE_TEXT: Final = {
     "once": "--once run",
@@ -117,8 +132,8 @@ def survey(
         attention.append(f"cannot look into deadletter/: {getattr(err, 'strerror', None) or err}")
     if status.deadletter_unseen:
         attention.append(
-            f"{plural(status.deadletter_unseen, 'dead-letter record')} not yet seen: memstaged "
-            "deadletter list, then memstaged deadletter ack"
+            f"{plural(status.deadletter_unseen, 'dead-letter record')} {UNSEEN}, then memstaged "
+            "deadletter ack"
         )
     _lock_status(status, mdir, require_daemon, state_dir)
     return status
@@ -191,6 +206,135 @@ def _critical(status: DirStatus, text: str) -> None:
     status.critical.append(text)
 
 
+def look(
+    settings: Settings,
+    *,
+    deadline: float,
+    grace: float,
+    max_age: float | None,
+    max_wait: float | None = None,
+    require_daemon: bool = False,
+) -> list[DirStatus]:
+    """Every memory dir surveyed, and what the daemon holding it says of it: the daemons are
+    asked until ``deadline`` (``time.monotonic``; ``--timeout`` bounds the whole look)."""
+    mdirs = memory_dirs(settings, writable=False)
+    state_dir = own_state_dir(settings, create=False)  # what is found there is trusted
+    clock = _common.now()
+    results = [
+        survey(
+            m,
+            settings.options,
+            clock=clock,
+            grace=grace,
+            max_age=max_age,
+            require_daemon=require_daemon,
+            acked=acks.load(state_dir, m.path),
+            state_dir=state_dir,
+        )
+        for m in mdirs
+    ]
+    _ask_daemons(results, deadline, clock, max_wait)
+    _log_file(results, settings)
+    return results
+
+
+def _ask(pid: int, deadline: float) -> control_socket.Live | str:
+    """The daemon ``pid``'s answer, or why there is none, by ``deadline``: ``--timeout``
+    bounds the whole look, however many daemons there are and however each fails."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return "not asked: --timeout was used up before its turn"
+    try:
+        return control_socket.ask(pid, left)
+    except Unanswered as err:
+        return str(err)
+
+
+def _ask_daemons(
+    results: list[DirStatus], deadline: float, clock: float, max_wait: float | None
+) -> None:
+    """Ask each daemon holding a memory dir, once, and put what it says beside the survey."""
+    answers: dict[int, control_socket.Live | str] = {}
+    for r in results:
+        pid = r.memstaged_pid
+        if pid is None or r.memstaged_kind != "daemon":
+            continue
+        if pid not in answers:
+            answers[pid] = _ask(pid, deadline)
+        answer = answers[pid]
+        if isinstance(answer, str):
+            r.daemon_answered = False
+            _critical(r, f"the memstaged daemon (pid {pid}) does not answer: {answer}")
+            continue
+        r.daemon_answered = True
+        r.daemon_status = answer.status
+        here = control_socket.wire(r.memory_dir)
+        live = next((d for d in answer.memory_dirs if d.memory_dir == here), None)
+        if answer.log_failing:
+            _critical(r, "the daemon cannot write its decision log")
+        if live is None:
+            why = answer.not_watched.get(here, "not among its memory dirs")
+            _critical(r, f"the daemon holding it does not watch it: {why}")
+            continue
+        r.watched = live.watched
+        r.waiting = live.waiting + live.lock_waiting
+        if live.oldest_wait_since is not None:
+            r.oldest_wait_seconds = round(max(answer.now - live.oldest_wait_since, 0.0), 3)
+        if live.staging_exists and not live.watched:
+            _critical(r, "the daemon cannot watch staging/ (rescans only)")
+        if (
+            max_wait is not None
+            and r.oldest_wait_seconds is not None
+            and r.oldest_wait_seconds > max_wait
+        ):
+            r.attention.append(
+                f"a file has waited {human_age(r.oldest_wait_seconds)} for its decision "
+                f"(more than --max-wait)"
+            )
+    unheld = [r for r in results if r.memstaged_pid is None]
+    if unheld:
+        _not_worked_on(unheld, answers, deadline)
+
+
+def _not_worked_on(
+    unheld: list[DirStatus], answers: dict[int, control_socket.Live | str], deadline: float
+) -> None:
+    """A memory dir no memstaged holds may be one a daemon found and could not work on (it
+    cannot be opened, the descriptor limit): every daemon of this user (its socket under the
+    runtime dir) is asked, once, whether it is."""
+    for pid in control_socket.daemon_pids():
+        if pid not in answers:
+            answers[pid] = _ask(pid, deadline)
+    for r in unheld:
+        here = control_socket.wire(r.memory_dir)
+        for pid, answer in sorted(answers.items()):
+            if not isinstance(answer, str) and here in answer.not_watched:
+                why = answer.not_watched[here]
+                _critical(r, f"the memstaged daemon (pid {pid}) cannot work on it: {why}")
+                break
+
+
+def _log_file(results: list[DirStatus], settings: Settings) -> None:
+    """CRITICAL for every memory dir when the decision log cannot be written (SPEC 7: no
+    decision is carried out unlogged, so none would be made)."""
+    why = _unwritable(str(settings.log_file))
+    if why is None:
+        return
+    for r in results:
+        _critical(r, f"the decision log {safe_text.name(str(settings.log_file))} {why}")
+
+
+def _unwritable(path: str) -> str | None:
+    if os.path.lexists(path):
+        return None if os.access(path, os.W_OK) else "cannot be written"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):  # created with its parents at the first event
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        return "cannot be created"
+    return None
+
+
 #: The unit ``memstaged service install`` writes (:data:`memstaged.cli.systemd_unit.UNIT_NAME`).
 UNIT: Final = "memstaged.service"
 #: The unit's properties ``status --check`` asks the user manager for.
@@ -233,10 +377,8 @@ def service(timeout: float) -> Service | None:
     A monitor run from cron or NRPE has no ``XDG_RUNTIME_DIR``: the user's ``/run/user/<uid>``
     is used, as for the control socket, so that ``systemctl --user`` finds the manager there.
     """
-    from memstaged.daemon.control_socket import runtime_dir
-
     env = dict(os.environ)
-    found = runtime_dir(env)
+    found = control_socket.runtime_dir(env)
     if found is not None and not env.get("XDG_RUNTIME_DIR", "").startswith("/"):
         env["XDG_RUNTIME_DIR"] = str(found.parent)
     properties = [f"--property={name}" for name in _PROPERTIES]

@@ -35,8 +35,6 @@ from memstaged.files.plan import Action as PlanAction
 from memstaged.files.plan import Held, Plan, Result, Status, so_far
 from memstaged.run.preview import decide_entry
 
-_MAX_NAMES: Final = 100_000
-
 
 class RecoverAction(StrEnum):
     RECOVERED = "recovered"
@@ -59,9 +57,6 @@ class RecordOutcome(msgspec.Struct, frozen=True, kw_only=True):
     staging_file: str | None = None
     reason: str | None = None
     dry_run: bool = False
-
-
-# -- the file layer -----------------------------------------------------------------------------
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from memstaged.cli import health
 from memstaged.cli.commands import status
 from memstaged.cli.main import main
 from memstaged.cli.systemctl import OUTPUT_LIMIT, systemctl
@@ -81,5 +82,5 @@ def test_a_daemon_is_not_asked_once_the_timeout_is_used_up() -> None:
     """`--timeout` bounds the whole check: a hung manager and each hung daemon had their own
     `--timeout`, and added up. A daemon whose turn comes after the time is used up is not asked
     (no connection is tried: pid 1 has no memstaged socket) and the reason says why."""
-    answer = status._ask(1, time.monotonic() - 0.1)
+    answer = health._ask(1, time.monotonic() - 0.1)
     assert answer == "not asked: --timeout was used up before its turn"

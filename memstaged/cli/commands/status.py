@@ -1,16 +1,18 @@
 """``memstaged status``: per memory dir, what is waiting, what failed, who is at work.
 
-Read-only (see :mod:`memstaged.cli.health`). Exit 0 when nothing needs attention and 1 otherwise,
-so it serves as a health check (a systemd ``ExecCondition``, a cron mail). ``--check`` is the check
-a monitor runs: a short first line with performance data, the detail on the lines after it
-(long output), and the exit codes of the Monitoring Plugins guidelines (0 OK, 1 WARNING, 2
-CRITICAL, 3 UNKNOWN). It requires a running daemon when memstaged's systemd user unit is
-enabled (the user manager is asked), or with ``--require-daemon``.
+The command: its options and its output, for a terminal, as JSON, or as a monitoring plugin.
+What it looks at, read-only, and what needs attention there is :mod:`memstaged.cli.health`.
+
+Exit 0 when nothing needs attention and 1 otherwise, so it serves as a health check (a systemd
+``ExecCondition``, a cron mail). ``--check`` is the check a monitor runs: a short first line with
+performance data, the detail on the lines after it (long output), and the exit codes of the
+Monitoring Plugins guidelines (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN). It requires a running
+daemon when memstaged's systemd user unit is enabled (the user manager is asked), or with
+``--require-daemon``.
 
 A memory dir held by a daemon is asked about by the daemon itself, through its control socket
 (:mod:`memstaged.daemon.control_socket`): a stopped or hung daemon does not answer, and is reported
-within
-``--timeout``. Dead-letter records need attention until they are marked seen
+within ``--timeout``. Dead-letter records need attention until they are marked seen
 (``memstaged deadletter ack``).
 """
 
@@ -34,7 +36,6 @@ from memstaged.cli.commands._common import (
     add_output_options,
     human_age,
     load_settings,
-    memory_dirs,
     parse_duration,
     resolve_settings,
 )
@@ -47,12 +48,10 @@ from memstaged.cli.commands._output import (
     print_json,
     render_table,
 )
-from memstaged.cli.health import OUTCOMES, DirStatus, survey
+from memstaged.cli.health import OUTCOMES, DirStatus
 from memstaged.cli.option_types import count, wait_seconds
-from memstaged.config import Settings, own_state_dir
 from memstaged.daemon import control_socket
-from memstaged.deadletter import acks
-from memstaged.errors import MemstagedError, Unanswered
+from memstaged.errors import MemstagedError
 
 #: The Monitoring Plugins exit codes (``--check``).
 OK: Final = 0
@@ -170,9 +169,9 @@ def _run(args: argparse.Namespace) -> int:
     max_wait = parse_duration(args.max_wait, "--max-wait")
     # A config key left out is said on stderr with --json, else among what needs attention.
     settings = (load_settings if args.json else resolve_settings)(args, lenient=True)
-    results = look(
+    results = health.look(
         settings,
-        args,
+        deadline=time.monotonic() + args.timeout,
         grace=grace,
         max_age=max_age,
         max_wait=max_wait,
@@ -191,143 +190,6 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if settings.warnings or any(r.attention for r in results) else 0
 
 
-def look(
-    settings: Settings,
-    args: argparse.Namespace,
-    *,
-    grace: float,
-    max_age: float | None,
-    max_wait: float | None = None,
-    require_daemon: bool = False,
-    deadline: float | None = None,
-) -> list[DirStatus]:
-    """Every memory dir surveyed, and what the daemon holding it says of it: the daemons are
-    asked until ``deadline`` (``time.monotonic``), ``--timeout`` from now by default."""
-    if deadline is None:
-        deadline = time.monotonic() + args.timeout
-    mdirs = memory_dirs(settings, writable=False)
-    state_dir = own_state_dir(settings, create=False)  # what is found there is trusted
-    clock = _common.now()
-    results = [
-        survey(
-            m,
-            settings.options,
-            clock=clock,
-            grace=grace,
-            max_age=max_age,
-            require_daemon=require_daemon,
-            acked=acks.load(state_dir, m.path),
-            state_dir=state_dir,
-        )
-        for m in mdirs
-    ]
-    _ask_daemons(results, deadline, clock, max_wait)
-    _log_file(results, settings)
-    return results
-
-
-def _ask(pid: int, deadline: float) -> control_socket.Live | str:
-    """The daemon ``pid``'s answer, or why there is none, by ``deadline``: ``--timeout``
-    bounds the whole look, however many daemons there are and however each fails."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return "not asked: --timeout was used up before its turn"
-    try:
-        return control_socket.ask(pid, left)
-    except Unanswered as err:
-        return str(err)
-
-
-def _ask_daemons(
-    results: list[DirStatus], deadline: float, clock: float, max_wait: float | None
-) -> None:
-    """Ask each daemon holding a memory dir, once, and put what it says beside the survey."""
-    answers: dict[int, control_socket.Live | str] = {}
-    for r in results:
-        pid = r.memstaged_pid
-        if pid is None or r.memstaged_kind != "daemon":
-            continue
-        if pid not in answers:
-            answers[pid] = _ask(pid, deadline)
-        answer = answers[pid]
-        if isinstance(answer, str):
-            r.daemon_answered = False
-            _critical(r, f"the memstaged daemon (pid {pid}) does not answer: {answer}")
-            continue
-        r.daemon_answered = True
-        r.daemon_status = answer.status
-        here = control_socket.wire(r.memory_dir)
-        live = next((d for d in answer.memory_dirs if d.memory_dir == here), None)
-        if answer.log_failing:
-            _critical(r, "the daemon cannot write its decision log")
-        if live is None:
-            why = answer.not_watched.get(here, "not among its memory dirs")
-            _critical(r, f"the daemon holding it does not watch it: {why}")
-            continue
-        r.watched = live.watched
-        r.waiting = live.waiting + live.lock_waiting
-        if live.oldest_wait_since is not None:
-            r.oldest_wait_seconds = round(max(answer.now - live.oldest_wait_since, 0.0), 3)
-        if live.staging_exists and not live.watched:
-            _critical(r, "the daemon cannot watch staging/ (rescans only)")
-        if (
-            max_wait is not None
-            and r.oldest_wait_seconds is not None
-            and r.oldest_wait_seconds > max_wait
-        ):
-            r.attention.append(
-                f"a file has waited {human_age(r.oldest_wait_seconds)} for its decision "
-                f"(more than --max-wait)"
-            )
-    unheld = [r for r in results if r.memstaged_pid is None]
-    if unheld:
-        _not_worked_on(unheld, answers, deadline)
-
-
-def _not_worked_on(
-    unheld: list[DirStatus], answers: dict[int, control_socket.Live | str], deadline: float
-) -> None:
-    """A memory dir no memstaged holds may be one a daemon found and could not work on (it
-    cannot be opened, the descriptor limit): every daemon of this user (its socket under the
-    runtime dir) is asked, once, whether it is."""
-    for pid in control_socket.daemon_pids():
-        if pid not in answers:
-            answers[pid] = _ask(pid, deadline)
-    for r in unheld:
-        here = control_socket.wire(r.memory_dir)
-        for pid, answer in sorted(answers.items()):
-            if not isinstance(answer, str) and here in answer.not_watched:
-                why = answer.not_watched[here]
-                _critical(r, f"the memstaged daemon (pid {pid}) cannot work on it: {why}")
-                break
-
-
-def _log_file(results: list[DirStatus], settings: Settings) -> None:
-    """CRITICAL for every memory dir when the decision log cannot be written (SPEC 7: no
-    decision is carried out unlogged, so none would be made)."""
-    why = _unwritable(str(settings.log_file))
-    if why is None:
-        return
-    for r in results:
-        _critical(r, f"the decision log {safe_text.name(str(settings.log_file))} {why}")
-
-
-def _unwritable(path: str) -> str | None:
-    if os.path.lexists(path):
-        return None if os.access(path, os.W_OK) else "cannot be written"
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.lexists(parent):  # created with its parents at the first event
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        return "cannot be created"
-    return None
-
-
-def _critical(r: DirStatus, text: str) -> None:
-    r.attention.append(text)
-    r.critical.append(text)
-
-
 def _check(args: argparse.Namespace) -> int:
     """``--check``: the Monitoring Plugins output and exit code.
 
@@ -342,14 +204,13 @@ def _check(args: argparse.Namespace) -> int:
     unit = None if args.require_daemon is False else health.service(args.timeout)
     down = unit.problem() if unit is not None and unit.enabled else None
     require = (bool(args.require_daemon) or (unit is not None and unit.enabled)) and not down
-    results = look(
+    results = health.look(
         settings,
-        args,
+        deadline=deadline,
         grace=max_wait,
         max_age=max_age,
         max_wait=max_wait,
         require_daemon=require,
-        deadline=deadline,
     )
     text, code = check_line(
         results,
@@ -389,7 +250,7 @@ def check_line(
         (r, item)
         for r in results
         for item in r.attention
-        if item not in r.critical and (_UNSEEN not in item or (over and len(results) > 1))
+        if item not in r.critical and (health.UNSEEN not in item or (over and len(results) > 1))
     ]
     general = [service_down] if service_down else []
     general += [f"config {w}" for w in config_warnings]
@@ -440,8 +301,6 @@ def check_line(
     return "\n".join([head, *detail]), code
 
 
-#: In the unseen dead-letter item of :func:`memstaged.cli.health.survey` (counted apart).
-_UNSEEN: Final = "not yet seen: memstaged deadletter list"
 #: The summary's columns, one row per memory dir (its header line, tab-separated off a terminal,
 #: is what scripts cut on).
 SUMMARY_COLUMNS: Final = (
