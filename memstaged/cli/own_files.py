@@ -60,18 +60,27 @@ def own_files(env: Mapping[str, str]) -> list[Own]:
         settings = None
     log_file = None if settings is None else settings.log_file
     if log_file is not None and not log_file.is_relative_to(state):
-        found.append(Own("decision log", log_file))
+        found.append(Own("decision log", log_file, "file"))
         with contextlib.suppress(ConfigError):  # a log dir that cannot be listed: none found
-            found += [Own("decision log", p) for p in rotated_files(log_file)]  # NAME.1 .. NAME.N
+            # NAME.1 .. NAME.N, each only while it is a regular file (rotation makes no other)
+            found += [Own("decision log", p, "file") for p in rotated_files(log_file)]
     found += [
         Own(f"{t.what} completion" if t.what != "man" else "man page", t.path) for t in targets(env)
     ]
-    found = [own for own in found if own.path.exists() or own.path.is_symlink()]
+    found = [own for own in found if _there(own)]
     metrics = None if settings is None else settings.metrics_file
     if metrics is not None and not metrics.is_relative_to(state) and _regular(metrics):
         found.append(Own("metrics file", metrics, "file"))
     found += [Own(STALE_SOCKET, path, "socket") for path in left_sockets(env)[0]]
     return found
+
+
+def _there(own: Own) -> bool:
+    """Whether ``own`` is there to list: a ``file`` only as a regular file (a link or a
+    directory at a decision log's name is not memstaged's), anything else if it exists."""
+    if own.kind == "file":
+        return _regular(own.path)
+    return own.path.exists() or own.path.is_symlink()
 
 
 def _regular(path: Path) -> bool:
@@ -112,24 +121,35 @@ def _remove(own: Own, keep: list[Path]) -> str | None:
 _MEMORY_DIR_PARTS: Final = frozenset({"staging", "deadletter"})
 #: How many directories of a tree are looked at before it is kept as too large to be sure of.
 TREE_LOOK_LIMIT: Final = 10_000
+#: How deep a tree is looked into before it is kept as too deep to be sure of (and to remove).
+TREE_DEPTH_LIMIT: Final = 100
 
 
 def _holds_memory_data(tree: Path) -> str | None:
     """Why ``tree`` is kept though no configured memory dir is in it: it has a ``staging/`` or
     ``deadletter/`` directory (the config may not list every memory dir: a file the strict
     loader refuses, a glob that matches nothing today), it has more directories than
-    :data:`TREE_LOOK_LIMIT`, or part of it cannot be listed. No link is followed."""
+    :data:`TREE_LOOK_LIMIT` or more levels than :data:`TREE_DEPTH_LIMIT`, or a directory of it
+    cannot be listed. No link is followed; the
+    walk keeps its own stack (a tree of any depth is no recursion)."""
+    pending = [(tree, 0)]
     looked = 0
-    unreadable: list[OSError] = []
-    for parent, dirs, _files in os.walk(tree, onerror=unreadable.append):
-        for name in dirs:
-            if name in _MEMORY_DIR_PARTS:
-                return f"{Path(parent, name)} may be a memory dir's"
+    while pending:
+        here, depth = pending.pop()
+        if depth > TREE_DEPTH_LIMIT:
+            return f"deeper than {TREE_DEPTH_LIMIT} levels, not all looked at"
+        try:
+            with os.scandir(here) as entries:
+                dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError as err:
+            return f"{here} cannot be listed: {err.strerror}"
+        for found in dirs:
+            if found.name in _MEMORY_DIR_PARTS:
+                return f"{found} may be a memory dir's"
         looked += len(dirs)
         if looked > TREE_LOOK_LIMIT:
             return f"more than {TREE_LOOK_LIMIT} directories inside, not all looked at"
-        if unreadable:
-            return f"{unreadable[0].filename} cannot be listed: {unreadable[0].strerror}"
+        pending += [(d, depth + 1) for d in dirs]
     return None
 
 

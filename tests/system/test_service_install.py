@@ -13,9 +13,11 @@ import shlex
 import shutil
 import socket
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
+from support.helpers import memstaged_cmd, memstaged_env, without_dac_override
 
 from memstaged.cli import systemd_unit
 from memstaged.cli.main import main
@@ -420,3 +422,104 @@ def test_purge_keeps_a_tree_with_memory_data_the_config_does_not_list(
     out = capsys.readouterr().out
     assert f"  {tree}  (" in out and "may be a memory dir's" in out, out
     assert {p: p.read_bytes() for p in mdir.rglob("*") if p.is_file()} == before
+
+
+def _private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A home of the test's own, no MEMSTAGED_* variable: the config dir and the state dir."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    for name in ("CONFIG", "MEMORY_DIRS", "LOG_FILE", "METRICS_FILE"):
+        monkeypatch.delenv(f"MEMSTAGED_{name}", raising=False)
+    state = home / ".local" / "state" / "memstaged"
+    state.mkdir(parents=True)
+    return tmp_path / "config" / "memstaged", state
+
+
+def test_purge_keeps_a_tree_too_deep_to_look_through_without_a_traceback(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A state dir holding a chain of 1,500 directories made `uninstall --purge` end in a
+    RecursionError traceback (a recursive walk). The walk keeps its own stack and stops at
+    TREE_DEPTH_LIMIT levels: the tree is kept and said, exit 0."""
+    from memstaged.cli.own_files import TREE_DEPTH_LIMIT
+
+    _, state = _private_home(tmp_path, monkeypatch)
+    (state / "decisions.jsonl").write_text("{}\n")
+    fd = os.open(state, os.O_RDONLY)
+    try:
+        for _ in range(1_500):  # relative to a descriptor: the path would pass PATH_MAX
+            os.mkdir("a", dir_fd=fd)
+            deeper = os.open("a", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+    finally:
+        os.close(fd)
+    try:
+        assert main(["service", "uninstall", "--purge"]) == 0
+    finally:  # pytest's own clean-up of old temp dirs is recursive: it would fail on the chain
+        subprocess.run(["rm", "-rf", str(state / "a")], check=True)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert f"deeper than {TREE_DEPTH_LIMIT} levels" in out, out
+    assert (state / "decisions.jsonl").read_text() == "{}\n"
+
+
+def test_purge_removes_rotated_logs_only_as_regular_files(
+    fake_systemctl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A directory with a rotated log's name (``d.jsonl.3/``, the user's notes inside) was
+    removed whole by `uninstall --purge`. A decision log and its rotations are removed only
+    while they are regular files; the directory is neither listed nor touched."""
+    _private_home(tmp_path, monkeypatch)
+    logs = tmp_path / "logs"
+    (logs / "d.jsonl.3" / "notes").mkdir(parents=True)
+    (logs / "d.jsonl.3" / "notes" / "todo.txt").write_text("mine\n")
+    (logs / "d.jsonl").write_text("{}\n")
+    (logs / "d.jsonl.1").write_text("{}\n")
+    monkeypatch.setenv("MEMSTAGED_LOG_FILE", str(logs / "d.jsonl"))
+    assert main(["service", "uninstall", "--purge"]) == 0
+    out = capsys.readouterr().out
+    assert "d.jsonl.3" not in out, out
+    assert (logs / "d.jsonl.3" / "notes" / "todo.txt").read_text() == "mine\n"
+    assert sorted(p.name for p in logs.iterdir()) == ["d.jsonl.3"]
+
+
+def test_purge_keeps_a_tree_with_a_directory_it_cannot_list(tmp_path: Path) -> None:
+    """A state dir with a directory memstaged may not list (mode 000, run without root's
+    override of permissions) was purged in part: the files beside it went, then the removal
+    failed (exit 2). The tree is kept whole and said, exit 0."""
+    prefix = without_dac_override()
+    env = memstaged_env(tmp_path, HOME=str(tmp_path / "home"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    del env["MEMSTAGED_LOG_FILE"]
+    state = Path(env["XDG_STATE_HOME"]) / "memstaged"
+    (state / "seen" / "locked" / "x").mkdir(parents=True)
+    (state / "decisions.jsonl").write_text("{}\n")
+    (state / "seen" / "cache").write_text("c\n")
+    (state / "seen" / "locked").chmod(0)
+    try:
+        result = subprocess.run(
+            [*prefix, *memstaged_cmd("service", "uninstall", "--purge")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        (state / "seen" / "locked").chmod(0o700)
+    assert result.returncode == 0, result.stderr
+    assert "cannot be listed: Permission denied" in result.stdout, result.stdout
+    assert (state / "decisions.jsonl").read_text() == "{}\n"
+    assert (state / "seen" / "cache").read_text() == "c\n"
