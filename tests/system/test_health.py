@@ -240,6 +240,29 @@ def test_a_stopped_daemon_is_critical_within_the_timeout(
     assert not sock.exists()  # removed at a clean stop
 
 
+def test_a_manager_that_hangs_leaves_the_daemons_time_to_answer(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    memory_dir: Path,
+    spawn: Callable[..., DaemonProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a user manager that never answers (a stand-in ``systemctl`` that sleeps), the
+    manager used the whole `--timeout` and a healthy daemon was CRITICAL, "not asked". The
+    manager has half of it at most: the daemon answers and the check is OK."""
+    daemon = spawn("--memory-dir", str(memory_dir))
+    _daemon_env(tmp_path, monkeypatch, daemon)
+    bin_dir = tmp_path / "hung-bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    code, text, perf = _check(capsys, "--memory-dir", str(memory_dir), "--timeout", "4")
+    assert (code, text) == (0, "MEMSTAGED OK - 1 memory dir, nothing needs attention")
+    assert "not_answering=0;;0;0" in perf
+    assert daemon.stop() == 0
+
+
 def test_status_shows_the_daemons_live_queue_and_waits(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,

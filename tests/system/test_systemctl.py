@@ -84,3 +84,51 @@ def test_a_daemon_is_not_asked_once_the_timeout_is_used_up() -> None:
     (no connection is tried: pid 1 has no memstaged socket) and the reason says why."""
     answer = health._ask(1, time.monotonic() - 0.1)
     assert answer == "not asked: --timeout was used up before its turn"
+
+
+def test_what_systemctl_left_holding_its_output_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A systemctl whose child prints without end (``yes``) kept memstaged reading for ever,
+    the child holding the pipe after systemctl was killed; one that ended leaving ``sleep
+    300`` behind with the pipe made `service install` wait 300 s. The group is killed: past
+    the limit at once, and DRAIN seconds after systemctl itself ended."""
+    _stand_in(tmp_path, monkeypatch, "yes yyyy")
+    done = systemctl("show", "memstaged.service")
+    assert len(done.stdout) <= OUTPUT_LIMIT
+    assert done.returncode != 0
+
+    pid_file = tmp_path / "left.pid"
+    (tmp_path / "bin" / "systemctl").write_text(
+        f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\necho LoadState=loaded\n"
+    )
+    done = systemctl("show", "memstaged.service")
+    assert done.returncode == 0
+    assert done.stdout == "LoadState=loaded\n"
+    left = int(pid_file.read_text())
+    assert not Path(f"/proc/{left}").exists() or "Z" in Path(f"/proc/{left}/stat").read_text()
+
+
+def test_a_systemctl_that_never_ends_is_one_line_for_the_commands_that_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A systemctl that closes its output and runs on made `service install` wait for ever. Its
+    wait is bounded (LONGEST, here made short): one ConfigError line naming the command."""
+    from memstaged.errors import ConfigError
+
+    _stand_in(tmp_path, monkeypatch, "exec >&- 2>&-\nsleep 300")
+    with pytest.raises(ConfigError, match=r"systemctl --user daemon-reload: no answer within 1s"):
+        systemctl("daemon-reload", timeout=1)
+
+
+@pytest.mark.parametrize("value", ["2147484", "1e8", "9.3e9", "86401"])
+def test_a_timeout_longer_than_a_day_is_a_usage_error(
+    memory_dir: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """`status --timeout 1e8` ended in an OverflowError traceback (a poll's and a socket's
+    timeout cannot be that long). More than a day is refused: exit 2, one line."""
+    code = main(["status", "--check", "--timeout", value, "--memory-dir", str(memory_dir)])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "at most 86400 seconds" in err

@@ -145,10 +145,16 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=run)
 
 
+#: The longest ``--timeout``: a day (a socket's timeout cannot be much longer).
+MAX_TIMEOUT: Final = 86_400
+
+
 def _timeout(text: str) -> float:
     seconds = wait_seconds(text)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text!r}")
+    if seconds <= 0 or seconds > MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {MAX_TIMEOUT} seconds, not {text!r}"
+        )
     return seconds
 
 
@@ -200,8 +206,10 @@ def _check(args: argparse.Namespace) -> int:
     max_wait = parse_duration(args.max_wait, "--max-wait")
     max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
     settings = resolve_settings(args, lenient=True)  # a key left out is a WARNING below
-    deadline = time.monotonic() + args.timeout  # the manager and the daemons, in all
-    unit = None if args.require_daemon is False else health.service(args.timeout)
+    # the manager and the daemons share --timeout; a manager that hangs takes half at most,
+    # so that it cannot leave the daemons no time and make them look hung
+    deadline = time.monotonic() + args.timeout
+    unit = None if args.require_daemon is False else health.service(args.timeout / 2)
     down = unit.problem() if unit is not None and unit.enabled else None
     require = (bool(args.require_daemon) or (unit is not None and unit.enabled)) and not down
     results = health.look(
@@ -222,8 +230,10 @@ def _check(args: argparse.Namespace) -> int:
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
+    except BrokenPipeError:
+        return code  # the reader left: the code still says it
     except (OSError, ValueError):
-        return code  # the reader left, or stdout failed (main says so): the code still says it
+        return UNKNOWN  # the check's output was lost (main says why): the check failed
     return code
 
 
