@@ -8,6 +8,7 @@ Every error a user can cause ends here as one line on stderr and exit code 2 (us
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import sys
@@ -296,12 +297,16 @@ class _WatchedStdout(io.TextIOBase):
     """stdout, remembering the first error a write or flush met (a reader that left is not
     one: :func:`memstaged.cli.commands._output.guard_output` ends quietly then)."""
 
-    def __init__(self, stream: IO[str]) -> None:
+    def __init__(self, stream: IO[str] | None) -> None:
         super().__init__()
+        #: None: stdout is closed (``>&-``); the first write is then an error, said once.
         self.stream = stream
         self.lost: OSError | None = None
 
     def write(self, text: str) -> int:
+        if self.stream is None:
+            self.lost = self.lost or OSError(errno.EBADF, "it is closed")
+            raise self.lost
         try:
             return self.stream.write(text)
         except BrokenPipeError:
@@ -311,6 +316,8 @@ class _WatchedStdout(io.TextIOBase):
             raise
 
     def flush(self) -> None:
+        if self.stream is None:
+            return
         try:
             self.stream.flush()
         except BrokenPipeError:
@@ -322,9 +329,11 @@ class _WatchedStdout(io.TextIOBase):
             return
 
     def isatty(self) -> bool:
-        return self.stream.isatty()
+        return self.stream is not None and self.stream.isatty()
 
     def fileno(self) -> int:
+        if self.stream is None:
+            raise io.UnsupportedOperation("stdout is closed")
         return self.stream.fileno()
 
     def reconfigure(self, **options: Any) -> None:
@@ -353,8 +362,9 @@ def _output_lost(watched: _WatchedStdout) -> bool:
         return False
     from memstaged.cli.commands._output import stdout_to_devnull
 
-    sys.stdout = watched.stream
-    stdout_to_devnull()
+    sys.stdout = watched.stream  # None when it is closed
+    if watched.stream is not None:
+        stdout_to_devnull()
     _error_line(f"cannot write standard output: {watched.lost.strerror or watched.lost}")
     return True
 

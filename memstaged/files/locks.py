@@ -558,16 +558,20 @@ def instance_holder(
 def instance_lock_blocked(state_dir: Path | None, mdir: MemoryDir) -> str | None:
     """Why no memstaged can take the instance lock of ``mdir`` (for ``status``): something at
     its path that is not a regular file, which every daemon and ``--once`` refuse to open (a
-    link, a FIFO, a directory), or a path that cannot be looked at. None when the lock is a
-    regular file or not there yet (it is made at the first run)."""
+    link, a FIFO, a directory), a state dir or ``instances/`` that is not the user's own and
+    private (a link, another user's), or a path that cannot be looked at. None when the lock
+    is a regular file or not there yet (it is made at the first run)."""
     dir_id = mdir.identity()
     if state_dir is None or dir_id is None:
         return None
     path = instance_lock_path(state_dir, dir_id)
     try:
-        st = os.stat(path, follow_symlinks=False)
+        with private_dirs.state_subdir(state_dir, INSTANCES, create=False) as dir_fd:
+            st = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        return None
+        return None  # no state dir, no instances/ or no lock yet: each is made at the first run
+    except NotPrivate as err:
+        return f"state dir: {err.strerror}"
     except OSError as err:
         return f"its instance lock {path} cannot be looked at: {err.strerror}"
     if stat.S_ISREG(st.st_mode):

@@ -262,3 +262,22 @@ def test_an_instance_lock_no_memstaged_can_take_is_critical(
     assert f"its instance lock {lock} is a {kind}, not a regular file" in out
     code, _, err = run(capsys, "--once", "--memory-dir", str(memory_dir))
     assert code == 2, err
+
+
+def test_an_instances_dir_no_memstaged_can_use_is_critical(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, memory_dir: Path, log_file: Path
+) -> None:
+    """A link at the state dir's ``instances/`` stops every daemon and `--once` ("bad ownership
+    or modes for directory instances"), and `status --check` said OK. It is CRITICAL."""
+    state = tmp_path / "state" / "memstaged"
+    state.mkdir(parents=True, mode=0o700)
+    os.chmod(state, 0o700)
+    (tmp_path / "alt").mkdir(mode=0o700)
+    (state / "instances").symlink_to(tmp_path / "alt")
+    code, out, _ = run(
+        capsys, "status", "--check", "--no-require-daemon", "--memory-dir", str(memory_dir)
+    )
+    assert code == 2, out
+    assert "no memstaged can work on it: state dir: bad ownership or modes for directory" in out
+    code, _, err = run(capsys, "--once", "--memory-dir", str(memory_dir))
+    assert code == 2, err
