@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import resource
@@ -52,6 +53,7 @@ from memstaged.run.decision import (
     describe,
     name_settled,
 )
+from memstaged.run.read_ahead import LockSeen, Read, job, read_ahead, release
 
 __all__ = [
     "BATCH",
@@ -93,33 +95,6 @@ class _Pending:
         self.started = started
 
 
-class _Read:
-    """A file read ahead of its decision: what :meth:`Pipeline._read_and_decide`
-    would have read, and the context its bytes are decided in, for a decider process."""
-
-    __slots__ = ("changed_at", "ctx", "name", "read", "started")
-
-    def __init__(self, name: str, started: float) -> None:
-        self.name = name
-        self.started = started
-        #: None: not read (not a staging name, or the lock is held); an exception: raised
-        #: where the file is decided, as if it had been raised reading it there.
-        self.read: Version | Skip | Exception | None = None
-        self.ctx: Context | None = None
-        self.changed_at = 0.0
-
-
-class _Lock:
-    """The reconciler's lock as the current transaction read it: files are read ahead for the
-    next transaction only while it is known to be free."""
-
-    __slots__ = ("blocked", "known")
-
-    def __init__(self) -> None:
-        self.blocked: LockInfo | None = None
-        self.known = False
-
-
 def _held_most() -> int:
     """The versions a transaction holds open at most: :data:`BATCH_HELD`, or fewer where the
     descriptor limit leaves less room (SPEC 6: a hard limit of 200 ran out of descriptors with
@@ -128,13 +103,6 @@ def _held_most() -> int:
     if soft == resource.RLIM_INFINITY:
         return BATCH_HELD
     return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 2))
-
-
-def _release(read: _Read) -> None:
-    """Close a version read ahead and never decided (its transaction found the lock held)."""
-    if isinstance(read.read, Version):
-        read.read.close()
-        read.read = None
 
 
 class Pipeline:
@@ -231,12 +199,16 @@ class Pipeline:
                     batch.outcomes[name] = self._unopened(mdir, name, err)
                 yield batch
             return
-        lock = _Lock()
-        reads = (self._read_ahead(mdir, name, staging_fd, lock) for name in names)
+        lock = LockSeen()
+        context = functools.partial(self._context, mdir)
+        reads = (
+            read_ahead(name, staging_fd, lock, self.options.max_file_size, context)
+            for name in names
+        )
         held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
         # One file at a time (the daemon's) needs no bound beside itself: not even estimated.
         budget = None if most == 1 else memory_budget.budget(self.options.max_file_size)
-        ahead = self._deciders.ahead(reads, _job, size, held=held_most, budget=budget)
+        ahead = self._deciders.ahead(reads, job, size, held=held_most, budget=budget)
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:
@@ -247,7 +219,7 @@ class Pipeline:
                 yield batch
         finally:
             for read in ahead.close():
-                _release(read)
+                release(read)
             opened.__exit__()
 
     def _transaction(
@@ -255,8 +227,8 @@ class Pipeline:
         mdir: MemoryDir,
         mem_fd: int,
         staging_fd: int,
-        lock: _Lock,
-        ahead: ReadAhead[_Read],
+        lock: LockSeen,
+        ahead: ReadAhead[Read],
         most: int,
         held_most: int,
     ) -> Batch:
@@ -275,12 +247,12 @@ class Pipeline:
         except OSError as err:
             lock.known = False  # nothing more is read ahead until it can be read
             for read, _verdict in itertools.islice(ahead, most):
-                _release(read)
+                release(read)
                 ahead.done(read)
                 batch.outcomes[read.name] = self._io_error(mdir, read.name, err)
             return batch
         pending: list[_Pending] = []
-        holding: list[_Read] = []  # the files of the pending plans, as read ahead
+        holding: list[Read] = []  # the files of the pending plans, as read ahead
         try:
             held = 0
             for read, verdict in ahead:
@@ -328,13 +300,13 @@ class Pipeline:
         staging_fd: int,
         blocked: LockInfo | None,
         started: float,
-        ahead: _Read | None = None,
+        ahead: Read | None = None,
         verdict: Verdict | Failure | None = None,
     ) -> tuple[Outcome, _Pending | None]:
         """A file's final outcome (logged), or the plan that carries its decision out.
 
-        ``ahead``: the file as :meth:`_read_ahead` read it; ``verdict``: a decider's verdict
-        of it (None: decide it here).
+        ``ahead``: the file as :func:`~memstaged.run.read_ahead.read_ahead` read it;
+        ``verdict``: a decider's verdict of it (None: decide it here).
         """
         if not is_staging_name(name):
             return self._final(
@@ -342,7 +314,7 @@ class Pipeline:
             ), None
         if blocked is not None:
             if ahead is not None:
-                _release(ahead)  # read ahead while the lock was free: left as it is
+                release(ahead)  # read ahead while the lock was free: left as it is
             reason = str(LockHeld(blocked))
             outcome = self._final(mdir, name, Decision.DEFERRED, reason, started=started)
             return msgspec.structs.replace(outcome, blocked_by_lock=True), None
@@ -381,7 +353,7 @@ class Pipeline:
         version: Version,
         started: float,
         rewrite: str | None = None,
-        ahead: _Read | None = None,
+        ahead: Read | None = None,
         decided: Verdict | Failure | None = None,
     ) -> tuple[Outcome, _Pending | None]:
         if ahead is not None and ahead.ctx is not None:
@@ -425,23 +397,6 @@ class Pipeline:
         decided_at = self._decided_at(int(now * 1000))
         ctx = mdir.context(version.name, self.options, settled=settled, decided_at=decided_at)
         return ctx, changed_at
-
-    def _read_ahead(self, mdir: MemoryDir, name: str, staging_fd: int, lock: _Lock) -> _Read:
-        """Read a file (and settle its context) before the files ahead of it are decided; what
-        is logged about it is left to :meth:`_read_and_decide`, in the files' order. Nothing is
-        read while the reconciler's lock is held or could not be read."""
-        read = _Read(name, time.perf_counter())
-        if not lock.known or lock.blocked is not None or not is_staging_name(name):
-            return read
-        try:
-            read.read = read_version(staging_fd, name, self.options.max_file_size)
-            if isinstance(read.read, Version) and read.read.data is not None:
-                read.ctx, read.changed_at = self._context(mdir, read.read)
-        except Exception as err:  # noqa: BLE001 - raised again in _read_and_decide, in order
-            if isinstance(read.read, Version):
-                read.read.close()
-            read.read = err
-        return read
 
     def _verdict(self, version: Version, ctx: Context) -> Verdict:
         if version.data is not None:
@@ -711,13 +666,6 @@ class Pipeline:
                 "staging_unreadable", memory_dir=mdir.path, path=path, error=_reason(err)
             )
             return []
-
-
-def _job(read: _Read) -> tuple[bytes, Context] | None:
-    """What a decider process decides of a file read ahead: its bytes in its context."""
-    if isinstance(read.read, Version) and read.read.data is not None and read.ctx is not None:
-        return read.read.data, read.ctx
-    return None
 
 
 def _durable_decision_log() -> AbstractContextManager[object]:
