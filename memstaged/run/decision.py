@@ -3,13 +3,19 @@
 A :class:`DecisionEvent` is a value: the pipeline builds it here, :func:`describe` from the verdict
 when the file is decided, and every later change makes a new one (:func:`name_settled` when the
 transaction announces the plan with the dead-letter names it really uses, the file layer knowing
-nothing of this schema; :func:`abandoned` when a plan is not carried out). The pipeline hands each
-file's :class:`Outcome` back to its drivers: ``--once``, the daemon, its scheduler and the seen
-cache, none of which needs the pipeline that made it.
+nothing of this schema; :func:`abandoned` when a plan is not carried out). :class:`Decisions`
+logs each event once, at its level and with its duration, and builds the events of the decisions
+no verdict made (a skip, a wait, an error). The pipeline hands each file's :class:`Outcome` back
+to its drivers: ``--once``, the daemon, its scheduler and the seen cache, none of which needs the
+pipeline that made it.
 """
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import msgspec
@@ -20,16 +26,18 @@ from memstaged.core.decide import Decision, Verdict
 from memstaged.core.records import ORIGINALS_DIR
 from memstaged.core.repair import Repair
 from memstaged.files.fsio import Identity
-from memstaged.files.memdir import DEADLETTER, MemoryDir
+from memstaged.files.memdir import DEADLETTER, MemoryDir, Options
 from memstaged.files.plan import Plan, Settled
 
 __all__ = [
     "Batch",
     "DecisionEvent",
+    "Decisions",
     "Outcome",
     "abandoned",
     "describe",
     "name_settled",
+    "os_reason",
 ]
 
 
@@ -167,6 +175,120 @@ def abandoned(
     )
 
 
+def os_reason(err: OSError) -> str:
+    """An error as a reason or a log line gives it: what went wrong, then the file it names."""
+    return f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+
+
+class Decisions:
+    """What deciding each file came to: its ``decision`` event logged (SPEC 7), once, at its
+    level and with its duration, and its :class:`Outcome` handed back.
+
+    The event of a file decided is :func:`describe`'s; those of the decisions no verdict made (a
+    file skipped, a wait, an I/O or internal error) are built here. A file an error stopped is
+    deferred, at the earliest until the settle time has passed, and its outcome says it was an
+    error (retried with a growing backoff). An announced plan's events are logged in
+    :attr:`durable`'s block: on disk before any of the plan is carried out (SPEC 5).
+    """
+
+    def __init__(
+        self,
+        logger: Any,
+        clock: Callable[[], float],
+        options: Callable[[], Options],
+        durable_log: Callable[[], AbstractContextManager[object]] | None = None,
+    ) -> None:
+        self._log = logger
+        self._clock = clock
+        #: The settings in force (a reload replaces them): a dry run, the settle time.
+        self._options = options
+        #: The events logged in its block are durable when it ends, or it raises
+        #: :class:`~memstaged.errors.LogUnwritable`: the decision log's
+        #: :func:`memstaged.log.writer.durable` (a test's recording logger has none).
+        self.durable = durable_log if durable_log is not None else _durable_decision_log
+
+    def final(
+        self,
+        mdir: MemoryDir,
+        name: str,
+        decision: Decision,
+        reason: str,
+        *,
+        started: float = 0.0,
+    ) -> Outcome:
+        """A decision no verdict made (a skip, a wait), logged: nothing more is done with it."""
+        self.finish(self._event(mdir, name, decision, reason), started)
+        return Outcome(decision)
+
+    def io_error(self, mdir: MemoryDir, name: str, err: OSError, started: float = 0.0) -> Outcome:
+        """A file an I/O error stopped deciding: deferred, logged at level error."""
+        return self.failed(mdir, name, f"I/O error, will retry: {os_reason(err)}", started)
+
+    def failed(
+        self,
+        mdir: MemoryDir,
+        name: str,
+        reason: str,
+        started: float,
+        trace: str | None = None,
+    ) -> Outcome:
+        """A file an error stopped deciding (``trace``: an internal error's traceback), left as
+        it is: deferred, logged at level error."""
+        event = self._event(mdir, name, Decision.DEFERRED, reason, trace)
+        self.finish(event, started, error=True)
+        retry_at = self._clock() + self._options().settle
+        return Outcome(Decision.DEFERRED, retry_at=retry_at, error=True)
+
+    def finish(self, event: DecisionEvent, started: float, *, error: bool = False) -> DecisionEvent:
+        """Log the event with its duration since ``started`` (none if 0); returns it as logged."""
+        if started:
+            duration = round((time.perf_counter() - started) * 1000, 3)
+            event = msgspec.structs.replace(event, duration_ms=duration)
+        self.emit(event, error=error)
+        return event
+
+    def emit(self, event: DecisionEvent, *, error: bool = False) -> None:
+        """The event at its level: ``error`` for an error that stopped a decision, ``warning``
+        for a quarantine, ``info`` for the rest."""
+        if error:
+            self._log.error("decision", **event.fields())
+        elif event.decision is Decision.QUARANTINED:
+            self._log.warning("decision", **event.fields())
+        else:
+            self._log.info("decision", **event.fields())
+
+    def staging_linked(self, mdir: MemoryDir) -> None:
+        """A memory dir whose ``staging/`` is a symbolic link, logged: none of its files is
+        decided (SPEC 6: a link is never followed)."""
+        self.emit(
+            DecisionEvent(
+                path=mdir.staging,
+                memory_dir=mdir.path,
+                decision=Decision.SKIPPED,
+                reasons=("staging/ is a symbolic link: never followed",),
+            )
+        )
+
+    def _event(
+        self,
+        mdir: MemoryDir,
+        name: str,
+        decision: Decision,
+        reason: str,
+        trace: str | None = None,
+    ) -> DecisionEvent:
+        """The log event of a decision no verdict made (a skip, a wait, an error): its reason,
+        and an internal error's traceback."""
+        return DecisionEvent(
+            path=os.path.join(mdir.staging, name),
+            memory_dir=mdir.path,
+            dry_run=self._options().dry_run,
+            traceback=trace,
+            decision=decision,
+            reasons=(reason,),
+        )
+
+
 def _deadletter(records: tuple[str, ...], original: str | None) -> tuple[str, ...]:
     """The dead-letter files' names as the log gives them: the records', then the original's."""
     names = tuple(f"{DEADLETTER}/{r}" for r in records)
@@ -181,3 +303,9 @@ def _original_renamed(repair: Repair, before: str, after: str) -> Repair:
     if isinstance(wrote, dict) and wrote.get("original") == before:
         return msgspec.structs.replace(repair, wrote={**wrote, "original": after})
     return repair
+
+
+def _durable_decision_log() -> AbstractContextManager[object]:
+    from memstaged.log.writer import durable
+
+    return durable()

@@ -3,18 +3,20 @@
 The daemon and ``--once`` both go through :class:`Pipeline`: the daemon a transaction of one
 file (:meth:`Pipeline.process`), ``--once`` transactions of up to :data:`BATCH` files
 (:meth:`Pipeline.batches`). Either way the same steps run in the same order, each in the module
-named after it: :mod:`memstaged.files.version` (a version, opened safely and kept open),
-:mod:`memstaged.core.decide` (the pure decision), :mod:`memstaged.files.plan` (what changes, as a
-value),
+named after it: :mod:`memstaged.files.version` (a version, opened safely and kept open, or read
+ahead of its turn: :mod:`memstaged.run.read_ahead`), :mod:`memstaged.core.decide` (the pure
+decision), :mod:`memstaged.files.plan` (what changes, as a value),
 :mod:`memstaged.files.transaction` (the one transaction that changes ``staging/`` and
-``deadletter/``), and the decision log, whose events this module builds from the transaction's
-results. Data flows one way; each module only calls downwards.
+``deadletter/``), and :mod:`memstaged.run.decision` (each file's event in the decision log, and
+its outcome, from the verdict and then from what the transaction did with its plan). Data flows
+one way; each module only calls downwards.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import resource
@@ -47,11 +49,14 @@ from memstaged.run.decider_pool import FD_RESERVE, Deciders, Failure, ReadAhead,
 from memstaged.run.decision import (
     Batch,
     DecisionEvent,
+    Decisions,
     Outcome,
     abandoned,
     describe,
     name_settled,
+    os_reason,
 )
+from memstaged.run.read_ahead import LockSeen, Read, job, read_ahead, release
 
 __all__ = [
     "BATCH",
@@ -75,10 +80,6 @@ BATCH_HELD: Final = 256
 MAX_REWRITES: Final = 100_000
 
 
-def _reason(err: OSError) -> str:
-    return f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
-
-
 class _Pending:
     """A file read and decided whose plan waits for its transaction."""
 
@@ -93,33 +94,6 @@ class _Pending:
         self.started = started
 
 
-class _Read:
-    """A file read ahead of its decision: what :meth:`Pipeline._read_and_decide`
-    would have read, and the context its bytes are decided in, for a decider process."""
-
-    __slots__ = ("changed_at", "ctx", "name", "read", "started")
-
-    def __init__(self, name: str, started: float) -> None:
-        self.name = name
-        self.started = started
-        #: None: not read (not a staging name, or the lock is held); an exception: raised
-        #: where the file is decided, as if it had been raised reading it there.
-        self.read: Version | Skip | Exception | None = None
-        self.ctx: Context | None = None
-        self.changed_at = 0.0
-
-
-class _Lock:
-    """The reconciler's lock as the current transaction read it: files are read ahead for the
-    next transaction only while it is known to be free."""
-
-    __slots__ = ("blocked", "known")
-
-    def __init__(self) -> None:
-        self.blocked: LockInfo | None = None
-        self.known = False
-
-
 def _held_most() -> int:
     """The versions a transaction holds open at most: :data:`BATCH_HELD`, or fewer where the
     descriptor limit leaves less room (SPEC 6: a hard limit of 200 ran out of descriptors with
@@ -128,13 +102,6 @@ def _held_most() -> int:
     if soft == resource.RLIM_INFINITY:
         return BATCH_HELD
     return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 2))
-
-
-def _release(read: _Read) -> None:
-    """Close a version read ahead and never decided (its transaction found the lock held)."""
-    if isinstance(read.read, Version):
-        read.read.close()
-        read.read = None
 
 
 class Pipeline:
@@ -150,9 +117,8 @@ class Pipeline:
         self.options = options
         self.log = logger
         self.clock = clock
-        #: The decision log's :func:`memstaged.log.writer.durable` (a test's recording logger has
-        #: none).
-        self._durable_log = durable_log if durable_log is not None else _durable_decision_log
+        #: Each file's decision event logged, and its outcome, with the options in force.
+        self._decisions = Decisions(logger, clock, lambda: self.options, durable_log)
         self._stamp: tuple[int, str] = (-1, "")
         self._first_seen = FirstSeen()
         #: (memory dir, name) -> the SHA-256 of the rewrite memstaged put there and has not
@@ -210,14 +176,13 @@ class Pipeline:
     ) -> Generator[Batch, None, None]:
         """The transactions of ``names`` in one memory dir, opened once for all of them.
 
-        Files are read ahead of their transaction, across transactions: with ``size`` files to
-        go (``--once``'s batches), the next transaction's files are read and sent to the decider
-        processes before this one's commit, so that they are decided while it runs. The
-        reconciler's lock is read again at the start of each transaction, and obeyed there: a
-        file read ahead while it was free is deferred, unchanged, if it is held by then (the
-        transaction takes the lock itself before it changes anything, SPEC 5). A file read
-        ahead holds its descriptor and read lease until it is decided, so a writer waits for
-        it at most one commit longer.
+        Files are read ahead of their transaction, across transactions
+        (:mod:`memstaged.run.read_ahead`): with ``size`` files to go (``--once``'s batches), the
+        next transaction's files are read and sent to the decider processes before this one's
+        commit, so that they are decided while it runs. The reconciler's lock is read again at
+        the start of each transaction, and obeyed there: a file read ahead while it was free is
+        deferred, unchanged, if it is held by then (the transaction takes the lock itself before
+        it changes anything, SPEC 5).
         """
         if not names:
             return
@@ -231,12 +196,16 @@ class Pipeline:
                     batch.outcomes[name] = self._unopened(mdir, name, err)
                 yield batch
             return
-        lock = _Lock()
-        reads = (self._read_ahead(mdir, name, staging_fd, lock) for name in names)
+        lock = LockSeen()
+        context = functools.partial(self._context, mdir)
+        reads = (
+            read_ahead(name, staging_fd, lock, self.options.max_file_size, context)
+            for name in names
+        )
         held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
         # One file at a time (the daemon's) needs no bound beside itself: not even estimated.
         budget = None if most == 1 else memory_budget.budget(self.options.max_file_size)
-        ahead = self._deciders.ahead(reads, _job, size, held=held_most, budget=budget)
+        ahead = self._deciders.ahead(reads, job, size, held=held_most, budget=budget)
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:
@@ -247,7 +216,7 @@ class Pipeline:
                 yield batch
         finally:
             for read in ahead.close():
-                _release(read)
+                release(read)
             opened.__exit__()
 
     def _transaction(
@@ -255,8 +224,8 @@ class Pipeline:
         mdir: MemoryDir,
         mem_fd: int,
         staging_fd: int,
-        lock: _Lock,
-        ahead: ReadAhead[_Read],
+        lock: LockSeen,
+        ahead: ReadAhead[Read],
         most: int,
         held_most: int,
     ) -> Batch:
@@ -275,12 +244,12 @@ class Pipeline:
         except OSError as err:
             lock.known = False  # nothing more is read ahead until it can be read
             for read, _verdict in itertools.islice(ahead, most):
-                _release(read)
+                release(read)
                 ahead.done(read)
-                batch.outcomes[read.name] = self._io_error(mdir, read.name, err)
+                batch.outcomes[read.name] = self._decisions.io_error(mdir, read.name, err)
             return batch
         pending: list[_Pending] = []
-        holding: list[_Read] = []  # the files of the pending plans, as read ahead
+        holding: list[Read] = []  # the files of the pending plans, as read ahead
         try:
             held = 0
             for read, verdict in ahead:
@@ -316,10 +285,10 @@ class Pipeline:
             err.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(mdir.staging)
         ):
             where = "staging/" if os.path.islink(mdir.staging) else "the memory dir"
-            return self._final(
+            return self._decisions.final(
                 mdir, name, Decision.SKIPPED, f"{where} is a symbolic link: never followed"
             )
-        return self._io_error(mdir, name, err)
+        return self._decisions.io_error(mdir, name, err)
 
     def _read_and_decide(
         self,
@@ -328,23 +297,23 @@ class Pipeline:
         staging_fd: int,
         blocked: LockInfo | None,
         started: float,
-        ahead: _Read | None = None,
+        ahead: Read | None = None,
         verdict: Verdict | Failure | None = None,
     ) -> tuple[Outcome, _Pending | None]:
         """A file's final outcome (logged), or the plan that carries its decision out.
 
-        ``ahead``: the file as :meth:`_read_ahead` read it; ``verdict``: a decider's verdict
-        of it (None: decide it here).
+        ``ahead``: the file as :func:`~memstaged.run.read_ahead.read_ahead` read it;
+        ``verdict``: a decider's verdict of it (None: decide it here).
         """
         if not is_staging_name(name):
-            return self._final(
+            return self._decisions.final(
                 mdir, name, Decision.SKIPPED, "not a staging file name", started=started
             ), None
         if blocked is not None:
             if ahead is not None:
-                _release(ahead)  # read ahead while the lock was free: left as it is
+                release(ahead)  # read ahead while the lock was free: left as it is
             reason = str(LockHeld(blocked))
-            outcome = self._final(mdir, name, Decision.DEFERRED, reason, started=started)
+            outcome = self._decisions.final(mdir, name, Decision.DEFERRED, reason, started=started)
             return msgspec.structs.replace(outcome, blocked_by_lock=True), None
         version: Version | None = None
         try:
@@ -359,7 +328,7 @@ class Pipeline:
             rewrite = self._rewrites.pop((mdir.path, name), None)
             if isinstance(read, Skip):
                 decision = Decision(read.decision)
-                outcome = self._final(mdir, name, decision, read.reason, started=started)
+                outcome = self._decisions.final(mdir, name, decision, read.reason, started=started)
                 return msgspec.structs.replace(outcome, identity=read.identity), None
             version = read
             outcome, item = self._decide(mdir, version, started, rewrite, ahead, verdict)
@@ -367,10 +336,12 @@ class Pipeline:
                 version = None  # the transaction owns it now
             return outcome, item
         except OSError as err:
-            return self._io_error(mdir, name, err, started), None
+            return self._decisions.io_error(mdir, name, err, started), None
         except Exception as err:  # noqa: BLE001 - a bug must not stop the daemon; it is logged
             message = f"internal error, file left as it is: {err!r}"
-            return self._failed(mdir, name, message, started, traceback.format_exc()), None
+            return self._decisions.failed(
+                mdir, name, message, started, traceback.format_exc()
+            ), None
         finally:
             if version is not None:
                 version.close()
@@ -381,7 +352,7 @@ class Pipeline:
         version: Version,
         started: float,
         rewrite: str | None = None,
-        ahead: _Read | None = None,
+        ahead: Read | None = None,
         decided: Verdict | Failure | None = None,
     ) -> tuple[Outcome, _Pending | None]:
         if ahead is not None and ahead.ctx is not None:
@@ -390,7 +361,9 @@ class Pipeline:
             ctx, changed_at = self._context(mdir, version)
         if isinstance(decided, Failure):  # a bug in a decider process: as one raised here
             message = f"internal error, file left as it is: {decided.error}"
-            return self._failed(mdir, version.name, message, started, decided.traceback), None
+            return self._decisions.failed(
+                mdir, version.name, message, started, decided.traceback
+            ), None
         if decided is None:
             verdict = self._verdict(version, ctx)
         else:  # its records may be rendered ahead: rendered again here only for another name
@@ -405,15 +378,15 @@ class Pipeline:
         if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
             # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
             # as what it is, and is not a second decision of the file.
-            self._finish_event(msgspec.structs.replace(event, own_rewrite=True), started)
+            self._decisions.finish(msgspec.structs.replace(event, own_rewrite=True), started)
             return Outcome(Decision.VALID, version.identity, own_rewrite=True), None
         if verdict.decision is Decision.DEFERRED:
             retry = changed_at + self.options.settle
-            self._finish_event(event, started)
+            self._decisions.finish(event, started)
             return Outcome(Decision.DEFERRED, version.identity, retry_at=retry), None
         plan = None if self.options.dry_run else plan_of(version, verdict)
         if plan is None:
-            self._finish_event(event, started)
+            self._decisions.finish(event, started)
             return Outcome(verdict.decision, version.identity), None
         return Outcome(verdict.decision, version.identity), _Pending(plan, version, event, started)
 
@@ -426,22 +399,11 @@ class Pipeline:
         ctx = mdir.context(version.name, self.options, settled=settled, decided_at=decided_at)
         return ctx, changed_at
 
-    def _read_ahead(self, mdir: MemoryDir, name: str, staging_fd: int, lock: _Lock) -> _Read:
-        """Read a file (and settle its context) before the files ahead of it are decided; what
-        is logged about it is left to :meth:`_read_and_decide`, in the files' order. Nothing is
-        read while the reconciler's lock is held or could not be read."""
-        read = _Read(name, time.perf_counter())
-        if not lock.known or lock.blocked is not None or not is_staging_name(name):
-            return read
-        try:
-            read.read = read_version(staging_fd, name, self.options.max_file_size)
-            if isinstance(read.read, Version) and read.read.data is not None:
-                read.ctx, read.changed_at = self._context(mdir, read.read)
-        except Exception as err:  # noqa: BLE001 - raised again in _read_and_decide, in order
-            if isinstance(read.read, Version):
-                read.read.close()
-            read.read = err
-        return read
+    def _decided_at(self, epoch_ms: int) -> str:
+        """``format_epoch_ms``, kept for the millisecond: a backlog decides ~10 files in one."""
+        if self._stamp[0] != epoch_ms:
+            self._stamp = (epoch_ms, format_epoch_ms(epoch_ms))
+        return self._stamp[1]
 
     def _verdict(self, version: Version, ctx: Context) -> Verdict:
         if version.data is not None:
@@ -457,11 +419,11 @@ class Pipeline:
         announced: set[str] = set()
 
         def announce(settled: Sequence[Settled]) -> None:
-            with self._durable_log():  # raises LogUnwritable: nothing of the plans is done
+            with self._decisions.durable():  # raises LogUnwritable: nothing of the plans is done
                 for names in settled:
                     item = by_name[names.key]
                     event = name_settled(item.event, item.plan, names)
-                    item.event = self._finish_event(event, item.started)
+                    item.event = self._decisions.finish(event, item.started)
                     announced.add(names.key)
 
         outcomes: dict[str, Outcome] = {}
@@ -504,7 +466,7 @@ class Pipeline:
                     item,
                     announced,
                     Decision.DEFERRED,
-                    f"I/O error, will retry: {_reason(err)}",
+                    f"I/O error, will retry: {os_reason(err)}",
                     retry_at=self.clock() + self.options.settle,
                     error=True,
                 )
@@ -562,87 +524,13 @@ class Pipeline:
         that it was not carried out, and why (SPEC 5: logged before, never carried out unlogged).
         """
         event = abandoned(item.event, decision, reason, announced=item.plan.key in announced)
-        self._finish_event(event, item.started, error=error)
+        self._decisions.finish(event, item.started, error=error)
         return Outcome(decision, item.version.identity, error=error, **extra)
 
     def _remember_rewrite(self, memory_dir: str, name: str, sha256: str) -> None:
         if len(self._rewrites) >= MAX_REWRITES:
             del self._rewrites[next(iter(self._rewrites))]
         self._rewrites[(memory_dir, name)] = sha256
-
-    # -- logging --------------------------------------------------------------------------------
-
-    def _event(
-        self,
-        mdir: MemoryDir,
-        name: str,
-        decision: Decision,
-        reason: str,
-        trace: str | None = None,
-    ) -> DecisionEvent:
-        """The log event of a decision no verdict made (a skip, a wait, an error): its reason,
-        and an internal error's traceback."""
-        return DecisionEvent(
-            path=os.path.join(mdir.staging, name),
-            memory_dir=mdir.path,
-            dry_run=self.options.dry_run,
-            traceback=trace,
-            decision=decision,
-            reasons=(reason,),
-        )
-
-    def _final(
-        self,
-        mdir: MemoryDir,
-        name: str,
-        decision: Decision,
-        reason: str,
-        *,
-        started: float = 0.0,
-    ) -> Outcome:
-        self._finish_event(self._event(mdir, name, decision, reason), started)
-        return Outcome(decision)
-
-    def _io_error(self, mdir: MemoryDir, name: str, err: OSError, started: float = 0.0) -> Outcome:
-        return self._failed(mdir, name, f"I/O error, will retry: {_reason(err)}", started)
-
-    def _failed(
-        self,
-        mdir: MemoryDir,
-        name: str,
-        reason: str,
-        started: float,
-        trace: str | None = None,
-    ) -> Outcome:
-        event = self._event(mdir, name, Decision.DEFERRED, reason, trace)
-        self._finish_event(event, started, error=True)
-        return Outcome(Decision.DEFERRED, retry_at=self.clock() + self.options.settle, error=True)
-
-    def _finish_event(
-        self, event: DecisionEvent, started: float, *, error: bool = False
-    ) -> DecisionEvent:
-        """Log the event with its duration since ``started`` (none if 0); returns it as logged."""
-        if started:
-            duration = round((time.perf_counter() - started) * 1000, 3)
-            event = msgspec.structs.replace(event, duration_ms=duration)
-        self._emit(event, error=error)
-        return event
-
-    def _emit(self, event: DecisionEvent, *, error: bool = False) -> None:
-        """The event at its level: ``error`` for an error that stopped a decision, ``warning``
-        for a quarantine, ``info`` for the rest."""
-        if error:
-            self.log.error("decision", **event.fields())
-        elif event.decision is Decision.QUARANTINED:
-            self.log.warning("decision", **event.fields())
-        else:
-            self.log.info("decision", **event.fields())
-
-    def _decided_at(self, epoch_ms: int) -> str:
-        """``format_epoch_ms``, kept for the millisecond: a backlog decides ~10 files in one."""
-        if self._stamp[0] != epoch_ms:
-            self._stamp = (epoch_ms, format_epoch_ms(epoch_ms))
-        return self._stamp[1]
 
     # -- crash recovery, listing ----------------------------------------------------------------
 
@@ -666,7 +554,7 @@ class Pipeline:
             )
         except OSError as err:
             self.log.error(
-                "temp_recovered", memory_dir=mdir.path, action=f"stopped: {_reason(err)}"
+                "temp_recovered", memory_dir=mdir.path, action=f"stopped: {os_reason(err)}"
             )
             return None
         finally:
@@ -689,14 +577,7 @@ class Pipeline:
         except OSError:
             return []
         if stat.S_ISLNK(st.st_mode):
-            self._emit(
-                DecisionEvent(
-                    path=path,
-                    memory_dir=mdir.path,
-                    decision=Decision.SKIPPED,
-                    reasons=("staging/ is a symbolic link: never followed",),
-                )
-            )
+            self._decisions.staging_linked(mdir)
             return []
         if listing is not None:
             return staging_names(listing, sort=sort)
@@ -706,21 +587,8 @@ class Pipeline:
         except OSError as err:
             if err.errno == errno.ENOENT:
                 return []
-            self.unlisted[mdir.path] = f"cannot list {path}: {_reason(err)}"
+            self.unlisted[mdir.path] = f"cannot list {path}: {os_reason(err)}"
             self.log.error(
-                "staging_unreadable", memory_dir=mdir.path, path=path, error=_reason(err)
+                "staging_unreadable", memory_dir=mdir.path, path=path, error=os_reason(err)
             )
             return []
-
-
-def _job(read: _Read) -> tuple[bytes, Context] | None:
-    """What a decider process decides of a file read ahead: its bytes in its context."""
-    if isinstance(read.read, Version) and read.read.data is not None and read.ctx is not None:
-        return read.read.data, read.ctx
-    return None
-
-
-def _durable_decision_log() -> AbstractContextManager[object]:
-    from memstaged.log.writer import durable
-
-    return durable()
