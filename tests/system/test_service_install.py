@@ -401,20 +401,13 @@ def test_purge_keeps_a_tree_with_memory_data_the_config_does_not_list(
     loader refuses (one bad key: the memory dirs cannot be listed), was removed by `uninstall
     --purge`, its deadletter/ with it. A tree with a ``staging/`` or ``deadletter/`` in it is
     kept, and said; every byte of the memory dir stays."""
-    home = tmp_path / "home"
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
-    for name in ("CONFIG", "MEMORY_DIRS", "LOG_FILE", "METRICS_FILE"):
-        monkeypatch.delenv(f"MEMSTAGED_{name}", raising=False)
-    config_dir = tmp_path / "config" / "memstaged"
-    state = home / ".local" / "state" / "memstaged"
+    config_dir, state = _private_home(tmp_path, monkeypatch)
     tree = config_dir if where == "config" else state
     mdir = tree / "app" / ".pi" / "memory" / "project"
     (mdir / "staging").mkdir(parents=True)
     (mdir / "staging" / "s.json").write_bytes(b"[]")
     (mdir / "deadletter" / "originals").mkdir(parents=True)
     (mdir / "deadletter" / "r.json").write_bytes(b'{"record": 1}')
-    state.mkdir(parents=True, exist_ok=True)
     _configure(tmp_path, f'memory_dirs = ["{mdir}"]\nsettle = "soon"\n')
     before = {p: p.read_bytes() for p in mdir.rglob("*") if p.is_file()}
 
