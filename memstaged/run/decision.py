@@ -266,6 +266,7 @@ class Decisions:
                 memory_dir=mdir.path,
                 decision=Decision.SKIPPED,
                 reasons=("staging/ is a symbolic link: never followed",),
+                dry_run=self._options().dry_run,  # SPEC 7: a dry run's decisions are marked
             )
         )
 

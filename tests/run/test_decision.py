@@ -514,8 +514,9 @@ def test_errors(
     )
 
 
-def test_dry_run(memory_dir: Path, log: _Log) -> None:
-    """A dry run's decisions are marked ``dry_run``, at the same levels, as before."""
+def test_dry_run(project: Path, memory_dir: Path, log: _Log) -> None:
+    """A dry run's decisions are marked ``dry_run``, at the same levels, as before; the skip of
+    a ``staging/`` that is a link too (SPEC 7: it was the one decision left unmarked)."""
     _stage(memory_dir, "repair.json", repairable_doc("."))
     _stage(memory_dir, "bad.json", staging_doc(".", "s-bad", schemaVersion=2))
     (memory_dir / "staging" / "notes.txt").write_bytes(b"not a staging file")
@@ -523,6 +524,10 @@ def test_dry_run(memory_dir: Path, log: _Log) -> None:
     mdir = memory_dir_of(memory_dir)
     for name in ("repair.json", "bad.json", "notes.txt"):
         pipeline.process(mdir, name)
+    other = project.parent / "other" / ".pi" / "memory" / "project"
+    other.mkdir(parents=True)
+    os.symlink(memory_dir / "staging", other / "staging")
+    pipeline.scan(memory_dir_of(other))
     _check(
         log,
         [
@@ -580,6 +585,16 @@ def test_dry_run(memory_dir: Path, log: _Log) -> None:
                 "level": "info",
                 "timestamp": "<ts>",
             },
+            {
+                "path": "<tmp>/other/.pi/memory/project/staging",
+                "memory_dir": "<tmp>/other/.pi/memory/project",
+                "dry_run": True,
+                "decision": "skipped",
+                "reasons": ["staging/ is a symbolic link: never followed"],
+                "event": "decision",
+                "level": "info",
+                "timestamp": "<ts>",
+            },
         ],
         [
             (
@@ -593,6 +608,11 @@ def test_dry_run(memory_dir: Path, log: _Log) -> None:
                 "1",
             ),
             ("6", "skipped (dry run) <mdir>/staging/notes.txt: not a staging file name"),
+            (
+                "6",
+                "skipped (dry run) <tmp>/other/.pi/memory/project/staging: staging/ is a "
+                "symbolic link: never followed",
+            ),
         ],
     )
 
