@@ -434,7 +434,7 @@ def live(daemon: Daemon, started: float) -> Live:
         ready=daemon.ready,
         status=daemon.status_text(),
         decided=daemon.decisions(),
-        unchanged=daemon.unchanged,
+        unchanged=daemon.seen.unchanged,
         log_failing=log_failing(),
         reload_error=None if daemon.reload_error is None else wire(daemon.reload_error),
         memory_dirs=dirs,

@@ -14,9 +14,7 @@ when each notification is due in :mod:`memstaged.daemon.sd_notify`, events to si
 metrics file, crash) in
 :mod:`memstaged.daemon.main`.
 
-What was decided survives a restart: the start-up scan of a memory dir takes the files that the
-seen cache (shared with ``--once``, see :mod:`memstaged.run.seen_cache`) holds as decided ``valid``
-or ``foreign`` and unchanged since, as decided, without reading them or logging a new decision.
+What was decided survives a restart: the seen caches, in :mod:`memstaged.daemon.seen_caches`.
 
 "Decided" has one meaning in ``STATUS=``, the ``ready`` and ``stop`` events and the metrics
 (:meth:`Daemon.decided`): the decisions this process made and logged. A ``deferred`` is a wait,
@@ -44,6 +42,7 @@ from memstaged.core.decide import Decision
 from memstaged.daemon.memory_dirs import MemoryDirs, WatcherFactory, WatcherLike
 from memstaged.daemon.schedule import Key, Schedule, changed_delay, retry_delay
 from memstaged.daemon.sd_notify import Heartbeat, Notifier
+from memstaged.daemon.seen_caches import SeenCaches
 from memstaged.daemon.watcher import Kind, Signal, Watcher
 from memstaged.errors import Abandoned, ConfigError, MemstagedError, WaitStopped
 from memstaged.files.fsio import Identity, raise_fd_limit
@@ -51,13 +50,6 @@ from memstaged.files.locks import live_lock_at
 from memstaged.files.memdir import STAGING, MemoryDir
 from memstaged.run.decision import Outcome
 from memstaged.run.pipeline import Pipeline
-from memstaged.run.seen_cache import (
-    SeenCache,
-    remember_outcome,
-    seen_cache,
-    settings_key,
-    split_unchanged,
-)
 
 #: How often a memory dir blocked by a lock whose holder may die silently is looked at again.
 LOCK_POLL: Final = 5.0
@@ -114,11 +106,8 @@ class Daemon:
         self.due = Schedule()
         #: The version of each file last given a final decision: a rescan skips it.
         self.identities: dict[Key, Identity] = {}
-        #: The seen cache of each memory dir, saved now and then (see :meth:`save_seen`).
-        self.seen: dict[str, SeenCache] = {}
-        #: Files taken as decided from the seen cache at start-up (not read, not logged, and not
-        #: counted in :attr:`counts`: an earlier run decided them).
-        self.unchanged = 0
+        #: What was decided, by this run or an earlier one, that a restart need not read again.
+        self.seen = SeenCaches()
         self.failures: Counter[Key] = Counter()
         #: Memory dirs whose files wait for the reconciler's lock, and those files.
         self.lock_waiting: dict[str, set[str]] = {}
@@ -213,21 +202,19 @@ class Daemon:
 
     def added(self, mdir: MemoryDir) -> None:
         """A memory dir is locked and watched: decide what is in it."""
-        self.seen[mdir.path] = seen_cache(self.settings, mdir)
+        self.seen.add(self.settings, mdir)
         self.rescan(mdir, seed=True)
 
     def dropped(self, path: str) -> None:
         """A memory dir is let go: save its seen cache (under its lock), forget its files."""
-        self.save_seen(path)
-        self.seen.pop(path, None)
+        self.seen.drop(self.settings.options, path)
         self.lock_waiting.pop(path, None)
         self._forget(lambda key: key[0] == path)
 
     def _limit(self, max_file_size: int) -> None:
         """A lower size limit: files decided under the old one that are over it now are decided
         again (too large to read); the others stay decided."""
-        for cache in self.seen.values():
-            cache.limit(max_file_size)
+        self.seen.limit(max_file_size)
         over = {k for k, ident in self.identities.items() if ident.size > max_file_size}
         if over:
             self._forget(over.__contains__)
@@ -324,13 +311,9 @@ class Daemon:
         scheduled = 0
         waiting = self.lock_waiting.get(mdir.path)
         names = self.pipeline.scan(mdir)  # says why, when staging/ is a link
-        seen = set(names)
-        cache = self.seen.get(mdir.path)
-        todo = names
-        if seed and cache is not None:
-            todo = self._seed(mdir, names, cache)
-        if cache is not None:
-            cache.keep_only(seen)
+        here = set(names)  # the names now in staging/
+        todo, decided = self.seen.scanned(mdir, names, seed=seed)
+        self.identities.update(decided)
         for name in todo:
             key = (mdir.path, name)
             try:
@@ -343,31 +326,8 @@ class Daemon:
                 else:
                     self.due.at(key, now)
                     scheduled += 1
-        self._forget(lambda key: key[0] == mdir.path and key[1] not in seen and key not in self.due)
+        self._forget(lambda key: key[0] == mdir.path and key[1] not in here and key not in self.due)
         return scheduled
-
-    def _seed(self, mdir: MemoryDir, names: list[str], cache: SeenCache) -> list[str]:
-        """Take the files the cache holds as decided and unchanged (ctime included) as decided;
-        returns the others, to be looked at."""
-        todo, held = split_unchanged(cache, mdir.staging, names)
-        if held:
-            to_read = set(todo)
-            decided = [name for name in names if name not in to_read]
-            for name in decided:
-                self.identities[(mdir.path, name)] = Identity(*cache.entries[name][0])
-            self.unchanged += len(held)
-        return todo
-
-    def save_seen(self, path: str | None = None) -> None:
-        """Write the seen cache of one memory dir (or of all) if it changed; never in a dry run
-        (as ``--once``). Called at each periodic rescan, SIGHUP, drop and stop, not per file."""
-        if self.settings.options.dry_run:
-            return
-        if path is None:
-            for cache in self.seen.values():
-                cache.save()
-        elif path in self.seen:
-            self.seen[path].save()
 
     def process(self, key: Key) -> Outcome | None:
         """Decide one due file (unless its memory dir is gone or waits for the lock)."""
@@ -388,12 +348,7 @@ class Daemon:
         self.in_hand = None
         if not outcome.own_rewrite:  # the look at its own rewrite is no second decision
             self.counts[outcome.decision.value] += 1
-        cache = self.seen.get(key[0])
-        if cache is not None:
-            if outcome.decision in _FINAL and not outcome.changed:
-                remember_outcome(cache, mdir, key[1], outcome)
-            else:
-                cache.forget(key[1])  # not decided yet: looked at again once it is
+        self.seen.decided(mdir, key[1], outcome)
         now = self.clock()
         if outcome.changed:
             self.failures[key] += 1
@@ -449,7 +404,7 @@ class Daemon:
             self.dirs.refresh_levels()
             self.sync_memory_dirs()
             total = sum(self.rescan(m) for m in list(self.mdirs.values()))
-            self.save_seen()
+            self.seen.save(self.settings.options)
             self.log.info("rescan", memory_dirs=len(self.mdirs), scheduled=total)
         if self.lock_waiting and now >= self.next_lock_poll:
             self.next_lock_poll = now + LOCK_POLL
@@ -546,13 +501,9 @@ class Daemon:
         else:
             self.reload_error = None
             old = self.settings
-            self.save_seen()  # under the old settings, which its entries were decided with
+            self.seen.reloaded(old, new, self.mdirs)
             self.settings = new
             self.pipeline.options = new.options
-            if settings_key(new.options) != settings_key(old.options):
-                # Decisions made from now on are not those the cache holds: start a new one.
-                for path, mdir in self.mdirs.items():
-                    self.seen[path] = seen_cache(new, mdir)
             self._limit(new.options.max_file_size)
             self.next_rescan = self.clock() + self.rescan_interval
             if new.observer != old.observer:
@@ -590,7 +541,7 @@ class Daemon:
                 pid=os.getpid(),
                 memory_dirs=len(self.mdirs),
                 decided=self.decided(),
-                unchanged=self.unchanged,
+                unchanged=self.seen.unchanged,
                 waiting=len(self.due),
             )
         while not self.stopping:
@@ -611,7 +562,7 @@ class Daemon:
         self.notifier.stopping()
         self.watcher.stop()
         if error is None:
-            self.save_seen()
+            self.seen.save(self.settings.options)
         self.dirs.release_all()
         pending = len(self.due) + sum(len(v) for v in self.lock_waiting.values())
         if self.abandoned is not None:

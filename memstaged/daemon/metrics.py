@@ -169,9 +169,7 @@ def collect(daemon: Daemon, tally: Tally, started: float) -> list[Family]:
         "Staging files decided valid or foreign (by this daemon, an earlier one or --once) and "
         "unchanged since, as the seen cache holds them, by decision",
     )
-    held: Counter[str] = Counter()
-    for cache in list(daemon.seen.values()):
-        held.update(decision for _identity, decision in cache.entries.values())
+    held = daemon.seen.held()
     for decision in Decision:
         if decision in STAYS:
             seen.add(held[decision.value], decision=decision.value)
