@@ -236,9 +236,10 @@ def _run(args: argparse.Namespace) -> int:
     config.own_state_dir(settings)
     _configure_logging(settings, console="lines" if args.verbose else "auto")
     if args.once:
+        from memstaged.cli.once_summary import print_summary
         from memstaged.run.once import run_once
 
-        return run_once(settings, wait=args.wait, as_json=args.json)
+        return print_summary(run_once(settings, wait=args.wait), as_json=args.json)
     from memstaged.daemon.main import run_daemon
 
     def reload() -> object:

@@ -1,28 +1,26 @@
-"""``memstaged --once``: decide every staging file of the memory dirs, print a summary, exit.
+"""``memstaged --once``: decide every staging file of the memory dirs, and report the counts.
 
 Files still being written (deferred for the settle interval) are looked at once more when their
 interval has passed, so a run started while a writer is busy still decides them (and a wait of a
 second or more says on stderr what it waits for). A file that changed while being decided is
 decided again at once (a bounded number of times).
 
-The summary is one line per memory dir (``path: valid=1 ... total=7 unchanged=0``) when stdout is
-not a terminal, an aligned table on one, and one JSON object per memory dir with ``--json``. A
-reader that goes away (``memstaged --once | head -1``) does not change the exit code: every file
-was decided whether or not the summary was read. rich is imported only for the progress bar.
+The counts come back as a :class:`Report`; the command line prints them
+(:mod:`memstaged.cli.once_summary`). rich is imported only for the progress bar.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import os
 import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from memstaged import safe_text
 from memstaged.config import (
@@ -36,7 +34,6 @@ from memstaged.config import (
 from memstaged.core import digests
 from memstaged.core.decide import Decision
 from memstaged.errors import BusyError, ConfigError, Terminated
-from memstaged.files import fsio
 from memstaged.files.fsio import raise_fd_limit
 from memstaged.files.locks import InstanceLock
 from memstaged.files.memdir import MemoryDir
@@ -47,7 +44,6 @@ from memstaged.run.seen_cache import SeenCache, remember_outcome, seen_cache, sp
 #: Show a progress bar on a terminal from this many files on.
 PROGRESS_FROM: Final = 200
 _CHANGED_RETRIES: Final = 3
-_ORDER: Final = [d.value for d in Decision]
 
 
 def _settle(
@@ -189,11 +185,27 @@ def _progress(show: bool) -> Iterator[Any]:
         yield bar
 
 
-def run_once(
-    settings: Settings, *, wait: bool = False, as_json: bool = False, out: IO[str] | None = None
-) -> int:
-    """Exit 0 when every file got a decision; 1 when some file is still deferred or busy."""
-    stream = out if out is not None else sys.stdout
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+    """What one run decided: the counts per decision of each memory dir decided, how many of
+    its files were unchanged since their decision (not read again), and why each memory dir
+    left undecided was (busy, unreadable, unwritable)."""
+
+    counts: dict[str, Counter[str]]
+    unchanged: dict[str, int]
+    busy: dict[str, str]
+    dry_run: bool
+
+    @property
+    def code(self) -> int:
+        """0 when every file got a decision; 1 when some file is still deferred, or some
+        memory dir was left undecided."""
+        deferred = sum(c.get(Decision.DEFERRED.value, 0) for c in self.counts.values())
+        return 1 if deferred or self.busy else 0
+
+
+def run_once(settings: Settings, *, wait: bool = False) -> Report:
+    """Decide every staging file of the settings' memory dirs, each under its instance lock."""
     # One directory, one decision (the other paths are said below)
     mdirs, aliases = one_path_each(settings.memory_dirs())
     # a glob's unwritable match is said below, and skipped
@@ -207,7 +219,7 @@ def run_once(
     pipeline = Pipeline(settings.options, _logger())
     previous = _on_sigterm()
     try:
-        return _run(settings, pipeline, mdirs, aliases, literal, wait, as_json, stream)
+        return _run(settings, pipeline, mdirs, aliases, literal, wait)
     finally:
         pipeline.close()  # the decider processes are the run's
         if previous is not None:
@@ -234,9 +246,7 @@ def _run(
     aliases: list[Alias],
     literal: frozenset[str],
     wait: bool,
-    as_json: bool,
-    stream: IO[str],
-) -> int:
+) -> Report:
     for alias in aliases:
         _same_directory(pipeline, alias)
     for mdir in mdirs:
@@ -280,14 +290,7 @@ def _run(
                     cache.save()
             finally:
                 lock.release()
-    deferred = sum(c.get(Decision.DEFERRED.value, 0) for c in results.values())
-    code = 1 if deferred or busy else 0
-    try:
-        _summary(stream, results, settings.options.dry_run, unchanged, busy, as_json)
-        stream.flush()
-    except BrokenPipeError:
-        _silence(stream)  # `| head -1`: the reader had what it wanted; the decisions stand
-    return code
+    return Report(results, unchanged, busy, settings.options.dry_run)
 
 
 def _lock(
@@ -366,82 +369,8 @@ def _same_directory(pipeline: Pipeline, alias: Alias) -> None:
     )
 
 
-def _silence(stream: IO[str]) -> None:
-    """Point a closed pipe's descriptor at /dev/null, so the final flush cannot fail again."""
-    try:
-        fsio.devnull_over(stream.fileno())
-    except (OSError, ValueError):
-        return  # not a real file (a test's capture): nothing will flush it
-
-
 def _nothing() -> None:
     """The progress bar's advance when no bar is shown (it costs microseconds per call)."""
-
-
-def _summary(
-    out: IO[str],
-    results: dict[str, Counter[str]],
-    dry_run: bool,
-    unchanged: dict[str, int],
-    busy: dict[str, str],
-    as_json: bool,
-) -> None:
-    if as_json:
-        from memstaged.log.format import dumps
-
-        for path, counts in results.items():
-            summary: dict[str, Any] = {"memory_dir": path}
-            summary.update((d, counts.get(d, 0)) for d in _ORDER)
-            summary.update(
-                total=sum(counts.values()), unchanged=unchanged.get(path, 0), dry_run=dry_run
-            )
-            out.write(dumps(summary) + "\n")
-        for path, why in busy.items():
-            out.write(dumps({"memory_dir": path, "busy": why, "dry_run": dry_run}) + "\n")
-        return
-    suffix = " (dry run: nothing written)" if dry_run else ""
-    if not safe_text.is_terminal(out):  # one greppable line per memory dir for scripts and CI logs
-        for path, counts in results.items():
-            parts = " ".join(f"{d}={counts.get(d, 0)}" for d in _ORDER)
-            out.write(
-                f"{safe_text.name(path)}: {parts} total={sum(counts.values())} "
-                f"unchanged={unchanged.get(path, 0)}{suffix}\n"
-            )
-        return
-    header = ["memory dir", *_ORDER, "total"]
-    rows = [
-        [safe_text.name(path), *(str(counts.get(d, 0)) for d in _ORDER), str(sum(counts.values()))]
-        for path, counts in results.items()
-    ]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    out.write(f"memstaged --once{suffix}\n")
-    if sum(widths) + 2 * (len(widths) - 1) > _columns(out):
-        # Too wide for the terminal, where it wrapped mid-word ("to / tal" at 100 columns):
-        # each memory dir on its own line, its counts under it.
-        tail = widths[1:]
-        out.write("  " + "  ".join(c.rjust(w) for c, w in zip(header[1:], tail, strict=True)))
-        out.write("\n")
-        for row in rows:
-            out.write(row[0] + "\n")
-            cells = [c.rjust(w) for c, w in zip(row[1:], tail, strict=True)]
-            out.write("  " + "  ".join(cells) + "\n")
-    else:
-        for row in [header, *rows]:
-            cells = [row[0].ljust(widths[0])] + [
-                c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
-            ]
-            out.write("  ".join(cells).rstrip() + "\n")
-    skipped = sum(unchanged.values())
-    if skipped:
-        out.write(f"{skipped} files unchanged since they were decided were not read again.\n")
-
-
-def _columns(out: IO[str]) -> int:
-    """The terminal's width; 80 when it does not say (a terminal of zero columns, say)."""
-    try:
-        return os.get_terminal_size(out.fileno()).columns or 80
-    except (OSError, ValueError, AttributeError):
-        return 80
 
 
 def _logger() -> Any:
