@@ -46,9 +46,9 @@ def failed_writes() -> int:
     return _failed_writes
 
 
-def _count_failure() -> None:
+def _count_failure(events: int = 1) -> None:
     global _failed_writes  # noqa: PLW0603 - one process-wide count, see above
-    _failed_writes += 1
+    _failed_writes += events
 
 
 def _say(text: str) -> None:
@@ -106,10 +106,12 @@ class FileSink:
     Rotation is ``RotatingFileHandler``'s: before a line is written, if the file's size plus the
     line would reach ``max_bytes``, ``<file>.N-1`` becomes ``<file>.N`` … and ``<file>`` becomes
     ``<file>.1`` (up to ``backups``), and the line starts a new ``<file>``, so a line is never
-    split across files. With ``max_bytes`` or ``backups`` 0 the file just grows. Three deliberate
-    differences: the size is counted in bytes (the standard library added the line's
-    *characters* to the file's bytes), an empty file is not rotated away for a line longer than
-    ``max_bytes`` (Python 3.13 stopped doing that too), and the new file is created 0600.
+    split across files. Lines written together (:meth:`write_lines`: a transaction's) count as
+    one line here: they go into one file, together. With ``max_bytes`` or ``backups`` 0 the
+    file just grows. Three deliberate differences: the size is counted in bytes (the standard
+    library added the line's *characters* to the file's bytes), an empty file is not rotated
+    away for a line longer than ``max_bytes`` (Python 3.13 stopped doing that too), and the new
+    file is created 0600.
 
     Several processes write and rotate the same file (the daemon, ``--once``, recover, purge). Every
     append holds an exclusive ``flock`` on the file it writes and checks, under it, that the path
@@ -117,8 +119,9 @@ class FileSink:
     line is only ever written into the file the path names at that moment, never into one rotated
     away (and perhaps deleted) meanwhile; the size that decides a rotation is the file's own,
     whoever appended; and the order of the lines across the files is the order in which they were
-    written. An event costs ``flock``, ``stat``, ``write`` and
-    ``flock`` (a ``pread`` of the last byte, too, when another process wrote since).
+    written. A write costs ``flock``, ``stat``, ``write`` and ``flock`` (a ``pread`` of the last
+    byte, too, when another process wrote since), whether it carries one event or a
+    transaction's.
 
     A line is written whole or not at all: a write cut short (a full disk) is truncated away
     under the lock, and a line left torn by a crash is ended before the next is appended. A
@@ -167,11 +170,15 @@ class FileSink:
         self._fd, self._id, self._end = fd, ident, -1
 
     def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
+        self.write_lines([line])
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        """Append ``lines`` in one write, whole or not at all; never raises (see :meth:`sync`)."""
         try:
-            self._append(line)
+            self._append(b"".join(lines))
         except OSError as err:
-            self.failures += 1
-            _count_failure()
+            self.failures += len(lines)
+            _count_failure(len(lines))
             self._error = err
             self._writing.failed(
                 err,
@@ -182,8 +189,9 @@ class FileSink:
         if self._writing.failing:
             self._writing.recovered()
 
-    def _append(self, line: bytes) -> None:
-        """Write ``line`` whole into the file the path names, under its lock; else raise."""
+    def _append(self, lines: bytes) -> None:
+        """Write ``lines`` (whole lines, one or more) into the file the path names, in one write
+        under its lock; else raise."""
         if self._fd < 0:
             raise OSError(errno.EBADF, "the decision log file is closed", self._name)
         for _ in range(_FOLLOWS):
@@ -197,14 +205,14 @@ class FileSink:
                 raise
             self._lock_stuck = False
             try:
-                if self._append_locked(fd, line):
+                if self._append_locked(fd, lines):
                     return
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             self._reopen()  # rotated or removed by another process (or just now, by this one)
         raise OSError(errno.EAGAIN, "rotated away by other processes at every try", self._name)
 
-    def _append_locked(self, fd: int, line: bytes) -> bool:
+    def _append_locked(self, fd: int, lines: bytes) -> bool:
         """With ``fd``'s lock held: write (or rotate); False when the path names another file."""
         try:
             st = os.stat(self._name)
@@ -216,14 +224,14 @@ class FileSink:
         if (
             self._rotates
             and size
-            and size + len(line) >= self._max_bytes
+            and size + len(lines) >= self._max_bytes
             and time.monotonic() >= self._rotate_after
             and self._rotate()
         ):
-            return False  # the line goes into the new file
-        data = line
+            return False  # the lines go into the new file, together
+        data = lines
         if size and size != self._end and os.pread(fd, 1, size - 1) != b"\n":
-            data = b"\n" + line  # end a torn line: it is skipped as not JSON, not glued to this
+            data = b"\n" + lines  # end a torn line: it is skipped as not JSON, not glued to these
         self._write(fd, data, size)
         self._end = size + len(data)
         return True

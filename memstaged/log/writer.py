@@ -49,6 +49,7 @@ __all__ = [
     "file_failing",
     "get_logger",
     "journal_available",
+    "one_write",
 ]
 
 JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
@@ -163,6 +164,8 @@ class _Fanout:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sinks: tuple[Sink, ...] = ()
+        #: Per thread: the decision log file's lines held for one write (:func:`one_write`).
+        self._held = threading.local()
 
     def replace(self, sinks: tuple[Sink, ...]) -> None:
         with self._lock:
@@ -179,9 +182,35 @@ class _Fanout:
         if not self._sinks:
             return
         line = render(event)
+        held: list[bytes] | None = getattr(self._held, "lines", None)
         with self._lock:
             for sink in self._sinks:
+                if held is not None and isinstance(sink, FileSink):
+                    continue
                 sink.emit(event, line)
+        if held is not None:
+            held.append(line)
+
+    def hold(self) -> bool:
+        """Hold this thread's file lines from now on; False when they are held already."""
+        if getattr(self._held, "lines", None) is not None:
+            return False
+        self._held.lines = []
+        return True
+
+    def write_held(self, *, stop: bool) -> None:
+        """Write this thread's held lines into the decision log file(s) now, in one write each
+        (the sinks of the moment: a reload in between loses none); ``stop``: hold no more."""
+        held: list[bytes] | None = getattr(self._held, "lines", None)
+        if held is None:
+            return
+        self._held.lines = None if stop else []
+        if not held:
+            return
+        with self._lock:
+            for sink in self._sinks:
+                if isinstance(sink, FileSink):
+                    sink.write_lines(held)
 
 
 _FANOUT: Final = _Fanout()
@@ -270,13 +299,37 @@ def _file_sinks() -> list[FileSink]:
 
 
 @contextmanager
+def one_write() -> Iterator[None]:
+    """The events this thread logs in the block go into the decision log file in one write when
+    it ends: one lock, one look at the path, one ``write``, whatever their number (a
+    transaction's). The other sinks get each event at once; a block inside another writes
+    with the outer one. What is held is bounded by what the block logs: a transaction's
+    events, one per file of at most 1,024, and a few more.
+
+    An event held is not yet in the file: whoever must have it there before a change uses
+    :func:`durable`, which writes what is held so far.
+    """
+    outer = _FANOUT.hold()
+    try:
+        yield
+    finally:
+        if outer:
+            _FANOUT.write_held(stop=True)
+
+
+@contextmanager
 def durable() -> Iterator[None]:
-    """The events logged in the block are written whole and fsynced when it ends, or
+    """The events logged in the block, and any held before it by an enclosing
+    :func:`one_write`, are written whole and fsynced when it ends, or
     :class:`~memstaged.errors.LogUnwritable` is raised (SPEC 5 and 7: nothing is carried out
     unlogged, even across a power cut). Whoever announces a change logs it in this block and
     carries it out only after it."""
     marks = {id(sink): sink.failures for sink in _file_sinks()}
-    yield
+    with one_write():
+        try:
+            yield
+        finally:
+            _FANOUT.write_held(stop=False)  # an outer block holds again from here on
     for sink in _file_sinks():
         sink.sync(marks.get(id(sink), 0))
 

@@ -206,6 +206,9 @@ class Decisions:
         #: :class:`~memstaged.errors.LogUnwritable`: the decision log's
         #: :func:`memstaged.log.writer.durable` (a test's recording logger has none).
         self.durable = durable_log if durable_log is not None else _durable_decision_log
+        #: The events logged in its block go into the decision log file in one write
+        #: (:func:`memstaged.log.writer.one_write`): a transaction's.
+        self.one_write = _one_write_decision_log
 
     def final(
         self,
@@ -310,3 +313,9 @@ def _durable_decision_log() -> AbstractContextManager[object]:
     from memstaged.log.writer import durable
 
     return durable()
+
+
+def _one_write_decision_log() -> AbstractContextManager[object]:
+    from memstaged.log.writer import one_write
+
+    return one_write()

@@ -231,53 +231,57 @@ class Pipeline:
     ) -> Batch:
         """Decide up to ``most`` files read ahead, then apply their plans together.
 
-        Valid, foreign, skipped and deferred files are final (and logged) at once; repairs and
+        Valid, foreign, skipped and deferred files are final at once; repairs and
         quarantines wait for the transaction, which stops taking files early when the versions
         it holds open reach ``held_most`` (:data:`BATCH_HELD`, or fewer under a low descriptor
         limit), their bytes :data:`BATCH_BYTES`, or the estimated cost of the files it holds
         leaves no room for the next (``ahead`` stops: :mod:`memstaged.run.memory_budget`).
+
+        Its events go into the decision log file in one write, the announced ones with those
+        logged before them, made durable before the plans are carried out (SPEC 5 and 7).
         """
-        batch = Batch(mdir)
-        try:
-            lock.blocked = lock_to_obey(mem_fd, self.log)
-            lock.known = True
-        except OSError as err:
-            lock.known = False  # nothing more is read ahead until it can be read
-            for read, _verdict in itertools.islice(ahead, most):
-                release(read)
-                ahead.done(read)
-                batch.outcomes[read.name] = self._decisions.io_error(mdir, read.name, err)
-            return batch
-        pending: list[_Pending] = []
-        holding: list[Read] = []  # the files of the pending plans, as read ahead
-        try:
-            held = 0
-            for read, verdict in ahead:
-                outcome, item = self._read_and_decide(
-                    mdir, read.name, staging_fd, lock.blocked, read.started, read, verdict
-                )
-                if item is None:
+        with self._decisions.one_write():
+            batch = Batch(mdir)
+            try:
+                lock.blocked = lock_to_obey(mem_fd, self.log)
+                lock.known = True
+            except OSError as err:
+                lock.known = False  # nothing more is read ahead until it can be read
+                for read, _verdict in itertools.islice(ahead, most):
+                    release(read)
                     ahead.done(read)
-                    batch.outcomes[read.name] = outcome
-                else:
-                    pending.append(item)
-                    holding.append(read)
-                    held += item.plan.held_bytes
-                if (
-                    len(batch.outcomes) + len(pending) >= most
-                    or len(pending) >= held_most
-                    or held >= BATCH_BYTES
-                ):
-                    break
-            if pending:
-                ahead.prefetch()  # decided by the workers while this transaction is carried out
-                batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
-        finally:
-            for item in pending:
-                item.version.close()
-            for read in holding:
-                ahead.done(read)
-        return batch
+                    batch.outcomes[read.name] = self._decisions.io_error(mdir, read.name, err)
+                return batch
+            pending: list[_Pending] = []
+            holding: list[Read] = []  # the files of the pending plans, as read ahead
+            try:
+                held = 0
+                for read, verdict in ahead:
+                    outcome, item = self._read_and_decide(
+                        mdir, read.name, staging_fd, lock.blocked, read.started, read, verdict
+                    )
+                    if item is None:
+                        ahead.done(read)
+                        batch.outcomes[read.name] = outcome
+                    else:
+                        pending.append(item)
+                        holding.append(read)
+                        held += item.plan.held_bytes
+                    if (
+                        len(batch.outcomes) + len(pending) >= most
+                        or len(pending) >= held_most
+                        or held >= BATCH_BYTES
+                    ):
+                        break
+                if pending:
+                    ahead.prefetch()  # decided by the workers while this transaction is carried out
+                    batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
+            finally:
+                for item in pending:
+                    item.version.close()
+                for read in holding:
+                    ahead.done(read)
+            return batch
 
     def _unopened(self, mdir: MemoryDir, name: str, err: OSError) -> Outcome:
         """The outcome of a file whose memory dir or ``staging/`` cannot be opened."""

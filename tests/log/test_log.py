@@ -390,9 +390,9 @@ def test_off_a_terminal_each_event_is_written_once_and_only_to_the_log_file(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 14, the decision log: with stderr not a terminal, ``--once`` writes every event
-    to the log file with one ``write`` each, and nothing to stderr (it used to write the same
-    JSON there too); the summary line is the only output, on stdout."""
+    """With stderr not a terminal, ``--once`` writes every event to the log file, one ``write``
+    per transaction, and nothing to stderr; the summary line is the only output, on stdout.
+    Here two transactions: the three files, then the look at the one rewrite (SPEC 1)."""
     expected = backlog(project, memory_dir, 3)  # valid, repaired, quarantined
     writes: dict[int, int] = {}
     real_write = os.write
@@ -409,7 +409,8 @@ def test_off_a_terminal_each_event_is_written_once_and_only_to_the_log_file(
     assert err == ""
     assert out.count("\n") == 1 and "valid=1 repaired=1 quarantined=1" in out
     assert decisions(log_file) == expected
-    assert writes[fd] == len(read_events(log_file))  # one write per event, every event there
+    assert len(read_events(log_file)) == 4  # three decisions and the look at the rewrite
+    assert writes[fd] == 2  # one write per transaction
     assert 2 not in writes
 
 
@@ -427,3 +428,92 @@ def test_verbose_prints_every_decision_readably_and_the_file_stays_complete(
         assert any(f"{decision} " in line and name in line for line in lines), err
     assert not any(line.lstrip().startswith("{") for line in err.splitlines()), err
     assert len(decisions(log_file)) == 3
+
+
+def _events_in(path: Path) -> list[str]:
+    return [json.loads(x)["event"] for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_blocks_events_reach_the_file_together_when_it_ends(tmp_path: Path) -> None:
+    """Inside :func:`one_write` the file does not change (one write at its end takes every line,
+    in order); a block inside another writes with the outer one; a block left by an exception
+    still writes what it held."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, console="off", journal="off")
+    log = writer.get_logger()
+    with writer.one_write():
+        log.info("a")
+        with writer.one_write():
+            log.info("b")
+        log.info("c")
+        assert _events_in(path) == []
+    assert _events_in(path) == ["a", "b", "c"]
+    with pytest.raises(RuntimeError), writer.one_write():
+        log.info("d")
+        raise RuntimeError
+    assert _events_in(path) == ["a", "b", "c", "d"]
+
+
+def test_durable_writes_what_the_enclosing_block_held_and_holds_again(tmp_path: Path) -> None:
+    """A transaction's announcement: the events held before it (the valid files of the batch)
+    and its own are in the file when :func:`durable` ends; what follows is held again."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, console="off", journal="off")
+    log = writer.get_logger()
+    with writer.one_write():
+        log.info("valid")
+        with writer.durable():
+            log.info("announced")
+        assert _events_in(path) == ["valid", "announced"]
+        log.info("after")
+        assert _events_in(path) == ["valid", "announced"]
+    assert _events_in(path) == ["valid", "announced", "after"]
+
+
+def test_a_reload_inside_a_block_loses_no_event(tmp_path: Path) -> None:
+    """The daemon's reload may replace the log file while a batch holds its events: they go to
+    the file configured when the block ends, none lost."""
+    log = writer.get_logger()
+    writer.configure(tmp_path / "a.jsonl", console="off", journal="off")
+    with writer.one_write():
+        log.info("decided")
+        writer.configure(tmp_path / "b.jsonl", console="off", journal="off")
+        log.info("after reload")
+    assert _events_in(tmp_path / "a.jsonl") == []
+    assert _events_in(tmp_path / "b.jsonl") == ["decided", "after reload"]
+
+
+def test_another_threads_events_are_not_held(tmp_path: Path) -> None:
+    """The daemon's main thread logs its lifecycle while the worker thread holds a batch's
+    events: those are written at once, not held with the batch."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, console="off", journal="off")
+    log = writer.get_logger()
+    with writer.one_write():
+        log.info("held")
+        other = threading.Thread(target=log.info, args=("lifecycle",))
+        other.start()
+        other.join()
+        assert _events_in(path) == ["lifecycle"]
+    assert _events_in(path) == ["lifecycle", "held"]
+
+
+def test_lines_written_together_are_never_split_by_a_rotation(tmp_path: Path) -> None:
+    """A transaction's lines go into one file: a rotation comes before them, never between."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, max_bytes=2000, backups=20, console="off", journal="off")
+    log = writer.get_logger()
+    for batch in range(12):
+        with writer.one_write():
+            for i in range(7):
+                log.info("decision", batch=batch, n=i, pad="x" * 40)
+    writer.close()
+    files = _files(path, 20)
+    assert len(files) > 3
+    seen: list[int] = []
+    for p in files:
+        batches = [json.loads(x)["batch"] for x in p.read_text().splitlines()]
+        for b in set(batches):
+            assert batches.count(b) == 7, f"batch {b} split across files"
+        seen += batches
+    assert sorted(seen) == sorted(b for b in range(12) for _ in range(7))
