@@ -5,8 +5,9 @@ came from. The descriptor stays open until the decision is carried out, so that 
 cannot be freed and reused by a writer's next temp file meanwhile; with the
 ctime in the :class:`~memstaged.files.fsio.Identity`, an in-place rewrite that restores the mtime is
 seen too. Opening never follows a link and never blocks on a FIFO. A read lease on the
-descriptor (:func:`read_lease`) makes a writer that opens the file to write wait until the
-descriptor is closed, and tells memstaged that one is waiting (SPEC 5: concurrent writers).
+descriptor (:meth:`Version.lease`, taken once the version is to be changed) makes a writer that
+opens the file to write wait until the descriptor is closed, and tells memstaged that one is
+waiting (SPEC 5: concurrent writers).
 """
 
 from __future__ import annotations
@@ -50,8 +51,26 @@ class Version:
         self.identity = Identity.of(st)
         self.mtime = st.st_mtime
         self.data = data
-        #: A read lease is held on :attr:`fd` (:func:`read_lease`).
+        #: A read lease is held on :attr:`fd` (:meth:`lease`).
         self.leased = leased
+
+    def lease(self) -> bool:
+        """Take the read lease, before this version's decision is carried out (SPEC 5:
+        concurrent writers); False when another process has the file open for writing now.
+
+        Taken only where the file will change: a version left as it is needs none. A writer
+        that wrote into the file between the read and the lease is no loss: it wrote into this
+        inode, and the bytes read back through :attr:`fd` before the version is let go
+        (:meth:`is_displaced`) are then not the bytes decided. Where no lease can be had, the
+        decision is carried out without one.
+        """
+        if self.leased:
+            return True
+        taken = read_lease(self.fd)
+        if taken is None:
+            return False
+        self.leased = taken
+        return True
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -140,19 +159,28 @@ def writer_waiting(fd: int) -> bool:
         return True  # cannot tell: keep the version
 
 
-def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
+#: The reason of a file another process has open for writing (``deferred``, SPEC 5).
+BEING_WRITTEN: Final = "open for writing by another process: still being written"
+
+
+def read_version(
+    staging_fd: int, name: str, limit: int, *, listed_regular: bool = False
+) -> Version | Skip:
     """Open and read ``staging/<name>``; the caller closes the :class:`Version`.
 
-    Only the open is mapped to skipped or deferred; any other error is raised, for the caller to
-    log and retry as an I/O error.
+    ``listed_regular``: the directory listing just said ``name`` is a regular file (its
+    ``d_type``), so it is opened without a look first; ``O_NOFOLLOW`` and ``fstat`` still refuse
+    a link or special file put there since. Only the open is mapped to skipped or deferred; any
+    other error is raised, for the caller to log and retry as an I/O error.
     """
-    # lstat first: a device node is never even opened (opening one can have effects).
-    seen = fsio.lstat_at(staging_fd, name)
-    if seen is None:
-        return Skip("skipped", VANISHED)
-    reason = skip_reason(seen)
-    if reason is not None:
-        return Skip("skipped", reason, Identity.of(seen))
+    if not listed_regular:
+        # lstat first: a device node is never even opened (opening one can have effects).
+        seen = fsio.lstat_at(staging_fd, name)
+        if seen is None:
+            return Skip("skipped", VANISHED)
+        reason = skip_reason(seen)
+        if reason is not None:
+            return Skip("skipped", reason, Identity.of(seen))
     try:
         fd, st = safe_open.open_regular_fd(staging_fd, name)
     except OSError as err:
@@ -163,18 +191,19 @@ def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
         if err.errno in (errno.EACCES, errno.EPERM):
             return Skip("deferred", f"{CANNOT_READ}: permission denied")
         raise
-    leased = read_lease(fd)
-    if leased is None:
-        os.close(fd)
-        return Skip("deferred", "open for writing by another process: still being written")
     try:
         data = None if st.st_size > limit else safe_open.read_fd(fd, st.st_size, limit)
-        if data is None:
+        leased: bool | None = False
+        if data is None:  # never read, so always moved: leased now, its identity taken after
+            leased = read_lease(fd)
+            if leased is None:
+                os.close(fd)
+                return Skip("deferred", BEING_WRITTEN)
             st = os.fstat(fd)  # it may have grown past the limit while being read
     except BaseException:
         os.close(fd)
         raise
-    return Version(name, fd, st, data, leased=leased)
+    return Version(name, fd, st, data, leased=bool(leased))
 
 
 class FirstSeen:

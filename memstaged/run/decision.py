@@ -180,6 +180,11 @@ def os_reason(err: OSError) -> str:
     return f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
 
 
+def io_error_reason(err: OSError) -> str:
+    """The reason of a file an I/O error stopped: it is retried."""
+    return f"I/O error, will retry: {os_reason(err)}"
+
+
 class Decisions:
     """What deciding each file came to: its ``decision`` event logged (SPEC 7), once, at its
     level and with its duration, and its :class:`Outcome` handed back.
@@ -225,7 +230,7 @@ class Decisions:
 
     def io_error(self, mdir: MemoryDir, name: str, err: OSError, started: float = 0.0) -> Outcome:
         """A file an I/O error stopped deciding: deferred, logged at level error."""
-        return self.failed(mdir, name, f"I/O error, will retry: {os_reason(err)}", started)
+        return self.failed(mdir, name, io_error_reason(err), started)
 
     def failed(
         self,

@@ -91,9 +91,15 @@ def _count(
 
 
 def _decide_all(
-    pipeline: Pipeline, mdir: MemoryDir, names: list[str], advance: Any, cache: SeenCache
+    pipeline: Pipeline,
+    mdir: MemoryDir,
+    names: list[str],
+    advance: Any,
+    cache: SeenCache,
+    regular: frozenset[str],
 ) -> tuple[Counter[str], int]:
-    """Decide every file; returns the counts per decision and how many were unchanged."""
+    """Decide every file; returns the counts per decision and how many were unchanged.
+    ``regular``: the names the listing said are regular files."""
     counts: Counter[str] = Counter()
     waiting: list[tuple[float, str]] = []
     rewritten: list[str] = []
@@ -107,7 +113,7 @@ def _decide_all(
     if advance is not _nothing:
         for _ in held:
             advance()
-    with contextlib.closing(pipeline.batches(mdir, todo)) as batches:
+    with contextlib.closing(pipeline.batches(mdir, todo, regular)) as batches:
         for batch in batches:
             _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance, rewritten)
     waiting.sort()
@@ -272,6 +278,8 @@ def _run(
                 if not settings.options.dry_run:
                     listing = pipeline.recover_temps(mdir)
                 names = pipeline.scan(mdir, listing, sort=False)
+                # a dry run, or temps left by a crash: each file is looked at before it is opened
+                regular = frozenset(n for n, r in listing.items() if r) if listing else frozenset()
                 if mdir.path in pipeline.unlisted:  # No silent success
                     _stderr(f"memstaged: {pipeline.unlisted[mdir.path]}")
                     busy[mdir.path] = pipeline.unlisted[mdir.path]
@@ -281,7 +289,7 @@ def _run(
                     task = bar.add_task(safe_text.name(mdir.path), total=len(names))
                     advance = functools.partial(bar.advance, task)
                 results[mdir.path], unchanged[mdir.path] = _decide_all(
-                    pipeline, mdir, names, advance, cache
+                    pipeline, mdir, names, advance, cache, regular
                 )
                 if pipeline.pool_given_up is not None and not pool_said:
                     _stderr(f"memstaged: {pipeline.pool_given_up}")  # once: the run's pool

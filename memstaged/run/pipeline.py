@@ -15,6 +15,7 @@ one way; each module only calls downwards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import itertools
@@ -23,7 +24,7 @@ import resource
 import stat
 import time
 import traceback
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Container, Generator, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
@@ -32,7 +33,7 @@ import msgspec
 from memstaged.core.decide import Context, Decision, Verdict, decide, decide_too_large
 from memstaged.core.records import decided_again
 from memstaged.core.timestamps import format_epoch_ms
-from memstaged.errors import Blocked, LockHeld, LogUnwritable, TransactionStopped
+from memstaged.errors import Blocked, LockHeld, LogUnwritable
 from memstaged.files import fsio, temp_recovery, transaction
 from memstaged.files.locks import LockInfo, lock_to_obey, log_stale_locks
 from memstaged.files.memdir import (
@@ -43,7 +44,7 @@ from memstaged.files.memdir import (
     staging_names,
 )
 from memstaged.files.plan import Plan, Result, Settled, Status, identity_hash, plan_of
-from memstaged.files.version import FirstSeen, Skip, Version, read_version
+from memstaged.files.version import BEING_WRITTEN, FirstSeen, Skip, Version, read_version
 from memstaged.run import memory_budget
 from memstaged.run.decider_pool import FD_RESERVE, Deciders, Failure, ReadAhead, workers_wanted
 from memstaged.run.decision import (
@@ -53,17 +54,13 @@ from memstaged.run.decision import (
     Outcome,
     abandoned,
     describe,
+    io_error_reason,
     name_settled,
     os_reason,
 )
 from memstaged.run.read_ahead import LockSeen, Read, job, read_ahead, release
 
-__all__ = [
-    "BATCH",
-    "BATCH_BYTES",
-    "BATCH_HELD",
-    "Pipeline",
-]
+__all__ = ["BATCH", "BATCH_BYTES", "BATCH_HELD", "Pipeline"]
 
 #: How many files a batch decides and carries out together: one syncfs and one fsync per
 #: directory each. Measured on a 10,000-file backlog (docs/performance.md): 256 → 1,024 takes a
@@ -80,18 +77,16 @@ BATCH_HELD: Final = 256
 MAX_REWRITES: Final = 100_000
 
 
+@dataclasses.dataclass(slots=True)
 class _Pending:
     """A file read and decided whose plan waits for its transaction."""
 
-    __slots__ = ("event", "plan", "started", "version")
-
-    def __init__(self, plan: Plan, version: Version, event: DecisionEvent, started: float) -> None:
-        self.plan = plan
-        self.version = version
-        #: The decision's log event: logged, and replaced by the one logged, when the transaction
-        #: announces the plan.
-        self.event = event
-        self.started = started
+    plan: Plan
+    version: Version
+    #: The decision's log event: logged, and replaced by the one logged, when the transaction
+    #: announces the plan.
+    event: DecisionEvent
+    started: float
 
 
 def _held_most() -> int:
@@ -140,9 +135,13 @@ class Pipeline:
         with contextlib.closing(self._transactions(mdir, [name], 1, 1)) as transactions:
             return next(transactions).outcomes[name]
 
-    def batches(self, mdir: MemoryDir, names: list[str]) -> Generator[Batch, None, None]:
+    def batches(
+        self, mdir: MemoryDir, names: list[str], listed_regular: Container[str] = ()
+    ) -> Generator[Batch, None, None]:
         """Transactions of up to :data:`BATCH` files, one after the other; close the generator
         (``contextlib.closing``) if it is left before its end: it holds the memory dir open.
+        ``listed_regular``: the names a listing just said are regular files (opened without a
+        look first, :func:`~memstaged.files.version.read_version`).
 
         One thread on purpose: applying a batch in a second thread while the next is decided
         was tried and measured slower (docs/performance.md): handing the GIL back and forth
@@ -154,7 +153,7 @@ class Pipeline:
         """
         size = self._batched + len(names)
         self._batched = size
-        return self._transactions(mdir, names, BATCH, size)
+        return self._transactions(mdir, names, BATCH, size, listed_regular)
 
     def close(self) -> None:
         """Stop the decider processes, if any started (at the end of a run)."""
@@ -172,7 +171,12 @@ class Pipeline:
     # -- one transaction ------------------------------------------------------------------------
 
     def _transactions(
-        self, mdir: MemoryDir, names: list[str], most: int, size: int
+        self,
+        mdir: MemoryDir,
+        names: list[str],
+        most: int,
+        size: int,
+        listed_regular: Container[str] = (),
     ) -> Generator[Batch, None, None]:
         """The transactions of ``names`` in one memory dir, opened once for all of them.
 
@@ -199,7 +203,9 @@ class Pipeline:
         lock = LockSeen()
         context = functools.partial(self._context, mdir)
         reads = (
-            read_ahead(name, staging_fd, lock, self.options.max_file_size, context)
+            read_ahead(
+                name, staging_fd, lock, self.options.max_file_size, context, name in listed_regular
+            )
             for name in names
         )
         held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
@@ -389,6 +395,11 @@ class Pipeline:
             self._decisions.finish(event, started)
             return Outcome(Decision.DEFERRED, version.identity, retry_at=retry), None
         plan = None if self.options.dry_run else plan_of(version, verdict)
+        if plan is not None and not version.lease():  # SPEC 5: being written, in place
+            outcome = self._decisions.final(
+                mdir, version.name, Decision.DEFERRED, BEING_WRITTEN, started=started
+            )
+            return msgspec.structs.replace(outcome, identity=version.identity), None
         if plan is None:
             self._decisions.finish(event, started)
             return Outcome(verdict.decision, version.identity), None
@@ -430,7 +441,6 @@ class Pipeline:
                     item.event = self._decisions.finish(event, item.started)
                     announced.add(names.key)
 
-        outcomes: dict[str, Outcome] = {}
         fsio.load_libc()  # once per process, and not between an announcement and its change
         try:
             applied = transaction.apply(
@@ -441,44 +451,36 @@ class Pipeline:
                 now=self.clock(),
                 max_copy=self.options.max_quarantine_copy,
             )
-        except Blocked as held:
-            log_stale_locks(self.log, held.stale_locks)
-            for item in pending:
-                outcomes[item.plan.key] = self._after(
-                    item, announced, Decision.DEFERRED, str(held), blocked_by_lock=True
-                )
-            return outcomes
-        except LogUnwritable as err:
-            # SPEC 5 and 7: retried with the backoff of an error, and decided
-            # once the log can be written again; the log's own line on stderr said why.
-            for item in pending:
-                outcomes[item.plan.key] = self._after(
-                    item,
-                    announced,
-                    Decision.DEFERRED,
-                    err.reason,
-                    retry_at=self.clock() + self.options.settle,
-                    error=True,
-                )
-            return outcomes
-        except OSError as err:
-            log_stale_locks(
-                self.log, err.stale_locks if isinstance(err, TransactionStopped) else ()
-            )
-            for item in pending:
-                outcomes[item.plan.key] = self._after(
-                    item,
-                    announced,
-                    Decision.DEFERRED,
-                    f"I/O error, will retry: {os_reason(err)}",
-                    retry_at=self.clock() + self.options.settle,
-                    error=True,
-                )
-            return outcomes
+        except (Blocked, LogUnwritable, OSError) as err:
+            return self._not_applied(pending, announced, err)
         log_stale_locks(self.log, applied.stale_locks)
-        for item in pending:
-            outcomes[item.plan.key] = self._outcome(item, announced, applied.results[item.plan.key])
-        return outcomes
+        return {
+            item.plan.key: self._outcome(item, announced, applied.results[item.plan.key])
+            for item in pending
+        }
+
+    def _not_applied(
+        self, pending: list[_Pending], announced: set[str], err: Blocked | LogUnwritable | OSError
+    ) -> dict[str, Outcome]:
+        """A transaction stopped before its changes: each of its files deferred, and why.
+
+        The reconciler's lock held: retried when it goes. The decision log unwritable (SPEC 5
+        and 7: its own line on stderr said why) or an I/O error: retried with the back-off of an
+        error.
+        """
+        log_stale_locks(self.log, getattr(err, "stale_locks", ()))
+        extra: dict[str, Any]
+        if isinstance(err, Blocked):
+            reason, error, extra = str(err), False, {"blocked_by_lock": True}
+        else:
+            reason = err.reason if isinstance(err, LogUnwritable) else io_error_reason(err)
+            error, extra = True, {"retry_at": self.clock() + self.options.settle}
+        return {
+            item.plan.key: self._after(
+                item, announced, Decision.DEFERRED, reason, error=error, **extra
+            )
+            for item in pending
+        }
 
     def _outcome(self, item: _Pending, announced: set[str], result: Result) -> Outcome:
         """What a plan's result means for its file, logged where it is not what was planned."""
@@ -538,7 +540,7 @@ class Pipeline:
 
     # -- crash recovery, listing ----------------------------------------------------------------
 
-    def recover_temps(self, mdir: MemoryDir) -> list[str] | None:
+    def recover_temps(self, mdir: MemoryDir) -> dict[str, bool] | None:
         """Clean up what a killed memstaged left (see
         :func:`memstaged.files.temp_recovery.recover_temps`)."""
         try:
@@ -565,7 +567,7 @@ class Pipeline:
             os.close(mem_fd)
 
     def scan(
-        self, mdir: MemoryDir, listing: list[str] | None = None, *, sort: bool = True
+        self, mdir: MemoryDir, listing: Iterable[str] | None = None, *, sort: bool = True
     ) -> list[str]:
         """The staging-file names of ``staging/``; why not, in the log, when it is a link or
         cannot be listed (an unreadable ``staging/`` is no silent success).

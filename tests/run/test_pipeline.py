@@ -403,3 +403,29 @@ def test_a_repair_reports_the_identity_of_its_own_rewrite(tmp_path: Path) -> Non
     assert outcome.identity is not None
     assert outcome.identity.ino == after.st_ino != before.st_ino
     assert (outcome.identity.size, outcome.identity.mtime_ns) == (after.st_size, after.st_mtime_ns)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_a_name_listed_as_a_regular_file_and_replaced_since_is_never_followed(
+    tmp_path: Path, kind: str
+) -> None:
+    """``--once`` opens a name its listing said is a regular file without a look first; one
+    replaced since by a link, a FIFO or a directory is refused by the open itself
+    (``O_NOFOLLOW``, ``O_NONBLOCK``, then ``fstat``): ``skipped``, nothing read through it,
+    nothing blocked, the link's target untouched (SPEC 6)."""
+    mdir = make_memory_dir(tmp_path)
+    root = project_root_of(mdir)
+    target = tmp_path / "elsewhere.json"
+    target.write_bytes(malformed(root))
+    entry = mdir / "staging" / "x.json"
+    if kind == "symlink":
+        entry.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(entry)
+    else:
+        entry.mkdir()
+    pipeline = Pipeline(Options(settle=0), RecordingLogger(), durable_log=contextlib.nullcontext)
+    (batch,) = pipeline.batches(memory_dir_of(mdir), ["x.json"], {"x.json"})
+    assert batch.outcomes["x.json"].decision is Decision.SKIPPED
+    assert target.read_bytes() == malformed(root)
+    assert not (mdir / "deadletter").exists()

@@ -13,6 +13,7 @@ The writers are real processes; the interleavings are forced, not hoped for.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from support.daemon_fakes import RecordingLogger
+from support.documents import staging_doc
 from support.helpers import (
     OLD_MTIME,
     Input,
@@ -37,6 +39,7 @@ from support.helpers import (
 
 from memstaged.files import fsio
 from memstaged.files.memdir import Options
+from memstaged.files.version import Version
 from memstaged.run.pipeline import Pipeline
 
 #: A writer process: opens the file for writing, says so, and on a line from stdin writes the
@@ -183,6 +186,56 @@ def test_a_writer_that_opens_the_file_while_it_is_decided_loses_nothing(
     assert _survives(mdir, "x.json", new), "the writer's new version is lost"
     conflicts = [p for p in (mdir / "staging").iterdir() if ".conflict-" in p.name]
     assert [p.read_bytes() for p in conflicts] == [new]
+
+
+def test_a_writer_that_writes_in_place_before_the_lease_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease is taken once a version is to change: after it was read and decided. A writer
+    that writes into the file in that gap (same size, old mtime put back, and closed) wrote
+    into the inode memstaged holds, and changed its ctime: the look before the exchange sees
+    another version, so nothing is changed and the writer's version stays in place, decided
+    afresh (within one tick of the clock, the bytes read back through the held descriptor
+    before the inode is let go would tell). Forced: the writer writes and exits just before the
+    lease."""
+    mdir, path, new = _staged(tmp_path)
+    _lease_supported(mdir / "staging")
+    mtime_ns = OLD_MTIME * 1_000_000_000
+    real_lease = Version.lease
+
+    def lease_after_a_write(version: Version) -> bool:
+        with _writer(path, new, mtime_ns) as writer:
+            assert writer.stdout is not None and writer.stdin is not None
+            assert writer.stdout.readline() == "open\n"
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+            assert writer.wait(timeout=30) == 0
+        return real_lease(version)
+
+    monkeypatch.setattr(Version, "lease", lease_after_a_write)
+    outcome = Pipeline(Options(settle=0), RecordingLogger()).process(memory_dir_of(mdir), "x.json")
+    monkeypatch.undo()
+    assert outcome.decision.value == "deferred"  # changed while being decided: decided afresh
+    assert path.read_bytes() == new, "the writer's new version is not in place"
+    assert sorted(p.name for p in (mdir / "staging").iterdir()) == ["x.json"]
+
+
+def test_a_file_left_as_it_is_takes_no_lease_and_waits_for_no_writer(tmp_path: Path) -> None:
+    """A valid file is left as it is, so it needs no lease: one that another process holds
+    open for writing (and does not write) gets its decision, ``valid``, at once; only a file
+    that will change waits for its writer (the test above)."""
+    mdir = make_memory_dir(tmp_path)
+    root = project_root_of(mdir)
+    path = mdir / "staging" / "x.json"
+    path.write_bytes(json.dumps(staging_doc(root)).encode())
+    mtime_ns = OLD_MTIME * 1_000_000_000
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    with _writer(path, path.read_bytes(), mtime_ns) as writer:
+        assert writer.stdout is not None
+        assert writer.stdout.readline() == "open\n"
+        done = run_once(mdir, memstaged_env(tmp_path), "--settle", "0")
+    assert done.returncode == 0, done.stderr
+    assert b"valid=1" in done.stdout
 
 
 def _breaking_leases() -> str:
