@@ -105,6 +105,9 @@ class Outcome(msgspec.Struct, frozen=True):
     error: bool = False
     #: memstaged's look at its own rewrite (SPEC 1): logged as such, never a decision again.
     own_rewrite: bool = False
+    #: For a repair carried out: the look at its rewrite, made and logged as it was put in
+    #: place (:mod:`memstaged.run.own_rewrites`); None: it is looked at when read.
+    look: Outcome | None = None
 
 
 class Batch:

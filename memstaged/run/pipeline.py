@@ -30,7 +30,14 @@ from typing import Any, Final
 
 import msgspec
 
-from memstaged.core.decide import Context, Decision, Verdict, decide, decide_too_large
+from memstaged.core.decide import (
+    Context,
+    Decision,
+    Verdict,
+    decide,
+    decide_and_look,
+    decide_too_large,
+)
 from memstaged.core.records import decided_again
 from memstaged.core.timestamps import format_epoch_ms
 from memstaged.errors import Blocked, LockHeld, LogUnwritable
@@ -58,6 +65,7 @@ from memstaged.run.decision import (
     name_settled,
     os_reason,
 )
+from memstaged.run.own_rewrites import OwnRewrites, is_look, log_look
 from memstaged.run.read_ahead import LockSeen, Read, job, read_ahead, release
 
 __all__ = ["BATCH", "BATCH_BYTES", "BATCH_HELD", "Pipeline"]
@@ -71,10 +79,6 @@ BATCH_BYTES: Final = 32 * 1024 * 1024
 #: ... and at most this many versions held open until they are applied (SPEC 6: descriptors
 #: stay bounded; a service manager's default soft limit is 1,024).
 BATCH_HELD: Final = 256
-#: Rewrites remembered until they are looked at: more means a watcher that misses events, and
-#: the oldest are then forgotten (a forgotten one is logged as a plain ``valid``, which
-#: ``stats`` still tells from a decision by its ``rewrite_sha256``).
-MAX_REWRITES: Final = 100_000
 
 
 @dataclasses.dataclass(slots=True)
@@ -87,6 +91,8 @@ class _Pending:
     #: announces the plan.
     event: DecisionEvent
     started: float
+    #: The decision of a repair's rewrite, made with it (``--once``: :mod:`.own_rewrites`).
+    look: Verdict | None
 
 
 def _held_most() -> int:
@@ -108,17 +114,21 @@ class Pipeline:
         logger: Any,
         clock: Callable[[], float] = time.time,
         durable_log: Callable[[], AbstractContextManager[object]] | None = None,
+        *,
+        look_in_place: bool = False,
     ) -> None:
+        """``look_in_place``: each rewrite is looked at as it is put in place, not read back
+        (``--once``, :mod:`memstaged.run.own_rewrites`)."""
         self.options = options
         self.log = logger
+        self._look_in_place = look_in_place
         self.clock = clock
         #: Each file's decision event logged, and its outcome, with the options in force.
         self._decisions = Decisions(logger, clock, lambda: self.options, durable_log)
         self._stamp: tuple[int, str] = (-1, "")
         self._first_seen = FirstSeen()
-        #: (memory dir, name) -> the SHA-256 of the rewrite memstaged put there and has not
-        #: looked at yet: the version it reads there next is its own rewrite (SPEC 1 and 7).
-        self._rewrites: dict[tuple[str, str], str] = {}
+        #: The rewrites memstaged put in place, each looked at once (SPEC 1 and 7).
+        self._rewrites = OwnRewrites(look_in_place=look_in_place)
         #: Memory dirs whose ``staging/`` could not be listed at the last :meth:`scan`.
         self.unlisted: dict[str, str] = {}
         #: Decider processes for batches of many files: started on first use, kept for the
@@ -143,12 +153,9 @@ class Pipeline:
         ``listed_regular``: the names a listing just said are regular files (opened without a
         look first, :func:`~memstaged.files.version.read_version`).
 
-        One thread on purpose: applying a batch in a second thread while the next is decided
-        was tried and measured slower (docs/performance.md): handing the GIL back and forth
-        between the two cost more CPU than the waits for the disk it hid. The decider
-        processes are the run's: they decide ahead once the run has this and earlier memory
-        dirs' files enough to win back their start
-        (:data:`memstaged.run.decider_pool.POOL_THRESHOLD`), and they decide the next transaction's
+        One thread (a second one applying a batch measured slower: docs/performance.md). The
+        decider processes are the run's: they decide ahead once its files are enough to win back
+        their start (:data:`~memstaged.run.decider_pool.POOL_THRESHOLD`), the next transaction's
         files while this one is carried out.
         """
         size = self._batched + len(names)
@@ -335,7 +342,7 @@ class Pipeline:
                 read = ahead.read
             # What was read there is either memstaged's own rewrite or what replaced it: it
             # is known no longer (a lock or an I/O error above keeps it for the next look).
-            rewrite = self._rewrites.pop((mdir.path, name), None)
+            rewrite = self._rewrites.take(mdir.path, name)
             if isinstance(read, Skip):
                 decision = Decision(read.decision)
                 outcome = self._decisions.final(mdir, name, decision, read.reason, started=started)
@@ -385,11 +392,8 @@ class Pipeline:
             memory_dir=mdir.path,
             dry_run=self.options.dry_run,
         )
-        if rewrite is not None and rewrite == verdict.sha256 and verdict.decision is Decision.VALID:
-            # SPEC 1: the rewrite is decided again and is valid; SPEC 7: that look is logged
-            # as what it is, and is not a second decision of the file.
-            self._decisions.finish(msgspec.structs.replace(event, own_rewrite=True), started)
-            return Outcome(Decision.VALID, version.identity, own_rewrite=True), None
+        if is_look(rewrite, verdict):  # SPEC 1: decided again, valid; SPEC 7: logged as a look
+            return log_look(self._decisions, event, version.identity, started), None
         if verdict.decision is Decision.DEFERRED:
             retry = changed_at + self.options.settle
             self._decisions.finish(event, started)
@@ -403,7 +407,8 @@ class Pipeline:
         if plan is None:
             self._decisions.finish(event, started)
             return Outcome(verdict.decision, version.identity), None
-        return Outcome(verdict.decision, version.identity), _Pending(plan, version, event, started)
+        pending = _Pending(plan, version, event, started, verdict.look)
+        return Outcome(verdict.decision, version.identity), pending
 
     def _context(self, mdir: MemoryDir, version: Version) -> tuple[Context, float]:
         """What a version is decided in, and when it was last seen to change."""
@@ -422,7 +427,7 @@ class Pipeline:
 
     def _verdict(self, version: Version, ctx: Context) -> Verdict:
         if version.data is not None:
-            return decide(version.data, ctx)
+            return (decide_and_look if self._look_in_place else decide)(version.data, ctx)
         # SPEC 6: too large to read; moved, never read, so named by its identity's hash.
         return decide_too_large(
             ctx, identity_hash(version), version.identity.size, self.options.max_file_size
@@ -488,10 +493,8 @@ class Pipeline:
         if result.conflict is not None:
             self.log.warning("conflict_parked", path=name, kept_as=result.conflict)
         if result.status is Status.DONE:
-            rewrite = item.event.rewrite_sha256
-            if rewrite is not None:
-                self._remember_rewrite(item.event.memory_dir, name, rewrite)
-            return Outcome(item.event.decision, result.identity)
+            look = self._rewrites.carried_out(self._decisions, name, item.event, item.look, result)
+            return Outcome(item.event.decision, result.identity, look=look)
         if result.status is Status.GONE:
             return self._after(
                 item, announced, Decision.SKIPPED, "vanished before the decision was applied"
@@ -532,11 +535,6 @@ class Pipeline:
         event = abandoned(item.event, decision, reason, announced=item.plan.key in announced)
         self._decisions.finish(event, item.started, error=error)
         return Outcome(decision, item.version.identity, error=error, **extra)
-
-    def _remember_rewrite(self, memory_dir: str, name: str, sha256: str) -> None:
-        if len(self._rewrites) >= MAX_REWRITES:
-            del self._rewrites[next(iter(self._rewrites))]
-        self._rewrites[(memory_dir, name)] = sha256
 
     # -- crash recovery, listing ----------------------------------------------------------------
 

@@ -6,12 +6,22 @@ import json
 import os
 import shutil
 import time
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
 from support.commands import one_line_error, run
 from support.decision_log import decision_events, decisions, read_events
-from support.documents import backlog, half_written_ahead, lesson, one_of_each, staging_doc, write
+from support.documents import (
+    backlog,
+    half_written_ahead,
+    lesson,
+    one_of_each,
+    put,
+    repairable,
+    staging_doc,
+    write,
+)
 from support.helpers import (
     DEMO,
     files_under,
@@ -398,3 +408,77 @@ def test_a_second_once_on_the_demo_decides_nothing_again(
     assert len(out.splitlines()) == 1  # session-valid.json: the looks are no decisions
     code, out, _ = run(capsys, "log", "--path", "session-bom.json")
     assert "memstaged's own rewrite, looked at again: valid (not a new decision)" in out
+
+
+def _reads_of(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The staging files ``--once`` reads in this process, by name, in order."""
+    from memstaged.files import version
+    from memstaged.run import pipeline, read_ahead
+
+    names: list[str] = []
+    real = version.read_version
+
+    def counted(staging_fd: int, name: str, limit: int, **kw: bool) -> object:
+        names.append(name)
+        return real(staging_fd, name, limit, **kw)
+
+    monkeypatch.setattr(read_ahead, "read_version", counted)
+    monkeypatch.setattr(pipeline, "read_version", counted)
+    return names
+
+
+def test_a_rewrite_is_looked_at_as_it_is_put_in_place_not_read_back(
+    project: Path, memory_dir: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC 1: a repaired file is processed again when its rewrite is observed, and is then
+    valid. ``--once`` logs that look (``own_rewrite``, the rewrite's hash and size) from the
+    repair's own decision of the rewrite and the exchange's sight of it at its name, without
+    reading the file back; the next run knows it unchanged and reads nothing."""
+    staging = memory_dir / "staging"
+    put(staging / "r.json", repairable(project))
+    reads = _reads_of(monkeypatch)
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    assert reads == ["r.json"]
+    events = decision_events(read_events(log_file))
+    assert [(e["decision"], e.get("own_rewrite", False)) for e in events] == [
+        ("repaired", False),
+        ("valid", True),
+    ]
+    rewritten = (staging / "r.json").read_bytes()
+    assert events[1]["sha256"] == events[0]["rewrite_sha256"] == sha256(rewritten).hexdigest()
+    assert events[1]["size"] == len(rewritten)
+    assert decide(rewritten, Context(str(project), "r.json")).decision is Decision.VALID
+    reads.clear()
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    assert reads == []
+
+
+def test_a_rewrite_replaced_before_it_is_seen_in_place_is_read_and_decided(
+    project: Path, memory_dir: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer renames its version over the rewrite between the exchange and memstaged's look
+    at the name: what stands there is not memstaged's, so no look is logged for it; it is read
+    and gets a decision of its own in the same run. Forced at the step after the exchange."""
+    staging = memory_dir / "staging"
+    put(staging / "r.json", repairable(project))
+    theirs = json.dumps(staging_doc(project, "writer")).encode()
+    from memstaged.files import fsio
+
+    real = fsio.crash_point
+
+    def writer_after_the_exchange(step: str) -> None:
+        if step == "replaced":
+            (staging / ".writer.tmp").write_bytes(theirs)
+            os.rename(staging / ".writer.tmp", staging / "r.json")
+        real(step)
+
+    monkeypatch.setattr(fsio, "crash_point", writer_after_the_exchange)
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    monkeypatch.undo()
+    assert (staging / "r.json").read_bytes() == theirs
+    events = decision_events(read_events(log_file))
+    assert [(e["decision"], e.get("own_rewrite", False)) for e in events] == [
+        ("repaired", False),
+        ("valid", False),
+    ]
+    assert events[1]["sha256"] == sha256(theirs).hexdigest()
