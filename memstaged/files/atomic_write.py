@@ -157,7 +157,13 @@ def replace_at(
 
 
 def write_temp(
-    dir_fd: int, data: bytes, role: str, for_name: str = "", *, sync: bool = True
+    dir_fd: int,
+    data: bytes,
+    role: str,
+    for_name: str = "",
+    *,
+    sync: bool = True,
+    deleted_whole_or_partial: bool = False,
 ) -> str:
     """Write ``data`` to a new temp file in ``dir_fd`` (0600), fsynced unless told otherwise.
 
@@ -165,7 +171,23 @@ def write_temp(
     ``O_TMPFILE`` inode, linked under the name when written. A crash therefore never leaves a
     partial temp that recovery could not tell from a writer's version displaced by an exchange.
     (Without ``O_TMPFILE``, a :data:`PARTIAL` temp is renamed; recovery deletes those.)
+
+    ``deleted_whole_or_partial``: crash recovery deletes this temp however much of it was
+    written (every temp in ``deadletter/``; a :data:`PARTIAL` one in ``staging/``), so it is
+    created under its name at once, ``O_EXCL``: no unnamed inode, no link.
     """
+    if deleted_whole_or_partial:
+        name = temp_name(role, for_name)
+        put_complete(
+            dir_fd,
+            name,
+            lambda fd: write_all(fd, data),
+            partial=None,
+            unnamed=False,
+            sync=sync,
+            created="temp-created",
+        )
+        return name
     return _write_temp(dir_fd, data, role, for_name, sync=sync, hold=False)[0]
 
 

@@ -228,7 +228,12 @@ class Temps:
                     if ahead:
                         self._look()
                     work.original_tmp = atomic_write.write_temp(
-                        or_fd, data, "rec", work.original, sync=not ahead
+                        or_fd,
+                        data,
+                        "rec",
+                        work.original,
+                        sync=not ahead,
+                        deleted_whole_or_partial=True,
                     )
                     self.ours.add((or_fd, work.original_tmp))
             work.written = self._write_records(work, dl_fd, ahead=ahead)
@@ -246,7 +251,9 @@ class Temps:
             if ahead:
                 self._look()
             body = _render(record, work.original)
-            tmp = atomic_write.write_temp(dl_fd, body, "rec", record.name, sync=not ahead)
+            tmp = atomic_write.write_temp(
+                dl_fd, body, "rec", record.name, sync=not ahead, deleted_whole_or_partial=True
+            )
             self.ours.add((dl_fd, tmp))
             written.append(Written(tmp, len(body)))
             del body
@@ -269,7 +276,12 @@ class Temps:
         # keeping them as versions.
         role = PARTIAL if batch else "new"
         tmp = atomic_write.write_temp(
-            self.staging_fd, work.plan.data, role, work.key, sync=not batch
+            self.staging_fd,
+            work.plan.data,
+            role,
+            work.key,
+            sync=not batch,
+            deleted_whole_or_partial=batch,
         )
         self.ours.add((self.staging_fd, tmp))
         fsio.crash_point("temp-written")
