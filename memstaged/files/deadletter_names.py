@@ -47,6 +47,40 @@ class File(NamedTuple):
     tmp: str | None
 
 
+class Names:
+    """The dead-letter names of one transaction as they are settled: those given out so far
+    (:attr:`taken`), and what is at a name.
+
+    Under the lock, ``deadletter/`` and ``originals/`` may be listed once (:meth:`list`): a name
+    the listing does not hold is free, with no look of its own. A directory holding more than
+    a few times the files to settle is not listed (the listing would cost more than it saves):
+    each name is then looked at (``lstat``). A name taken since the listing (by someone outside
+    memstaged: nothing of memstaged's writes there without the lock) makes its
+    ``RENAME_NOREPLACE`` fail, and the transaction stops as for any I/O error.
+    """
+
+    def __init__(self) -> None:
+        self.taken: set[str] = set()
+        self._listed: dict[int, frozenset[str]] = {}
+
+    def list(self, dir_fd: int, most: int) -> None:
+        """List ``dir_fd``, unless it holds more than ``most`` entries."""
+        names: list[str] = []
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                if len(names) >= most:
+                    return
+                names.append(entry.name)
+        self._listed[dir_fd] = frozenset(names)
+
+    def present(self, dir_fd: int, name: str) -> bool:
+        """Whether something is at ``name`` (taken in this transaction or not)."""
+        listed = self._listed.get(dir_fd)
+        if listed is not None:
+            return name in listed
+        return fsio.lstat_at(dir_fd, name) is not None
+
+
 class Store:
     """``deadletter/`` and ``originals/`` of one transaction, opened (and created) on first use."""
 
@@ -82,10 +116,9 @@ class Store:
         self.fds = None
 
 
-def _holds(dir_fd: int, name: str, body: bytes) -> bool | None:
+def _holds(dir_fd: int, name: str, body: bytes, names: Names) -> bool | None:
     """Is ``name`` a regular file with exactly ``body``? ``None`` when the name is free."""
-    st = fsio.lstat_at(dir_fd, name)
-    if st is None:
+    if not names.present(dir_fd, name):
         return None
     try:
         with safe_open.open_regular(dir_fd, name) as (fd, fst):
@@ -94,13 +127,12 @@ def _holds(dir_fd: int, name: str, body: bytes) -> bool | None:
         return False  # a link, a FIFO, unreadable: not ours to trust
 
 
-def _holds_written(dir_fd: int, name: str, written: Written) -> bool | None:
+def _holds_written(dir_fd: int, name: str, written: Written, names: Names) -> bool | None:
     """Is ``name`` a regular file with exactly the bytes of the temp ``written``? ``None``: free.
 
     Compared on disk, in bounded chunks: under the lock no record is rendered (SPEC 4, 5).
     """
-    st = fsio.lstat_at(dir_fd, name)
-    if st is None:
+    if not names.present(dir_fd, name):
         return None
     try:
         with safe_open.open_regular(dir_fd, name) as (fd, fst):
@@ -134,12 +166,12 @@ def _same_quarantine(dir_fd: int, name: str, record: DeadLetter, original: str, 
     )
 
 
-def _alt_name(dir_fd: int, name: str, taken: set[str]) -> str:
+def _alt_name(dir_fd: int, name: str, names: Names) -> str:
     """Another free name for ``name``: ``<stem>.<n>.json``, ``<stem>.<n>.orig``."""
     base, dot, ext = name.rpartition(".")
     for n in range(2, _ALT_NAMES + 2):
         alt = f"{base}.{n}.{ext}" if dot else f"{name}.{n}"
-        if alt not in taken and fsio.lstat_at(dir_fd, alt) is None:
+        if alt not in names.taken and not names.present(dir_fd, alt):
             return alt
     raise OSError(errno.EEXIST, "no free name in deadletter/", name)
 
@@ -147,7 +179,7 @@ def _alt_name(dir_fd: int, name: str, taken: set[str]) -> str:
 def settle_original(
     or_fd: int,
     planned: str,
-    taken: set[str],
+    names: Names,
     *,
     data: bytes | None,
     tmp: str | None,
@@ -159,38 +191,38 @@ def settle_original(
     when a rename is impossible). Otherwise it holds ``data``, written to ``tmp`` (a name
     already holding exactly ``data`` is kept, its age refreshed). Run once before the lock (so
     that the records are rendered for the name they will most likely keep) and again under it,
-    where what is at the name is checked for real. ``taken``: names settled already.
+    where what is at the name is checked for real.
     """
     name, file = planned, None
     if renamed:
-        if fsio.lstat_at(or_fd, name) is not None or name in taken:
-            name = _alt_name(or_fd, name, taken)
+        if name in names.taken or names.present(or_fd, name):
+            name = _alt_name(or_fd, name, names)
         if tmp is not None:
             file = File(or_fd, name, "install", tmp)
     else:
         assert data is not None
-        held = _holds(or_fd, name, data) if name not in taken else False
+        held = _holds(or_fd, name, data, names) if name not in names.taken else False
         if held is False:
-            name = _alt_name(or_fd, name, taken)
+            name = _alt_name(or_fd, name, names)
         file = File(or_fd, name, "refresh" if held else "install", tmp)
-    taken.add(name)
+    names.taken.add(name)
     return name, file
 
 
 def settle_record(
-    dl_fd: int, record: DeadLetter, original: str | None, written: Written, taken: set[str]
+    dl_fd: int, record: DeadLetter, original: str | None, written: Written, names: Names
 ) -> File:
     """The record's file, under a name that is safe to use (its temp ``written`` is durable)."""
     name = record.name
-    held = _holds_written(dl_fd, name, written) if name not in taken else False
+    held = _holds_written(dl_fd, name, written, names) if name not in names.taken else False
     how = "refresh" if held else "install"
     if held is False:
         pointed = original if original is not None else record.original
-        if name not in taken and _same_quarantine(dl_fd, name, record, pointed, written.size):
+        if name not in names.taken and _same_quarantine(dl_fd, name, record, pointed, written.size):
             how = "replace"
         else:
-            name = _alt_name(dl_fd, name, taken)
-    taken.add(name)
+            name = _alt_name(dl_fd, name, names)
+    names.taken.add(name)
     return File(dl_fd, name, how, None if held else written.tmp)
 
 

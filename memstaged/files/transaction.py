@@ -51,7 +51,14 @@ from contextlib import contextmanager
 from memstaged.core.ticks import tick
 from memstaged.errors import Blocked, LockHeld, NotObeyed, TransactionStopped
 from memstaged.files import fsio, recheck, staging_swap
-from memstaged.files.deadletter_names import File, Store, install, settle_original, settle_record
+from memstaged.files.deadletter_names import (
+    File,
+    Names,
+    Store,
+    install,
+    settle_original,
+    settle_record,
+)
 from memstaged.files.locks import LockInfo, canonical_lock
 from memstaged.files.memdir import STAGING
 from memstaged.files.plan import (
@@ -222,8 +229,8 @@ class Transaction:
             return
         if not self.temps.written_ahead:
             self.temps.write_dead_letter(live, ahead=False)  # a few files: under the lock
-        taken: set[str] = set()
-        files = [self._settle_names(work, taken) for work in live]
+        names = self._names(live)
+        files = [self._settle_names(work, names) for work in live]
         self._settle_created(admitted)
         admitted = [w for w in admitted if w.failed is None]
         announce([w.settled() for w in (*live, *admitted)])
@@ -282,7 +289,16 @@ class Transaction:
             self.staging_fd, dl_fd, or_fd, version, work.original, work.records, self.now
         )
 
-    def _settle_names(self, work: PlanState, taken: set[str]) -> list[File]:
+    def _names(self, live: Sequence[PlanState]) -> Names:
+        """The dead-letter store's names, listed once where that costs less than a look each."""
+        names = Names()
+        files = sum(len(w.plan.records) + (w.plan.original is not None) for w in live)
+        if files:
+            for dir_fd in self.store.open():
+                names.list(dir_fd, most=4 * files + 64)
+        return names
+
+    def _settle_names(self, work: PlanState, names: Names) -> list[File]:
         """The dead-letter files of a plan, each with a name that is safe to use (SPEC 4).
 
         The records' temps are written already; if the original must take another name than
@@ -300,18 +316,18 @@ class Transaction:
             data = plan.version.data if plan.version is not None else None
             tmp = work.copied if renamed else work.original_tmp
             work.original, file = settle_original(
-                or_fd, rendered_for, taken, data=data, tmp=tmp, renamed=renamed
+                or_fd, rendered_for, names, data=data, tmp=tmp, renamed=renamed
             )
             if file is not None:
                 files.append(file)
             if work.original != rendered_for and plan.records:
                 self.temps.rerender(work)
-        names: list[str] = []
+        records: list[str] = []
         for record, written in zip(plan.records, work.written, strict=True):
-            file = settle_record(dl_fd, record, work.original, written, taken)
+            file = settle_record(dl_fd, record, work.original, written, names)
             files.append(file)
-            names.append(file.name)
-        work.records = names
+            records.append(file.name)
+        work.records = records
         return files
 
     def _admitted(self, changes: Sequence[PlanState]) -> list[PlanState]:

@@ -37,7 +37,7 @@ from memstaged.core.records import DeadLetter
 from memstaged.core.ticks import tick
 from memstaged.errors import LockHeld
 from memstaged.files import atomic_write, fsio
-from memstaged.files.deadletter_names import Store, Written, settle_original
+from memstaged.files.deadletter_names import Names, Store, Written, settle_original
 from memstaged.files.locks import CANONICAL_LOCK, read_lock
 from memstaged.files.plan import Action, PlanState
 from memstaged.files.temp_names import PARTIAL, temp_name
@@ -213,7 +213,7 @@ class Temps:
         if ahead:
             self._look()  # before deadletter/ is made, too
         dl_fd, or_fd = self.store.open()
-        taken: set[str] = set()
+        names = Names()  # a first choice of each original's name: looked at, not listed
         for work in todo:
             plan = work.plan
             if plan.original is not None:
@@ -221,7 +221,7 @@ class Temps:
                 data = plan.version.data if plan.version is not None else None
                 # A first choice, checked again under the lock: the records are rendered for it.
                 work.original, _file = settle_original(
-                    or_fd, plan.original, taken, data=data, tmp=None, renamed=renamed
+                    or_fd, plan.original, names, data=data, tmp=None, renamed=renamed
                 )
                 if not renamed:
                     assert data is not None

@@ -211,3 +211,48 @@ def test_records_point_at_the_original_that_took_another_name_under_the_lock(
     assert {r["memstaged"]["original"] for r in records} == {f"originals/{kept[0].name}"}
     logged = [e for e in read_events(log_file) if e.get("decision") == "quarantined"]
     assert f"deadletter/originals/{kept[0].name}" in logged[-1]["deadletter"]
+
+
+def test_a_name_taken_after_the_listing_stops_the_transaction_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the lock the store is listed once, and a name the listing does not hold is used
+    without a look of its own. Something put at a record's name after the listing (by someone
+    outside memstaged) is never replaced: the rename fails, the transaction stops as on an I/O
+    error (the file deferred, in place), and the next run, which sees it, names the record
+    around it. Forced: the name is taken right after the listing."""
+    from memstaged.files import deadletter_names
+
+    mdir = make_memory_dir(tmp_path)
+    root = str(mdir.parents[2])
+    data = b'{"schemaVersion": 1, "candidates": {"lessons": [{}]}, "project_root": "' + (
+        root.encode() + b'"}'
+    )
+    put(mdir / "staging" / "bad.json", data)
+    verdict = triage.decide(data, Context(project_root=root, file_name="bad.json"))
+    squatter = mdir / "deadletter" / verdict.deadletter[0].name
+    real_list = deadletter_names.Names.list
+
+    def list_then_squat(names: deadletter_names.Names, dir_fd: int, most: int) -> None:
+        real_list(names, dir_fd, most)
+        if not squatter.exists():
+            squatter.write_bytes(b"someone else's bytes")
+
+    monkeypatch.setattr(deadletter_names.Names, "list", list_then_squat)
+    pipeline = Pipeline(Options(settle=0), RecordingLogger(), durable_log=contextlib.nullcontext)
+    first = pipeline.process(memory_dir_of(mdir), "bad.json")
+    assert first.decision is Decision.DEFERRED and first.error
+    assert (mdir / "staging" / "bad.json").read_bytes() == data
+    assert squatter.read_bytes() == b"someone else's bytes"
+    monkeypatch.undo()
+    log = RecordingLogger()
+    second = Pipeline(Options(settle=0), log, durable_log=contextlib.nullcontext).process(
+        memory_dir_of(mdir), "bad.json"
+    )
+    assert second.decision is Decision.QUARANTINED
+    assert squatter.read_bytes() == b"someone else's bytes"
+    event = next(e for e in log.events if e["event"] == "decision")
+    assert f"deadletter/{squatter.name}" not in event["deadletter"]
+    kept = [mdir / p for p in event["deadletter"] if "/originals/" in p]
+    assert [p.read_bytes() for p in kept] == [data]
+    assert not list(mdir.rglob(".memstaged~*"))
