@@ -176,19 +176,9 @@ def write_temp(
     written (every temp in ``deadletter/``; a :data:`PARTIAL` one in ``staging/``), so it is
     created under its name at once, ``O_EXCL``: no unnamed inode, no link.
     """
-    if deleted_whole_or_partial:
-        name = temp_name(role, for_name)
-        put_complete(
-            dir_fd,
-            name,
-            lambda fd: write_all(fd, data),
-            partial=None,
-            unnamed=False,
-            sync=sync,
-            created="temp-created",
-        )
-        return name
-    return _write_temp(dir_fd, data, role, for_name, sync=sync, hold=False)[0]
+    return _write_temp(
+        dir_fd, data, role, for_name, sync=sync, hold=False, named=deleted_whole_or_partial
+    )[0]
 
 
 def write_held_temp(
@@ -202,11 +192,11 @@ def write_held_temp(
     (:func:`~memstaged.files.fsio.temp_in_use`). The kernel drops the lock when the process
     dies, so a killed writer's temps are still cleaned up.
     """
-    return _write_temp(dir_fd, data, role, for_name, sync=sync, hold=True)
+    return _write_temp(dir_fd, data, role, for_name, sync=sync, hold=True, named=False)
 
 
 def _write_temp(
-    dir_fd: int, data: bytes, role: str, for_name: str, *, sync: bool, hold: bool
+    dir_fd: int, data: bytes, role: str, for_name: str, *, sync: bool, hold: bool, named: bool
 ) -> tuple[str, int]:
     name = temp_name(role, for_name)
     held: list[int] = []
@@ -222,7 +212,8 @@ def _write_temp(
             dir_fd,
             name,
             fill,
-            partial=temp_name(PARTIAL, for_name),
+            partial=None if named else temp_name(PARTIAL, for_name),
+            unnamed=not named,
             sync=sync,
             created="temp-created",
         )

@@ -434,13 +434,18 @@ def _events_in(path: Path) -> list[str]:
     return [json.loads(x)["event"] for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def _file_only(tmp_path: Path) -> tuple[Path, writer.Logger]:
+    """The decision log file alone configured; its path and the logger."""
+    path = tmp_path / "decisions.jsonl"
+    writer.configure(path, console="off", journal="off")
+    return path, writer.get_logger()
+
+
 def test_a_blocks_events_reach_the_file_together_when_it_ends(tmp_path: Path) -> None:
     """Inside :func:`one_write` the file does not change (one write at its end takes every line,
     in order); a block inside another writes with the outer one; a block left by an exception
     still writes what it held."""
-    path = tmp_path / "decisions.jsonl"
-    writer.configure(path, console="off", journal="off")
-    log = writer.get_logger()
+    path, log = _file_only(tmp_path)
     with writer.one_write():
         log.info("a")
         with writer.one_write():
@@ -457,9 +462,7 @@ def test_a_blocks_events_reach_the_file_together_when_it_ends(tmp_path: Path) ->
 def test_durable_writes_what_the_enclosing_block_held_and_holds_again(tmp_path: Path) -> None:
     """A transaction's announcement: the events held before it (the valid files of the batch)
     and its own are in the file when :func:`durable` ends; what follows is held again."""
-    path = tmp_path / "decisions.jsonl"
-    writer.configure(path, console="off", journal="off")
-    log = writer.get_logger()
+    path, log = _file_only(tmp_path)
     with writer.one_write():
         log.info("valid")
         with writer.durable():
@@ -486,9 +489,7 @@ def test_a_reload_inside_a_block_loses_no_event(tmp_path: Path) -> None:
 def test_another_threads_events_are_not_held(tmp_path: Path) -> None:
     """The daemon's main thread logs its lifecycle while the worker thread holds a batch's
     events: those are written at once, not held with the batch."""
-    path = tmp_path / "decisions.jsonl"
-    writer.configure(path, console="off", journal="off")
-    log = writer.get_logger()
+    path, log = _file_only(tmp_path)
     with writer.one_write():
         log.info("held")
         other = threading.Thread(target=log.info, args=("lifecycle",))
