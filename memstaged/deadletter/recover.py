@@ -33,6 +33,7 @@ from memstaged.files.fsio import Identity
 from memstaged.files.memdir import STAGING, MemoryDir, Options, is_staging_name
 from memstaged.files.plan import Action as PlanAction
 from memstaged.files.plan import Held, Plan, Result, Status, so_far
+from memstaged.files.recheck import recovered_name
 from memstaged.run.preview import decide_entry
 
 
@@ -220,10 +221,10 @@ def _free_names(existing: set[str], groups: Sequence[Group]) -> list[str]:
     taken = set(existing)
     for group in groups:
         n = 1
-        while f"{group.base}.recovered-{n}.json" in taken:
+        while recovered_name(group.base, n) in taken:
             n += 1
-        taken.add(f"{group.base}.recovered-{n}.json")
-        names.append(f"{group.base}.recovered-{n}.json")
+        taken.add(recovered_name(group.base, n))
+        names.append(recovered_name(group.base, n))
     return names
 
 

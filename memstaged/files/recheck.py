@@ -21,10 +21,15 @@ from memstaged.files.plan import Held
 _CREATE_NAMES: Final = 100_000
 
 
+def recovered_name(base: str, n: int) -> str:
+    """The ``n``-th name of a staging file recovered from the records of session ``base``."""
+    return f"{base}.recovered-{n}.json"
+
+
 def free_name(staging_fd: int, base: str, taken: set[str]) -> str | None:
-    """The first ``<base>.recovered-<n>.json`` that names nothing in ``staging/``."""
+    """The first :func:`recovered_name` that names nothing in ``staging/``."""
     for n in range(1, _CREATE_NAMES):
-        name = f"{base}.recovered-{n}.json"
+        name = recovered_name(base, n)
         if name not in taken and fsio.lstat_at(staging_fd, name) is None:
             return name
     return None
