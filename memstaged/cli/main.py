@@ -8,14 +8,13 @@ Every error a user can cause ends here as one line on stderr and exit code 2 (us
 from __future__ import annotations
 
 import argparse
-import errno
-import io
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from memstaged.cli.option_types import settle_seconds
+from memstaged.cli.stdout import Stdout, to_devnull
 from memstaged.errors import BusyError, LogUnwritable, MemstagedError, Terminated, UsageError
 
 EXIT_ATTENTION: Final = 1
@@ -274,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``/dev/full``) is one line on stderr, and exit 1 where the command would have exited 0,
     for ``--help`` and ``--version`` too (argparse drops such an error on the floor)."""
     real = sys.stdout
-    watched = _WatchedStdout(real)
+    watched = Stdout(real)
     sys.stdout = watched
     try:
         code = _command(argv)
@@ -294,64 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return (code or EXIT_ATTENTION) if _output_lost(watched) else code
 
 
-class _WatchedStdout(io.TextIOBase):
-    """stdout, remembering the first error a write or flush met (a reader that left is not
-    one: :func:`memstaged.cli.commands._output.guard_output` ends quietly then)."""
-
-    def __init__(self, stream: IO[str] | None) -> None:
-        super().__init__()
-        #: None: stdout is closed (``>&-``); the first write is then an error, said once.
-        self.stream = stream
-        self.lost: OSError | None = None
-
-    def write(self, text: str) -> int:
-        if self.stream is None:
-            self.lost = self.lost or OSError(errno.EBADF, "it is closed")
-            raise self.lost
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as err:
-            self.lost = self.lost or err
-            raise
-
-    def flush(self) -> None:
-        if self.stream is None:
-            return
-        try:
-            self.stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as err:
-            self.lost = self.lost or err
-            raise
-        except ValueError:  # closed
-            return
-
-    def isatty(self) -> bool:
-        return self.stream is not None and self.stream.isatty()
-
-    def fileno(self) -> int:
-        if self.stream is None:
-            raise io.UnsupportedOperation("stdout is closed")
-        return self.stream.fileno()
-
-    def reconfigure(self, **options: Any) -> None:
-        reconfigure = getattr(self.stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(**options)
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return getattr(self.stream, "encoding", None) or "utf-8"
-
-    @property
-    def errors(self) -> str | None:  # type: ignore[override]
-        return getattr(self.stream, "errors", None)
-
-
-def _output_lost(watched: _WatchedStdout) -> bool:
+def _output_lost(watched: Stdout) -> bool:
     """Whether some output could not be written; said in one line, and stdout pointed at
     ``/dev/null`` so that the interpreter's last flush does not fail again."""
     if watched.lost is None:
@@ -361,11 +303,9 @@ def _output_lost(watched: _WatchedStdout) -> bool:
             pass  # kept in watched.lost (a BrokenPipeError is not kept: the reader left)
     if watched.lost is None:
         return False
-    from memstaged.cli.commands._output import stdout_to_devnull
-
     sys.stdout = watched.stream  # None when it is closed
     if watched.stream is not None:
-        stdout_to_devnull()
+        to_devnull()
     _error_line(f"cannot write standard output: {watched.lost.strerror or watched.lost}")
     return True
 

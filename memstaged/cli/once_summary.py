@@ -14,7 +14,7 @@ import sys
 from typing import IO, Any, Final
 
 from memstaged import safe_text
-from memstaged.cli.commands._output import stdout_to_devnull
+from memstaged.cli.stdout import to_devnull
 from memstaged.core.decide import Decision
 from memstaged.run.once import Report
 
@@ -33,7 +33,7 @@ def print_summary(report: Report, *, as_json: bool) -> int:
             _as_table(out, report)
         out.flush()
     except BrokenPipeError:
-        stdout_to_devnull()  # `| head -1`: the reader had what it wanted; the decisions stand
+        to_devnull()  # `| head -1`: the reader had what it wanted; the decisions stand
     return report.code
 
 

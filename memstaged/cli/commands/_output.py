@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Final, ParamSpec
 
 from memstaged import safe_text
-from memstaged.files import fsio
+from memstaged.cli.stdout import Stdout, to_devnull
 
 if TYPE_CHECKING:
     import subprocess
@@ -95,7 +95,6 @@ class Output:
             self._start_pager()
 
     def _start_pager(self) -> None:
-        import io
         import subprocess
 
         command = pager_command()
@@ -205,14 +204,6 @@ def one_line(text: str, limit: int | None = None) -> str:
 P = ParamSpec("P")
 
 
-def stdout_to_devnull() -> None:
-    """Point stdout at /dev/null, so that no later write or final flush can fail again."""
-    try:
-        fsio.devnull_over(sys.stdout.fileno())
-    except (OSError, ValueError, io.UnsupportedOperation):
-        pass  # stdout is not a real file (a test's capture): nothing will flush it
-
-
 def guard_output(func: Callable[P, int]) -> Callable[P, int]:
     """Output that cannot end in a traceback, for commands whose product is their output.
 
@@ -231,49 +222,11 @@ def guard_output(func: Callable[P, int]) -> Callable[P, int]:
             code = func(*args, **kwargs)
             sys.stdout.flush()
         except BrokenPipeError:
-            stdout_to_devnull()
+            to_devnull()
             return 0
         return code
 
     return wrapper
-
-
-class _ReaderMayLeave(io.TextIOBase):
-    """stdout for :func:`guard_verdict`: once the reader is gone, what is written is dropped."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        super().__init__()
-        self._stream = stream
-        self.gone = False
-
-    def write(self, text: str) -> int:
-        if not self.gone:
-            try:
-                self._stream.write(text)
-            except BrokenPipeError:
-                self._leave()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.gone:
-            try:
-                self._stream.flush()
-            except BrokenPipeError:
-                self._leave()
-
-    def _leave(self) -> None:
-        self.gone = True
-        stdout_to_devnull()
-
-    def isatty(self) -> bool:
-        return safe_text.is_terminal(self._stream)
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return getattr(self._stream, "encoding", None) or "utf-8"
 
 
 def guard_verdict(func: Callable[P, int]) -> Callable[P, int]:
@@ -292,11 +245,12 @@ def guard_verdict(func: Callable[P, int]) -> Callable[P, int]:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
         real = sys.stdout
-        quiet = _ReaderMayLeave(real)
-        sys.stdout = quiet
+        out = real if isinstance(real, Stdout) else Stdout(real)
+        sys.stdout = out
         try:
-            code = func(*args, **kwargs)
-            quiet.flush()
+            with out.dropping():
+                code = func(*args, **kwargs)
+                out.flush()
         finally:
             sys.stdout = real
         return code
