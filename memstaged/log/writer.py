@@ -152,6 +152,12 @@ class JournalSink:
         """Nothing held: each event is one datagram."""
 
 
+#: Lines held by :func:`one_write` past this many bytes are written at once: an event can be as
+#: large as the file it is about (another project's root, a session id), and a transaction's
+#: 1,024 of them must not be held whole.
+HELD_MOST: Final = 1 << 20
+
+
 class _Fanout:
     """Where every event of the process goes: the sinks, replaced as a whole by :func:`configure`.
 
@@ -190,12 +196,15 @@ class _Fanout:
                 sink.emit(event, line)
         if held is not None:
             held.append(line)
+            self._held.size += len(line)
+            if self._held.size >= HELD_MOST:  # a bounded memory, whatever the events hold
+                self.write_held(stop=False)
 
     def hold(self) -> bool:
         """Hold this thread's file lines from now on; False when they are held already."""
         if getattr(self._held, "lines", None) is not None:
             return False
-        self._held.lines = []
+        self._held.lines, self._held.size = [], 0
         return True
 
     def write_held(self, *, stop: bool) -> None:
@@ -204,7 +213,7 @@ class _Fanout:
         held: list[bytes] | None = getattr(self._held, "lines", None)
         if held is None:
             return
-        self._held.lines = None if stop else []
+        self._held.lines, self._held.size = (None if stop else []), 0
         if not held:
             return
         with self._lock:
@@ -303,8 +312,8 @@ def one_write() -> Iterator[None]:
     """The events this thread logs in the block go into the decision log file in one write when
     it ends: one lock, one look at the path, one ``write``, whatever their number (a
     transaction's). The other sinks get each event at once; a block inside another writes
-    with the outer one. What is held is bounded by what the block logs: a transaction's
-    events, one per file of at most 1,024, and a few more.
+    with the outer one. What is held is bounded: past :data:`HELD_MOST` bytes the lines held
+    are written at once, and the block holds on from there.
 
     An event held is not yet in the file: whoever must have it there before a change uses
     :func:`durable`, which writes what is held so far.

@@ -176,6 +176,30 @@ def test_quarantine_memory_is_a_small_multiple_of_the_file_size(
     assert extra < 32 * len(data)
 
 
+def test_a_transactions_events_are_held_in_bounded_memory(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """A transaction's events go into the decision log in one write, but an event is as large
+    as what a file puts in it (another project's root, here 2 MiB): 48 such files in one
+    transaction must not be held together (96 MiB). The peak RSS of ``--once`` deciding them,
+    less that of deciding 48 small foreign files, stays under 48 MiB; every event is logged."""
+    staging = memory_dir / "staging"
+    config = tmp_path / "xdg-config" / "memstaged" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("log_max_bytes = 1073741824\n")  # one file, not rotated: every event kept
+    for i in range(48):
+        put(staging / f"f{i:02d}.json", json.dumps(staging_doc("/other", f"s{i}")).encode())
+    baseline = _peak_rss_kib(tmp_path, memory_dir)
+    for i in range(48):
+        doc = staging_doc("/other" + "x" * (2 << 20), f"s{i}")
+        put(staging / f"f{i:02d}.json", json.dumps(doc).encode())
+    peak = _peak_rss_kib(tmp_path, memory_dir)
+    assert len([e for e in _events(tmp_path) if e.get("decision") == "foreign"]) == 96
+    extra = (peak - baseline) * 1024
+    print(f"48 events of 2 MiB each: {extra / 2**20:.1f} MiB above {baseline} KiB")
+    assert extra < 48 << 20
+
+
 #: Issue 19 item 5: an 8,000,000-byte file (under the 8 MiB limit) made hostile for one part of
 #: the engine at a time, and the most its decision may add to the peak RSS of ``--once``, in
 #: multiples of the file's size (docs/reliability.md, "Memory of one decision").
