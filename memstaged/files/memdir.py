@@ -111,13 +111,6 @@ def is_staging_name(name: str) -> bool:
     return name.endswith(".json") and not name.startswith(".")
 
 
-def list_staging(staging_fd: int) -> dict[str, bool]:
-    """Each name in ``staging/``, and whether the listing says it is a regular file (its
-    ``d_type``: no file is looked at, but where the file system does not say)."""
-    with os.scandir(staging_fd) as entries:
-        return {entry.name: entry.is_file(follow_symlinks=False) for entry in entries}
-
-
 def staging_names(listing: Iterable[str], *, sort: bool = True) -> list[str]:
     """The staging-file names of a listing of ``staging/``, sorted unless ``sort`` is false."""
     # is_staging_name, inlined: this runs over every name at every rescan.

@@ -19,7 +19,7 @@ from memstaged.core.decide import Context, decide
 from memstaged.core.records import ORIGINALS_DIR
 from memstaged.files import fsio, safe_open, temp_names
 from memstaged.files.locks import lock_to_obey
-from memstaged.files.memdir import DEADLETTER, STAGING, list_staging
+from memstaged.files.memdir import DEADLETTER, STAGING
 from memstaged.files.staging_swap import park
 
 
@@ -58,7 +58,7 @@ def _opened(sub: str, mem_fd: int) -> Iterator[int | None]:
         os.close(fd)
 
 
-def recover_temps(mem_fd: int, how: Recovery) -> dict[str, bool] | None:
+def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
     """Clean up what a killed memstaged left: delete only what is provably redundant.
 
     A stale ``canonical-writer.lock`` of memstaged's own is removed first (SPEC 5: at start, not
@@ -73,8 +73,7 @@ def recover_temps(mem_fd: int, how: Recovery) -> dict[str, bool] | None:
     without following a link.
 
     Returns the listing of ``staging/`` when it had no temp file (the usual case), so that a
-    scan need not list a directory of thousands of files a second time: each name, and whether
-    it is a regular file (:func:`~memstaged.files.memdir.list_staging`).
+    scan need not list a directory of thousands of files a second time.
     """
     try:
         lock_to_obey(mem_fd, how.log)  # a stale one of memstaged's own is removed, and logged
@@ -96,11 +95,10 @@ def recover_temps(mem_fd: int, how: Recovery) -> dict[str, bool] | None:
     with _opened(STAGING, mem_fd) as staging_fd:
         if staging_fd is None:
             return None
-        listing = list_staging(staging_fd)
-        temps = sorted([n for n in listing if n.startswith(temp_names.TEMP_PREFIX)])
+        names = os.listdir(staging_fd)
+        temps = sorted([n for n in names if n.startswith(temp_names.TEMP_PREFIX)])
         if not temps:
-            return listing
-        names = list(listing)
+            return names
         for entry in temps:
             parsed = temp_names.parse_temp_name(entry)
             if parsed is None or fsio.temp_in_use(staging_fd, entry):

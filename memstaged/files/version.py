@@ -163,24 +163,21 @@ def writer_waiting(fd: int) -> bool:
 BEING_WRITTEN: Final = "open for writing by another process: still being written"
 
 
-def read_version(
-    staging_fd: int, name: str, limit: int, *, listed_regular: bool = False
-) -> Version | Skip:
+def read_version(staging_fd: int, name: str, limit: int) -> Version | Skip:
     """Open and read ``staging/<name>``; the caller closes the :class:`Version`.
 
-    ``listed_regular``: the directory listing just said ``name`` is a regular file (its
-    ``d_type``), so it is opened without a look first; ``O_NOFOLLOW`` and ``fstat`` still refuse
-    a link or special file put there since. Only the open is mapped to skipped or deferred; any
-    other error is raised, for the caller to log and retry as an I/O error.
+    Only the open is mapped to skipped or deferred; any other error is raised, for the caller to
+    log and retry as an I/O error.
     """
-    if not listed_regular:
-        # lstat first: a device node is never even opened (opening one can have effects).
-        seen = fsio.lstat_at(staging_fd, name)
-        if seen is None:
-            return Skip("skipped", VANISHED)
-        reason = skip_reason(seen)
-        if reason is not None:
-            return Skip("skipped", reason, Identity.of(seen))
+    # lstat first, just before the open: a device is never opened (opening one can have
+    # effects), nor a FIFO (a writer blocked in its open would be let through). A listing's
+    # file type is no substitute: it may be seconds old by the time a name is opened.
+    seen = fsio.lstat_at(staging_fd, name)
+    if seen is None:
+        return Skip("skipped", VANISHED)
+    reason = skip_reason(seen)
+    if reason is not None:
+        return Skip("skipped", reason, Identity.of(seen))
     try:
         fd, st = safe_open.open_regular_fd(staging_fd, name)
     except OSError as err:

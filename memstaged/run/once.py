@@ -103,10 +103,8 @@ def _decide_all(
     names: list[str],
     advance: Any,
     cache: SeenCache,
-    regular: frozenset[str],
 ) -> tuple[Counter[str], int]:
-    """Decide every file; returns the counts per decision and how many were unchanged.
-    ``regular``: the names the listing said are regular files."""
+    """Decide every file; returns the counts per decision and how many were unchanged."""
     counts: Counter[str] = Counter()
     waiting: list[tuple[float, str]] = []
     rewritten: list[str] = []
@@ -120,7 +118,7 @@ def _decide_all(
     if advance is not _nothing:
         for _ in held:
             advance()
-    with contextlib.closing(pipeline.batches(mdir, todo, regular)) as batches:
+    with contextlib.closing(pipeline.batches(mdir, todo)) as batches:
         for batch in batches:
             _settle(pipeline, mdir, batch.outcomes, counts, waiting, cache, advance, rewritten)
     waiting.sort()
@@ -286,8 +284,6 @@ def _run(
                 if not settings.options.dry_run:
                     listing = pipeline.recover_temps(mdir)
                 names = pipeline.scan(mdir, listing, sort=False)
-                # a dry run, or temps left by a crash: each file is looked at before it is opened
-                regular = frozenset(n for n, r in listing.items() if r) if listing else frozenset()
                 if mdir.path in pipeline.unlisted:  # No silent success
                     _stderr(f"memstaged: {pipeline.unlisted[mdir.path]}")
                     busy[mdir.path] = pipeline.unlisted[mdir.path]
@@ -297,7 +293,7 @@ def _run(
                     task = bar.add_task(safe_text.name(mdir.path), total=len(names))
                     advance = functools.partial(bar.advance, task)
                 results[mdir.path], unchanged[mdir.path] = _decide_all(
-                    pipeline, mdir, names, advance, cache, regular
+                    pipeline, mdir, names, advance, cache
                 )
                 if pipeline.pool_given_up is not None and not pool_said:
                     _stderr(f"memstaged: {pipeline.pool_given_up}")  # once: the run's pool

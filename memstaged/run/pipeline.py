@@ -24,7 +24,7 @@ import resource
 import stat
 import time
 import traceback
-from collections.abc import Callable, Container, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
@@ -145,13 +145,9 @@ class Pipeline:
         with contextlib.closing(self._transactions(mdir, [name], 1, 1)) as transactions:
             return next(transactions).outcomes[name]
 
-    def batches(
-        self, mdir: MemoryDir, names: list[str], listed_regular: Container[str] = ()
-    ) -> Generator[Batch, None, None]:
+    def batches(self, mdir: MemoryDir, names: list[str]) -> Generator[Batch, None, None]:
         """Transactions of up to :data:`BATCH` files, one after the other; close the generator
         (``contextlib.closing``) if it is left before its end: it holds the memory dir open.
-        ``listed_regular``: the names a listing just said are regular files (opened without a
-        look first, :func:`~memstaged.files.version.read_version`).
 
         One thread (a second one applying a batch measured slower: docs/performance.md). The
         decider processes are the run's: they decide ahead once its files are enough to win back
@@ -160,7 +156,7 @@ class Pipeline:
         """
         size = self._batched + len(names)
         self._batched = size
-        return self._transactions(mdir, names, BATCH, size, listed_regular)
+        return self._transactions(mdir, names, BATCH, size)
 
     def close(self) -> None:
         """Stop the decider processes, if any started (at the end of a run)."""
@@ -183,7 +179,6 @@ class Pipeline:
         names: list[str],
         most: int,
         size: int,
-        listed_regular: Container[str] = (),
     ) -> Generator[Batch, None, None]:
         """The transactions of ``names`` in one memory dir, opened once for all of them.
 
@@ -210,9 +205,7 @@ class Pipeline:
         lock = LockSeen()
         context = functools.partial(self._context, mdir)
         reads = (
-            read_ahead(
-                name, staging_fd, lock, self.options.max_file_size, context, name in listed_regular
-            )
+            read_ahead(name, staging_fd, lock, self.options.max_file_size, context)
             for name in names
         )
         held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
@@ -538,7 +531,7 @@ class Pipeline:
 
     # -- crash recovery, listing ----------------------------------------------------------------
 
-    def recover_temps(self, mdir: MemoryDir) -> dict[str, bool] | None:
+    def recover_temps(self, mdir: MemoryDir) -> list[str] | None:
         """Clean up what a killed memstaged left (see
         :func:`memstaged.files.temp_recovery.recover_temps`)."""
         try:

@@ -60,7 +60,6 @@ def read_ahead(
     lock: LockSeen,
     max_size: int,
     context: Callable[[Version], tuple[Context, float]],
-    listed_regular: bool = False,
 ) -> Read:
     """Read a file (and settle its ``context``: what it is decided in, and when it was last seen
     to change) before the files ahead of it are decided. Nothing is read while the reconciler's
@@ -69,7 +68,7 @@ def read_ahead(
     if not lock.known or lock.blocked is not None or not is_staging_name(name):
         return read
     try:
-        read.read = read_version(staging_fd, name, max_size, listed_regular=listed_regular)
+        read.read = read_version(staging_fd, name, max_size)
         if isinstance(read.read, Version) and read.read.data is not None:
             read.ctx, read.changed_at = context(read.read)
     except Exception as err:  # noqa: BLE001 - raised again where the file is decided, in order

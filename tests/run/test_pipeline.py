@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import pytest
 from support.daemon_fakes import RecordingLogger, decide_one
 from support.documents import OLD, lesson, malformed, put, repairable, staging_doc, unparseable
 from support.helpers import (
+    IN_OPEN,
+    Inotify,
     Input,
     deadletter_records,
     expected_verdict,
@@ -405,27 +408,37 @@ def test_a_repair_reports_the_identity_of_its_own_rewrite(tmp_path: Path) -> Non
     assert (outcome.identity.size, outcome.identity.mtime_ns) == (after.st_size, after.st_mtime_ns)
 
 
-@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
-def test_a_name_listed_as_a_regular_file_and_replaced_since_is_never_followed(
-    tmp_path: Path, kind: str
-) -> None:
-    """``--once`` opens a name its listing said is a regular file without a look first; one
-    replaced since by a link, a FIFO or a directory is refused by the open itself
-    (``O_NOFOLLOW``, ``O_NONBLOCK``, then ``fstat``): ``skipped``, nothing read through it,
-    nothing blocked, the link's target untouched (SPEC 6)."""
+def test_a_listed_file_replaced_by_a_fifo_or_a_device_is_never_opened(tmp_path: Path) -> None:
+    """A name listed as a regular file and replaced by a FIFO or a device node before its turn
+    is looked at (``lstat``) just before it would be opened, and skipped unopened (SPEC 6):
+    opening a FIFO lets a writer blocked in its ``open`` through, opening a device can have
+    effects. A listing's file type is no substitute for that look: it may be seconds old.
+    inotify's ``IN_OPEN`` tells whether anything opened them."""
     mdir = make_memory_dir(tmp_path)
     root = project_root_of(mdir)
-    target = tmp_path / "elsewhere.json"
-    target.write_bytes(malformed(root))
-    entry = mdir / "staging" / "x.json"
-    if kind == "symlink":
-        entry.symlink_to(target)
-    elif kind == "fifo":
-        os.mkfifo(entry)
-    else:
-        entry.mkdir()
+    staging = mdir / "staging"
+    for name in ("fifo.json", "dev.json"):
+        put(staging / name, malformed(root))
     pipeline = Pipeline(Options(settle=0), RecordingLogger(), durable_log=contextlib.nullcontext)
-    (batch,) = pipeline.batches(memory_dir_of(mdir), ["x.json"], {"x.json"})
-    assert batch.outcomes["x.json"].decision is Decision.SKIPPED
-    assert target.read_bytes() == malformed(root)
+    memory_dir = memory_dir_of(mdir)
+    names = pipeline.scan(memory_dir)
+    assert names == ["dev.json", "fifo.json"]
+    for name in names:
+        (staging / name).unlink()
+    os.mkfifo(staging / "fifo.json")
+    if os.geteuid() == 0:
+        os.mknod(staging / "dev.json", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's
+    else:
+        os.mkfifo(staging / "dev.json")  # no device without root: a second FIFO
+    watch = Inotify([staging], mask=IN_OPEN)
+    try:
+        (batch,) = pipeline.batches(memory_dir, names)
+        watch.poll()
+    finally:
+        watch.close()
+    assert {n: o.decision for n, o in batch.outcomes.items()} == dict.fromkeys(
+        names, Decision.SKIPPED
+    )
+    opened = [name for _d, name, _m in watch.log if name]  # "": staging/ itself
+    assert opened == [], "memstaged opened a special file"
     assert not (mdir / "deadletter").exists()

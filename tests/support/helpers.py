@@ -939,6 +939,7 @@ def check_final(
 IN_MODIFY: Final = 0x002
 IN_ATTRIB: Final = 0x004
 IN_CLOSE_WRITE: Final = 0x008
+IN_OPEN: Final = 0x020
 IN_MOVED_FROM: Final = 0x040
 IN_MOVED_TO: Final = 0x080
 IN_CREATE: Final = 0x100
