@@ -97,10 +97,6 @@ class Verdict(msgspec.Struct, frozen=True):
     #: For ``quarantined``: the ``reasons`` a repair would have fixed. They come last: the
     #: reasons lead with the errors that remain after every repair (SPEC 7).
     repairable: tuple[str, ...] = ()
-    #: For ``repaired``, from :func:`decide_and_look`: the decision of the rewrite's own bytes
-    #: (SPEC 1: it must then be valid), for a run that logs its look at the rewrite once the
-    #: rewrite is seen in place, without reading it back.
-    look: Verdict | None = None
 
 
 def _session_id(doc: object) -> str | None:
@@ -132,16 +128,6 @@ def _origin(ctx: Context, sha: str, size: int, errors: list[str]) -> Origin:
     return Origin(
         ctx.file_name, ctx.source_path, sha, size, ctx.decided_at, tuple(errors), reason=reason
     )
-
-
-def decide_and_look(data: bytes, ctx: Context) -> Verdict:
-    """:func:`decide`; for a repair, with the decision of its rewrite (:attr:`Verdict.look`),
-    as the rewrite will be read: settled, under the same name."""
-    verdict = decide(data, ctx)
-    if verdict.decision is Decision.REPAIRED and verdict.new_bytes is not None:
-        look = decide(verdict.new_bytes, msgspec.structs.replace(ctx, settled=True))
-        return msgspec.structs.replace(verdict, look=look)
-    return verdict
 
 
 def decide(data: bytes, ctx: Context) -> Verdict:

@@ -148,8 +148,6 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
     status: Status
     #: The identity of the version now decided: for a repair, the rewrite put in place.
     identity: Identity | None = None
-    #: For a repair: the rewrite was seen at its name after the exchange, as ``identity`` is.
-    rewrite_seen: bool = False
     #: The records' final names in ``deadletter/`` (they may differ from the planned ones).
     records: tuple[str, ...] = ()
     #: The original's final name in ``deadletter/originals/``.

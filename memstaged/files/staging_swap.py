@@ -31,8 +31,6 @@ class Carried(NamedTuple):
     identity: Identity
     #: The ``.conflict-`` name a displaced writer version got.
     conflict: str | None = None
-    #: For a repair: the rewrite was seen at its name after the exchange, as ``identity`` is.
-    rewrite_seen: bool = False
 
 
 def park(from_fd: int, tmp: str, staging_fd: int, name: str, now: float) -> str:
@@ -82,7 +80,7 @@ def replace(staging_fd: int, version: Version, tmp: str, now: float) -> Carried:
             fsio.crash_point("replaced")
             now_st = fsio.lstat_at(staging_fd, name)  # the exchange changed the rewrite's ctime
             if now_st is not None and now_st.st_ino == rewrite.ino:
-                return Carried(Status.DONE, Identity.of(now_st), rewrite_seen=True)
+                rewrite = Identity.of(now_st)
             return Carried(Status.DONE, rewrite)
         parked = park(staging_fd, tmp, staging_fd, name, now)
         return Carried(Status.CONFLICT, version.identity, parked)

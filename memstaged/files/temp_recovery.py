@@ -19,7 +19,7 @@ from memstaged.core.decide import Context, decide
 from memstaged.core.records import ORIGINALS_DIR
 from memstaged.files import fsio, safe_open, temp_names
 from memstaged.files.locks import lock_to_obey
-from memstaged.files.memdir import DEADLETTER, STAGING
+from memstaged.files.memdir import DEADLETTER, STAGING, MemoryDir, Options
 from memstaged.files.staging_swap import park
 
 
@@ -56,6 +56,28 @@ def _opened(sub: str, mem_fd: int) -> Iterator[int | None]:
         yield fd
     finally:
         os.close(fd)
+
+
+def recover_memory_dir(mdir: MemoryDir, log: Any, options: Options, now: float) -> list[str] | None:
+    """:func:`recover_temps` in ``mdir``, opened without following a link; a stop by an I/O
+    error is logged. ``None`` when it cannot be opened (whoever decides its files says why)."""
+    try:
+        mem_fd = mdir.open()
+    except OSError:
+        return None
+    how = Recovery(
+        log, mdir.project_root, options.split_invalid_candidates, options.max_file_size, now
+    )
+    try:
+        return recover_temps(mem_fd, how)
+    except OSError as err:
+        where = f": {err.filename}" if err.filename else ""
+        log.error(
+            "temp_recovered", memory_dir=mdir.path, action=f"stopped: {err.strerror or err}{where}"
+        )
+        return None
+    finally:
+        os.close(mem_fd)
 
 
 def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:

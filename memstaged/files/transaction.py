@@ -255,10 +255,7 @@ class Transaction:
         for work in live:
             carried = self._carry(work, rewrites, batch)
             results[work.key] = work.result(
-                carried.status,
-                identity=carried.identity,
-                conflict=carried.conflict,
-                rewrite_seen=carried.rewrite_seen,
+                carried.status, identity=carried.identity, conflict=carried.conflict
             )
         created = [
             w for w in admitted if w.plan.action is Action.CREATE and self._create(w, announce)

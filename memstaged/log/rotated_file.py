@@ -106,12 +106,13 @@ class FileSink:
     Rotation is ``RotatingFileHandler``'s: before a line is written, if the file's size plus the
     line would reach ``max_bytes``, ``<file>.N-1`` becomes ``<file>.N`` … and ``<file>`` becomes
     ``<file>.1`` (up to ``backups``), and the line starts a new ``<file>``, so a line is never
-    split across files. Lines written together (:meth:`write_lines`: a transaction's) count as
-    one line here: they go into one file, together. With ``max_bytes`` or ``backups`` 0 the
-    file just grows. Three deliberate differences: the size is counted in bytes (the standard
-    library added the line's *characters* to the file's bytes), an empty file is not rotated
-    away for a line longer than ``max_bytes`` (Python 3.13 stopped doing that too), and the new
-    file is created 0600.
+    split across files. Lines written together (:meth:`write_lines`: a transaction's, 1 MiB at
+    most) count as one line here: they go into one file, together. A file rotated away (by this
+    process or another) after lines went into it is fsynced before it is let go. With
+    ``max_bytes`` or ``backups`` 0 the file just grows. Three deliberate differences: the size
+    is counted in bytes (the standard library added the line's *characters* to the file's
+    bytes), an empty file is not rotated away for a line longer than ``max_bytes`` (Python 3.13
+    stopped doing that too), and the new file is created 0600.
 
     Several processes write and rotate the same file (the daemon, ``--once``, recover, purge). Every
     append holds an exclusive ``flock`` on the file it writes and checks, under it, that the path
@@ -150,6 +151,8 @@ class FileSink:
         self._error: OSError | None = None
         #: A file was created or renamed since the last sync: its directory is fsynced too.
         self._dir_changed = False
+        #: Lines were written into the open file since its last fsync.
+        self._unsynced = False
         self._writing = Trouble(f"decision log file {path}", quiet=quiet)
         self._rotating = Trouble(f"rotating the decision log file {path}")
         private_dirs(path.parent)
@@ -163,11 +166,20 @@ class FileSink:
         return fd, (st.st_dev, st.st_ino)
 
     def _reopen(self) -> None:
-        """Follow the path to the file it names now; the old one stays open until that works."""
+        """Follow the path to the file it names now; the old one stays open until that works,
+        and is fsynced before it is let go if lines went into it since its last fsync: they
+        may announce changes (:meth:`sync` fsyncs only the file open then)."""
         fd, ident = self._open()
         if self._fd >= 0:
+            if self._unsynced:
+                try:
+                    os.fsync(self._fd)
+                except OSError as err:
+                    self.failures += 1  # what it announced waits (sync raises)
+                    _count_failure()
+                    self._error = err
             os.close(self._fd)
-        self._fd, self._id, self._end = fd, ident, -1
+        self._fd, self._id, self._end, self._unsynced = fd, ident, -1, False
 
     def emit(self, event: MutableMapping[str, Any], line: bytes) -> None:
         self.write_lines([line])
@@ -234,6 +246,7 @@ class FileSink:
             data = b"\n" + lines  # end a torn line: it is skipped as not JSON, not glued to these
         self._write(fd, data, size)
         self._end = size + len(data)
+        self._unsynced = True
         return True
 
     def _write(self, fd: int, data: bytes, size: int) -> None:
@@ -294,6 +307,7 @@ class FileSink:
             raise LogUnwritable(self.path, self._error)
         try:
             os.fsync(self._fd)
+            self._unsynced = False
             if self._dir_changed:
                 fsio.sync_dir(self.path.parent)
                 self._dir_changed = False

@@ -40,6 +40,7 @@ __all__ = [
     "JOURNAL_SOCKET",
     "ConsoleSink",
     "JournalSink",
+    "Logged",
     "Logger",
     "Sink",
     "add_sink",
@@ -197,7 +198,10 @@ class _Fanout:
         if held is not None:
             held.append(line)
             self._held.size += len(line)
-            if self._held.size >= HELD_MOST:  # a bounded memory, whatever the events hold
+            # Only decisions wait: any other event (a stale lock removed, a version kept as a
+            # conflict) reports what was just done, and goes out at once with those before it.
+            # And a bounded memory, whatever the events hold.
+            if event.get("event") != "decision" or self._held.size >= HELD_MOST:
                 self.write_held(stop=False)
 
     def hold(self) -> bool:
@@ -307,23 +311,37 @@ def _file_sinks() -> list[FileSink]:
     return [sink for sink in _FANOUT.sinks if isinstance(sink, FileSink)]
 
 
+class Logged:
+    """What became of a :func:`one_write` block's events: ``whole`` is false when one of them
+    could not be written whole into a decision log file (the outermost block's says it)."""
+
+    __slots__ = ("whole",)
+
+    def __init__(self) -> None:
+        self.whole = True
+
+
 @contextmanager
-def one_write() -> Iterator[None]:
-    """The events this thread logs in the block go into the decision log file in one write when
-    it ends: one lock, one look at the path, one ``write``, whatever their number (a
-    transaction's). The other sinks get each event at once; a block inside another writes
-    with the outer one. What is held is bounded: past :data:`HELD_MOST` bytes the lines held
-    are written at once, and the block holds on from there.
+def one_write() -> Iterator[Logged]:
+    """The decision events this thread logs in the block go into the decision log file in one
+    write when it ends: one lock, one look at the path, one ``write``, whatever their number (a
+    transaction's). The other sinks get each event at once, and so does the file any other
+    event, with the decisions held before it; a block inside another writes with the outer one.
+    What is held is bounded: past :data:`HELD_MOST` bytes the lines held are written at once.
 
     An event held is not yet in the file: whoever must have it there before a change uses
-    :func:`durable`, which writes what is held so far.
+    :func:`durable`, which writes what is held so far. A decision whose line was not written
+    is none yet (SPEC 7): the caller reads :attr:`Logged.whole` after the block.
     """
+    marks = {id(sink): sink.failures for sink in _file_sinks()}
+    logged = Logged()
     outer = _FANOUT.hold()
     try:
-        yield
+        yield logged
     finally:
         if outer:
             _FANOUT.write_held(stop=True)
+        logged.whole = all(sink.failures == marks.get(id(sink), 0) for sink in _file_sinks())
 
 
 @contextmanager

@@ -52,13 +52,13 @@ def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure
     """In a worker: each job's verdict, pickled; what went wrong; or None when the verdict
     cannot be pickled (a document nested deeper than the pickler's recursion allows: deciding
     has no depth limit, pickling has). Never raises for one file."""
-    from memstaged.core.decide import decide_and_look
+    from memstaged.core.decide import decide
     from memstaged.core.records import rendered_ahead
 
     out: list[bytes | Failure | None] = []
     for data, ctx in jobs:
         try:
-            verdict = decide_and_look(data, ctx)
+            verdict = decide(data, ctx)
             # The records' bytes travel rather than the parsed file they are rendered from.
             ahead = rendered_ahead(verdict.deadletter)
             if ahead is not None and ahead:

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -28,6 +28,9 @@ from memstaged.core.repair import Repair
 from memstaged.files.fsio import Identity
 from memstaged.files.memdir import DEADLETTER, MemoryDir, Options
 from memstaged.files.plan import Plan, Settled
+
+if TYPE_CHECKING:
+    from memstaged.log.writer import Logged
 
 __all__ = [
     "Batch",
@@ -105,9 +108,6 @@ class Outcome(msgspec.Struct, frozen=True):
     error: bool = False
     #: memstaged's look at its own rewrite (SPEC 1): logged as such, never a decision again.
     own_rewrite: bool = False
-    #: For a repair carried out: the look at its rewrite, made and logged as it was put in
-    #: place (:mod:`memstaged.run.own_rewrites`); None: it is looked at when read.
-    look: Outcome | None = None
 
 
 class Batch:
@@ -176,6 +176,22 @@ def abandoned(
         deadletter=(),
         planned=event.decision if announced else None,
     )
+
+
+def unlogged(outcomes: dict[str, Outcome], retry_at: float) -> dict[str, Outcome]:
+    """A transaction's outcomes when some of its decision lines could not be written: a file
+    left as it was decided (``valid``, ``foreign``) has no decision until one is logged (SPEC
+    7), so it is deferred as by an error, and decided again once the log can be written (a
+    look at memstaged's own rewrite among them: it is looked at again). What was carried out
+    was logged durably first, or not carried out (:func:`durable`)."""
+    return {
+        name: (
+            Outcome(Decision.DEFERRED, retry_at=retry_at, error=True)
+            if outcome.decision in (Decision.VALID, Decision.FOREIGN)
+            else outcome
+        )
+        for name, outcome in outcomes.items()
+    }
 
 
 def os_reason(err: OSError) -> str:
@@ -323,7 +339,7 @@ def _durable_decision_log() -> AbstractContextManager[object]:
     return durable()
 
 
-def _one_write_decision_log() -> AbstractContextManager[object]:
+def _one_write_decision_log() -> AbstractContextManager[Logged]:
     from memstaged.log.writer import one_write
 
     return one_write()

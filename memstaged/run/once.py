@@ -58,9 +58,8 @@ def _settle(
 ) -> None:
     """Count a batch's outcomes; a file that changed meanwhile is decided again on its own.
 
-    The names of files repaired whose rewrites were not looked at as they were put in place go
-    to ``rewritten``: those are read and looked at once the others are decided (SPEC 1), as the
-    daemon looks at them when it sees them appear.
+    The names of files repaired go to ``rewritten``: their rewrites are looked at once the
+    others are decided (SPEC 1), as the daemon looks at them when it sees them appear.
     """
     for name, first in outcomes.items():
         outcome = first
@@ -83,18 +82,12 @@ def _count(
     cache: SeenCache,
     rewritten: list[str],
 ) -> None:
-    """One decision counted (a look at memstaged's own rewrite is none, SPEC 7) and cached.
-
-    A repair's rewrite was looked at as it was put in place (``outcome.look``), or goes to
-    ``rewritten``, to be read and looked at once the others are decided.
-    """
+    """One decision counted (a look at memstaged's own rewrite is none, SPEC 7) and cached."""
     if not outcome.own_rewrite:
         counts[outcome.decision.value] += 1
-    remember_outcome(cache, mdir, name, outcome)
-    if outcome.look is not None:
-        remember_outcome(cache, mdir, name, outcome.look)
-    elif outcome.decision is Decision.REPAIRED and not outcome.changed:
+    if outcome.decision is Decision.REPAIRED and not outcome.changed:
         rewritten.append(name)
+    remember_outcome(cache, mdir, name, outcome)
 
 
 def _decide_all(
@@ -143,8 +136,7 @@ def _look_at_rewrites(
     counts: Counter[str],
     cache: SeenCache,
 ) -> None:
-    """Decide each rewrite not looked at yet again (SPEC 1: it must be valid), as the daemon
-    does on seeing it.
+    """Decide each rewrite again (SPEC 1: it must be valid), as the daemon does on seeing it.
 
     The look is logged as memstaged's own (``own_rewrite``) and not counted; the file is then
     remembered as decided, so a later run neither reads it again nor logs a decision for it. A
@@ -228,7 +220,7 @@ def run_once(settings: Settings, *, wait: bool = False) -> Report:
             "or run in a project that has .pi/memory/project"
         )
     raise_fd_limit()  # SPEC 6: the soft limit of a service manager is 1,024
-    pipeline = Pipeline(settings.options, _logger(), look_in_place=True)
+    pipeline = Pipeline(settings.options, _logger())
     previous = _on_sigterm()
     try:
         return _run(settings, pipeline, mdirs, aliases, literal, wait)

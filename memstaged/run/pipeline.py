@@ -35,7 +35,6 @@ from memstaged.core.decide import (
     Decision,
     Verdict,
     decide,
-    decide_and_look,
     decide_too_large,
 )
 from memstaged.core.records import decided_again
@@ -64,6 +63,7 @@ from memstaged.run.decision import (
     io_error_reason,
     name_settled,
     os_reason,
+    unlogged,
 )
 from memstaged.run.own_rewrites import OwnRewrites, is_look, log_look
 from memstaged.run.read_ahead import LockSeen, Read, job, read_ahead, release
@@ -91,8 +91,6 @@ class _Pending:
     #: announces the plan.
     event: DecisionEvent
     started: float
-    #: The decision of a repair's rewrite, made with it (``--once``: :mod:`.own_rewrites`).
-    look: Verdict | None
 
 
 def _held_most() -> int:
@@ -114,21 +112,16 @@ class Pipeline:
         logger: Any,
         clock: Callable[[], float] = time.time,
         durable_log: Callable[[], AbstractContextManager[object]] | None = None,
-        *,
-        look_in_place: bool = False,
     ) -> None:
-        """``look_in_place``: each rewrite is looked at as it is put in place, not read back
-        (``--once``, :mod:`memstaged.run.own_rewrites`)."""
         self.options = options
         self.log = logger
-        self._look_in_place = look_in_place
         self.clock = clock
         #: Each file's decision event logged, and its outcome, with the options in force.
         self._decisions = Decisions(logger, clock, lambda: self.options, durable_log)
         self._stamp: tuple[int, str] = (-1, "")
         self._first_seen = FirstSeen()
         #: The rewrites memstaged put in place, each looked at once (SPEC 1 and 7).
-        self._rewrites = OwnRewrites(look_in_place=look_in_place)
+        self._rewrites = OwnRewrites()
         #: Memory dirs whose ``staging/`` could not be listed at the last :meth:`scan`.
         self.unlisted: dict[str, str] = {}
         #: Decider processes for batches of many files: started on first use, kept for the
@@ -246,48 +239,63 @@ class Pipeline:
         Its events go into the decision log file in one write, the announced ones with those
         logged before them, made durable before the plans are carried out (SPEC 5 and 7).
         """
-        with self._decisions.one_write():
-            batch = Batch(mdir)
-            try:
-                lock.blocked = lock_to_obey(mem_fd, self.log)
-                lock.known = True
-            except OSError as err:
-                lock.known = False  # nothing more is read ahead until it can be read
-                for read, _verdict in itertools.islice(ahead, most):
-                    release(read)
-                    ahead.done(read)
-                    batch.outcomes[read.name] = self._decisions.io_error(mdir, read.name, err)
-                return batch
-            pending: list[_Pending] = []
-            holding: list[Read] = []  # the files of the pending plans, as read ahead
-            try:
-                held = 0
-                for read, verdict in ahead:
-                    outcome, item = self._read_and_decide(
-                        mdir, read.name, staging_fd, lock.blocked, read.started, read, verdict
-                    )
-                    if item is None:
-                        ahead.done(read)
-                        batch.outcomes[read.name] = outcome
-                    else:
-                        pending.append(item)
-                        holding.append(read)
-                        held += item.plan.held_bytes
-                    if (
-                        len(batch.outcomes) + len(pending) >= most
-                        or len(pending) >= held_most
-                        or held >= BATCH_BYTES
-                    ):
-                        break
-                if pending:
-                    ahead.prefetch()  # decided by the workers while this transaction is carried out
-                    batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
-            finally:
-                for item in pending:
-                    item.version.close()
-                for read in holding:
-                    ahead.done(read)
+        with self._decisions.one_write() as logged:
+            batch = self._decide_and_apply(mdir, mem_fd, staging_fd, lock, ahead, most, held_most)
+        if not logged.whole:  # SPEC 7: a decision whose line is not in the log is none yet
+            batch.outcomes = unlogged(batch.outcomes, self.clock() + self.options.settle)
+        return batch
+
+    def _decide_and_apply(
+        self,
+        mdir: MemoryDir,
+        mem_fd: int,
+        staging_fd: int,
+        lock: LockSeen,
+        ahead: ReadAhead[Read],
+        most: int,
+        held_most: int,
+    ) -> Batch:
+        batch = Batch(mdir)
+        try:
+            lock.blocked = lock_to_obey(mem_fd, self.log)
+            lock.known = True
+        except OSError as err:
+            lock.known = False  # nothing more is read ahead until it can be read
+            for read, _verdict in itertools.islice(ahead, most):
+                release(read)
+                ahead.done(read)
+                batch.outcomes[read.name] = self._decisions.io_error(mdir, read.name, err)
             return batch
+        pending: list[_Pending] = []
+        holding: list[Read] = []  # the files of the pending plans, as read ahead
+        try:
+            held = 0
+            for read, verdict in ahead:
+                outcome, item = self._read_and_decide(
+                    mdir, read.name, staging_fd, lock.blocked, read.started, read, verdict
+                )
+                if item is None:
+                    ahead.done(read)
+                    batch.outcomes[read.name] = outcome
+                else:
+                    pending.append(item)
+                    holding.append(read)
+                    held += item.plan.held_bytes
+                if (
+                    len(batch.outcomes) + len(pending) >= most
+                    or len(pending) >= held_most
+                    or held >= BATCH_BYTES
+                ):
+                    break
+            if pending:
+                ahead.prefetch()  # decided by the workers while this transaction is carried out
+                batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
+        finally:
+            for item in pending:
+                item.version.close()
+            for read in holding:
+                ahead.done(read)
+        return batch
 
     def _unopened(self, mdir: MemoryDir, name: str, err: OSError) -> Outcome:
         """The outcome of a file whose memory dir or ``staging/`` cannot be opened."""
@@ -400,8 +408,7 @@ class Pipeline:
         if plan is None:
             self._decisions.finish(event, started)
             return Outcome(verdict.decision, version.identity), None
-        pending = _Pending(plan, version, event, started, verdict.look)
-        return Outcome(verdict.decision, version.identity), pending
+        return Outcome(verdict.decision, version.identity), _Pending(plan, version, event, started)
 
     def _context(self, mdir: MemoryDir, version: Version) -> tuple[Context, float]:
         """What a version is decided in, and when it was last seen to change."""
@@ -420,7 +427,7 @@ class Pipeline:
 
     def _verdict(self, version: Version, ctx: Context) -> Verdict:
         if version.data is not None:
-            return (decide_and_look if self._look_in_place else decide)(version.data, ctx)
+            return decide(version.data, ctx)
         # SPEC 6: too large to read; moved, never read, so named by its identity's hash.
         return decide_too_large(
             ctx, identity_hash(version), version.identity.size, self.options.max_file_size
@@ -486,8 +493,9 @@ class Pipeline:
         if result.conflict is not None:
             self.log.warning("conflict_parked", path=name, kept_as=result.conflict)
         if result.status is Status.DONE:
-            look = self._rewrites.carried_out(self._decisions, name, item.event, item.look, result)
-            return Outcome(item.event.decision, result.identity, look=look)
+            if item.event.rewrite_sha256 is not None:
+                self._rewrites.remember(item.event.memory_dir, name, item.event.rewrite_sha256)
+            return Outcome(item.event.decision, result.identity)
         if result.status is Status.GONE:
             return self._after(
                 item, announced, Decision.SKIPPED, "vanished before the decision was applied"
@@ -532,30 +540,9 @@ class Pipeline:
     # -- crash recovery, listing ----------------------------------------------------------------
 
     def recover_temps(self, mdir: MemoryDir) -> list[str] | None:
-        """Clean up what a killed memstaged left (see
-        :func:`memstaged.files.temp_recovery.recover_temps`)."""
-        try:
-            mem_fd = mdir.open()
-        except OSError:
-            return None
-        try:
-            return temp_recovery.recover_temps(
-                mem_fd,
-                temp_recovery.Recovery(
-                    self.log,
-                    mdir.project_root,
-                    self.options.split_invalid_candidates,
-                    self.options.max_file_size,
-                    self.clock(),
-                ),
-            )
-        except OSError as err:
-            self.log.error(
-                "temp_recovered", memory_dir=mdir.path, action=f"stopped: {os_reason(err)}"
-            )
-            return None
-        finally:
-            os.close(mem_fd)
+        """Clean up what a killed memstaged left in ``mdir``; the listing of ``staging/`` when
+        it had no temp (:func:`memstaged.files.temp_recovery.recover_memory_dir`)."""
+        return temp_recovery.recover_memory_dir(mdir, self.log, self.options, self.clock())
 
     def scan(
         self, mdir: MemoryDir, listing: Iterable[str] | None = None, *, sort: bool = True

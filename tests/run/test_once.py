@@ -410,55 +410,53 @@ def test_a_second_once_on_the_demo_decides_nothing_again(
     assert "memstaged's own rewrite, looked at again: valid (not a new decision)" in out
 
 
-def _reads_of(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The staging files ``--once`` reads in this process, by name, in order."""
-    from memstaged.files import version
-    from memstaged.run import pipeline, read_ahead
-
-    names: list[str] = []
-    real = version.read_version
-
-    def counted(staging_fd: int, name: str, limit: int, **kw: bool) -> object:
-        names.append(name)
-        return real(staging_fd, name, limit, **kw)
-
-    monkeypatch.setattr(read_ahead, "read_version", counted)
-    monkeypatch.setattr(pipeline, "read_version", counted)
-    return names
-
-
-def test_a_rewrite_is_looked_at_as_it_is_put_in_place_not_read_back(
+def test_a_writer_editing_the_rewrite_in_place_right_after_the_exchange_is_decided(
     project: Path, memory_dir: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SPEC 1: a repaired file is processed again when its rewrite is observed, and is then
-    valid. ``--once`` logs that look (``own_rewrite``, the rewrite's hash and size) from the
-    repair's own decision of the rewrite and the exchange's sight of it at its name, without
-    reading the file back; the next run knows it unchanged and reads nothing."""
+    """SPEC 1 and 5: the look at memstaged's own rewrite reads it. A writer that writes into
+    the rewrite just after the exchange, keeping its size and putting its mtime back (``cp
+    -p``), leaves another version at the name: it gets a decision of its own in the same run,
+    not a look, and the next run has nothing left to decide. Forced at the step after the
+    exchange."""
     staging = memory_dir / "staging"
     put(staging / "r.json", repairable(project))
-    reads = _reads_of(monkeypatch)
+    from memstaged.files import fsio
+
+    real = fsio.crash_point
+    edited: list[bytes] = []
+
+    def writer_in_place(step: str) -> None:
+        real(step)
+        if step == "replaced" and not edited:
+            path = staging / "r.json"
+            st = path.stat()
+            bad = path.read_bytes().replace(b'"schemaVersion":1', b'"schemaVersion":7')
+            with path.open("r+b") as fh:
+                fh.write(bad)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+            edited.append(bad)
+
+    monkeypatch.setattr(fsio, "crash_point", writer_in_place)
     assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
-    assert reads == ["r.json"]
+    monkeypatch.undo()
+    assert edited, "the rewrite was never put in place"
+    assert not (staging / "r.json").exists()  # the writer's version, quarantined
     events = decision_events(read_events(log_file))
-    assert [(e["decision"], e.get("own_rewrite", False)) for e in events] == [
-        ("repaired", False),
-        ("valid", True),
-    ]
-    rewritten = (staging / "r.json").read_bytes()
-    assert events[1]["sha256"] == events[0]["rewrite_sha256"] == sha256(rewritten).hexdigest()
-    assert events[1]["size"] == len(rewritten)
-    assert decide(rewritten, Context(str(project), "r.json")).decision is Decision.VALID
-    reads.clear()
+    decided = [(e["decision"], e.get("own_rewrite", False), e["sha256"]) for e in events]
+    assert decided[0][:2] == ("repaired", False)
+    assert ("quarantined", False, sha256(edited[0]).hexdigest()) in decided
+    assert not [d for d in decided if d[1]], "the writer's version was taken for the look"
+    log_file.unlink()
     assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
-    assert reads == []
+    assert decision_events(read_events(log_file)) == []
 
 
-def test_a_rewrite_replaced_before_it_is_seen_in_place_is_read_and_decided(
+def test_a_rewrite_replaced_before_it_is_looked_at_is_read_and_decided(
     project: Path, memory_dir: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A writer renames its version over the rewrite between the exchange and memstaged's look
-    at the name: what stands there is not memstaged's, so no look is logged for it; it is read
-    and gets a decision of its own in the same run. Forced at the step after the exchange."""
+    """A writer renames its version over the rewrite just after the exchange: what stands there
+    is not memstaged's, so no look is logged for it; it is read and gets a decision of its own
+    in the same run. Forced at the step after the exchange."""
     staging = memory_dir / "staging"
     put(staging / "r.json", repairable(project))
     theirs = json.dumps(staging_doc(project, "writer")).encode()

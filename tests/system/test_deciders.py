@@ -35,7 +35,7 @@ from support.helpers import (
     write_inputs,
 )
 
-from memstaged.core.decide import Context, Decision, Verdict, decide, decide_and_look
+from memstaged.core.decide import Context, Decision, Verdict, decide
 from memstaged.core.records import AHEAD_LIMIT
 from memstaged.errors import ConfigError
 from memstaged.files.memdir import Options
@@ -112,7 +112,7 @@ def test_the_pool_gives_each_file_the_verdict_deciding_in_process_gives(pool: De
     assert {i for i, v in got if v is None} == {len(jobs) - 1}
     for i, verdict in got[:-1]:
         assert isinstance(verdict, Verdict), (i, verdict)
-        expected = decide_and_look(*jobs[i])  # a repair's rewrite decided with it
+        expected = decide(*jobs[i])
         assert verdict == expected
         assert _written(verdict) == _written(expected)
         decisions.add(verdict.decision.value)
@@ -190,7 +190,7 @@ def test_a_killed_worker_costs_time_not_a_verdict(pool: Deciders) -> None:
     assert pool.broken is not None and "broke" in pool.broken
     assert got[-1][1] is None
     for i, verdict in got:
-        assert verdict is None or verdict == decide_and_look(*jobs[i])
+        assert verdict is None or verdict == decide(*jobs[i])
 
 
 def test_a_bug_in_a_worker_is_that_file_s_failure(

@@ -10,7 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.decision_log import decision_events, decisions, read_events
+from support.documents import staging_doc, write
 
+from memstaged.cli.main import main
 from memstaged.errors import LogUnwritable
 from memstaged.log import writer
 
@@ -101,3 +104,42 @@ def test_an_event_not_written_whole_is_never_counted_as_logged(full_disk: Path) 
     with writer.durable():
         logger.warning("decision", decision="quarantined", path="/p/a.json", pad="q" * 8000)
     assert json.loads(path.read_bytes().splitlines()[-1])["path"] == "/p/a.json"
+
+
+def test_valid_files_whose_lines_the_log_could_not_take_are_decided_again(
+    full_disk: Path,
+    project: Path,
+    memory_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A transaction's decisions go into the log in one write. On a log that cannot take it
+    (almost full), the valid files of that transaction have no decision yet (SPEC 7): they are
+    deferred (exit 1) and not remembered as decided, and once there is room the next run logs
+    them. Before, they were counted valid, cached, and never logged."""
+    staging = memory_dir / "staging"
+    for i in range(20):
+        write(staging / f"v{i:02d}.json", staging_doc(project, f"v{i}"))
+    log = full_disk / "decisions.jsonl"
+    monkeypatch.setenv("MEMSTAGED_LOG_FILE", str(log))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(memory_dir.parent / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(memory_dir.parent / "state"))
+    log.write_bytes(b"")
+    filler = full_disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:  # all but about 2 KiB: less than the 20 lines together
+        while os.write(fd, b"f" * 1024):
+            pass
+    except OSError as err:
+        assert err.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    os.truncate(filler, os.path.getsize(filler) - 2048)
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "valid=0" in out and "deferred=20" in out
+    assert [e for e in decision_events(read_events(log)) if e["decision"] == "valid"] == []
+    filler.unlink()
+    assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
+    assert "valid=20" in capsys.readouterr().out
+    assert decisions(log) == {f"v{i:02d}.json": "valid" for i in range(20)}
