@@ -208,7 +208,14 @@ class Pipeline:
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:
-                batch = self._transaction(mdir, mem_fd, staging_fd, lock, ahead, most, held_most)
+                # A transaction's decisions go into the log in one write; one whose line is
+                # not in the log is none yet (SPEC 7).
+                with self._decisions.one_write() as logged:
+                    batch = self._transaction(
+                        mdir, mem_fd, staging_fd, lock, ahead, most, held_most
+                    )
+                if not logged.whole:
+                    batch.outcomes = unlogged(batch.outcomes, self.clock() + self.options.settle)
                 if not batch.outcomes:  # every file taken (a name given twice)
                     return
                 left -= len(batch.outcomes)
@@ -235,26 +242,7 @@ class Pipeline:
         it holds open reach ``held_most`` (:data:`BATCH_HELD`, or fewer under a low descriptor
         limit), their bytes :data:`BATCH_BYTES`, or the estimated cost of the files it holds
         leaves no room for the next (``ahead`` stops: :mod:`memstaged.run.memory_budget`).
-
-        Its events go into the decision log file in one write, the announced ones with those
-        logged before them, made durable before the plans are carried out (SPEC 5 and 7).
         """
-        with self._decisions.one_write() as logged:
-            batch = self._decide_and_apply(mdir, mem_fd, staging_fd, lock, ahead, most, held_most)
-        if not logged.whole:  # SPEC 7: a decision whose line is not in the log is none yet
-            batch.outcomes = unlogged(batch.outcomes, self.clock() + self.options.settle)
-        return batch
-
-    def _decide_and_apply(
-        self,
-        mdir: MemoryDir,
-        mem_fd: int,
-        staging_fd: int,
-        lock: LockSeen,
-        ahead: ReadAhead[Read],
-        most: int,
-        held_most: int,
-    ) -> Batch:
         batch = Batch(mdir)
         try:
             lock.blocked = lock_to_obey(mem_fd, self.log)

@@ -55,14 +55,7 @@ class Broken:
                 line = json.dumps({"event": "test_padding", "pad": "p" * (room - bare)}) + "\n"
                 with self.log.open("ab") as fh:
                     fh.write(line.encode())
-        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while os.write(fd, b"f" * 4096):
-                pass
-        except OSError as err:
-            assert err.errno == errno.ENOSPC
-        finally:
-            os.close(fd)
+        take_every_byte(self.filler)
 
     def mend(self) -> None:
         """Room again, or the failed ext4 lazily unmounted: the path is writable again."""
@@ -70,3 +63,15 @@ class Broken:
             self.filler.unlink()
         else:
             subprocess.run(["umount", "-l", str(self.root)], check=True)
+
+
+def take_every_byte(filler: Path) -> None:
+    """Fill the file system of ``filler`` with it, to its last byte."""
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"f" * 1024):
+            pass
+    except OSError as err:
+        assert err.errno == errno.ENOSPC
+    finally:
+        os.close(fd)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 from support.decision_log import decision_events, decisions, read_events
 from support.documents import staging_doc, write
+from support.failing_fs import take_every_byte
 
 from memstaged.cli.main import main
 from memstaged.errors import LogUnwritable
@@ -83,14 +83,7 @@ def test_an_event_not_written_whole_is_never_counted_as_logged(full_disk: Path) 
     logger = writer.get_logger()
     logger.info("start")
     filler = full_disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:  # take every byte left, but for what is left of the log's last page
-        while os.write(fd, b"f" * 4096):
-            pass
-    except OSError as err:
-        assert err.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
+    take_every_byte(filler)  # but for what is left of the log's last page
     before = path.read_bytes()
     with pytest.raises(LogUnwritable) as raised, writer.durable():
         logger.warning("decision", decision="quarantined", path="/p/a.json", pad="q" * 8000)
@@ -126,15 +119,8 @@ def test_valid_files_whose_lines_the_log_could_not_take_are_decided_again(
     monkeypatch.setenv("XDG_STATE_HOME", str(memory_dir.parent / "state"))
     log.write_bytes(b"")
     filler = full_disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:  # all but about 2 KiB: less than the 20 lines together
-        while os.write(fd, b"f" * 1024):
-            pass
-    except OSError as err:
-        assert err.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    os.truncate(filler, os.path.getsize(filler) - 2048)
+    take_every_byte(filler)
+    os.truncate(filler, os.path.getsize(filler) - 2048)  # about 2 KiB: less than the 20 lines
     assert main(["--once", "--memory-dir", str(memory_dir)]) == 1
     out = capsys.readouterr().out
     assert "valid=0" in out and "deferred=20" in out
