@@ -10,8 +10,9 @@ reconciler's lock is known to be free: :class:`LockSeen`), what a decider proces
 What is logged about a file read ahead is left to where it is decided, in the files' order: an
 error reading it is kept and raised there, as if it had been raised reading it there. The lock is
 read again at the start of each transaction and obeyed there: a file read ahead while it was
-free is deferred, unchanged, if it is held by then. A file read ahead holds its descriptor and
-read lease until it is decided or released, so a writer waits for it at most one commit longer.
+free is deferred, unchanged, if it is held by then. A file read ahead holds its descriptor until
+it is decided or released (and one to be changed, its read lease until its change is carried
+out), so a writer waits for it at most one commit longer.
 """
 
 from __future__ import annotations
