@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -178,16 +178,25 @@ def abandoned(
     )
 
 
+#: Decisions that leave the file as it is: one whose line is not in the log has not happened.
+_LEFT_AS_IT_IS: Final = frozenset({Decision.VALID, Decision.FOREIGN, Decision.SKIPPED})
+
+
 def unlogged(outcomes: dict[str, Outcome], retry_at: float) -> dict[str, Outcome]:
     """A transaction's outcomes when some of its decision lines could not be written: a file
-    left as it was decided (``valid``, ``foreign``) has no decision until one is logged (SPEC
-    7), so it is deferred as by an error, and decided again once the log can be written (a
-    look at memstaged's own rewrite among them: it is looked at again). What was carried out
+    left as it was decided (``valid``, ``foreign``, ``skipped``) has no decision until one is
+    logged (SPEC 7), so it is deferred as by an error and decided again once the log can be
+    written; a look at memstaged's own rewrite stays a look, not counted. What was carried out
     was logged durably first, or not carried out (:func:`durable`)."""
     return {
         name: (
-            Outcome(Decision.DEFERRED, retry_at=retry_at, error=True)
-            if outcome.decision in (Decision.VALID, Decision.FOREIGN)
+            Outcome(
+                Decision.DEFERRED,
+                retry_at=retry_at,
+                error=True,
+                own_rewrite=outcome.own_rewrite,
+            )
+            if outcome.decision in _LEFT_AS_IT_IS
             else outcome
         )
         for name, outcome in outcomes.items()

@@ -43,6 +43,8 @@ class OwnRewrites:
 
     def __init__(self) -> None:
         self._sha256: dict[tuple[str, str], str] = {}
+        #: Those taken in the transaction under way: remembered again if its lines are lost.
+        self._taken: dict[tuple[str, str], str] = {}
 
     def remember(self, memory_dir: str, name: str, sha256: str) -> None:
         if len(self._sha256) >= MAX_REWRITES:
@@ -52,4 +54,15 @@ class OwnRewrites:
     def take(self, memory_dir: str, name: str) -> str | None:
         """The rewrite memstaged put at ``name``, forgotten: what is read there now is either
         that rewrite or what replaced it."""
-        return self._sha256.pop((memory_dir, name), None)
+        sha256 = self._sha256.pop((memory_dir, name), None)
+        if sha256 is not None:
+            self._taken[(memory_dir, name)] = sha256
+        return sha256
+
+    def settled(self, *, logged: bool) -> None:
+        """The end of a transaction: if its decision lines could not all be written, what it
+        took is remembered again, so that the look its files wait for is logged as a look."""
+        if not logged:
+            for (memory_dir, name), sha256 in self._taken.items():
+                self.remember(memory_dir, name, sha256)
+        self._taken.clear()

@@ -216,6 +216,7 @@ class Pipeline:
                     )
                 if not logged.whole:
                     batch.outcomes = unlogged(batch.outcomes, self.clock() + self.options.settle)
+                self._rewrites.settled(logged=logged.whole)
                 if not batch.outcomes:  # every file taken (a name given twice)
                     return
                 left -= len(batch.outcomes)

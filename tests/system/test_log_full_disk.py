@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pytest
 from support.decision_log import decision_events, decisions, read_events
-from support.documents import staging_doc, write
-from support.failing_fs import take_every_byte
+from support.documents import put, repairable, staging_doc, write
+from support.failing_fs import Broken, take_every_byte
+from support.helpers import memory_dir_of
 
 from memstaged.cli.main import main
+from memstaged.core.decide import Decision
 from memstaged.errors import LogUnwritable
+from memstaged.files.memdir import Options
 from memstaged.log import writer
+from memstaged.run.pipeline import Pipeline
 
 
 @pytest.fixture
@@ -129,3 +133,45 @@ def test_valid_files_whose_lines_the_log_could_not_take_are_decided_again(
     assert main(["--once", "--memory-dir", str(memory_dir)]) == 0
     assert "valid=20" in capsys.readouterr().out
     assert decisions(log) == {f"v{i:02d}.json": "valid" for i in range(20)}
+
+
+def test_a_look_or_a_skip_the_log_could_not_take_is_logged_as_such_later(
+    full_disk: Path, project: Path, memory_dir: Path
+) -> None:
+    """On a full log, memstaged's look at its own rewrite and the skip of a link are not lost:
+    each waits, deferred, and once there is room the look is logged as a look (``own_rewrite``,
+    not a second decision of the file: SPEC 1 and 7) and the link as ``skipped``."""
+    log = full_disk / "decisions.jsonl"
+    writer.configure(log, console="off", journal="off")
+    pipeline = Pipeline(Options(settle=0), writer.get_logger())
+    mdir = memory_dir_of(memory_dir)
+    staging = memory_dir / "staging"
+    put(staging / "r.json", repairable(project))
+    assert pipeline.process(mdir, "r.json").decision is Decision.REPAIRED
+    (staging / "l.json").symlink_to(full_disk / "nowhere")
+    full = Broken("enospc", full_disk)
+    full.break_it()  # not a byte left, the log's last page included
+    look = pipeline.process(mdir, "r.json")  # the look at the rewrite, unwritable
+    link = pipeline.process(mdir, "l.json")
+    assert (look.decision, look.own_rewrite, link.decision) == (
+        Decision.DEFERRED,
+        True,
+        Decision.DEFERRED,
+    )
+    full.mend()
+    look = pipeline.process(mdir, "r.json")
+    link = pipeline.process(mdir, "l.json")
+    assert (look.decision, look.own_rewrite, link.decision) == (
+        Decision.VALID,
+        True,
+        Decision.SKIPPED,
+    )
+    events = [
+        (e["path"].rsplit("/", 1)[1], e["decision"], e.get("own_rewrite", False))
+        for e in decision_events(read_events(log))
+    ]
+    assert events == [
+        ("r.json", "repaired", False),
+        ("r.json", "valid", True),
+        ("l.json", "skipped", False),
+    ]
