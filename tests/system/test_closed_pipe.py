@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.documents import (
@@ -95,6 +96,20 @@ def test_a_verdict_survives_a_reader_that_left(
     assert (memory_dir / "staging" / "session-one-bad-lesson.recovered-1.json").exists()
 
 
+def _run_lost(
+    cmd: list[str], env: dict[str, str], cwd: Path, **stdout: Any
+) -> subprocess.CompletedProcess[str]:
+    """A command whose output cannot be written; its exit code and stderr."""
+    return subprocess.run(
+        cmd, env=env, stderr=subprocess.PIPE, text=True, timeout=120, check=False, cwd=cwd, **stdout
+    )
+
+
+def _lost_output_code(args: list[str]) -> int:
+    """1, and 3 (UNKNOWN) for a monitoring plugin whose output is lost: not a WARNING."""
+    return 3 if args == ["status", "--check"] else 1
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -120,19 +135,9 @@ def test_output_that_cannot_be_written_is_one_line_and_not_success(
     one_of_each(project, memory_dir)
     env = memstaged_env(tmp_path, MEMSTAGED_MEMORY_DIRS=str(memory_dir))
     with full.open("w") as stdout:
-        result = subprocess.run(
-            memstaged_cmd(*args),
-            env=env,
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-            check=False,
-            cwd=project,
-        )
+        result = _run_lost(memstaged_cmd(*args), env, project, stdout=stdout)
     lines = result.stderr.splitlines()
-    # a monitoring plugin whose output is lost failed: UNKNOWN, not a WARNING
-    assert result.returncode == (3 if args == ["status", "--check"] else 1), result.stderr
+    assert result.returncode == _lost_output_code(args), result.stderr
     assert lines == ["memstaged: cannot write standard output: No space left on device"], lines
 
 
@@ -146,14 +151,6 @@ def test_a_closed_stdout_is_one_line_and_not_success(
     traceback. It is one line, "it is closed", and never exit 0."""
     env = memstaged_env(tmp_path, MEMSTAGED_MEMORY_DIRS=str(memory_dir))
     command = " ".join(shlex.quote(word) for word in memstaged_cmd(*args))
-    result = subprocess.run(
-        ["bash", "-c", f"{command} >&-"],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=project,
-    )
-    assert result.returncode == (3 if args == ["status", "--check"] else 1), result.stderr
+    result = _run_lost(["bash", "-c", f"{command} >&-"], env, project)
+    assert result.returncode == _lost_output_code(args), result.stderr
     assert result.stderr.splitlines() == ["memstaged: cannot write standard output: it is closed"]
