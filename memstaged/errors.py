@@ -18,6 +18,11 @@ if TYPE_CHECKING:  # the file layer's types, named for the checker alone: no imp
     from memstaged.files.plan import Result, StaleLock
 
 
+def os_reason(err: OSError) -> str:
+    """An error as a reason or a log line gives it: what went wrong, then the file it names."""
+    return f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+
+
 class MemstagedError(Exception):
     """Base of every error memstaged reports to a user; ``str(err)`` is the one-line message."""
 

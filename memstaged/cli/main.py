@@ -15,7 +15,14 @@ from typing import Any, Final
 
 from memstaged.cli.option_types import settle_seconds
 from memstaged.cli.stdout import Stdout, to_devnull
-from memstaged.errors import BusyError, LogUnwritable, MemstagedError, Terminated, UsageError
+from memstaged.errors import (
+    BusyError,
+    LogUnwritable,
+    MemstagedError,
+    Terminated,
+    UsageError,
+    os_reason,
+)
 
 EXIT_ATTENTION: Final = 1
 EXIT_USAGE: Final = 2
@@ -284,8 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise done from None
     except OSError as err:  # not one a command turned into its own message
         if not _output_lost(watched):
-            where = f": {err.filename}" if err.filename else ""
-            _error_line(f"{err.strerror or err}{where}")
+            _error_line(os_reason(err))
         return EXIT_ATTENTION
     finally:
         sys.stdout = real

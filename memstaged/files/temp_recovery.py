@@ -17,6 +17,7 @@ import msgspec
 
 from memstaged.core.decide import Context, decide
 from memstaged.core.records import ORIGINALS_DIR
+from memstaged.errors import os_reason
 from memstaged.files import fsio, safe_open, temp_names
 from memstaged.files.locks import lock_to_obey
 from memstaged.files.memdir import DEADLETTER, STAGING, MemoryDir, Options
@@ -71,10 +72,7 @@ def recover_memory_dir(mdir: MemoryDir, log: Any, options: Options, now: float) 
     try:
         return recover_temps(mem_fd, how)
     except OSError as err:
-        where = f": {err.filename}" if err.filename else ""
-        log.error(
-            "temp_recovered", memory_dir=mdir.path, action=f"stopped: {err.strerror or err}{where}"
-        )
+        log.error("temp_recovered", memory_dir=mdir.path, action=f"stopped: {os_reason(err)}")
         return None
     finally:
         os.close(mem_fd)

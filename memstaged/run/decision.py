@@ -25,6 +25,7 @@ from memstaged.core import digests
 from memstaged.core.decide import Decision, Verdict
 from memstaged.core.records import ORIGINALS_DIR
 from memstaged.core.repair import Repair
+from memstaged.errors import os_reason
 from memstaged.files.fsio import Identity
 from memstaged.files.memdir import DEADLETTER, MemoryDir, Options
 from memstaged.files.plan import Plan, Settled
@@ -40,7 +41,6 @@ __all__ = [
     "abandoned",
     "describe",
     "name_settled",
-    "os_reason",
 ]
 
 
@@ -201,11 +201,6 @@ def unlogged(outcomes: dict[str, Outcome], retry_at: float) -> dict[str, Outcome
         )
         for name, outcome in outcomes.items()
     }
-
-
-def os_reason(err: OSError) -> str:
-    """An error as a reason or a log line gives it: what went wrong, then the file it names."""
-    return f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
 
 
 def io_error_reason(err: OSError) -> str:

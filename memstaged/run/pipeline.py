@@ -39,7 +39,7 @@ from memstaged.core.decide import (
 )
 from memstaged.core.records import decided_again
 from memstaged.core.timestamps import format_epoch_ms
-from memstaged.errors import Blocked, LockHeld, LogUnwritable
+from memstaged.errors import Blocked, LockHeld, LogUnwritable, os_reason
 from memstaged.files import fsio, temp_recovery, transaction
 from memstaged.files.locks import LockInfo, lock_to_obey, log_stale_locks
 from memstaged.files.memdir import (
@@ -62,7 +62,6 @@ from memstaged.run.decision import (
     describe,
     io_error_reason,
     name_settled,
-    os_reason,
     unlogged,
 )
 from memstaged.run.own_rewrites import OwnRewrites, is_look, log_look
