@@ -16,11 +16,14 @@ before the lock (:meth:`Temps.before_lock`):
   written and made durable by one ``syncfs``, so that a large quarantine writes nothing while
   the lock is held (SPEC 5: about a second at most).
 
-Before each of these steps (each copy, each temp, each ``syncfs``) it looks for
-``canonical-writer.lock`` (:class:`_Lookout`, a ``stat``), and stops at the first live holder
-it sees, as if it had found the lock taken: SPEC 5, memstaged does nothing in a memory dir
-while the reconciler holds its lock, and a large quarantine's work before the lock takes
-seconds. At most the one file under way when the lock appeared is completed.
+Before these steps it looks for ``canonical-writer.lock`` (:class:`_Lookout`, a ``stat``),
+and stops at the first live holder it sees, as if it had found the lock taken: SPEC 5, memstaged
+does nothing in a memory dir while the reconciler holds its lock, and a large quarantine's work
+before the lock takes seconds. It looks before each copy, before ``deadletter/`` is made and
+before each ``syncfs``; before a temp, when :data:`LOOK_EVERY` has passed since it last saw no
+live holder (a look per record was a third of a quarantine's system calls). So what appears
+once the reconciler holds its lock is at most the temps begun within :data:`LOOK_EVERY` of its
+taking it, and the one under way; each is removed when the transaction stops.
 
 Under the lock it writes the dead-letter temps of a transaction with :data:`FSYNC_EACH` of
 them or fewer (each fsynced), a record again when its original takes another name, and each
@@ -30,6 +33,7 @@ rewrite's temp.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -44,6 +48,9 @@ from memstaged.files.temp_names import PARTIAL, temp_name
 
 #: Up to this many dead-letter temps in a transaction are fsynced one by one; more, one syncfs.
 FSYNC_EACH: Final = 16
+#: Temps written ahead of the lock look for it again once this long (seconds) has passed since
+#: the last look that found no live holder: a few hundred records at most, of small files.
+LOOK_EVERY: Final = 0.002
 
 
 def _dead_letter_files(works: Sequence[PlanState]) -> int:
@@ -54,7 +61,7 @@ def _dead_letter_files(works: Sequence[PlanState]) -> int:
 
 
 class _Lookout:
-    """Looks for ``canonical-writer.lock`` before each durable step of the work before the lock.
+    """Looks for ``canonical-writer.lock`` during the work before the lock (see the module).
 
     A look is a ``stat`` of the name (one system call, failing, when there is no lock); a lock
     there is read, and a live holder raises :class:`~memstaged.errors.LockHeld`, which ends the
@@ -67,8 +74,19 @@ class _Lookout:
         self.mem_fd = mem_fd
         #: The inode of a lock seen stale (its holder gone), looked past from then on.
         self._stale: int | None = None
+        #: When (``time.monotonic``) a look last found no live holder.
+        self._clear_at = float("-inf")
+
+    def soon(self) -> None:
+        """Look, unless a look found no live holder less than :data:`LOOK_EVERY` ago."""
+        if time.monotonic() - self._clear_at >= LOOK_EVERY:
+            self()
 
     def __call__(self) -> None:
+        self._check()
+        self._clear_at = time.monotonic()
+
+    def _check(self) -> None:
         try:
             st = os.stat(CANONICAL_LOCK, dir_fd=self.mem_fd, follow_symlinks=False)
         except OSError:
@@ -174,7 +192,7 @@ class Temps:
         batch = len(creates) > 1
         for work in creates:
             assert work.plan.data is not None
-            self._look()
+            self._look.soon()
             try:
                 work.tmp, lock_fd = atomic_write.write_held_temp(
                     self.staging_fd,
@@ -226,7 +244,7 @@ class Temps:
                 if not renamed:
                     assert data is not None
                     if ahead:
-                        self._look()
+                        self._look.soon()
                     work.original_tmp = atomic_write.write_temp(
                         or_fd,
                         data,
@@ -249,7 +267,7 @@ class Temps:
         for record in work.plan.records:
             tick()  # each record is rendered and written: thousands of them take seconds
             if ahead:
-                self._look()
+                self._look.soon()
             body = _render(record, work.original)
             tmp = atomic_write.write_temp(
                 dl_fd, body, "rec", record.name, sync=not ahead, deleted_whole_or_partial=True
