@@ -28,10 +28,10 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _unnamed(dir_fd: int) -> int | None:
+def _unnamed(dir_fd: int, access: int) -> int | None:
     """An unnamed file in ``dir_fd`` (``O_TMPFILE``), or None where the file system has none."""
     try:
-        return os.open(".", os.O_WRONLY | os.O_TMPFILE | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        return os.open(".", access | os.O_TMPFILE | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     except OSError as err:
         if err.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
             return None
@@ -41,13 +41,13 @@ def _unnamed(dir_fd: int) -> int | None:
 _T = TypeVar("_T")
 
 
-def _create_private(dir_fd: int, name: str, mode: int = 0o600) -> int:
+def _create_private(dir_fd: int, name: str, mode: int = 0o600, access: int = os.O_WRONLY) -> int:
     """A new file ``name`` in ``dir_fd``: 0600 from its creation (then ``mode`` exactly, not
     the umask's, for a file others are to read), never through a link, never one that is
     already there."""
     fd = os.open(
         name,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        access | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
         0o600,
         dir_fd=dir_fd,
     )
@@ -72,6 +72,7 @@ def put_complete(
     created: str = "",
     complete: str = "",
     mode: int = 0o600,
+    keep: list[int] | None = None,
 ) -> _T:
     """Put a file under ``name`` in ``dir_fd`` only once ``fill`` has written all of it.
 
@@ -85,12 +86,15 @@ def put_complete(
     under ``name`` itself, and removed again if ``fill`` fails. ``created`` and ``complete``
     name the crash points after the file is opened and after its bytes are durable. ``mode``:
     the file's mode, 0600 unless others are to read it (a unit, a completion script).
+    ``keep``: the file is opened for reading too, and its descriptor, left open once it has its
+    name, is appended to ``keep`` for the caller to close.
     """
-    fd = _unnamed(dir_fd) if unnamed and not replace and mode == 0o600 else None
+    access = os.O_WRONLY if keep is None else os.O_RDWR
+    fd = _unnamed(dir_fd, access) if unnamed and not replace and mode == 0o600 else None
     part = None
     if fd is None:
         part = name if partial is None else partial
-        fd = _create_private(dir_fd, part, mode)
+        fd = _create_private(dir_fd, part, mode, access)
     try:
         if created:
             fsio.crash_point(created)
@@ -111,7 +115,10 @@ def put_complete(
         if part is not None:
             fsio.unlink_quietly(dir_fd, part)  # never ``name`` once renamed: that failed, or raised
         raise
-    os.close(fd)
+    if keep is None:
+        os.close(fd)
+    else:
+        keep.append(fd)
     return result
 
 
@@ -164,6 +171,7 @@ def write_temp(
     *,
     sync: bool = True,
     deleted_whole_or_partial: bool = False,
+    keep: list[int] | None = None,
 ) -> str:
     """Write ``data`` to a new temp file in ``dir_fd`` (0600), fsynced unless told otherwise.
 
@@ -175,9 +183,19 @@ def write_temp(
     ``deleted_whole_or_partial``: crash recovery deletes this temp however much of it was
     written (every temp in ``deadletter/``; a :data:`PARTIAL` one in ``staging/``), so it is
     created under its name at once, ``O_EXCL``: no unnamed inode, no link.
+
+    ``keep``: the temp's descriptor, readable, is appended to it and left open (see
+    :func:`put_complete`).
     """
     return _write_temp(
-        dir_fd, data, role, for_name, sync=sync, hold=False, named=deleted_whole_or_partial
+        dir_fd,
+        data,
+        role,
+        for_name,
+        sync=sync,
+        hold=False,
+        named=deleted_whole_or_partial,
+        keep=keep,
     )[0]
 
 
@@ -196,7 +214,15 @@ def write_held_temp(
 
 
 def _write_temp(
-    dir_fd: int, data: bytes, role: str, for_name: str, *, sync: bool, hold: bool, named: bool
+    dir_fd: int,
+    data: bytes,
+    role: str,
+    for_name: str,
+    *,
+    sync: bool,
+    hold: bool,
+    named: bool,
+    keep: list[int] | None = None,
 ) -> tuple[str, int]:
     name = temp_name(role, for_name)
     held: list[int] = []
@@ -216,6 +242,7 @@ def _write_temp(
             unnamed=not named,
             sync=sync,
             created="temp-created",
+            keep=keep,
         )
     except BaseException:
         for fd in held:

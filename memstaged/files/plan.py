@@ -164,6 +164,9 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
     conflict: str | None = None
     #: Why it is ``UNMOVABLE``, ``REFUSED`` or ``FAILED``.
     reason: str | None = None
+    #: A rewrite put in place (``DONE``) whose bytes were read there again under ``identity``
+    #: (:func:`memstaged.files.staging_swap.replace`'s look), in a transaction begun ``look``.
+    looked: bool = False
 
 
 class Settled(msgspec.Struct, frozen=True):

@@ -31,6 +31,9 @@ class Carried(NamedTuple):
     identity: Identity
     #: The ``.conflict-`` name a displaced writer version got.
     conflict: str | None = None
+    #: A repair: ``identity`` is the rewrite's, its bytes read again there through the temp's
+    #: descriptor and found to be what memstaged wrote (:func:`replace`'s ``look``).
+    looked: bool = False
 
 
 def park(from_fd: int, tmp: str, staging_fd: int, name: str, now: float) -> str:
@@ -54,11 +57,25 @@ def _not_in_place(state: bool | None, version: Version) -> Carried:
     return Carried(Status.GONE if state is None else Status.CHANGED, version.identity)
 
 
-def replace(staging_fd: int, version: Version, tmp: str, now: float) -> Carried:
+def replace(
+    staging_fd: int,
+    version: Version,
+    tmp: str,
+    now: float,
+    look: tuple[int, bytes] | None = None,
+) -> Carried:
     """Atomically put the durable rewrite ``tmp`` in place of exactly ``version``.
 
     The exchange hands back whatever it displaced; if that is not ``version`` (a writer renamed
     or rewrote a newer one in between the check and the exchange), it is parked.
+
+    ``look``: the temp's descriptor, readable, and the bytes written to it. Once the rewrite is
+    in place, the name is looked at (``lstat``, as without it) and, if it is still the rewrite's
+    inode, its bytes are read through the descriptor: the same bytes make the identity just
+    taken that of memstaged's own rewrite, as read (``looked``; SPEC 1's look, for a run that
+    has its file's bytes no other way). A writer's write after the ``lstat`` changes the
+    identity (its ctime), so it is decided afresh when next seen; one before it changes the
+    bytes read, and nothing is looked.
     """
     name = version.name
     tmp_is_ours = True
@@ -79,9 +96,14 @@ def replace(staging_fd: int, version: Version, tmp: str, now: float) -> Carried:
             os.unlink(tmp, dir_fd=staging_fd)
             fsio.crash_point("replaced")
             now_st = fsio.lstat_at(staging_fd, name)  # the exchange changed the rewrite's ctime
+            fsio.crash_point("rewrite-seen")
+            looked = False
             if now_st is not None and now_st.st_ino == rewrite.ino:
                 rewrite = Identity.of(now_st)
-            return Carried(Status.DONE, rewrite)
+                if look is not None:
+                    fd, data = look
+                    looked = os.pread(fd, len(data) + 1, 0) == data
+            return Carried(Status.DONE, rewrite, looked=looked)
         parked = park(staging_fd, tmp, staging_fd, name, now)
         return Carried(Status.CONFLICT, version.identity, parked)
     finally:

@@ -86,6 +86,7 @@ def begin(
     now: float,
     max_copy: int = 1 << 30,
     obey_stale: bool = False,
+    look: bool = False,
 ) -> Iterator[Transaction]:
     """Begin ``plans`` as one transaction: the work before the lock, the lock, step 1.
 
@@ -97,7 +98,10 @@ def begin(
 
     ``now`` names the ``.conflict-`` files. ``obey_stale``: a stale lock of another owner stops
     the transaction before anything is done (:class:`NotObeyed`), for a command that must not
-    work beside the daemon without the lock; the daemon does not obey it (SPEC 5).
+    work beside the daemon without the lock; the daemon does not obey it (SPEC 5). ``look``:
+    each rewrite's temp is kept open, and its bytes read again once in place
+    (:attr:`~memstaged.files.plan.Result.looked`), for a caller that does not see the rewrite
+    appear (``--once``: the daemon sees it as an event).
 
     Raises :class:`Blocked` (a :class:`~memstaged.errors.LockHeld`; nothing changed) when a
     live process holds ``canonical-writer.lock``, whatever ``announce`` or the caller's check
@@ -105,7 +109,7 @@ def begin(
     transaction could not be completed: what was not carried out is unchanged, and nothing is
     lost either way. Each carries the stale locks seen (``stale_locks``).
     """
-    tx = Transaction(mem_fd, staging_fd, plans, now)
+    tx = Transaction(mem_fd, staging_fd, plans, now, look=look)
     try:
         tx.temps.before_lock(tx._decisions, tx._changes, max_copy)
         with canonical_lock(mem_fd, tx._saw_stale) as stale:
@@ -136,9 +140,12 @@ def apply(
     now: float,
     max_copy: int = 1 << 30,
     obey_stale: bool = False,
+    look: bool = False,
 ) -> Applied:
     """Carry ``plans`` out as one transaction, nothing refused: :func:`begin`, then commit."""
-    with begin(mem_fd, staging_fd, plans, now=now, max_copy=max_copy, obey_stale=obey_stale) as tx:
+    with begin(
+        mem_fd, staging_fd, plans, now=now, max_copy=max_copy, obey_stale=obey_stale, look=look
+    ) as tx:
         return tx.commit(announce=announce)
 
 
@@ -146,8 +153,11 @@ class Transaction:
     """One transaction of :func:`begin`: its plans' progress, its temps, and the steps that
     turn them into changes. Its caller sees :attr:`live` and :attr:`stale_locks`, and commits."""
 
-    def __init__(self, mem_fd: int, staging_fd: int, plans: Sequence[Plan], now: float) -> None:
+    def __init__(
+        self, mem_fd: int, staging_fd: int, plans: Sequence[Plan], now: float, *, look: bool
+    ) -> None:
         self.mem_fd = mem_fd
+        self.look = look
         self.staging_fd = staging_fd
         self.now = now
         self.store = Store(mem_fd)
@@ -235,7 +245,11 @@ class Transaction:
         admitted = [w for w in admitted if w.failed is None]
         announce([w.settled() for w in (*live, *admitted)])
         batch = len(live) > 1
-        rewrites = {w.key: self.temps.rewrite(w, batch) for w in live if w.action is Action.REWRITE}
+        rewrites = {
+            w.key: self.temps.rewrite(w, batch, keep=self.look)
+            for w in live
+            if w.action is Action.REWRITE
+        }
         fsio.crash_point("batch-written")
         if batch and rewrites:
             fsio.syncfs(self.mem_fd)  # every rewrite's data is durable from here on
@@ -255,7 +269,10 @@ class Transaction:
         for work in live:
             carried = self._carry(work, rewrites, batch)
             results[work.key] = work.result(
-                carried.status, identity=carried.identity, conflict=carried.conflict
+                carried.status,
+                identity=carried.identity,
+                conflict=carried.conflict,
+                looked=carried.looked,
             )
         created = [
             w for w in admitted if w.plan.action is Action.CREATE and self._create(w, announce)
@@ -277,7 +294,12 @@ class Transaction:
         assert version is not None
         if work.action is Action.REWRITE:
             tmp = self.temps.ready(rewrites[work.key], work.key, batch)
-            return staging_swap.replace(self.staging_fd, version, tmp, self.now)
+            fd = self.temps.kept.get(work.key)
+            look = None if fd is None or work.plan.data is None else (fd, work.plan.data)
+            try:
+                return staging_swap.replace(self.staging_fd, version, tmp, self.now, look)
+            finally:
+                self.temps.close_kept(work.key)
         if work.action is Action.REMOVE:
             return staging_swap.remove(self.staging_fd, version, self.now)
         dl_fd, or_fd = self.store.open()

@@ -119,6 +119,9 @@ class Temps:
         self.held: dict[tuple[int, str], int] = {}
         #: Whether the dead-letter temps are written (before the lock, or under it).
         self.written_ahead = False
+        #: A rewrite's temp, kept open (readable) by its plan's key: the bytes put in place are
+        #: read through it again once they are (:func:`staging_swap.replace`'s look).
+        self.kept: dict[str, int] = {}
 
     def close(self, *, interrupted: bool = False) -> None:
         """Remove the temps not installed (unless ``interrupted``), and release their locks.
@@ -136,6 +139,14 @@ class Temps:
         for fd in self.held.values():  # after the unlinks: a temp is never named and unlocked
             os.close(fd)
         self.held.clear()
+        self.close_kept()
+
+    def close_kept(self, key: str | None = None) -> None:
+        """Close the kept descriptor of the rewrite of ``key`` (of every rewrite: None)."""
+        for k in [key] if key is not None else list(self.kept):
+            fd = self.kept.pop(k, None)
+            if fd is not None:
+                os.close(fd)
 
     def installed(self, dir_fd: int, tmp: str) -> None:
         """``tmp`` got its name (or was handed on): it is no longer ours to remove."""
@@ -287,9 +298,11 @@ class Temps:
 
     # -- the rewrites, under the lock -----------------------------------------------------------
 
-    def rewrite(self, work: PlanState, batch: bool) -> str:
-        """A rewrite's temp in ``staging/``: fsynced, or in a ``batch`` synced later at once."""
+    def rewrite(self, work: PlanState, batch: bool, *, keep: bool = False) -> str:
+        """A rewrite's temp in ``staging/``: fsynced, or in a ``batch`` synced later at once;
+        with ``keep``, its descriptor kept open in :attr:`kept`."""
         assert work.plan.data is not None
+        kept: list[int] | None = [] if keep else None
         # Named ``part`` until it is durable: recovery deletes ``part`` temps rather than
         # keeping them as versions.
         role = PARTIAL if batch else "new"
@@ -300,7 +313,10 @@ class Temps:
             work.key,
             sync=not batch,
             deleted_whole_or_partial=batch,
+            keep=kept,
         )
+        if kept:
+            self.kept[work.key] = kept[0]
         self.ours.add((self.staging_fd, tmp))
         fsio.crash_point("temp-written")
         return tmp

@@ -108,6 +108,9 @@ class Outcome(msgspec.Struct, frozen=True):
     error: bool = False
     #: memstaged's look at its own rewrite (SPEC 1): logged as such, never a decision again.
     own_rewrite: bool = False
+    #: A repair whose rewrite was looked at in place as it was put there, that look logged:
+    #: ``identity`` is the rewrite's, decided (``valid``) and not to be looked at again.
+    looked: bool = False
 
 
 class Batch:
@@ -186,8 +189,9 @@ def unlogged(outcomes: dict[str, Outcome], retry_at: float) -> dict[str, Outcome
     """A transaction's outcomes when some of its decision lines could not be written: a file
     left as it was decided (``valid``, ``foreign``, ``skipped``) has no decision until one is
     logged (SPEC 7), so it is deferred as by an error and decided again once the log can be
-    written; a look at memstaged's own rewrite stays a look, not counted. What was carried out
-    was logged durably first, or not carried out (:func:`durable`)."""
+    written; a look at memstaged's own rewrite stays a look, not counted, and a repair's look
+    taken in place is not one yet: its rewrite waits to be looked at. What was carried out was
+    logged durably first, or not carried out (:func:`durable`)."""
     return {
         name: (
             Outcome(
@@ -197,7 +201,7 @@ def unlogged(outcomes: dict[str, Outcome], retry_at: float) -> dict[str, Outcome
                 own_rewrite=outcome.own_rewrite,
             )
             if outcome.decision in _LEFT_AS_IT_IS
-            else outcome
+            else msgspec.structs.replace(outcome, looked=False)
         )
         for name, outcome in outcomes.items()
     }

@@ -59,7 +59,8 @@ def _settle(
     """Count a batch's outcomes; a file that changed meanwhile is decided again on its own.
 
     The names of files repaired go to ``rewritten``: their rewrites are looked at once the
-    others are decided (SPEC 1), as the daemon looks at them when it sees them appear.
+    others are decided (SPEC 1), as the daemon looks at them when it sees them appear; but not
+    those looked at in place by their transaction (``looked``), which most are.
     """
     for name, first in outcomes.items():
         outcome = first
@@ -85,7 +86,7 @@ def _count(
     """One decision counted (a look at memstaged's own rewrite is none, SPEC 7) and cached."""
     if not outcome.own_rewrite:
         counts[outcome.decision.value] += 1
-    if outcome.decision is Decision.REPAIRED and not outcome.changed:
+    if outcome.decision is Decision.REPAIRED and not outcome.changed and not outcome.looked:
         rewritten.append(name)
     remember_outcome(cache, mdir, name, outcome)
 

@@ -2,7 +2,8 @@
 
 A repaired file is processed again when its rewrite is observed, and must then be valid. The
 rewrite is observed when its name is next read (the daemon sees the exchange as an event;
-``--once`` reads its rewrites once its other files are decided): the SHA-256 of each rewrite
+``--once`` reads it back as its transaction puts it in place, or, when it is not found there as
+written, once its other files are decided): the SHA-256 of each rewrite
 put in place and not looked at yet is remembered, and the version read there next with that
 hash is logged as memstaged's own look (``own_rewrite``), never counted as a decision of the
 file (:func:`is_look`). It is read, not taken on trust from the exchange that put it there: a

@@ -41,6 +41,7 @@ from memstaged.core.records import decided_again
 from memstaged.core.timestamps import format_epoch_ms
 from memstaged.errors import Blocked, LockHeld, LogUnwritable, os_reason
 from memstaged.files import fsio, temp_recovery, transaction
+from memstaged.files.fsio import Identity
 from memstaged.files.locks import LockInfo, lock_to_obey, log_stale_locks
 from memstaged.files.memdir import (
     MemoryDir,
@@ -95,11 +96,12 @@ class _Pending:
 def _held_most() -> int:
     """The versions a transaction holds open at most: :data:`BATCH_HELD`, or fewer where the
     descriptor limit leaves less room (SPEC 6: a hard limit of 200 ran out of descriptors with
-    256 held, a traceback); read ahead gets no more than as many again."""
+    256 held, a traceback); read ahead gets no more than as many again, and a rewrite's temp is
+    kept open while it is put in place (``--once``'s look), one more each."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return BATCH_HELD
-    return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 2))
+    return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 3))
 
 
 class Pipeline:
@@ -134,7 +136,7 @@ class Pipeline:
 
     def process(self, mdir: MemoryDir, name: str) -> Outcome:
         """Decide ``staging/<name>`` of ``mdir`` and carry the decision out; never raises."""
-        with contextlib.closing(self._transactions(mdir, [name], 1, 1)) as transactions:
+        with contextlib.closing(self._transactions(mdir, [name], 1, 1, look=False)) as transactions:
             return next(transactions).outcomes[name]
 
     def batches(self, mdir: MemoryDir, names: list[str]) -> Generator[Batch, None, None]:
@@ -145,10 +147,13 @@ class Pipeline:
         decider processes are the run's: they decide ahead once its files are enough to win back
         their start (:data:`~memstaged.run.decider_pool.POOL_THRESHOLD`), the next transaction's
         files while this one is carried out.
+
+        Each rewrite is looked at as it is put in place (SPEC 1; the daemon looks at it when it
+        sees it as an event): its outcome is then ``looked``, else it waits for a look.
         """
         size = self._batched + len(names)
         self._batched = size
-        return self._transactions(mdir, names, BATCH, size)
+        return self._transactions(mdir, names, BATCH, size, look=True)
 
     def close(self) -> None:
         """Stop the decider processes, if any started (at the end of a run)."""
@@ -171,6 +176,8 @@ class Pipeline:
         names: list[str],
         most: int,
         size: int,
+        *,
+        look: bool,
     ) -> Generator[Batch, None, None]:
         """The transactions of ``names`` in one memory dir, opened once for all of them.
 
@@ -211,7 +218,7 @@ class Pipeline:
                 # not in the log is none yet (SPEC 7).
                 with self._decisions.one_write() as logged:
                     batch = self._transaction(
-                        mdir, mem_fd, staging_fd, lock, ahead, most, held_most
+                        mdir, mem_fd, staging_fd, lock, ahead, most, held_most, look
                     )
                 if not logged.whole:
                     batch.outcomes = unlogged(batch.outcomes, self.clock() + self.options.settle)
@@ -234,6 +241,7 @@ class Pipeline:
         ahead: ReadAhead[Read],
         most: int,
         held_most: int,
+        look: bool,
     ) -> Batch:
         """Decide up to ``most`` files read ahead, then apply their plans together.
 
@@ -277,7 +285,7 @@ class Pipeline:
                     break
             if pending:
                 ahead.prefetch()  # decided by the workers while this transaction is carried out
-                batch.outcomes.update(self._apply(mem_fd, staging_fd, pending))
+                batch.outcomes.update(self._apply(mdir, mem_fd, staging_fd, pending, look))
         finally:
             for item in pending:
                 item.version.close()
@@ -421,8 +429,16 @@ class Pipeline:
             ctx, identity_hash(version), version.identity.size, self.options.max_file_size
         )
 
-    def _apply(self, mem_fd: int, staging_fd: int, pending: list[_Pending]) -> dict[str, Outcome]:
-        """Carry the pending plans out as one transaction, then log what differs from plan."""
+    def _apply(
+        self,
+        mdir: MemoryDir,
+        mem_fd: int,
+        staging_fd: int,
+        pending: list[_Pending],
+        look: bool,
+    ) -> dict[str, Outcome]:
+        """Carry the pending plans out as one transaction, then log what differs from plan, and
+        the ``look`` at each rewrite taken in place."""
         by_name = {item.plan.key: item for item in pending}
         announced: set[str] = set()
 
@@ -443,12 +459,13 @@ class Pipeline:
                 announce=announce,
                 now=self.clock(),
                 max_copy=self.options.max_quarantine_copy,
+                look=look,
             )
         except (Blocked, LogUnwritable, OSError) as err:
             return self._not_applied(pending, announced, err)
         log_stale_locks(self.log, applied.stale_locks)
         return {
-            item.plan.key: self._outcome(item, announced, applied.results[item.plan.key])
+            item.plan.key: self._outcome(mdir, item, announced, applied.results[item.plan.key])
             for item in pending
         }
 
@@ -475,14 +492,18 @@ class Pipeline:
             for item in pending
         }
 
-    def _outcome(self, item: _Pending, announced: set[str], result: Result) -> Outcome:
+    def _outcome(
+        self, mdir: MemoryDir, item: _Pending, announced: set[str], result: Result
+    ) -> Outcome:
         """What a plan's result means for its file, logged where it is not what was planned."""
         name = item.plan.key
         if result.conflict is not None:
             self.log.warning("conflict_parked", path=name, kept_as=result.conflict)
         if result.status is Status.DONE:
             if item.event.rewrite_sha256 is not None:
-                self._rewrites.remember(item.event.memory_dir, name, item.event.rewrite_sha256)
+                self._rewrites.remember(mdir.path, name, item.event.rewrite_sha256)
+                if result.looked:
+                    return self._looked(mdir, item, result.identity)
             return Outcome(item.event.decision, result.identity)
         if result.status is Status.GONE:
             return self._after(
@@ -505,6 +526,32 @@ class Pipeline:
             "changed while being decided: the newer version is kept and decided afresh",
             changed=True,
         )
+
+    def _looked(self, mdir: MemoryDir, item: _Pending, identity: Identity | None) -> Outcome:
+        """A repair whose rewrite its transaction read again in place: that rewrite decided
+        (SPEC 1: it must be valid) and logged as memstaged's look at it (SPEC 7: no second
+        decision). It is taken from the rewrites waiting for their look, and remembered again
+        if the transaction's lines do not all reach the log (:meth:`OwnRewrites.settled`)."""
+        started = time.perf_counter()
+        name = item.plan.key
+        rewrite = self._rewrites.take(mdir.path, name)
+        assert item.plan.data is not None
+        ctx = mdir.context(
+            name,
+            self.options,
+            settled=True,
+            decided_at=self._decided_at(int(self.clock() * 1000)),
+        )
+        verdict = decide(item.plan.data, ctx)
+        event = describe(
+            verdict, path=os.path.join(mdir.staging, name), memory_dir=mdir.path, dry_run=False
+        )
+        if not is_look(rewrite, verdict):  # a repair that is not valid: a bug, decided anew
+            assert rewrite is not None
+            self._rewrites.remember(mdir.path, name, rewrite)
+            return Outcome(item.event.decision, identity)
+        log_look(self._decisions, event, identity, started)
+        return Outcome(item.event.decision, identity, looked=True)
 
     def _after(
         self,

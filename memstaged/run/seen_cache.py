@@ -305,13 +305,15 @@ def seen_cache(settings: Settings, mdir: MemoryDir) -> SeenCache:
 
 def remember_outcome(cache: SeenCache, mdir: MemoryDir, name: str, outcome: Outcome) -> None:
     """Cache a file that stays as it was decided, under the identity of the version decided;
-    forget any other (quarantined, repaired, skipped, gone, or changed while being decided)."""
-    if outcome.decision in STAYS and outcome.identity is not None:
+    forget any other (quarantined, repaired, skipped, gone, or changed while being decided). A
+    repair whose rewrite was looked at in place is its rewrite, decided ``valid``."""
+    decision = Decision.VALID if outcome.looked else outcome.decision
+    if decision in STAYS and outcome.identity is not None:
         # The identity read and decided, not a new lstat (one call less per file): a
         # writer that replaced the file since is noticed by the next split's lstat anyway.
         ident = outcome.identity
         key = (ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns)
-        cache.remember(name, key, outcome.decision.value)
+        cache.remember(name, key, decision.value)
         return
     cache.forget(name)
 

@@ -410,14 +410,16 @@ def test_a_second_once_on_the_demo_decides_nothing_again(
     assert "memstaged's own rewrite, looked at again: valid (not a new decision)" in out
 
 
+@pytest.mark.parametrize("when", ["replaced", "rewrite-seen"])
 def test_a_writer_editing_the_rewrite_in_place_right_after_the_exchange_is_decided(
-    project: Path, memory_dir: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch
+    project: Path, memory_dir: Path, log_file: Path, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
     """SPEC 1 and 5: the look at memstaged's own rewrite reads it. A writer that writes into
     the rewrite just after the exchange, keeping its size and putting its mtime back (``cp
     -p``), leaves another version at the name: it gets a decision of its own in the same run,
     not a look, and the next run has nothing left to decide. Forced at the step after the
-    exchange."""
+    exchange, and after the ``lstat`` that takes the rewrite's identity for the look in place
+    (its bytes, read next through the temp's descriptor, are then the writer's)."""
     staging = memory_dir / "staging"
     put(staging / "r.json", repairable(project))
     from memstaged.files import fsio
@@ -427,7 +429,7 @@ def test_a_writer_editing_the_rewrite_in_place_right_after_the_exchange_is_decid
 
     def writer_in_place(step: str) -> None:
         real(step)
-        if step == "replaced" and not edited:
+        if step == when and not edited:
             path = staging / "r.json"
             st = path.stat()
             bad = path.read_bytes().replace(b'"schemaVersion":1', b'"schemaVersion":7')

@@ -84,6 +84,7 @@ STEPS = (
     "temp-written",
     "exchanged",
     "replaced",
+    "rewrite-seen",
     "temp-recovered",
 )
 #: The steps one ``--once`` transaction (a batch of files) passes once, not once per file.

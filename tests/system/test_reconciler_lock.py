@@ -50,8 +50,9 @@ def test_a_lock_taken_while_temps_are_written_stops_the_writing(tmp_path: Path) 
     reconciler stand-in takes the lock, and memstaged goes on: from then on at most one more
     file appears in ``deadletter/`` (the temp that was being created; it was stopped far longer
     than ``LOOK_EVERY``, so its next temp looks first), where over a thousand did (the lock was
-    read once, before the first temp; and again with ``LOOK_EVERY`` set to 10⁹ s). The temps made are removed, the file
-    is logged ``deferred`` for the lock, the run exits 1 and the staging file is as it was.
+    read once, before the first temp; and again with ``LOOK_EVERY`` set to 10⁹ s). The temps
+    made are removed, the file is logged ``deferred`` for the lock, the run exits 1 and the
+    staging file is as it was.
     Once the reconciler lets go, the next run quarantines it: every record, the original, no
     temp left."""
     mdir = make_memory_dir(tmp_path)

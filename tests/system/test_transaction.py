@@ -590,6 +590,7 @@ _STEPS: dict[str, list[str]] = {
         "deadletter-synced",
         "exchanged",
         "replaced",
+        "rewrite-seen",
     ],
     "move": [
         "lock-taken",
