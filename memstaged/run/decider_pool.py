@@ -37,6 +37,7 @@ process, is :mod:`memstaged.run.decider_worker`'s.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import resource
@@ -131,9 +132,10 @@ def workers_wanted(env: dict[str, str] | None = None) -> int:
     return value
 
 
-def answer_seconds(nbytes: int) -> float:
-    """How long the verdicts of a chunk of ``nbytes`` of files are waited for."""
-    return ANSWER_SECONDS + ANSWER_SECONDS_PER_MIB * nbytes / (1 << 20)
+def answer_seconds(nbytes: int) -> int:
+    """How long the verdicts of a chunk of ``nbytes`` of files are waited for, in whole seconds
+    (rounded up: chunks of small files share one bound, set on the socket once)."""
+    return math.ceil(ANSWER_SECONDS + ANSWER_SECONDS_PER_MIB * nbytes / (1 << 20))
 
 
 def _set_timeout(conn: Connection, seconds: float, *, reads: bool) -> None:
@@ -163,6 +165,8 @@ class Deciders:
     def __init__(self, workers: int, on_break: Callable[[str], None] | None = None) -> None:
         self.workers = workers
         self._conns: list[Connection] = []
+        #: The read bound (``SO_RCVTIMEO``, seconds) set on each worker's socket so far.
+        self._bounds: list[int] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._next = 0
         self._on_break = on_break
@@ -246,6 +250,7 @@ class Deciders:
         for _ in range(self.workers):
             ours, theirs = context.Pipe(duplex=True)
             self._conns.append(ours)
+            self._bounds.append(0)
             try:
                 proc = context.Process(target=serve, args=(theirs, forked), daemon=True)
                 proc.start()
@@ -262,7 +267,9 @@ class Deciders:
         seconds = answer_seconds(nbytes)
         try:
             conn = self._conns[worker]
-            _set_timeout(conn, seconds, reads=True)
+            if self._bounds[worker] != seconds:
+                _set_timeout(conn, seconds, reads=True)
+                self._bounds[worker] = seconds
             data = conn.recv_bytes()
         except BlockingIOError:  # SO_RCVTIMEO: nothing came for that long
             self._give_up(f"a decider did not answer within {seconds:.0f} s, and was killed")
@@ -297,6 +304,7 @@ class Deciders:
         (it closed every inherited descriptor), so nothing here waits for it to end by itself;
         SIGTERM and Ctrl-C wait until every worker is reaped, microseconds after its SIGKILL."""
         conns, self._conns = self._conns, []
+        self._bounds = []
         procs, self._procs = self._procs, []
         if not conns and not procs:
             return
