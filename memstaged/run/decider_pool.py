@@ -19,11 +19,12 @@ What stays in the calling process:
   (``on_break``).
 
 No wait on a worker is unbounded: a chunk's verdicts are waited for at most
-:func:`answer_seconds` (ten seconds and twenty per MiB sent: twenty times what the slowest
-file measured takes on an idle core), a send that makes no progress at most
-:data:`STALL_SECONDS`; a worker that does not answer in time is killed. A signal (SIGTERM,
-Ctrl-C) interrupts every such wait. :meth:`Deciders.close` kills and reaps every worker, at
-once: a worker holds nothing but files to decide, which the caller decides again if it needs.
+:func:`answer_seconds` (ten seconds and twenty per MiB sent, rounded up to a power of two:
+twenty times what the slowest file measured takes on an idle core, at least), a send that makes
+no progress at most :data:`STALL_SECONDS`; a worker that does not answer in time is killed. A
+signal (SIGTERM, Ctrl-C) interrupts every such wait. :meth:`Deciders.close` kills and reaps
+every worker, at once: a worker holds nothing but files to decide, which the caller decides
+again if it needs.
 
 What the files sent ahead may cost in memory, together with those the caller holds, stays
 within a :class:`memstaged.run.memory_budget.Ledger`: the pool does not multiply the memory of a
@@ -133,9 +134,11 @@ def workers_wanted(env: dict[str, str] | None = None) -> int:
 
 
 def answer_seconds(nbytes: int) -> int:
-    """How long the verdicts of a chunk of ``nbytes`` of files are waited for, in whole seconds
-    (rounded up: chunks of small files share one bound, set on the socket once)."""
-    return math.ceil(ANSWER_SECONDS + ANSWER_SECONDS_PER_MIB * nbytes / (1 << 20))
+    """How long the verdicts of a chunk of ``nbytes`` of files are waited for: rounded up to a
+    power of two seconds, so that chunks of like sizes share one bound, set on the socket once
+    (at most twice the wait, for a worker that is stuck)."""
+    wanted = ANSWER_SECONDS + ANSWER_SECONDS_PER_MIB * nbytes / (1 << 20)
+    return 1 << math.ceil(math.log2(wanted))
 
 
 def _set_timeout(conn: Connection, seconds: float, *, reads: bool) -> None:
