@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from support.helpers import memory_dir_of
 from memstaged.cli.main import main
 from memstaged.core.decide import Decision
 from memstaged.errors import LogUnwritable
+from memstaged.files import fsio
 from memstaged.files.memdir import Options
 from memstaged.log import writer
 from memstaged.run.pipeline import Pipeline
@@ -175,3 +177,39 @@ def test_a_look_or_a_skip_the_log_could_not_take_is_logged_as_such_later(
         ("r.json", "valid", True),
         ("l.json", "skipped", False),
     ]
+
+
+def test_a_look_taken_in_place_the_log_could_not_take_waits_and_is_logged_as_a_look(
+    full_disk: Path, project: Path, memory_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--once``'s batches look at a rewrite as they put it in place. When the log fills up
+    right then, the repair stands (its line was durable before it was carried out) but its look
+    is no look yet: the outcome is not ``looked`` (so ``--once`` looks again), and once there is
+    room the look is logged as a look (``own_rewrite``), not as a second decision."""
+    log = full_disk / "decisions.jsonl"
+    writer.configure(log, console="off", journal="off")
+    pipeline = Pipeline(Options(settle=0), writer.get_logger())
+    mdir = memory_dir_of(memory_dir)
+    put(memory_dir / "staging" / "r.json", repairable(project))
+    full = Broken("enospc", full_disk)
+    real = fsio.crash_point
+
+    def fill_at_the_look(step: str) -> None:
+        real(step)
+        if step == "rewrite-seen":
+            full.break_it()
+
+    monkeypatch.setattr(fsio, "crash_point", fill_at_the_look)
+    with contextlib.closing(pipeline.batches(mdir, ["r.json"])) as batches:
+        first = [o for batch in batches for o in batch.outcomes.values()]
+    monkeypatch.undo()
+    assert [(o.decision, o.looked) for o in first] == [(Decision.REPAIRED, False)]
+    full.mend()
+    with contextlib.closing(pipeline.batches(mdir, ["r.json"])) as batches:
+        again = [o for batch in batches for o in batch.outcomes.values()]
+    assert [(o.decision, o.own_rewrite) for o in again] == [(Decision.VALID, True)]
+    events = [
+        (e["path"].rsplit("/", 1)[1], e["decision"], e.get("own_rewrite", False))
+        for e in decision_events(read_events(log))
+    ]
+    assert events == [("r.json", "repaired", False), ("r.json", "valid", True)]
