@@ -11,14 +11,26 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from typing import IO, Any, Final
 
 from memstaged import safe_text
 from memstaged.cli.stdout import to_devnull
 from memstaged.core.decide import Decision
-from memstaged.run.once import Report
+from memstaged.run.once import LOOKS_WAITING, Report
 
 _ORDER: Final = [d.value for d in Decision]
+
+
+def _total(counts: Counter[str]) -> int:
+    """The files decided or waiting (a look at memstaged's own rewrite is no file of its own)."""
+    return sum(counts.get(d, 0) for d in _ORDER)
+
+
+def _waiting(counts: Counter[str]) -> str:
+    """`` looks_waiting=N`` when looks at memstaged's rewrites wait for the log, else nothing."""
+    n = counts.get(LOOKS_WAITING, 0)
+    return f" {LOOKS_WAITING}={n}" if n else ""
 
 
 def print_summary(report: Report, *, as_json: bool) -> int:
@@ -43,8 +55,10 @@ def _as_json(out: IO[str], report: Report) -> None:
     for path, counts in report.counts.items():
         summary: dict[str, Any] = {"memory_dir": path}
         summary.update((d, counts.get(d, 0)) for d in _ORDER)
+        if counts.get(LOOKS_WAITING):
+            summary[LOOKS_WAITING] = counts[LOOKS_WAITING]
         summary.update(
-            total=sum(counts.values()),
+            total=_total(counts),
             unchanged=report.unchanged.get(path, 0),
             dry_run=report.dry_run,
         )
@@ -61,15 +75,15 @@ def _as_lines(out: IO[str], report: Report) -> None:
     for path, counts in report.counts.items():
         parts = " ".join(f"{d}={counts.get(d, 0)}" for d in _ORDER)
         out.write(
-            f"{safe_text.name(path)}: {parts} total={sum(counts.values())} "
-            f"unchanged={report.unchanged.get(path, 0)}{_suffix(report)}\n"
+            f"{safe_text.name(path)}: {parts} total={_total(counts)} "
+            f"unchanged={report.unchanged.get(path, 0)}{_waiting(counts)}{_suffix(report)}\n"
         )
 
 
 def _as_table(out: IO[str], report: Report) -> None:
     header = ["memory dir", *_ORDER, "total"]
     rows = [
-        [safe_text.name(path), *(str(counts.get(d, 0)) for d in _ORDER), str(sum(counts.values()))]
+        [safe_text.name(path), *(str(counts.get(d, 0)) for d in _ORDER), str(_total(counts))]
         for path, counts in report.counts.items()
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]

@@ -67,13 +67,15 @@ class _Lookout:
     there is read, and a live holder raises :class:`~memstaged.errors.LockHeld`, which ends the
     transaction as a lock found taken does: its temps removed, nothing of it done, its files
     deferred. A lock whose holder is gone is not obeyed (SPEC 5), and not read again while it
-    is the same file. Under the lock, memstaged's own, there is nothing to look for.
+    is the same file as seen then: same inode, size, mtime and ctime (a lock taken over in
+    place, or a new one that got the freed inode, differs in its ctime). Under the lock,
+    memstaged's own, there is nothing to look for.
     """
 
     def __init__(self, mem_fd: int) -> None:
         self.mem_fd = mem_fd
-        #: The inode of a lock seen stale (its holder gone), looked past from then on.
-        self._stale: int | None = None
+        #: A lock seen stale (its holder gone), looked past while it is that same file.
+        self._stale: tuple[int, int, int, int] | None = None
         #: When (``time.monotonic``) a look last found no live holder.
         self._clear_at = float("-inf")
 
@@ -91,7 +93,8 @@ class _Lookout:
             st = os.stat(CANONICAL_LOCK, dir_fd=self.mem_fd, follow_symlinks=False)
         except OSError:
             return  # none (or it cannot be seen: taking the lock will tell)
-        if st.st_ino == self._stale:
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if seen == self._stale:
             return
         try:
             info = read_lock(self.mem_fd)
@@ -101,7 +104,8 @@ class _Lookout:
             return  # released meanwhile
         if info.alive:
             raise LockHeld(info)
-        self._stale = info.ino
+        # Read after the stat: if it changed between the two, the next look reads it again.
+        self._stale = seen if info.ino == st.st_ino else None
 
 
 class Temps:

@@ -83,9 +83,13 @@ def _count(
     cache: SeenCache,
     rewritten: list[str],
 ) -> None:
-    """One decision counted (a look at memstaged's own rewrite is none, SPEC 7) and cached."""
+    """One decision counted (a look at memstaged's own rewrite is none, SPEC 7) and cached. A
+    look that waits (the log cannot take its line) is counted apart (:data:`LOOKS_WAITING`):
+    no decision, but still to be logged, which makes the exit code 1."""
     if not outcome.own_rewrite:
         counts[outcome.decision.value] += 1
+    elif outcome.decision is Decision.DEFERRED:
+        counts[LOOKS_WAITING] += 1
     if outcome.decision is Decision.REPAIRED and not outcome.changed and not outcome.looked:
         rewritten.append(name)
     remember_outcome(cache, mdir, name, outcome)
@@ -190,6 +194,11 @@ def _progress(show: bool) -> Iterator[Any]:
         yield bar
 
 
+#: The key of :class:`Report`'s counts for looks at memstaged's own rewrites that wait for the
+#: log (no decisions: not in the total).
+LOOKS_WAITING: Final = "looks_waiting"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Report:
     """What one run decided: the counts per decision of each memory dir decided, how many of
@@ -203,9 +212,12 @@ class Report:
 
     @property
     def code(self) -> int:
-        """0 when every file got a decision; 1 when some file is still deferred, or some
-        memory dir was left undecided."""
-        deferred = sum(c.get(Decision.DEFERRED.value, 0) for c in self.counts.values())
+        """0 when every file got a decision; 1 when some file is still deferred, a look at a
+        rewrite waits for the log, or some memory dir was left undecided."""
+        deferred = sum(
+            c.get(Decision.DEFERRED.value, 0) + c.get(LOOKS_WAITING, 0)
+            for c in self.counts.values()
+        )
         return 1 if deferred or self.busy else 0
 
 

@@ -213,3 +213,36 @@ def test_a_look_taken_in_place_the_log_could_not_take_waits_and_is_logged_as_a_l
         for e in decision_events(read_events(log))
     ]
     assert events == [("r.json", "repaired", False), ("r.json", "valid", True)]
+
+
+def test_once_exits_1_when_the_log_cannot_take_a_look(
+    full_disk: Path,
+    project: Path,
+    memory_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The log fills up as ``--once`` looks at its rewrite: the repair was logged and carried
+    out, but the look cannot be logged, in place or after the other files. It waits: the run
+    says so (``looks_waiting=1``, no file of its own: not in the total) and exits 1, for
+    something is still to be logged. It exited 0 with nothing said."""
+    log = full_disk / "decisions.jsonl"
+    monkeypatch.setenv("MEMSTAGED_LOG_FILE", str(log))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(memory_dir.parent / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(memory_dir.parent / "state"))
+    put(memory_dir / "staging" / "r.json", repairable(project))
+    full = Broken("enospc", full_disk)
+    real = fsio.crash_point
+
+    def fill_at_the_look(step: str) -> None:
+        real(step)
+        if step == "rewrite-seen":
+            full.break_it()
+
+    monkeypatch.setattr(fsio, "crash_point", fill_at_the_look)
+    assert main(["--once", "--memory-dir", str(memory_dir), "--settle", "0"]) == 1
+    monkeypatch.undo()
+    out = capsys.readouterr().out
+    assert "repaired=1" in out and "deferred=0" in out and "total=1" in out, out
+    assert "looks_waiting=1" in out, out
+    assert [e["decision"] for e in decision_events(read_events(log))] == ["repaired"]

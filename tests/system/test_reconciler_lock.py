@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.decision_log import read_events
 from support.documents import staging_doc, write
 from support.helpers import (
@@ -44,7 +45,32 @@ _RECORDS = 2_000
 _STOP_AT = 50
 
 
-def test_a_lock_taken_while_temps_are_written_stops_the_writing(tmp_path: Path) -> None:
+class _TakenInPlace:
+    """A reconciler that takes over a stale ``canonical-writer.lock`` in place: the same file
+    (the same inode), truncated and naming a live process."""
+
+    def __init__(self, lock: Path) -> None:
+        self.lock = lock
+        self.proc = subprocess.Popen(["sleep", "600"])
+        with lock.open("r+") as fh:
+            fh.truncate()
+            fh.write(json.dumps({"pid": self.proc.pid, "started_at": _LONG_AGO}))
+
+    def release(self) -> None:
+        self.lock.unlink()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+_LONG_AGO = "2026-01-01T00:00:00.000Z"
+
+
+@pytest.mark.parametrize("stale_first", [False, True])
+def test_a_lock_taken_while_temps_are_written_stops_the_writing(
+    tmp_path: Path, stale_first: bool
+) -> None:
     """Issue 29 item 8: ``--once`` quarantining a file of 2,000 records writes their temps
     before it takes ``canonical-writer.lock``. Stopped when it creates its 50th temp, a
     reconciler stand-in takes the lock, and memstaged goes on: from then on at most one more
@@ -52,13 +78,23 @@ def test_a_lock_taken_while_temps_are_written_stops_the_writing(tmp_path: Path) 
     than ``LOOK_EVERY``, so its next temp looks first), where over a thousand did (the lock was
     read once, before the first temp; and again with ``LOOK_EVERY`` set to 10⁹ s). The temps
     made are removed, the file is logged ``deferred`` for the lock, the run exits 1 and the
-    staging file is as it was.
-    Once the reconciler lets go, the next run quarantines it: every record, the original, no
-    temp left."""
+    staging file is as it was. Once the reconciler lets go, the next run quarantines it: every
+    record, the original, no temp left.
+
+    ``stale_first``: a lock whose process is gone is there when the run starts (not obeyed,
+    SPEC 5), and the reconciler takes it over in place, keeping its inode: the look past the
+    stale lock went by its inode alone, and 19,800 temps of 20,000 were written under the live
+    one."""
     mdir = make_memory_dir(tmp_path)
     doc = staging_doc(project_root_of(mdir), "many", candidates={"lessons": [{}] * _RECORDS})
     data = write(mdir / "staging" / "many.json", doc)
     os.utime(mdir / "staging" / "many.json", (1, 1))
+    lock = mdir / "canonical-writer.lock"
+    if stale_first:
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        lock.write_text(json.dumps({"pid": dead.pid, "started_at": _LONG_AGO}))
+        os.utime(lock, (1, 1))  # its ctime is now; the takeover's comes later still
     env = memstaged_env(tmp_path)
     proc = subprocess.Popen(
         memstaged_cmd("--once", "--memory-dir", str(mdir)),
@@ -68,12 +104,12 @@ def test_a_lock_taken_while_temps_are_written_stops_the_writing(tmp_path: Path) 
         stderr=subprocess.PIPE,
     )
     store = mdir / "deadletter"
-    holder: LockHolder | None = None
+    holder: LockHolder | _TakenInPlace | None = None
     try:
         assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
         assert proc.poll() is None, proc.communicate()
         watch = Inotify([store, store / ORIGINALS_DIR])
-        holder = LockHolder(mdir)
+        holder = _TakenInPlace(lock) if stale_first else LockHolder(mdir)
         os.kill(proc.pid, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=300)
         watch.poll()
