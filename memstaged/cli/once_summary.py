@@ -107,6 +107,12 @@ def _as_table(out: IO[str], report: Report) -> None:
     skipped = sum(report.unchanged.values())
     if skipped:
         out.write(f"{skipped} files unchanged since they were decided were not read again.\n")
+    waiting = sum(counts.get(LOOKS_WAITING, 0) for counts in report.counts.values())
+    if waiting:
+        out.write(
+            f"{waiting} looks at memstaged's own rewrites wait for the decision log "
+            f"({LOOKS_WAITING}); the next run logs them.\n"
+        )
 
 
 def _columns(out: IO[str]) -> int:
