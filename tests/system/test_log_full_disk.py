@@ -191,15 +191,7 @@ def test_a_look_taken_in_place_the_log_could_not_take_waits_and_is_logged_as_a_l
     pipeline = Pipeline(Options(settle=0), writer.get_logger())
     mdir = memory_dir_of(memory_dir)
     put(memory_dir / "staging" / "r.json", repairable(project))
-    full = Broken("enospc", full_disk)
-    real = fsio.crash_point
-
-    def fill_at_the_look(step: str) -> None:
-        real(step)
-        if step == "rewrite-seen":
-            full.break_it()
-
-    monkeypatch.setattr(fsio, "crash_point", fill_at_the_look)
+    full = _full_at_the_look(monkeypatch, full_disk)
     with contextlib.closing(pipeline.batches(mdir, ["r.json"])) as batches:
         first = [o for batch in batches for o in batch.outcomes.values()]
     monkeypatch.undo()
@@ -231,6 +223,18 @@ def test_once_exits_1_when_the_log_cannot_take_a_look(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(memory_dir.parent / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(memory_dir.parent / "state"))
     put(memory_dir / "staging" / "r.json", repairable(project))
+    _full_at_the_look(monkeypatch, full_disk)
+    assert main(["--once", "--memory-dir", str(memory_dir), "--settle", "0"]) == 1
+    monkeypatch.undo()
+    out = capsys.readouterr().out
+    assert "repaired=1" in out and "deferred=0" in out and "total=1" in out, out
+    assert "looks_waiting=1" in out, out
+    assert [e["decision"] for e in decision_events(read_events(log))] == ["repaired"]
+
+
+def _full_at_the_look(monkeypatch: pytest.MonkeyPatch, full_disk: Path) -> Broken:
+    """The log's file system filled up right after the rewrite's ``lstat`` for the look in
+    place (crash point ``rewrite-seen``): the repair's line is in, the look's is not."""
     full = Broken("enospc", full_disk)
     real = fsio.crash_point
 
@@ -240,9 +244,4 @@ def test_once_exits_1_when_the_log_cannot_take_a_look(
             full.break_it()
 
     monkeypatch.setattr(fsio, "crash_point", fill_at_the_look)
-    assert main(["--once", "--memory-dir", str(memory_dir), "--settle", "0"]) == 1
-    monkeypatch.undo()
-    out = capsys.readouterr().out
-    assert "repaired=1" in out and "deferred=0" in out and "total=1" in out, out
-    assert "looks_waiting=1" in out, out
-    assert [e["decision"] for e in decision_events(read_events(log))] == ["repaired"]
+    return full
