@@ -20,10 +20,10 @@ Before these steps it looks for ``canonical-writer.lock`` (:class:`_Lookout`, a 
 and stops at the first live holder it sees, as if it had found the lock taken: SPEC 5, memstaged
 does nothing in a memory dir while the reconciler holds its lock, and a large quarantine's work
 before the lock takes seconds. It looks before each copy, before ``deadletter/`` is made and
-before each ``syncfs``; before a temp, when :data:`LOOK_EVERY` has passed since it last saw no
-live holder (a look per record was a third of a quarantine's system calls). So what appears
-once the reconciler holds its lock is at most the temps begun within :data:`LOOK_EVERY` of its
-taking it, and the one under way; each is removed when the transaction stops.
+before each ``syncfs``; and before every :data:`LOOK_EVERY`-th temp since it last saw no live
+holder (a look per record was a third of a quarantine's system calls). So what appears once the
+reconciler holds its lock is at most :data:`LOOK_EVERY` temps, whatever the machine's speed;
+each is removed when the transaction stops.
 
 Under the lock it writes the dead-letter temps of a transaction with :data:`FSYNC_EACH` of
 them or fewer (each fsynced), a record again when its original takes another name, and each
@@ -33,7 +33,6 @@ rewrite's temp.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -48,9 +47,10 @@ from memstaged.files.temp_names import PARTIAL, temp_name
 
 #: Up to this many dead-letter temps in a transaction are fsynced one by one; more, one syncfs.
 FSYNC_EACH: Final = 16
-#: Temps written ahead of the lock look for it again once this long (seconds) has passed since
-#: the last look that found no live holder: a few hundred records at most, of small files.
-LOOK_EVERY: Final = 0.002
+#: Temps written ahead of the lock look for it again before every this many temps since the
+#: last look that found no live holder: about half a millisecond of small records. A count, not
+#: a time, so that a slow or traced run writes no more under a live lock than a fast one.
+LOOK_EVERY: Final = 32
 
 
 def _dead_letter_files(works: Sequence[PlanState]) -> int:
@@ -76,17 +76,19 @@ class _Lookout:
         self.mem_fd = mem_fd
         #: A lock seen stale (its holder gone), looked past while it is that same file.
         self._stale: tuple[int, int, int, int] | None = None
-        #: When (``time.monotonic``) a look last found no live holder.
-        self._clear_at = float("-inf")
+        #: Temps begun since a look last found no live holder (the first one looks).
+        self._since = LOOK_EVERY
 
     def soon(self) -> None:
-        """Look, unless a look found no live holder less than :data:`LOOK_EVERY` ago."""
-        if time.monotonic() - self._clear_at >= LOOK_EVERY:
+        """Before a temp: look, when :data:`LOOK_EVERY` temps have been begun since a look
+        last found no live holder."""
+        if self._since >= LOOK_EVERY:
             self()
+        self._since += 1
 
     def __call__(self) -> None:
         self._check()
-        self._clear_at = time.monotonic()
+        self._since = 0
 
     def _check(self) -> None:
         try:
