@@ -24,6 +24,7 @@ from memstaged.daemon.memory_dirs import daemons_holding_all
 from memstaged.daemon.watcher import Kind, Signal
 from memstaged.errors import BusyError, ConfigError, MemstagedError
 from memstaged.files.locks import service_unit
+from memstaged.files.version import quiet_lease_breaks
 
 
 def run_daemon(settings: Settings, *, wait: bool = False, reload: Callable[[], Settings]) -> int:
@@ -116,6 +117,7 @@ def install_signal_handlers(daemon: Daemon) -> None:
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     signal.signal(signal.SIGHUP, daemon.request_reload)
+    quiet_lease_breaks()
     ticks.set_hook(daemon.checkpoint)
 
 

@@ -17,6 +17,7 @@ import fcntl
 import os
 import signal
 import stat
+import threading
 from collections import OrderedDict
 from typing import Final
 
@@ -131,20 +132,31 @@ def skip_reason(st: os.stat_result) -> str | None:
     return None
 
 
+def quiet_lease_breaks() -> None:
+    """Ignore ``SIGIO``, the notice a broken lease sends (its default action ends the process),
+    for the rest of the process's life: called by ``--once`` and the daemon as they start. The
+    decider processes they start inherit it, and take no lease. From a thread other than the
+    main one no handler can be set, and each lease names ``SIGURG`` instead (one more call)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGIO, signal.SIG_IGN)
+
+
 def read_lease(fd: int) -> bool | None:
     """Take a read lease on a version memstaged is deciding (SPEC 5: concurrent writers).
 
     While it is held, another process's ``open`` for writing (``cp -p`` onto the file, ``rsync
     --inplace``) waits until the descriptor is closed, and :func:`writer_waiting` tells that
     one is waiting: the version is then kept as a conflict, never let go, so what the writer
-    writes next lands in a file that stays. The break notice is ``SIGURG``, whose default is to
-    be ignored (``SIGIO``'s default would end the process). Returns ``True`` when taken,
-    ``None`` when another process has the file open for writing right now (it is being
-    written), and ``False`` when the file system or the file's owner allows no lease (NFS, a
-    file of another user): memstaged then decides without one, as before.
+    writes next lands in a file that stays. The break notice is ``SIGIO``, ignored once
+    :func:`quiet_lease_breaks` ran; until then each lease names ``SIGURG``, whose default is to
+    be ignored. Returns ``True`` when taken, ``None`` when another process has the file open
+    for writing right now (it is being written), and ``False`` when the file system or the
+    file's owner allows no lease (NFS, a file of another user): memstaged then decides without
+    one, as before.
     """
     try:
-        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        if signal.getsignal(signal.SIGIO) is not signal.SIG_IGN:
+            fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
     except OSError as err:
         return None if err.errno == errno.EAGAIN else False

@@ -37,6 +37,7 @@ from memstaged.errors import BusyError, ConfigError, Terminated
 from memstaged.files.fsio import raise_fd_limit
 from memstaged.files.locks import InstanceLock
 from memstaged.files.memdir import MemoryDir
+from memstaged.files.version import quiet_lease_breaks
 from memstaged.run.decision import Outcome
 from memstaged.run.pipeline import Pipeline
 from memstaged.run.seen_cache import SeenCache, remember_outcome, seen_cache, split_unchanged
@@ -233,6 +234,7 @@ def run_once(settings: Settings, *, wait: bool = False) -> Report:
             "or run in a project that has .pi/memory/project"
         )
     raise_fd_limit()  # SPEC 6: the soft limit of a service manager is 1,024
+    quiet_lease_breaks()
     pipeline = Pipeline(settings.options, _logger())
     previous = _on_sigterm()
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ from support.helpers import (
 
 from memstaged.files import fsio
 from memstaged.files.memdir import Options
-from memstaged.files.version import Version
+from memstaged.files.version import Version, quiet_lease_breaks
 from memstaged.run.pipeline import Pipeline
 
 #: A writer process: opens the file for writing, says so, and on a line from stdin writes the
@@ -143,8 +144,9 @@ def test_a_file_open_for_writing_waits_and_what_is_written_then_is_decided(
     assert second.returncode == 0, second.stderr
 
 
+@pytest.mark.parametrize("quiet", [False, True], ids=["sigurg", "sigio-ignored"])
 def test_a_writer_that_opens_the_file_while_it_is_decided_loses_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quiet: bool
 ) -> None:
     """Issue 10 item 2, the other order: memstaged has read ``x.json`` (repairable) and is about
     to exchange in the repair when a writer opens the file for writing. The writer waits in
@@ -152,7 +154,23 @@ def test_a_writer_that_opens_the_file_while_it_is_decided_loses_nothing(
     it displaced as a ``.conflict-`` file; then the writer writes its new version into that
     inode, which stays in staging/. Forced: the exchange waits until the kernel shows the lease
     breaking. Without the check of a waiting writer, the displaced inode was unlinked and the
-    writer's bytes went into it: lost."""
+    writer's bytes went into it: lost.
+
+    ``quiet``: as in ``--once`` and the daemon, ``SIGIO`` is ignored first and the lease names
+    no signal of its own; the break's ``SIGIO`` must not end the process (this test's: without
+    the ``SIG_IGN``, pytest died of it)."""
+    if quiet:
+        previous = signal.getsignal(signal.SIGIO) or signal.SIG_DFL
+        quiet_lease_breaks()
+        assert signal.getsignal(signal.SIGIO) is signal.SIG_IGN
+    try:
+        _writer_opens_while_decided(tmp_path, monkeypatch)
+    finally:
+        if quiet:
+            signal.signal(signal.SIGIO, previous)
+
+
+def _writer_opens_while_decided(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mdir, path, new = _staged(tmp_path)
     mtime_ns = OLD_MTIME * 1_000_000_000
     ino = os.stat(path).st_ino
