@@ -16,6 +16,8 @@ import os
 import pickle
 import queue
 import signal
+import socket
+import struct
 import threading
 import traceback
 from collections.abc import Sequence
@@ -73,6 +75,30 @@ def _decide_chunk(jobs: Sequence[tuple[bytes, Context]]) -> list[bytes | Failure
     return out
 
 
+def _receive_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes from ``sock``, waited for in one call where they come whole
+    (``MSG_WAITALL``): the thread that receives does not wait for the interpreter's lock, held
+    by the one that decides, between the pieces a socket's buffer lets through."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got, socket.MSG_WAITALL)
+        if n == 0:
+            raise EOFError
+        got += n
+    return bytes(buf)
+
+
+def _receive_message(sock: socket.socket) -> bytes:
+    """One message as :meth:`multiprocessing.connection.Connection.send_bytes` frames it: its
+    size in 4 bytes (big-endian, signed), or -1 and then its size in 8 bytes; then the bytes."""
+    (size,) = struct.unpack("!i", _receive_exactly(sock, 4))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _receive_exactly(sock, 8))
+    return _receive_exactly(sock, size)
+
+
 def serve(conn: Connection, forked: bool) -> None:
     """A worker's life: decide each chunk received, send the results back, in order.
 
@@ -120,10 +146,12 @@ def _begin(
     chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
     results: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+
     def receive() -> None:
         try:
             while True:
-                chunks.put(conn.recv_bytes())
+                chunks.put(_receive_message(sock))
         except (EOFError, OSError):
             chunks.put(None)
 

@@ -214,17 +214,17 @@ def test_a_bug_in_a_worker_is_that_file_s_failure(
     assert failure.error == "ValueError('a bug')" and "ValueError: a bug" in failure.traceback
 
 
-def _bytes_read(pid: int) -> int:
-    """What a process has read so far, sockets included (``rchar``)."""
+def _bytes_written(pid: int) -> int:
+    """What a process has written so far by ``write`` calls, sockets included (``wchar``)."""
     fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    return int(fields["rchar"])
+    return int(fields["wchar"])
 
 
 def test_many_workers_each_get_work_from_what_is_read_ahead() -> None:
     """Chunks are of 64 files with two workers (fewer hand-overs), but smaller with many: 16
     workers given the :data:`~decider_pool.AHEAD_FILES` files read ahead each decide some of
-    them. In chunks of 64 whatever the workers, 8 chunks held them all, and half the workers
-    never read a byte."""
+    them (each writes verdicts back). In chunks of 64 whatever the workers, 8 chunks held them
+    all, and half the workers answered nothing."""
     pool = Deciders(16)
     try:
         jobs = _jobs(decider_pool.AHEAD_FILES)
@@ -232,7 +232,7 @@ def test_many_workers_each_get_work_from_what_is_read_ahead() -> None:
         assert [i for i, _ in got] == list(range(len(jobs)))
         assert all(isinstance(v, Verdict) for _, v in got)
         assert len(pool._procs) == 16
-        idle = [p.pid for p in pool._procs if p.pid is not None and _bytes_read(p.pid) == 0]
+        idle = [p.pid for p in pool._procs if p.pid is not None and _bytes_written(p.pid) == 0]
         assert idle == [], f"{len(idle)} of 16 workers were given nothing"
     finally:
         pool.close()
