@@ -214,20 +214,44 @@ def children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+#: ``python -m memstaged`` that, as it exits, writes its own CPU seconds (user and system, its
+#: threads, not its decider processes) to the file named by ``MEMSTAGED_BENCH_CPU``.
+_MAIN_CPU = """
+import os, resource, runpy, sys
+try:
+    runpy.run_module("memstaged", run_name="__main__", alter_sys=True)
+finally:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    with open(os.environ["MEMSTAGED_BENCH_CPU"], "w") as out:
+        out.write(repr(used.ru_utime + used.ru_stime))
+"""
+
+#: The main process's CPU seconds of each :func:`run_once` asked for them, in order.
+MAIN_CPU: list[float] = []
+
+
 def run_once(
     box: Sandbox,
     memory_dir: Path,
     extra: Sequence[str] = (),
     more_env: dict[str, str] | None = None,
+    *,
+    main_cpu: bool = False,
 ) -> tuple[float, str]:
     """``memstaged --once`` in a subprocess: wall seconds and its summary line.
 
     Its CPU seconds are added to :data:`ONCE_CPU`, for the notes: wall time is what the issue
     asks for, CPU time shows how much of it a busy machine may have added. ``extra`` are more
     options (``--project-root``, ``--dry-run``); ``more_env`` more variables
-    (``MEMSTAGED_WORKERS``).
+    (``MEMSTAGED_WORKERS``). ``main_cpu``: the main process's own CPU seconds, without its
+    decider processes', are added to :data:`MAIN_CPU` (it runs under a wrapper that reads its
+    ``getrusage(RUSAGE_SELF)`` as it exits).
     """
-    cmd = [PYTHON, "-m", "memstaged", "--once", "--memory-dir", str(memory_dir), *extra]
+    start = ["-c", _MAIN_CPU, "--once"] if main_cpu else ["-m", "memstaged", "--once"]
+    cmd = [PYTHON, *start, "--memory-dir", str(memory_dir), *extra]
+    cpu_file = str(box.root / "main-cpu")
+    if main_cpu:
+        more_env = {**(more_env or {}), "MEMSTAGED_BENCH_CPU": cpu_file}
     cpu0 = children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -243,6 +267,8 @@ def run_once(
     out = proc.stdout.decode(errors="replace").strip()
     if proc.returncode != 0:
         raise RuntimeError(f"memstaged --once exited {proc.returncode}: {out}")
+    if main_cpu:
+        MAIN_CPU.append(float(Path(cpu_file).read_text()))
     return elapsed, out
 
 

@@ -52,6 +52,11 @@ def _kind_dirs(c: Corpora, pc: PeerCorpus) -> dict[str, tuple[Path, int]]:
     return out
 
 
+#: The system calls per file of the peer corpus's mix, at most (issue 32), counted over the
+#: whole ``--once`` (its decider processes included) less an empty one.
+SYSCALLS_TARGET: Final = 14
+
+
 def syscall_floor(decision: str, records: float) -> float:
     """The system calls SPEC 5 needs per decided file, at least (docs/performance.md lists them).
 
@@ -130,6 +135,22 @@ def measure_perfile(c: Corpora, plan: Plan) -> list[Row]:
             )
         )
         base = counted["empty"]
+        per_file = (total - sum(base.values())) / n_all
+        rows.append(
+            Row(
+                "10 syscalls per file: the peer corpus, minus an empty --once",
+                per_file,
+                "calls/file",
+                f"JS peer, its whole run: {peer_total / n_all:.1f} calls/file"
+                if peer_total
+                else "JS peer: node not found",
+                None,
+                "",
+                f"≤ {SYSCALLS_TARGET} calls/file",
+                per_file <= SYSCALLS_TARGET,
+                note="strace -f -c of the whole run, its decider processes included",
+            )
+        )
         by_kind: dict[str, list[corpus.Entry]] = {}
         for e in pc.manifest.files:
             by_kind.setdefault(corpus.EXPECTED_DECISION[e.kind], []).append(e)
