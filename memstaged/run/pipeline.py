@@ -210,7 +210,9 @@ class Pipeline:
         held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
         # One file at a time (the daemon's) needs no bound beside itself: not even estimated.
         budget = None if most == 1 else memory_budget.budget(self.options.max_file_size)
-        ahead = self._deciders.ahead(reads, job, size, held=held_most, budget=budget)
+        # A transaction holds each version, and with ``look`` each rewrite's temp beside it.
+        holds = held_most * (2 if look else 1)
+        ahead = self._deciders.ahead(reads, job, size, held=holds, budget=budget)
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:

@@ -94,17 +94,22 @@ def _limit_descriptors(limit: int) -> Callable[[], None]:
     return preexec
 
 
+#: Every kind that is repaired: each holds its rewrite's temp open beside its version.
+_REPAIRS = ("r1-empty-triggers", "r1-missing-triggers", "r2-bom", "r3-space", "r3-rfc2822", "r123")
+
+
 @pytest.mark.parametrize(
-    ("limit", "workers"),
+    ("limit", "workers", "kinds"),
     [
-        (500, "2"),  # a hard limit below what 512 files read ahead and 256 held need
-        (1024, "32"),  # the default limit, on a 32-core machine: 2 chunks per worker ahead
-        (200, "0"),  # below the 256 versions a transaction held, with no pool at all
-        (200, "2"),
+        (500, "2", _KINDS),  # a hard limit below what 512 files read ahead and 256 held need
+        (1024, "32", _KINDS),  # the default limit, on a 32-core machine: 2 chunks per worker
+        (200, "0", _KINDS),  # below the 256 versions a transaction held, with no pool at all
+        (200, "2", _KINDS),
+        (1024, "2", _REPAIRS),  # 256 versions held, their 256 rewrites' temps, 512 read ahead
     ],
 )
 def test_once_under_a_low_descriptor_limit_decides_every_file_without_an_error(
-    tmp_path: Path, limit: int, workers: str
+    tmp_path: Path, limit: int, workers: str, kinds: tuple[str, ...]
 ) -> None:
     """SPEC 6 (descriptors stay bounded) and issue 23: under a hard limit of 500 descriptors,
     or of 1,024 with 32 workers, a 3,000-file backlog is decided in one run: exit 0, every file
@@ -112,9 +117,14 @@ def test_once_under_a_low_descriptor_limit_decides_every_file_without_an_error(
     and the disk as SPEC says. Files read ahead each hold a descriptor: they must leave room
     for the transaction's own (before the fix, 500 crashed with EMFILE importing ``ctypes`` at
     the first commit, exit 1 with a traceback; 1,024 with 32 workers deferred ~1,000 files with
-    ``Too many open files`` and retried them one by one)."""
+    ``Too many open files`` and retried them one by one; 1,024 with nothing but repairs
+    deferred 2,304 files so, the rewrites' temps, kept open for ``--once``'s look, not counted
+    beside the files read ahead)."""
     mdir = make_memory_dir(tmp_path)
-    inputs = _corpus(mdir, 3000, 31, "fd-")
+    inputs = make_corpus(
+        random.Random(31), 3000, project_root_of(mdir), "fd-", big_every=7, kinds=kinds
+    )
+    write_inputs(mdir / "staging", inputs)
     env = memstaged_env(tmp_path, MEMSTAGED_WORKERS=workers)
     proc = _once(env, mdir, limit=limit)
     stderr = proc.stderr.decode(errors="replace")
