@@ -20,7 +20,7 @@ import socket
 import struct
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 import msgspec
@@ -34,6 +34,40 @@ if TYPE_CHECKING:
 CANNOT_SERVE: Final = 3
 #: Above any descriptor a forked worker can have inherited (memstaged raises its soft limit).
 _MAX_FD: Final = 1 << 20
+#: A chunk of at least this many bytes makes the worker hand back the memory deciding it took
+#: (:class:`_Heap`); smaller ones take too little to be worth the call.
+_RELEASE_ABOVE: Final = 1 << 20
+#: glibc's ``mallopt`` parameter: blocks of at least this size are mapped on their own...
+_M_MMAP_THRESHOLD: Final = -3
+#: ... of this many bytes, and so unmapped, given back, once freed.
+_MAPPED_ABOVE: Final = 1 << 20
+
+
+class _Heap:
+    """Hands back to the system the memory a worker took to decide a large chunk.
+
+    glibc keeps freed memory for reuse, and raises its threshold for mapping a block on its own
+    to the largest block freed: after a chunk of 8 MiB files a worker kept 108-124 MiB it no
+    longer used, each worker as much, so a pool of 64 multiplied what a run took. After the
+    first large chunk, blocks of :data:`_MAPPED_ABOVE` or more are mapped on their own (unmapped
+    once freed), and after each large chunk ``malloc_trim`` gives back what is free (29 MiB left
+    per worker, the chunk's results being sent included). Where there is no glibc, nothing."""
+
+    def __init__(self) -> None:
+        self._trim: Callable[[int], int] | None = None
+        self._loaded = False
+
+    def release(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            import ctypes
+
+            libc = ctypes.CDLL(None)
+            if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt"):
+                libc.mallopt(_M_MMAP_THRESHOLD, _MAPPED_ABOVE)
+                self._trim = libc.malloc_trim
+        if self._trim is not None:
+            self._trim(0)
 
 
 class Failure(msgspec.Struct, frozen=True):
@@ -116,9 +150,14 @@ def serve(conn: Connection, forked: bool) -> None:
         chunks, results, sender = _begin(conn, forked)
     except (RuntimeError, MemoryError, OSError):  # "can't start new thread", and its kin
         os._exit(CANNOT_SERVE)
+    heap = _Heap()
     try:
         while (chunk := chunks.get()) is not None:
             results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
+            large = len(chunk) >= _RELEASE_ABOVE
+            del chunk
+            if large:
+                heap.release()
         results.put(None)
         sender.join()
     finally:

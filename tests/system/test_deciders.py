@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import pytest
 from support.daemon_fakes import RecordingLogger
+from support.documents import staging_doc
 from support.helpers import (
     KINDS,
     Input,
@@ -234,6 +235,42 @@ def test_many_workers_each_get_work_from_what_is_read_ahead() -> None:
         assert len(pool._procs) == 16
         idle = [p.pid for p in pool._procs if p.pid is not None and _bytes_written(p.pid) == 0]
         assert idle == [], f"{len(idle)} of 16 workers were given nothing"
+    finally:
+        pool.close()
+
+
+def _private_mib(pid: int) -> int:
+    """The memory only ``pid`` maps (its own, not shared with the parent), in MiB."""
+    text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    kib = sum(int(line.split()[1]) for line in text.splitlines() if line.startswith("Private_"))
+    return kib // 1024
+
+
+def test_a_worker_gives_back_what_a_chunk_of_large_files_took() -> None:
+    """The pool does not multiply what a run needs: 8 workers decide 96 files of 8 MiB (valid,
+    repaired, quarantined), and each then keeps at most 64 MiB of its own (about 29: what its
+    last results took). glibc kept what deciding took, 108-124 MiB in each worker, 1 GiB for
+    the 8 and 8 GiB for 64."""
+    root = "/srv/p"
+    ctx = Context(root, "x.json")
+
+    def job(i: int) -> tuple[bytes, Context]:
+        doc = staging_doc(root, f"big-{i}")
+        if i % 3 == 1:
+            del doc["candidates"]["lessons"][0]["triggers"]  # repaired (R1)
+        if i % 3 == 2:
+            doc["schemaVersion"] = "1"  # quarantined
+        doc["candidates"]["lessons"][0]["detail"] += "x" * ((8 << 20) - 2000)
+        name = f"big-{i}.json"
+        return json.dumps(doc).encode(), msgspec.structs.replace(ctx, file_name=name)
+
+    pool = Deciders(8)
+    try:
+        decided = [v for _, v in pool.ahead(range(96), job, POOL_THRESHOLD)]
+        assert all(isinstance(v, Verdict) for v in decided)
+        assert pool.broken is None and len(pool._procs) == 8
+        kept = [_private_mib(p.pid) for p in pool._procs if p.pid is not None]
+        assert max(kept) <= 64, f"each worker keeps {kept} MiB"
     finally:
         pool.close()
 
