@@ -66,6 +66,7 @@ __all__ = [
     "CHUNK",
     "CHUNK_LEAST",
     "POOL_THRESHOLD",
+    "RELEASE_ABOVE",
     "STALL_SECONDS",
     "WORKERS_ENV",
     "Deciders",
@@ -85,6 +86,11 @@ POOL_THRESHOLD: Final = 256
 #: 9's 3,000 files took 1.5 system calls per file in hand-overs in chunks of 16, 0.4 in chunks
 #: of 64.
 CHUNK: Final = 64
+#: A chunk estimated to cost this much or more (:func:`memstaged.run.memory_budget.estimate`)
+#: is followed, in its worker, by a release of what deciding it took (a collection, then
+#: ``malloc_trim``): between chunks each worker keeps at most about this much of it, whatever
+#: the number of workers. A chunk of 64 ordinary files is estimated at 7-11 MiB, and is not.
+RELEASE_ABOVE: Final = 32 << 20
 #: Files sent to a worker at a time, at least: with many workers, chunks are made smaller (down
 #: to this) so that :data:`AHEAD_FILES` still gives every worker two chunks (see
 #: :meth:`Deciders.chunk`).
@@ -225,8 +231,9 @@ class Deciders:
         chunks = room // self.chunk - 1
         return max(0, min(AHEAD_FILES, chunks * self.chunk))
 
-    def _submit(self, jobs: list[tuple[bytes, Context]]) -> int | None:
-        """Send a chunk to the next worker; which one (None: the pool is given up)."""
+    def _submit(self, jobs: list[tuple[bytes, Context]], release: bool = False) -> int | None:
+        """Send a chunk to the next worker; which one (None: the pool is given up).
+        ``release``: the worker gives back what deciding it took, once it is decided."""
         if self.broken is not None:
             return None
         try:
@@ -238,7 +245,7 @@ class Deciders:
         worker = self._next
         self._next = (worker + 1) % self.workers
         try:
-            self._conns[worker].send_bytes(pickle.dumps(jobs, pickle.HIGHEST_PROTOCOL))
+            self._conns[worker].send_bytes(pickle.dumps((jobs, release), pickle.HIGHEST_PROTOCOL))
         except BlockingIOError:  # SO_SNDTIMEO: the worker read nothing for that long
             self._give_up(f"a decider took no work for {STALL_SECONDS:g} s, and was killed")
             return None
@@ -506,7 +513,8 @@ class ReadAhead(Generic[T]):
             return
         assert self._deciders is not None
         jobs = self._jobs
-        worker = self._deciders._submit(jobs) if jobs else None
+        cost = sum(self._costs[i] for i in self._sent)
+        worker = self._deciders._submit(jobs, cost >= RELEASE_ABOVE) if jobs else None
         nbytes = sum(len(data) for data, _ in jobs)
         self._chunks.append(_Chunk(self._filling, self._costs, self._sent, worker, nbytes))
         self._filling, self._costs, self._sent, self._jobs = [], [], [], []

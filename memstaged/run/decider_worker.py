@@ -12,6 +12,7 @@ the parent says, once, why it decides in process.
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import queue
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 CANNOT_SERVE: Final = 3
 #: Above any descriptor a forked worker can have inherited (memstaged raises its soft limit).
 _MAX_FD: Final = 1 << 20
-#: A chunk of at least this many bytes makes the worker hand back the memory deciding it took
-#: (:class:`_Heap`); smaller ones take too little to be worth the call.
-_RELEASE_ABOVE: Final = 1 << 20
 #: glibc's ``mallopt`` parameter: blocks of at least this size are mapped on their own...
 _M_MMAP_THRESHOLD: Final = -3
 #: ... of this many bytes, and so unmapped, given back, once freed.
@@ -44,20 +42,23 @@ _MAPPED_ABOVE: Final = 1 << 20
 
 
 class _Heap:
-    """Hands back to the system the memory a worker took to decide a large chunk.
+    """Hands back to the system what a worker took to decide a costly chunk (one the parent
+    estimated at :data:`~memstaged.run.decider_pool.RELEASE_ABOVE` or more).
 
-    glibc keeps freed memory for reuse, and raises its threshold for mapping a block on its own
-    to the largest block freed: after a chunk of 8 MiB files a worker kept 108-124 MiB it no
-    longer used, each worker as much, so a pool of 64 multiplied what a run took. After the
-    first large chunk, blocks of :data:`_MAPPED_ABOVE` or more are mapped on their own (unmapped
-    once freed), and after each large chunk ``malloc_trim`` gives back what is free (29 MiB left
-    per worker, the chunk's results being sent included). Where there is no glibc, nothing."""
+    Python keeps freed objects on free lists, and glibc keeps freed memory for reuse (and
+    raises its threshold for mapping a block on its own to the largest block freed): after
+    deciding 8 MiB files a worker kept 99-124 MiB, after a file of 100,000 small candidates
+    92-97 MiB, each worker as much, so a pool of 64 multiplied what a run took. A release is
+    a full collection (which empties the free lists), then ``malloc_trim``; from the first one
+    on, blocks of :data:`_MAPPED_ABOVE` or more are mapped on their own. Where there is no
+    glibc, the collection alone."""
 
     def __init__(self) -> None:
         self._trim: Callable[[int], int] | None = None
         self._loaded = False
 
     def release(self) -> None:
+        gc.collect()
         if not self._loaded:
             self._loaded = True
             import ctypes
@@ -153,10 +154,11 @@ def serve(conn: Connection, forked: bool) -> None:
     heap = _Heap()
     try:
         while (chunk := chunks.get()) is not None:
-            results.put(pickle.dumps(_decide_chunk(pickle.loads(chunk))))  # noqa: S301
-            large = len(chunk) >= _RELEASE_ABOVE
+            jobs, release = pickle.loads(chunk)  # noqa: S301 - our own parent's
             del chunk
-            if large:
+            results.put(pickle.dumps(_decide_chunk(jobs)))
+            del jobs
+            if release:
                 heap.release()
         results.put(None)
         sender.join()

@@ -239,29 +239,27 @@ def test_many_workers_each_get_work_from_what_is_read_ahead() -> None:
         pool.close()
 
 
-#: Run in a fresh interpreter: 8 workers decide 96 files of 8 MiB (valid, repaired,
-#: quarantined); prints the memory each worker then maps alone, in MiB. A fresh process: the
+#: Run in a fresh interpreter: 8 workers decide 512 small files of which one in 16 has
+#: 100,000 candidates, with ``--once``'s memory budget; prints the memory each worker then
+#: maps alone, in MiB. A fresh process: the
 #: workers fork from it, and what a large parent (pytest, after a thousand tests) frees or
 #: writes after the fork becomes each worker's alone, whatever the worker did.
 _LARGE_CHUNKS = """
-import json, sys
+import json
 import msgspec
 from pathlib import Path
-from support.documents import staging_doc
+from support.documents import empty_candidates, staging_doc
 from memstaged.core.decide import Context, Verdict
+from memstaged.run import memory_budget
 from memstaged.run.decider_pool import POOL_THRESHOLD, Deciders
 
 root = "/srv/p"
 ctx = Context(root, "x.json")
 
-def job(i):
-    doc = staging_doc(root, f"big-{i}")
-    if i % 3 == 1:
-        del doc["candidates"]["lessons"][0]["triggers"]  # repaired (R1)
-    if i % 3 == 2:
-        doc["schemaVersion"] = "1"  # quarantined
-    doc["candidates"]["lessons"][0]["detail"] += "x" * ((8 << 20) - 2000)
-    return json.dumps(doc).encode(), msgspec.structs.replace(ctx, file_name=f"big-{i}.json")
+def many(i):  # one file in 16 of 100,000 empty candidates (300 KB), the others small
+    small = json.dumps(staging_doc(root, f"s{i}")).encode()
+    data = empty_candidates(root, 100_000) if i % 16 == 0 else small
+    return data, msgspec.structs.replace(ctx, file_name=f"f{i}.json")
 
 def private_mib(pid):
     text = Path(f"/proc/{pid}/smaps_rollup").read_text()
@@ -269,7 +267,8 @@ def private_mib(pid):
     return sum(int(x.split()[1]) for x in lines if x.startswith("Private_")) // 1024
 
 pool = Deciders(8)
-decided = [v for _, v in pool.ahead(range(96), job, POOL_THRESHOLD)]
+budget = memory_budget.budget(8 << 20)  # as --once has it
+decided = [v for _, v in pool.ahead(range(512), many, POOL_THRESHOLD, budget=budget)]
 assert all(isinstance(v, Verdict) for v in decided), decided
 assert pool.broken is None and len(pool._procs) == 8, pool.broken
 print(json.dumps([private_mib(p.pid) for p in pool._procs]))
@@ -277,11 +276,11 @@ pool.close()
 """
 
 
-def test_a_worker_gives_back_what_a_chunk_of_large_files_took() -> None:
-    """The pool does not multiply what a run needs: 8 workers decide 96 files of 8 MiB (valid,
-    repaired, quarantined), and each then keeps at most 64 MiB of its own (about 29: what its
-    last results took). glibc kept what deciding took, 99-124 MiB in each worker, 1 GiB for
-    the 8 and 8 GiB for 64."""
+def test_a_worker_gives_back_what_a_costly_chunk_took() -> None:
+    """The pool does not multiply what a run needs: 8 workers decide 512 small files of which
+    one in 16 has 100,000 empty candidates (300 KB, estimated at 37 MiB), and each then keeps
+    at most 64 MiB of its own. Python and glibc kept what deciding took: 96 MiB in each
+    worker, 1 GiB for the 8 (about 6 GiB for 64, by the same measure)."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
     done = subprocess.run(
         [sys.executable, "-c", _LARGE_CHUNKS],
@@ -436,9 +435,11 @@ def test_one_pool_decides_a_run_of_many_small_memory_dirs(
         starts.append(self.workers)
         start(self)
 
-    def counted_submit(self: Deciders, jobs: list[tuple[bytes, Context]]) -> int | None:
+    def counted_submit(
+        self: Deciders, jobs: list[tuple[bytes, Context]], release: bool = False
+    ) -> int | None:
         sent.append(len(jobs))
-        return submit(self, jobs)
+        return submit(self, jobs, release)
 
     monkeypatch.setattr(Deciders, "_start", counted_start)
     monkeypatch.setattr(Deciders, "_submit", counted_submit)
