@@ -357,9 +357,11 @@ def test_once_with_deciders_writes_and_logs_what_in_process_deciding_does(
     sent: list[int] = []
     submit = Deciders._submit
 
-    def counted(self: Deciders, jobs: list[tuple[bytes, Context]]) -> int | None:
+    def counted(
+        self: Deciders, jobs: list[tuple[bytes, Context]], release: bool = False
+    ) -> int | None:
         sent.append(len(jobs))
-        return submit(self, jobs)
+        return submit(self, jobs, release)
 
     monkeypatch.setattr(Deciders, "_submit", counted)
     monkeypatch.setenv(decider_pool.WORKERS_ENV, "2")
