@@ -239,6 +239,15 @@ def raise_fd_limit() -> FdLimit:
     return FdLimit(soft, hard, hard)
 
 
+def descriptors_open() -> int:
+    """How many descriptors this process has open now (its ``/proc/self/fd``), the listing's
+    own left out; 0 where that cannot be listed (no ``/proc``)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1
+    except OSError:
+        return 0
+
+
 @contextmanager
 def opened_dir(path: str, dir_fd: int | None = None, *, create: bool = False) -> Iterator[int]:
     fd = open_dir(path, dir_fd, create=create)

@@ -102,11 +102,14 @@ AHEAD_BYTES: Final = 16 * 1024 * 1024
 #: next transaction's files while the commit runs (a few hundred milliseconds), and each file read
 #: ahead holds a descriptor and its read lease until it is decided (SPEC 6: bounded).
 AHEAD_FILES: Final = 512
-#: Descriptors left free beside the files read ahead and the versions a transaction holds: the
-#: process's own (stdio, the decision log, the memory dir, its locks), what a commit opens (temps,
-#: directories, ``canonical-writer.lock``) and a module imported late (``ctypes``, at the first
-#: commit: an EMFILE there was a traceback).
+#: Descriptors left free beside those open when a memory dir's run starts (inherited ones
+#: included), the files read ahead and the versions a transaction holds: what a commit opens
+#: (temps, directories, ``canonical-writer.lock``) and a module imported late (``ctypes``, at
+#: the first commit: an EMFILE there was a traceback).
 FD_RESERVE: Final = 64
+#: The descriptors a started worker holds in this process: its socket, and the two pipes a
+#: fork leaves (a fork server's: a pipe and the sentinel).
+WORKER_FDS: Final = 3
 #: The environment variable that sets how many workers decide (0: none, decide in process).
 WORKERS_ENV: Final = "MEMSTAGED_WORKERS"
 #: The most workers taken from :data:`WORKERS_ENV`: a typo of ``10000`` would fork that many.
@@ -203,7 +206,8 @@ class Deciders:
         """Walk ``items`` (each a file read), deciding ahead in the pool when ``size`` (the
         batch's number of files) is worth it; ``job`` gives an item's bytes and context, or
         None for an item with nothing to decide (skipped, unreadable, too large). ``held``:
-        the descriptors the caller may hold besides (a transaction's versions): what is read
+        the descriptors the caller holds or may hold besides (those open already, a
+        transaction's versions): what is read
         ahead stays within the descriptor limit beside them (:meth:`ahead_files`). ``budget``:
         what the files in flight and in the caller's hands may cost together
         (:mod:`memstaged.run.memory_budget`; None: no bound)."""
@@ -216,8 +220,8 @@ class Deciders:
     def ahead_files(self, held: int) -> int:
         """How many files may be read ahead (each holds a descriptor until it is decided): up
         to :data:`AHEAD_FILES`, and never more than the soft ``RLIMIT_NOFILE`` leaves beside
-        ``held``, the pool's own descriptors (a socket and a sentinel per worker) and
-        :data:`FD_RESERVE`; whole chunks, one of them for verdicts back and not yet taken.
+        ``held`` (the caller's, the pool's included) and :data:`FD_RESERVE`; whole chunks, one
+        of them for verdicts back and not yet taken.
 
         SPEC 6: a service manager's soft limit is 1,024, and a hard limit can be lower still;
         512 files read ahead and 256 held by a transaction, or 2 chunks per worker on a machine
@@ -227,9 +231,16 @@ class Deciders:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft == resource.RLIM_INFINITY:
             return AHEAD_FILES
-        room = soft - held - 2 * self.workers - FD_RESERVE
+        room = soft - held - FD_RESERVE
         chunks = room // self.chunk - 1
         return max(0, min(AHEAD_FILES, chunks * self.chunk))
+
+    def descriptors_to_come(self) -> int:
+        """The descriptors the pool will open when it starts (:data:`WORKER_FDS` a worker); 0
+        once it has started (they are open, and counted with the process's) or given up."""
+        if self._procs or self.broken is not None:
+            return 0
+        return WORKER_FDS * self.workers
 
     def _submit(self, jobs: list[tuple[bytes, Context]], release: bool = False) -> int | None:
         """Send a chunk to the next worker; which one (None: the pool is given up).

@@ -93,15 +93,16 @@ class _Pending:
     started: float
 
 
-def _held_most() -> int:
+def _held_most(in_use: int) -> int:
     """The versions a transaction holds open at most: :data:`BATCH_HELD`, or fewer where the
-    descriptor limit leaves less room (SPEC 6: a hard limit of 200 ran out of descriptors with
-    256 held, a traceback); read ahead gets no more than as many again, and a rewrite's temp is
-    kept open while it is put in place (``--once``'s look), one more each."""
+    descriptor limit leaves less room beside the ``in_use`` descriptors already open (SPEC 6: a
+    hard limit of 200 ran out of descriptors with 256 held, a traceback); read ahead gets no
+    more than as many again, and a rewrite's temp is kept open while it is put in place
+    (``--once``'s look), one more each."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return BATCH_HELD
-    return max(1, min(BATCH_HELD, (soft - FD_RESERVE) // 3))
+    return max(1, min(BATCH_HELD, (soft - in_use - FD_RESERVE) // 3))
 
 
 class Pipeline:
@@ -207,12 +208,18 @@ class Pipeline:
             read_ahead(name, staging_fd, lock, self.options.max_file_size, context)
             for name in names
         )
-        held_most = BATCH_HELD if most == 1 else _held_most()  # one file holds one version
+        in_use = 0  # one file at a time (the daemon's) holds one version
+        held_most = BATCH_HELD
+        if most > 1:
+            # What is open already counts (a caller's descriptors, inherited), and what the
+            # pool will open if it has not started yet.
+            in_use = fsio.descriptors_open() + self._deciders.descriptors_to_come()
+            held_most = _held_most(in_use)
         # One file at a time (the daemon's) needs no bound beside itself: not even estimated.
         budget = None if most == 1 else memory_budget.budget(self.options.max_file_size)
         # A transaction holds each version, and with ``look`` each rewrite's temp beside it.
         holds = held_most * (2 if look else 1)
-        ahead = self._deciders.ahead(reads, job, size, held=holds, budget=budget)
+        ahead = self._deciders.ahead(reads, job, size, held=holds + in_use, budget=budget)
         try:
             left = len(names)  # so that no lock is read again after the last file
             while left:

@@ -69,19 +69,26 @@ def _decided(events: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def _once(
-    env: dict[str, str], *mdirs: Path, limit: int | None = None
+    env: dict[str, str], *mdirs: Path, limit: int | None = None, inherit: int = 0
 ) -> subprocess.CompletedProcess[bytes]:
-    """``memstaged --once`` on ``mdirs`` in a real process, under a descriptor ``limit``."""
+    """``memstaged --once`` on ``mdirs`` in a real process, under a descriptor ``limit``,
+    started with ``inherit`` descriptors open besides stdio (as a caller may leave them)."""
     args = [a for m in mdirs for a in ("--memory-dir", str(m))]
-    return subprocess.run(
-        memstaged_cmd("--once", *args),
-        env=env,
-        capture_output=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-        preexec_fn=None if limit is None else _limit_descriptors(limit),
-    )
+    passed = [os.open(os.devnull, os.O_RDONLY) for _ in range(inherit)]
+    try:
+        return subprocess.run(
+            memstaged_cmd("--once", *args),
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+            cwd=REPO,
+            preexec_fn=None if limit is None else _limit_descriptors(limit),
+            pass_fds=passed,
+        )
+    finally:
+        for fd in passed:
+            os.close(fd)
 
 
 def _limit_descriptors(limit: int) -> Callable[[], None]:
@@ -99,17 +106,19 @@ _REPAIRS = ("r1-empty-triggers", "r1-missing-triggers", "r2-bom", "r3-space", "r
 
 
 @pytest.mark.parametrize(
-    ("limit", "workers", "kinds"),
+    ("limit", "workers", "kinds", "inherit"),
     [
-        (500, "2", _KINDS),  # a hard limit below what 512 files read ahead and 256 held need
-        (1024, "32", _KINDS),  # the default limit, on a 32-core machine: 2 chunks per worker
-        (200, "0", _KINDS),  # below the 256 versions a transaction held, with no pool at all
-        (200, "2", _KINDS),
-        (1024, "2", _REPAIRS),  # 256 versions held, their 256 rewrites' temps, 512 read ahead
+        (500, "2", _KINDS, 0),  # a hard limit below what 512 files read ahead and 256 held need
+        (1024, "32", _KINDS, 0),  # the default limit, on a 32-core machine: 2 chunks per worker
+        (200, "0", _KINDS, 0),  # below the 256 versions a transaction held, with no pool at all
+        (200, "2", _KINDS, 0),
+        (1024, "2", _REPAIRS, 0),  # 256 versions held, their 256 rewrites' temps, 512 read ahead
+        (1024, "32", _KINDS, 300),  # and 300 descriptors left open by the caller
+        (300, "2", _REPAIRS, 160),  # every file repaired, under a low limit
     ],
 )
 def test_once_under_a_low_descriptor_limit_decides_every_file_without_an_error(
-    tmp_path: Path, limit: int, workers: str, kinds: tuple[str, ...]
+    tmp_path: Path, limit: int, workers: str, kinds: tuple[str, ...], inherit: int
 ) -> None:
     """SPEC 6 (descriptors stay bounded) and issue 23: under a hard limit of 500 descriptors,
     or of 1,024 with 32 workers, a 3,000-file backlog is decided in one run: exit 0, every file
@@ -119,14 +128,15 @@ def test_once_under_a_low_descriptor_limit_decides_every_file_without_an_error(
     the first commit, exit 1 with a traceback; 1,024 with 32 workers deferred ~1,000 files with
     ``Too many open files`` and retried them one by one; 1,024 with nothing but repairs
     deferred 2,304 files so, the rewrites' temps, kept open for ``--once``'s look, not counted
-    beside the files read ahead)."""
+    beside the files read ahead; 300 descriptors inherited, under 1,024 with 32 workers,
+    deferred 2,560 files so, the read-ahead sized as if none were open)."""
     mdir = make_memory_dir(tmp_path)
     inputs = make_corpus(
         random.Random(31), 3000, project_root_of(mdir), "fd-", big_every=7, kinds=kinds
     )
     write_inputs(mdir / "staging", inputs)
     env = memstaged_env(tmp_path, MEMSTAGED_WORKERS=workers)
-    proc = _once(env, mdir, limit=limit)
+    proc = _once(env, mdir, limit=limit, inherit=inherit)
     stderr = proc.stderr.decode(errors="replace")
     assert "Traceback" not in stderr
     assert proc.returncode == 0, stderr[-2000:]
