@@ -7,11 +7,13 @@ rewrite, every dead-letter record's body), over the crash tests' mixed corpus.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -235,6 +237,44 @@ def test_many_workers_each_get_work_from_what_is_read_ahead() -> None:
         assert len(pool._procs) == 16
         idle = [p.pid for p in pool._procs if p.pid is not None and _bytes_written(p.pid) == 0]
         assert idle == [], f"{len(idle)} of 16 workers were given nothing"
+    finally:
+        pool.close()
+
+
+def test_a_chunk_is_handed_to_a_busy_worker_without_waiting_for_it() -> None:
+    """The main process hands chunks over and goes on to its commit while the worker decides
+    the one before: with its only worker stopped (SIGSTOP, a stand-in for a worker busy
+    deciding, whose receiving thread waits for the interpreter's lock), two chunks of over 400
+    KB each are sent at once and the pool is not given up; continued, the worker answers both.
+    With a socket's default send buffer (208 KiB, doubled by the kernel) the first send waited
+    for the worker until the stall bound, and the pool was given up."""
+    wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    if wmem_max < decider_pool.SEND_BUFFER:
+        pytest.skip(
+            f"net.core.wmem_max is {wmem_max} bytes: the kernel grants no send buffer of "
+            f"{decider_pool.SEND_BUFFER} bytes, and a hand-over may wait for its worker"
+        )
+    # 64 files of about 8 KB (JSON allows whitespace after the value)
+    jobs = [(data + b" " * 8192, ctx) for data, ctx in _jobs(64)]
+    assert sum(len(data) for data, _ in jobs) > 425_984  # more than a default buffer holds
+    pool = Deciders(1)
+    try:
+        pool._start()
+        pid = pool._procs[0].pid or 0
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert pool._submit(jobs) == 0
+            assert pool._submit(jobs) == 0
+            assert pool.broken is None
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # killed, where the pool gave up
+                os.kill(pid, signal.SIGCONT)
+        expected = [decide(*job) for job in jobs]
+        for _ in range(2):
+            answers = pool._result(0, sum(len(data) for data, _ in jobs))
+            assert answers is not None
+            got = [pickle.loads(a) for a in answers if isinstance(a, bytes)]  # noqa: S301 - ours
+            assert got == expected
     finally:
         pool.close()
 
