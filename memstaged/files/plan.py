@@ -215,6 +215,7 @@ class PlanState:
         "records",
         "refused",
         "removed",
+        "rewrite_tmp",
         "stale",
         "tmp",
         "unmovable",
@@ -233,6 +234,8 @@ class PlanState:
         #: The dead-letter temps, written and made durable: the original's, each record's.
         self.original_tmp: str | None = None
         self.written: list[Written] = []
+        #: ``REWRITE`` in a batch: the rewrite's temp, written and made durable before the lock.
+        self.rewrite_tmp: str | None = None
         #: ``CREATE``: the new staging file's durable temp, then the name it gets.
         self.tmp: str | None = None
         self.created: str | None = None

@@ -12,8 +12,9 @@ phases, so that a caller's own check under the lock is made in the caller's own 
 
 :func:`apply` is both with nothing refused (the daemon, ``--once``). Before the lock, the
 transaction writes what it can as temps (:mod:`memstaged.files.transaction_temps`: copies where a
-rename is impossible, new staging files, and the dead-letter temps of a large quarantine), each
-step only while no live process holds ``canonical-writer.lock``. Then, under the lock:
+rename is impossible, new staging files, the dead-letter temps of a large quarantine and the
+rewrites of a batch), each step only while no live process holds ``canonical-writer.lock``.
+Then, under the lock:
 
 1. every decision whose version is no longer in place is handed back (``GONE``/``CHANGED``);
    every change one of whose ``depends`` is no longer as read (``GONE``/``CHANGED``; a staging
@@ -27,9 +28,9 @@ step only while no live process holds ``canonical-writer.lock``. Then, under the
    written again), and each new staging file's name (the first free ``<base>.recovered-<n>.json``);
 4. the plans are announced with their settled names (``announce``: the caller logs them and
    makes the log durable): nothing is carried out unlogged;
-5. the rewrites' temps are written and made durable (one ``syncfs`` for a batch, an fsync for
-   one plan); the dead-letter files get their names; ``originals/``, ``deadletter/`` and the
-   memory dir are fsynced;
+5. one decision's rewrite temp is written and fsynced (a batch's were written before the lock,
+   made durable by the same ``syncfs`` as its dead-letter temps); the dead-letter files get
+   their names; ``originals/``, ``deadletter/`` and the memory dir are fsynced;
 6. each staging file is replaced, removed or moved (:mod:`memstaged.files.staging_swap`: a writer's
    newer version is kept as a ``.conflict-`` file, never lost); each new staging file gets its name
    (``RENAME_NOREPLACE``); ``staging/`` is fsynced;
@@ -111,7 +112,7 @@ def begin(
     """
     tx = Transaction(mem_fd, staging_fd, plans, now, look=look)
     try:
-        tx.temps.before_lock(tx._decisions, tx._changes, max_copy)
+        tx.temps.before_lock(tx._decisions, tx._changes, max_copy, keep=look)
         with canonical_lock(mem_fd, tx._saw_stale) as stale:
             if stale is not None and obey_stale:
                 raise NotObeyed(stale, tx.stale_locks)
@@ -244,15 +245,14 @@ class Transaction:
         self._settle_created(admitted)
         admitted = [w for w in admitted if w.failed is None]
         announce([w.settled() for w in (*live, *admitted)])
-        batch = len(live) > 1
+        # A batch's rewrite temps are durable already (written before the lock); one
+        # decision's is written now, and fsynced.
         rewrites = {
-            w.key: self.temps.rewrite(w, batch, keep=self.look)
+            w.key: w.rewrite_tmp or self.temps.rewrite(w, False, keep=self.look)
             for w in live
             if w.action is Action.REWRITE
         }
         fsio.crash_point("batch-written")
-        if batch and rewrites:
-            fsio.syncfs(self.mem_fd)  # every rewrite's data is durable from here on
         for plan_files in files:
             for file in plan_files:
                 tick()
@@ -267,7 +267,7 @@ class Transaction:
             fsio.fsync_dir(self.mem_fd)
             fsio.crash_point("deadletter-synced")
         for work in live:
-            carried = self._carry(work, rewrites, batch)
+            carried = self._carry(work, rewrites)
             results[work.key] = work.result(
                 carried.status,
                 identity=carried.identity,
@@ -286,13 +286,13 @@ class Transaction:
             [w for w in admitted if w.plan.action is Action.UNLINK or w.created is not None]
         )
 
-    def _carry(
-        self, work: PlanState, rewrites: Mapping[str, str], batch: bool
-    ) -> staging_swap.Carried:
+    def _carry(self, work: PlanState, rewrites: Mapping[str, str]) -> staging_swap.Carried:
         """Replace, remove or move the plan's staging file (step 6)."""
         version = work.plan.version
         assert version is not None
         if work.action is Action.REWRITE:
+            # A temp written ahead is named as partial until it is durable and its turn comes
+            batch = work.rewrite_tmp is not None
             tmp = self.temps.ready(rewrites[work.key], work.key, batch)
             fd = self.temps.kept.get(work.key)
             look = None if fd is None or work.plan.data is None else (fd, work.plan.data)

@@ -13,8 +13,11 @@ before the lock (:meth:`Temps.before_lock`):
   ``flock`` held, and made durable;
 - with more than :data:`FSYNC_EACH` dead-letter files, every dead-letter temp (the original,
   then each record: rendered, written, dropped; only one is in memory at a time, SPEC 4) is
-  written and made durable by one ``syncfs``, so that a large quarantine writes nothing while
-  the lock is held (SPEC 5: about a second at most).
+  written, so that a large quarantine writes nothing while the lock is held (SPEC 5: about a
+  second at most);
+- in a transaction of more than one decision, each rewrite's temp, named as a partial write
+  (recovery deletes it) until its turn comes under the lock;
+- one ``syncfs`` makes those dead-letter and rewrite temps durable.
 
 Before these steps it looks for ``canonical-writer.lock`` (:class:`_Lookout`, a ``stat``),
 and stops at the first live holder it sees, as if it had found the lock taken: SPEC 5, memstaged
@@ -26,8 +29,8 @@ reconciler holds its lock is at most :data:`LOOK_EVERY` temps, whatever the mach
 each is removed when the transaction stops.
 
 Under the lock it writes the dead-letter temps of a transaction with :data:`FSYNC_EACH` of
-them or fewer (each fsynced), a record again when its original takes another name, and each
-rewrite's temp.
+them or fewer (each fsynced), a record again when its original takes another name, and the
+rewrite's temp of a transaction of one decision (fsynced).
 """
 
 from __future__ import annotations
@@ -168,17 +171,35 @@ class Temps:
     # -- before the lock ------------------------------------------------------------------------
 
     def before_lock(
-        self, decisions: Sequence[PlanState], changes: Sequence[PlanState], max_copy: int
+        self,
+        decisions: Sequence[PlanState],
+        changes: Sequence[PlanState],
+        max_copy: int,
+        *,
+        keep: bool = False,
     ) -> None:
-        """Copies where a rename is impossible, new staging files, many dead-letter temps; each
-        step only while no live process holds ``canonical-writer.lock``."""
+        """Copies where a rename is impossible, new staging files, many dead-letter temps and
+        a batch's rewrite temps (kept open with ``keep``), the last two made durable by one
+        ``syncfs``; each step only while no live process holds ``canonical-writer.lock``."""
         for work in decisions:
             if work.plan.action is Action.MOVE:
                 self._look()
                 self._copy_if_unmovable(work, max_copy)
         self._write_ahead(changes)
-        if _dead_letter_files(decisions) > FSYNC_EACH:
+        dead_letter = _dead_letter_files(decisions) > FSYNC_EACH
+        if dead_letter:
             self.write_dead_letter(decisions, ahead=True)
+        rewrites = 0
+        if len(decisions) > 1:  # one decision (the daemon's) writes its rewrite under the lock
+            for work in decisions:
+                if work.plan.action is Action.REWRITE:
+                    self._look.soon()
+                    work.rewrite_tmp = self.rewrite(work, batch=True, keep=keep)
+                    rewrites += 1
+        if dead_letter or rewrites:
+            self._look()
+            fsio.syncfs(self.mem_fd)  # every temp's data is durable from here on
+            fsio.crash_point("temps-synced")
 
     def _copy_if_unmovable(self, work: PlanState, max_copy: int) -> None:
         """SPEC 6: where a rename is impossible, copy at most ``max_copy`` bytes, or leave it."""
@@ -230,8 +251,8 @@ class Temps:
     # -- the dead-letter temps, before the lock or under it -------------------------------------
 
     def write_dead_letter(self, works: Sequence[PlanState], *, ahead: bool) -> None:
-        """Write every dead-letter temp of ``works`` and make them durable: ``ahead`` of the
-        lock, looking for it before each, then one ``syncfs``; else under it, each fsynced.
+        """Write every dead-letter temp of ``works``: ``ahead`` of the lock, looking for it
+        before each, made durable by the caller's one ``syncfs``; else under it, each fsynced.
 
         Streaming: a record is rendered, written and dropped, so a file of 100,000 candidates
         never has their records in memory together (SPEC 4). With more than
@@ -272,10 +293,8 @@ class Temps:
                     )
                     self.ours.add((or_fd, work.original_tmp))
             work.written = self._write_records(work, dl_fd, ahead=ahead)
-        if ahead:
-            self._look()
-            fsio.syncfs(self.mem_fd)  # every dead-letter temp's data is durable from here on
-        fsio.crash_point("temps-synced")
+        if not ahead:
+            fsio.crash_point("temps-synced")  # ahead: once synced, by the caller
 
     def _write_records(self, work: PlanState, dl_fd: int, *, ahead: bool) -> list[Written]:
         """Each record's temp, rendered one at a time (its bytes are dropped once written);
@@ -302,11 +321,12 @@ class Temps:
             self.ours.discard((dl_fd, old.tmp))
         work.written = self._write_records(work, dl_fd, ahead=False)
 
-    # -- the rewrites, under the lock -----------------------------------------------------------
+    # -- the rewrites: a batch's before the lock, one decision's under it ----------------------
 
     def rewrite(self, work: PlanState, batch: bool, *, keep: bool = False) -> str:
-        """A rewrite's temp in ``staging/``: fsynced, or in a ``batch`` synced later at once;
-        with ``keep``, its descriptor kept open in :attr:`kept`."""
+        """A rewrite's temp in ``staging/``: fsynced, or in a ``batch`` synced later at once
+        (before the lock, with the dead-letter temps); with ``keep``, its descriptor kept open
+        in :attr:`kept`."""
         assert work.plan.data is not None
         kept: list[int] | None = [] if keep else None
         # Named ``part`` until it is durable: recovery deletes ``part`` temps rather than

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -27,12 +28,15 @@ from support.helpers import (
     REPO,
     Inotify,
     LockHolder,
+    check_final,
+    make_corpus,
     make_memory_dir,
     memstaged_cmd,
     memstaged_env,
     project_root_of,
     run_once,
     stopped,
+    write_inputs,
 )
 from support.waiting import wait_for
 
@@ -141,12 +145,70 @@ def test_a_lock_taken_while_temps_are_written_stops_the_writing(
     assert not list(mdir.rglob(".memstaged~*"))
 
 
-def _check_stopped_under_the_lock(watch: Inotify, stderr: bytes, code: int | None) -> None:
-    """At most ``_UNDER_THE_LOCK`` files created and written in the store once the lock was held,
-    some removed (the temps made before), and the run ended 1 without a traceback."""
+def test_a_lock_taken_while_a_batch_s_rewrites_are_written_stops_the_writing(
+    tmp_path: Path,
+) -> None:
+    """SPEC 5: ``--once`` writes the rewrite temps of a transaction of many repairs before it
+    takes ``canonical-writer.lock`` (one ``syncfs`` with the dead-letter temps). Stopped as it
+    creates its 50th temp, a reconciler stand-in takes the lock, and memstaged goes on: from
+    then on at most ``LOOK_EVERY`` more files appear in ``staging/``, the temps made are
+    removed, every file is logged ``deferred`` (none decided), each is byte for byte as it was,
+    and the run exits 1. Once the reconciler lets go, the next run repairs them all."""
+    mdir = make_memory_dir(tmp_path)
+    inputs = make_corpus(
+        random.Random(5), 600, project_root_of(mdir), "rw-", kinds=("r1-empty-triggers",)
+    )
+    write_inputs(mdir / "staging", inputs)
+    env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="0")
+    proc = subprocess.Popen(
+        memstaged_cmd("--once", "--memory-dir", str(mdir)),
+        env={**env, "MEMSTAGED_CRASH_AT": f"temp-created:{_STOP_AT}:STOP"},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    holder: LockHolder | None = None
+    try:
+        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
+        assert proc.poll() is None, proc.communicate()
+        watch = Inotify([mdir / "staging"])
+        holder = LockHolder(mdir)
+        os.kill(proc.pid, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=300)
+        watch.poll()
+        watch.close()
+        # Written: modified. A rewrite's temp is kept open for the look at it, and closed when
+        # the transaction stops, after the lock was taken: a close, no write.
+        _check_stopped_under_the_lock(watch, stderr, proc.returncode, IN_MODIFY)
+        assert {p.name: p.read_bytes() for p in (mdir / "staging").iterdir()} == {
+            i.name: i.data for i in inputs
+        }
+        decisions = [
+            e for e in read_events(tmp_path / "decisions.jsonl", strict=False) if e.get("decision")
+        ]
+        assert {e["decision"] for e in decisions} == {"deferred"}, decisions[:3]
+        holder.release()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if holder is not None:
+            holder.kill()
+    again = run_once(mdir, env, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert check_final(mdir, inputs) == []
+    assert not list(mdir.rglob(".memstaged~*"))
+
+
+def _check_stopped_under_the_lock(
+    watch: Inotify, stderr: bytes, code: int | None, written_mask: int = IN_MODIFY | IN_CLOSE_WRITE
+) -> None:
+    """At most ``_UNDER_THE_LOCK`` files created and written (``written_mask``) in the store
+    once the lock was held, some removed (the temps made before), and the run ended 1 without a
+    traceback."""
     assert not watch.overflowed
     made = {(d, n) for d, n, mask in watch.log if mask & (IN_CREATE | IN_MOVED_TO)}
-    written = {(d, n) for d, n, mask in watch.log if mask & (IN_MODIFY | IN_CLOSE_WRITE)}
+    written = {(d, n) for d, n, mask in watch.log if mask & written_mask}
     assert len(made) <= _UNDER_THE_LOCK, f"{len(made)} files created under the reconciler's lock"
     assert len(written) <= _UNDER_THE_LOCK, f"{len(written)} written under the reconciler's lock"
     assert any(mask & IN_DELETE for _, _, mask in watch.log)
