@@ -19,8 +19,8 @@ What stays in the calling process:
   (``on_break``).
 
 No wait on a worker is unbounded: a chunk's verdicts are waited for at most
-:func:`answer_seconds` (ten seconds and twenty per MiB sent, rounded up to a power of two:
-twenty times what the slowest file measured takes on an idle core, at least), a send that makes
+:func:`answer_seconds` (ten seconds and twenty per MiB sent, rounded up to a step of ratio
+√2: twenty times what the slowest file measured takes on an idle core, at least), a send that makes
 no progress at most :data:`STALL_SECONDS`; a worker that does not answer in time is killed. A
 signal (SIGTERM, Ctrl-C) interrupts every such wait. :meth:`Deciders.close` kills and reaps
 every worker, at once: a worker holds nothing but files to decide, which the caller decides
@@ -158,10 +158,12 @@ def workers_wanted(env: dict[str, str] | None = None) -> int:
 
 def answer_seconds(nbytes: int) -> int:
     """How long the verdicts of a chunk of ``nbytes`` of files are waited for: rounded up to a
-    power of two seconds, so that chunks of like sizes share one bound, set on the socket once
-    (at most twice the wait, for a worker that is stuck)."""
+    step of a grid of ratio √2 (12, 16, 23, 32, 46, 64 s, …), so that chunks of like sizes
+    share one bound, set on the socket once (at most 1.42 times the wait, for a worker that is
+    stuck; a power of two doubled it, and with a send buffer that takes chunks in whole, it is
+    what a stopped worker costs)."""
     wanted = ANSWER_SECONDS + ANSWER_SECONDS_PER_MIB * nbytes / (1 << 20)
-    return 1 << math.ceil(math.log2(wanted))
+    return math.ceil(2 ** (math.ceil(2 * math.log2(wanted)) / 2))
 
 
 def _set_timeout(
