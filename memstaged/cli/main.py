@@ -279,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run memstaged; returns the exit code. Output that cannot be written (a full disk,
     ``/dev/full``) is one line on stderr, and exit 1 where the command would have exited 0,
     for ``--help`` and ``--version`` too (argparse drops such an error on the floor)."""
+    _standard_streams()
     real = sys.stdout
     watched = Stdout(real)
     sys.stdout = watched
@@ -297,6 +298,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = real
     # never success when output was lost; a command's own failure or verdict is kept
     return (code or EXIT_ATTENTION) if _output_lost(watched) else code
+
+
+def _standard_streams() -> None:
+    """Descriptors 0-2 held open (on ``/dev/null`` where closed), and ``sys.stderr`` a stream
+    where it was closed: its lines go nowhere, and the run goes on. ``sys.stdout`` stays None
+    where closed (:class:`Stdout` says so once, and the exit code)."""
+    if sys.stdin is not None and sys.stdout is not None and sys.stderr is not None:
+        return  # Python makes a stream None when its descriptor was closed as it started
+    from memstaged.files import fsio
+
+    fsio.hold_standard_fds()
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)  # noqa: SIM115
 
 
 def _output_lost(watched: Stdout) -> bool:

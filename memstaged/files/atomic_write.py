@@ -81,7 +81,8 @@ def put_complete(
     bytes written by ``fill(fd)`` and fsynced (unless ``sync`` is false) before the name
     exists. With ``unnamed``, the bytes go to an ``O_TMPFILE`` inode that is linked under
     ``name`` (``FileExistsError`` if it is taken); without one (or with ``replace``, which a
-    link cannot do), they go to the temp file ``partial``, renamed onto ``name`` (replacing it
+    link cannot do, or without ``/proc``, through which the link is made), they go to the temp
+    file ``partial``, renamed onto ``name`` (replacing it
     with ``replace``, else ``RENAME_NOREPLACE``). With ``partial`` None the file is created
     under ``name`` itself, and removed again if ``fill`` fails. ``created`` and ``complete``
     name the crash points after the file is opened and after its bytes are durable. ``mode``:
@@ -90,7 +91,9 @@ def put_complete(
     name, is appended to ``keep`` for the caller to close.
     """
     access = os.O_WRONLY if keep is None else os.O_RDWR
-    fd = _unnamed(dir_fd, access) if unnamed and not replace and mode == 0o600 else None
+    # An unnamed inode is linked through /proc/self/fd: without /proc, a named partial temp
+    unnamed = unnamed and not replace and mode == 0o600 and fsio.proc_fd_linkable()
+    fd = _unnamed(dir_fd, access) if unnamed else None
     part = None
     if fd is None:
         part = name if partial is None else partial

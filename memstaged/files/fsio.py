@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import signal
 import stat
@@ -239,13 +240,38 @@ def raise_fd_limit() -> FdLimit:
     return FdLimit(soft, hard, hard)
 
 
+#: Without ``/proc``, the descriptors below this number are looked at one by one to count
+#: those open (a few milliseconds); any above it are not counted.
+_PROBED_FDS: Final = 1 << 16
+
+
 def descriptors_open() -> int:
-    """How many descriptors this process has open now (its ``/proc/self/fd``), the listing's
-    own left out; 0 where that cannot be listed (no ``/proc``)."""
+    """How many descriptors this process has open now: its ``/proc/self/fd``, the listing's own
+    left out; without ``/proc``, those below the soft limit (and :data:`_PROBED_FDS`) that
+    ``fcntl`` finds open."""
     try:
         return len(os.listdir("/proc/self/fd")) - 1
     except OSError:
-        return 0
+        pass
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    most = _PROBED_FDS if soft == resource.RLIM_INFINITY else min(soft, _PROBED_FDS)
+    count = 0
+    for fd in range(most):
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+        except OSError:
+            continue
+        count += 1
+    return count
+
+
+@functools.cache
+def proc_fd_linkable() -> bool:
+    """Whether ``/proc/self/fd`` is there (``/proc`` mounted), through which an unnamed
+    ``O_TMPFILE`` inode gets its name; looked at once."""
+    return os.path.isdir("/proc/self/fd")
 
 
 @contextmanager
@@ -307,6 +333,23 @@ def remove_empty_dir(path: os.PathLike[str] | str) -> bool:
 def rename(src: os.PathLike[str] | str, dst: os.PathLike[str] | str) -> None:
     """Rename ``src`` onto ``dst`` (a rotated log file). Raises :class:`OSError`."""
     os.rename(src, dst)
+
+
+def hold_standard_fds() -> None:
+    """Open ``/dev/null`` on each of descriptors 0, 1 and 2 that is closed (``<&-``, ``>&-``,
+    ``2>&-``), so that nothing opened later takes one of their numbers: a decision log or an
+    instance lock on descriptor 1 would be kept open by the decider processes (which keep 0-2,
+    as every process does) and written to by a stray ``print``."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null == fd:
+                os.set_inheritable(fd, True)  # 0-2 are, as usual
+            else:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def devnull_over(fd: int) -> None:

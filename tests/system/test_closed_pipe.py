@@ -5,6 +5,8 @@ pipeline."""
 from __future__ import annotations
 
 import json
+import os
+import random
 import shlex
 import shutil
 import subprocess
@@ -18,11 +20,19 @@ from support.documents import (
 )
 from support.helpers import (
     DEMO,
+    KINDS,
     REPO,
+    check_final,
+    make_corpus,
+    make_memory_dir,
     memstaged_cmd,
     memstaged_env,
+    project_root_of,
     run_once,
+    stopped,
+    write_inputs,
 )
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("plain_output")
 
@@ -154,3 +164,58 @@ def test_a_closed_stdout_is_one_line_and_not_success(
     result = _run_lost(["bash", "-c", f"{command} >&-"], env, project)
     assert result.returncode == _lost_output_code(args), result.stderr
     assert result.stderr.splitlines() == ["memstaged: cannot write standard output: it is closed"]
+
+
+def test_once_with_stderr_closed_decides_every_file(
+    tmp_path: Path, project: Path, memory_dir: Path
+) -> None:
+    """stderr closed (``2>&-``: Python's ``sys.stderr`` is None): the run raised an
+    AttributeError as it set up its logging, decided nothing and exited 1, with nowhere to say
+    so. It decides every file and exits 0; the decision log has every decision."""
+    one_of_each(project, memory_dir)
+    env = memstaged_env(tmp_path)
+    command = " ".join(memstaged_cmd("--once", "--memory-dir", str(memory_dir)))
+    result = _run_lost(["bash", "-c", f"{command} 2>&-"], env, project)
+    assert result.returncode == 0, result.stdout
+    log = Path(env["MEMSTAGED_LOG_FILE"]).read_text()
+    decided = [json.loads(line) for line in log.splitlines()]
+    assert {e["decision"] for e in decided if "decision" in e} >= {"valid", "repaired"}
+    assert not (memory_dir / "staging" / "bad.json").exists()
+
+
+def test_deciders_keep_no_file_of_a_run_started_without_stdin_and_stdout(tmp_path: Path) -> None:
+    """stdin and stdout closed (``<&- >&-``): the decision log and the instance lock took
+    descriptors 0 and 1, which the decider processes keep (as they keep 2), so a worker that
+    outlived its run (stopped, its parent killed) held the instance lock, and the next run was
+    refused as busy. They are opened above 2 (0-2 held on /dev/null): stopped as it writes its
+    first temp, the run's workers hold neither file."""
+    mdir = make_memory_dir(tmp_path)
+    inputs = make_corpus(random.Random(7), 600, project_root_of(mdir), "fd-", kinds=KINDS[:8])
+    write_inputs(mdir / "staging", inputs)
+    env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="2")
+    command = " ".join(shlex.quote(w) for w in memstaged_cmd("--once", "--memory-dir", str(mdir)))
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {command} <&- >&-"],
+        env={**env, "MEMSTAGED_CRASH_AT": "temp-created:1:STOP"},
+        cwd=REPO,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
+        assert proc.poll() is None
+        workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert workers, "no decider process started"
+        held = {
+            os.readlink(fd)
+            for pid in workers
+            for fd in Path(f"/proc/{pid}/fd").iterdir()
+            if fd.is_symlink()
+        }
+        ours = [h for h in held if "decisions" in h or "instance" in h or h.endswith(".lock")]
+        assert ours == [], ours
+    finally:
+        proc.kill()
+        proc.wait()
+    again = run_once(mdir, env, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert check_final(mdir, inputs) == []
