@@ -14,7 +14,9 @@ import random
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from support.decision_log import read_events
@@ -104,39 +106,18 @@ def test_a_lock_taken_while_temps_are_written_stops_the_writing(
         lock.write_text(json.dumps({"pid": dead.pid, "started_at": _LONG_AGO}))
         os.utime(lock, (1, 1))  # its ctime is now; the takeover's comes later still
     env = memstaged_env(tmp_path)
-    proc = subprocess.Popen(
-        memstaged_cmd("--once", "--memory-dir", str(mdir)),
-        env={**env, "MEMSTAGED_CRASH_AT": f"temp-created:{_STOP_AT}:STOP"},
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     store = mdir / "deadletter"
-    holder: LockHolder | _TakenInPlace | None = None
-    try:
-        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
-        assert proc.poll() is None, proc.communicate()
-        watch = Inotify([store, store / ORIGINALS_DIR])
-        holder = _TakenInPlace(lock) if stale_first else LockHolder(mdir)
-        os.kill(proc.pid, signal.SIGCONT)
-        _, stderr = proc.communicate(timeout=300)
-        watch.poll()
-        watch.close()
-        _check_stopped_under_the_lock(watch, stderr, proc.returncode)
-        assert (mdir / "staging" / "many.json").read_bytes() == data
-        assert [p.name for p in store.rglob("*") if p.is_file()] == []  # the temps are removed
-        decisions = [
-            e for e in read_events(tmp_path / "decisions.jsonl", strict=False) if e.get("decision")
-        ]
-        assert [e["decision"] for e in decisions] == ["deferred"], decisions
-        assert "canonical-writer.lock" in str(decisions[0]["reasons"]), decisions
-        holder.release()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if holder is not None:
-            holder.kill()
+    run = _locked_midway(
+        mdir,
+        env,
+        [store, store / ORIGINALS_DIR],
+        (lambda: _TakenInPlace(lock)) if stale_first else (lambda: LockHolder(mdir)),
+    )
+    _check_stopped_under_the_lock(run.watch, run.stderr, run.code)
+    assert (mdir / "staging" / "many.json").read_bytes() == data
+    assert [p.name for p in store.rglob("*") if p.is_file()] == []  # the temps are removed
+    assert [e["decision"] for e in run.decisions] == ["deferred"], run.decisions
+    assert "canonical-writer.lock" in str(run.decisions[0]["reasons"]), run.decisions
     again = run_once(mdir, env, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert not (mdir / "staging" / "many.json").exists()
@@ -160,6 +141,39 @@ def test_a_lock_taken_while_a_batch_s_rewrites_are_written_stops_the_writing(
     )
     write_inputs(mdir / "staging", inputs)
     env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="0")
+    run = _locked_midway(mdir, env, [mdir / "staging"], lambda: LockHolder(mdir))
+    # Written: modified. A rewrite's temp is kept open for the look at it, and closed when the
+    # transaction stops, after the lock was taken: a close, no write.
+    _check_stopped_under_the_lock(run.watch, run.stderr, run.code, IN_MODIFY)
+    assert {p.name: p.read_bytes() for p in (mdir / "staging").iterdir()} == {
+        i.name: i.data for i in inputs
+    }
+    assert {e["decision"] for e in run.decisions} == {"deferred"}, run.decisions[:3]
+    again = run_once(mdir, env, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert check_final(mdir, inputs) == []
+    assert not list(mdir.rglob(".memstaged~*"))
+
+
+class _Run(NamedTuple):
+    """What a run stopped midway for a reconciler's lock did (:func:`_locked_midway`)."""
+
+    watch: Inotify
+    stderr: bytes
+    code: int | None
+    decisions: list[dict[str, Any]]
+
+
+def _locked_midway(
+    mdir: Path,
+    env: dict[str, str],
+    watched: list[Path],
+    take: Callable[[], LockHolder | _TakenInPlace],
+) -> _Run:
+    """``--once`` on ``mdir``, stopped (SIGSTOP, by the crash hook) as it creates its
+    ``_STOP_AT``-th temp; a reconciler then takes the lock (``take``) and the
+    run goes on to its end. What inotify saw in ``watched`` from then on, the run's stderr,
+    exit code and decisions; the reconciler has let go before this returns."""
     proc = subprocess.Popen(
         memstaged_cmd("--once", "--memory-dir", str(mdir)),
         env={**env, "MEMSTAGED_CRASH_AT": f"temp-created:{_STOP_AT}:STOP"},
@@ -167,26 +181,17 @@ def test_a_lock_taken_while_a_batch_s_rewrites_are_written_stops_the_writing(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    holder: LockHolder | None = None
+    holder: LockHolder | _TakenInPlace | None = None
     try:
         assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
         assert proc.poll() is None, proc.communicate()
-        watch = Inotify([mdir / "staging"])
-        holder = LockHolder(mdir)
+        watch = Inotify(watched)
+        holder = take()
         os.kill(proc.pid, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=300)
         watch.poll()
         watch.close()
-        # Written: modified. A rewrite's temp is kept open for the look at it, and closed when
-        # the transaction stops, after the lock was taken: a close, no write.
-        _check_stopped_under_the_lock(watch, stderr, proc.returncode, IN_MODIFY)
-        assert {p.name: p.read_bytes() for p in (mdir / "staging").iterdir()} == {
-            i.name: i.data for i in inputs
-        }
-        decisions = [
-            e for e in read_events(tmp_path / "decisions.jsonl", strict=False) if e.get("decision")
-        ]
-        assert {e["decision"] for e in decisions} == {"deferred"}, decisions[:3]
+        events = read_events(Path(env["MEMSTAGED_LOG_FILE"]), strict=False)
         holder.release()
     finally:
         if proc.poll() is None:
@@ -194,10 +199,7 @@ def test_a_lock_taken_while_a_batch_s_rewrites_are_written_stops_the_writing(
             proc.wait()
         if holder is not None:
             holder.kill()
-    again = run_once(mdir, env, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert check_final(mdir, inputs) == []
-    assert not list(mdir.rglob(".memstaged~*"))
+    return _Run(watch, stderr, proc.returncode, [e for e in events if e.get("decision")])
 
 
 def _check_stopped_under_the_lock(
