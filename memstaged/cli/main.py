@@ -310,7 +310,7 @@ def _standard_streams() -> None:
 
     fsio.hold_standard_fds()
     if sys.stderr is None:
-        sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)  # noqa: SIM115
+        sys.stderr = fsio.stream_on(2)
 
 
 def _output_lost(watched: Stdout) -> bool:

@@ -27,7 +27,7 @@ import stat
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple, TextIO
 
 import msgspec
 
@@ -350,6 +350,12 @@ def hold_standard_fds() -> None:
             else:
                 os.dup2(null, fd)
                 os.close(null)
+
+
+def stream_on(fd: int) -> TextIO:
+    """A text stream on descriptor ``fd``, left open when the stream is closed (what
+    ``sys.stderr`` becomes where it was closed as the process started)."""
+    return open(fd, "w", errors="backslashreplace", closefd=False)
 
 
 def devnull_over(fd: int) -> None:
