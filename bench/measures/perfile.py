@@ -63,8 +63,9 @@ def syscall_floor(decision: str, records: float) -> float:
 
     valid: the ``lstat`` before the open, open, fstat, read, close. repaired: those, the read
     lease and its check, the version's ``lstat`` under the lock, the rewrite's temp (open,
-    write, its rename once durable, close), the temp's and the name's ``lstat`` before the
-    exchange, the exchange, ``lstat`` and ``pread`` of what it displaced, its unlink, and the
+    write, its rename once durable, close), the temp's ``lstat`` and its descriptor's
+    ``fstat`` (still the temp written) and the name's ``lstat`` before the exchange, the
+    exchange, ``lstat`` and ``pread`` of what it displaced, its unlink, and the
     look at the rewrite (``lstat``, ``pread``). quarantined: the five, the lease and its check,
     step 1's ``lstat``, four calls per dead-letter file (open, write, close, rename: the
     records and the original), the name's ``lstat``, its rename away, ``lstat`` and ``pread``
@@ -74,7 +75,7 @@ def syscall_floor(decision: str, records: float) -> float:
     if decision == "valid":
         return 5
     if decision == "repaired":
-        return 20
+        return 21
     return 13 + 4 * (records + 1)
 
 

@@ -69,8 +69,9 @@ def replace(
     The exchange hands back whatever it displaced; if that is not ``version`` (a writer renamed
     or rewrote a newer one in between the check and the exchange), it is parked.
 
-    ``look``: the temp's descriptor, readable, and the bytes written to it. Once the rewrite is
-    in place, the name is looked at (``lstat``, as without it) and, if it is still the rewrite's
+    ``look``: the temp's descriptor, readable, and the bytes written to it. The temp's name
+    must still hold that descriptor's inode (a file renamed over it is neither put in place nor
+    removed: ``CHANGED``). Once the rewrite is in place, the name is looked at (``lstat``, as without it) and, if it is still the rewrite's
     inode, its bytes are read through the descriptor: the same bytes make the identity just
     taken that of memstaged's own rewrite, as read (``looked``; SPEC 1's look, for a run that
     has its file's bytes no other way). A writer's write after the ``lstat`` changes the
@@ -82,6 +83,13 @@ def replace(
     try:
         st = fsio.lstat_at(staging_fd, tmp)
         assert st is not None
+        if look is not None:
+            held = os.fstat(look[0])
+            if (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino):
+                # Another process renamed a file over the temp: not ours to install, nor to
+                # remove. The version stays; it is decided again.
+                tmp_is_ours = False
+                return Carried(Status.CHANGED, version.identity)
         rewrite = Identity.of(st)
         state = version.still_in_place(staging_fd)
         if not state:

@@ -353,8 +353,8 @@ class Temps:
         if not batch:
             return tmp
         ready = temp_name("new", name)
-        try:
-            os.rename(tmp, ready, src_dir_fd=self.staging_fd, dst_dir_fd=self.staging_fd)
+        try:  # never over a file at that name: temp names can be guessed
+            fsio.rename_noreplace(self.staging_fd, tmp, self.staging_fd, ready)
         except BaseException:
             self.ours.add((self.staging_fd, tmp))
             raise

@@ -30,10 +30,13 @@ from support.daemon_fakes import RecordingLogger
 from support.decision_log import read_events
 from support.documents import lesson, staging_doc
 from support.helpers import (
+    REPO,
     Inotify,
     candidate_id,
+    check_final,
     context_for,
     daemon,
+    make_corpus,
     make_memory_dir,
     memory_dir_of,
     memstaged_cmd,
@@ -41,8 +44,10 @@ from support.helpers import (
     project_root_of,
     run_once,
     sha256,
+    stopped,
     temps_in,
     write_config,
+    write_inputs,
 )
 from support.waiting import wait_for
 
@@ -654,3 +659,56 @@ def test_a_memstaged_lock_whose_pid_was_reused_is_stale(tmp_path: Path) -> None:
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_file_renamed_over_a_rewrite_s_temp_is_neither_installed_nor_removed(
+    tmp_path: Path,
+) -> None:
+    """Another process (a writer, anyone who may write in ``staging/``) renames a file of its
+    own over each rewrite temp a batch wrote ahead of the lock, while ``--once`` is stopped
+    there. Those files were put in place of the staging files, the versions read were unlinked,
+    and each was logged as memstaged's own valid rewrite (``own_rewrite``, memstaged's
+    hash), so the next run left them as they were. Now no such file is put in place: each
+    staging file keeps the version read, which is decided again and repaired with a temp of
+    its own; each look logged is at the bytes on disk; each foreign file stays where it was
+    put."""
+    mdir = make_memory_dir(tmp_path)
+    inputs = make_corpus(
+        random.Random(9), 40, project_root_of(mdir), "sw-", kinds=("r1-empty-triggers",)
+    )
+    write_inputs(mdir / "staging", inputs)
+    staging = mdir / "staging"
+    env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="0")
+    proc = subprocess.Popen(
+        memstaged_cmd("--once", "--memory-dir", str(mdir)),
+        env={**env, "MEMSTAGED_CRASH_AT": "temps-synced:1:STOP"},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    foreign = b'{"written": "by another process"}'
+    try:
+        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
+        assert proc.poll() is None, proc.communicate()
+        temps = [p for p in staging.iterdir() if p.name.startswith(".memstaged~part~")]
+        assert len(temps) == len(inputs)
+        for temp in temps:
+            mine = staging / f".{temp.name}.x"
+            mine.write_bytes(foreign)
+            mine.rename(temp)
+        os.kill(proc.pid, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert b"Traceback" not in stderr
+    assert sorted(p.read_bytes() for p in staging.glob(".memstaged~*")) == [foreign] * len(temps)
+    on_disk = {i.name: (staging / i.name).read_bytes() for i in inputs}
+    assert foreign not in on_disk.values()
+    events = read_events(Path(env["MEMSTAGED_LOG_FILE"]), strict=False)
+    looks = {os.path.basename(e["path"]): e["sha256"] for e in events if e.get("own_rewrite")}
+    assert looks == {name: sha256(data) for name, data in on_disk.items()}
+    for temp in staging.glob(".memstaged~*"):
+        temp.unlink()
+    assert check_final(mdir, inputs) == []
