@@ -74,9 +74,9 @@ def replace(
     removed: ``CHANGED``). Once the rewrite is in place, the name is looked at (``lstat``, as
     without it) and, if it is still the rewrite's inode, its bytes are read through the
     descriptor: the same bytes make the identity just taken that of memstaged's own rewrite, as
-    read (``looked``; SPEC 1's look, for a run that has its file's bytes no other way). A writer's write after the ``lstat`` changes the
-    identity (its ctime), so it is decided afresh when next seen; one before it changes the
-    bytes read, and nothing is looked.
+    read (``looked``; SPEC 1's look, for a run that has its file's bytes no other way). A
+    writer's write after the ``lstat`` changes the identity (its ctime), so it is decided
+    afresh when next seen; one before it changes the bytes read, and nothing is looked.
     """
     name = version.name
     tmp_is_ours = True
