@@ -198,8 +198,19 @@ class Temps:
                     rewrites += 1
         if dead_letter or rewrites:
             self._look()
-            fsio.syncfs(self.mem_fd)  # every temp's data is durable from here on
+            self._sync(self.mem_fd, self.staging_fd, *(self.store.fds or ()))
             fsio.crash_point("temps-synced")
+
+    @staticmethod
+    def _sync(*fds: int) -> None:
+        """``syncfs`` once for each file system among ``fds``' (``staging/`` or ``deadletter/``
+        may be a mount of its own): every temp written there is durable from here on."""
+        synced: set[int] = set()
+        for fd in fds:
+            dev = os.fstat(fd).st_dev
+            if dev not in synced:
+                synced.add(dev)
+                fsio.syncfs(fd)
 
     def _copy_if_unmovable(self, work: PlanState, max_copy: int) -> None:
         """SPEC 6: where a rename is impossible, copy at most ``max_copy`` bytes, or leave it."""
@@ -246,7 +257,7 @@ class Temps:
             self.held[(self.staging_fd, work.tmp)] = lock_fd
         if batch and any(w.tmp is not None for w in creates):
             self._look()
-            fsio.syncfs(self.mem_fd)  # every new staging file's data is durable from here on
+            self._sync(self.mem_fd, self.staging_fd)  # every new staging file's data
 
     # -- the dead-letter temps, before the lock or under it -------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import subprocess
 from pathlib import Path
 
@@ -16,12 +17,19 @@ import pytest
 from support.daemon_fakes import RecordingLogger, decide_one
 from support.documents import OLD, malformed, put, repairable
 from support.helpers import (
+    REPO,
+    make_corpus,
     make_memory_dir,
     memory_dir_of,
+    memstaged_cmd,
+    memstaged_env,
     mounted,
     project_root_of,
+    stopped,
     temps_in,
+    write_inputs,
 )
+from support.waiting import wait_for
 
 from memstaged.core.decide import Decision
 from memstaged.core.records import ORIGINALS_DIR
@@ -150,3 +158,51 @@ def test_a_deadletter_store_that_cannot_be_written(tmp_path: Path) -> None:
         assert decide_one(mdir, "fix.json")[0].decision is Decision.REPAIRED
         assert not temps_in(mdir)
     assert decide_one(mdir, "bad.json")[0].decision is Decision.QUARANTINED
+
+
+def _sectors_written(mount: Path) -> int:
+    """Sectors written so far to the block device mounted at ``mount`` (its ``/sys`` stat)."""
+    source = subprocess.run(
+        ["findmnt", "-n", "-o", "SOURCE", str(mount)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    fields = Path(f"/sys/block/{Path(source).name}/stat").read_text().split()
+    return int(fields[6])
+
+
+def test_temps_written_ahead_are_durable_on_a_staging_mounted_apart(tmp_path: Path) -> None:
+    """SPEC 5 (durability): a batch's rewrite temps, written before the lock, are made durable
+    before any is put in place, on whatever file system ``staging/`` is. One ``syncfs`` of the
+    memory dir's file system left those of a ``staging/`` mounted apart (an ext4 image here)
+    unwritten: stopped right after it, a ``sync`` of ``staging/`` wrote 1,400 sectors more."""
+    image = tmp_path / "staging.img"
+    with image.open("wb") as fh:
+        fh.truncate(64 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"no mkfs.ext4 here: {made.stderr.decode().strip()}")
+    mdir = make_memory_dir(tmp_path)
+    staging = mdir / "staging"
+    with mounted(staging, "-o", "loop", str(image)):
+        inputs = make_corpus(
+            random.Random(3), 200, project_root_of(mdir), "dur-", kinds=("r1-empty-triggers",)
+        )
+        write_inputs(staging, inputs)
+        subprocess.run(["sync", "-f", str(staging)], check=True)
+        env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="0")
+        proc = subprocess.Popen(
+            memstaged_cmd("--once", "--memory-dir", str(mdir)),
+            env={**env, "MEMSTAGED_CRASH_AT": "temps-synced:1:STOP"},
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
+            assert proc.poll() is None
+            before = _sectors_written(staging)
+            subprocess.run(["sync", "-f", str(staging)], check=True)
+            unwritten = _sectors_written(staging) - before
+        finally:
+            proc.kill()
+            proc.wait()
+    assert unwritten < 200, f"{unwritten} sectors of temps were not on disk yet"
