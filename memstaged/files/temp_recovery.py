@@ -106,12 +106,18 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
             if fd is None:
                 continue
             deleted = 0
+            left: dict[str, int] = {}  # why an entry could not be deleted -> how many
             for entry in os.listdir(fd):
                 if temp_names.parse_temp_name(entry) is not None:
-                    fsio.unlink_quietly(fd, entry)
-                    deleted += 1
+                    why = _delete(fd, entry)
+                    if why is None:
+                        deleted += 1
+                    else:
+                        left[why] = left.get(why, 0) + 1
             if deleted:  # one event: a stopped quarantine can leave 100,000 record temps
                 how.log.info("temp_recovered", path=sub, deleted=deleted, action="deleted")
+            for why, count in left.items():
+                how.log.error("temp_recovered", path=sub, left=count, action=f"left alone: {why}")
     with _opened(STAGING, mem_fd) as staging_fd:
         if staging_fd is None:
             return None
@@ -124,8 +130,12 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
             if parsed is None or fsio.temp_in_use(staging_fd, entry):
                 continue  # a live recovery's new staging file, not yet named: not a leftover
             if parsed[0] == temp_names.PARTIAL:  # still being written: never anyone's version
-                fsio.unlink_quietly(staging_fd, entry)
-                how.log.info("temp_recovered", path=f"{STAGING}/{entry}", action="deleted")
+                why = _delete(staging_fd, entry)
+                path = f"{STAGING}/{entry}"
+                if why is None:
+                    how.log.info("temp_recovered", path=path, action="deleted")
+                else:
+                    how.log.error("temp_recovered", path=path, action=f"left alone: {why}")
                 continue
             try:
                 _recover_staging_temp(how, mem_fd, staging_fd, entry, parsed[1], names)
@@ -135,6 +145,16 @@ def recover_temps(mem_fd: int, how: Recovery) -> list[str] | None:
                     path=f"{STAGING}/{entry}",
                     action=f"left alone: {err.strerror or err}",
                 )
+    return None
+
+
+def _delete(dir_fd: int, name: str) -> str | None:
+    """Delete a leftover temp; why it cannot be (a directory of that name, another user's file
+    in a sticky directory), or None. One such entry stops no other clean-up."""
+    try:
+        fsio.unlink_quietly(dir_fd, name)
+    except OSError as err:
+        return err.strerror or str(err)
     return None
 
 

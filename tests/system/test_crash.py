@@ -748,3 +748,29 @@ def test_a_repair_killed_right_after_the_exchange_is_in_the_log(tmp_path: Path) 
     assert (mdir / "staging" / "fix.json").read_bytes() != repairable(root, "x")  # repaired
     events = read_events(Path(env["MEMSTAGED_LOG_FILE"]))
     assert [e["decision"] for e in events if e.get("event") == "decision"] == ["repaired"]
+
+
+def test_a_leftover_that_cannot_be_deleted_stops_no_other_clean_up(tmp_path: Path) -> None:
+    """Crash recovery deletes the temps a killed run left, one by one: an entry it cannot
+    delete (a directory with a temp's name, here) is said, left alone, and the others are
+    deleted still. The first such entry stopped the clean-up of its directory and of
+    ``staging/`` after it, with nothing said but a stop: hundreds of temps were left for ever.
+    """
+    mdir = make_memory_dir(tmp_path)
+    store = mdir / "deadletter"
+    (store / ORIGINALS_DIR).mkdir(parents=True)
+    names = [temp_names.temp_name("rec", f"r{i}.json") for i in range(60)]
+    for name in names:
+        (store / name).write_bytes(b"{}")
+    blocker = store / temp_names.temp_name("rec", "blocker.json")
+    blocker.mkdir()
+    partial = mdir / "staging" / temp_names.temp_name(temp_names.PARTIAL, "s.json")
+    partial.write_bytes(b"{")
+    env = memstaged_env(tmp_path)
+    done = run_once(mdir, env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in store.iterdir()) == sorted([blocker.name, ORIGINALS_DIR])
+    assert not partial.exists()
+    events = read_events(Path(env["MEMSTAGED_LOG_FILE"]), strict=False)
+    left = [e for e in events if e.get("event") == "temp_recovered" and e.get("left")]
+    assert [(e["path"], e["left"]) for e in left] == [("deadletter", 1)], left
