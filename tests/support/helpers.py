@@ -258,6 +258,31 @@ def stopped(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] == "T"
 
 
+def once_stopped_at(
+    mdir: Path, env: dict[str, str], step: str, *, stderr: int = subprocess.PIPE
+) -> subprocess.Popen[bytes]:
+    """``memstaged --once`` on ``mdir`` in a real process, stopped (SIGSTOP, by the crash hook
+    ``MEMSTAGED_CRASH_AT``) as it reaches ``step`` (``<step>:<n>``); the caller continues it
+    (SIGCONT) or kills it."""
+    from support.waiting import wait_for
+
+    proc = subprocess.Popen(
+        memstaged_cmd("--once", "--memory-dir", str(mdir)),
+        env={**env, "MEMSTAGED_CRASH_AT": f"{step}:STOP"},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+    try:
+        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
+        assert proc.poll() is None, proc.communicate()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
 def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 

@@ -17,19 +17,16 @@ import pytest
 from support.daemon_fakes import RecordingLogger, decide_one
 from support.documents import OLD, malformed, put, repairable
 from support.helpers import (
-    REPO,
     make_corpus,
     make_memory_dir,
     memory_dir_of,
-    memstaged_cmd,
     memstaged_env,
     mounted,
+    once_stopped_at,
     project_root_of,
-    stopped,
     temps_in,
     write_inputs,
 )
-from support.waiting import wait_for
 
 from memstaged.core.decide import Decision
 from memstaged.core.records import ORIGINALS_DIR
@@ -189,16 +186,8 @@ def test_temps_written_ahead_are_durable_on_a_staging_mounted_apart(tmp_path: Pa
         write_inputs(staging, inputs)
         subprocess.run(["sync", "-f", str(staging)], check=True)
         env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="0")
-        proc = subprocess.Popen(
-            memstaged_cmd("--once", "--memory-dir", str(mdir)),
-            env={**env, "MEMSTAGED_CRASH_AT": "temps-synced:1:STOP"},
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = once_stopped_at(mdir, env, "temps-synced:1", stderr=subprocess.DEVNULL)
         try:
-            assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
-            assert proc.poll() is None
             before = _sectors_written(staging)
             subprocess.run(["sync", "-f", str(staging)], check=True)
             unwritten = _sectors_written(staging) - before

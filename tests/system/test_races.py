@@ -30,7 +30,6 @@ from support.daemon_fakes import RecordingLogger
 from support.decision_log import read_events
 from support.documents import lesson, staging_doc
 from support.helpers import (
-    REPO,
     Inotify,
     candidate_id,
     check_final,
@@ -41,10 +40,10 @@ from support.helpers import (
     memory_dir_of,
     memstaged_cmd,
     memstaged_env,
+    once_stopped_at,
     project_root_of,
     run_once,
     sha256,
-    stopped,
     temps_in,
     write_config,
     write_inputs,
@@ -679,17 +678,9 @@ def test_a_file_renamed_over_a_rewrite_s_temp_is_neither_installed_nor_removed(
     write_inputs(mdir / "staging", inputs)
     staging = mdir / "staging"
     env = memstaged_env(tmp_path, MEMSTAGED_WORKERS="0")
-    proc = subprocess.Popen(
-        memstaged_cmd("--once", "--memory-dir", str(mdir)),
-        env={**env, "MEMSTAGED_CRASH_AT": "temps-synced:1:STOP"},
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = once_stopped_at(mdir, env, "temps-synced:1")
     foreign = b'{"written": "by another process"}'
     try:
-        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
-        assert proc.poll() is None, proc.communicate()
         temps = [p for p in staging.iterdir() if p.name.startswith(".memstaged~part~")]
         assert len(temps) == len(inputs)
         for temp in temps:

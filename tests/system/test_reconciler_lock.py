@@ -27,20 +27,17 @@ from support.helpers import (
     IN_DELETE,
     IN_MODIFY,
     IN_MOVED_TO,
-    REPO,
     Inotify,
     LockHolder,
     check_final,
     make_corpus,
     make_memory_dir,
-    memstaged_cmd,
     memstaged_env,
+    once_stopped_at,
     project_root_of,
     run_once,
-    stopped,
     write_inputs,
 )
-from support.waiting import wait_for
 
 from memstaged.core.records import ORIGINALS_DIR
 
@@ -174,17 +171,9 @@ def _locked_midway(
     ``_STOP_AT``-th temp; a reconciler then takes the lock (``take``) and the
     run goes on to its end. What inotify saw in ``watched`` from then on, the run's stderr,
     exit code and decisions; the reconciler has let go before this returns."""
-    proc = subprocess.Popen(
-        memstaged_cmd("--once", "--memory-dir", str(mdir)),
-        env={**env, "MEMSTAGED_CRASH_AT": f"temp-created:{_STOP_AT}:STOP"},
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = once_stopped_at(mdir, env, f"temp-created:{_STOP_AT}")
     holder: LockHolder | _TakenInPlace | None = None
     try:
-        assert wait_for(lambda: stopped(proc.pid) or proc.poll() is not None, 120)
-        assert proc.poll() is None, proc.communicate()
         watch = Inotify(watched)
         holder = take()
         os.kill(proc.pid, signal.SIGCONT)
